@@ -1,0 +1,3 @@
+from hppctl.cli import main
+
+main()

@@ -1,0 +1,81 @@
+"""The `hppctl` command line: one module per command, and the only error boundary.
+
+Library code raises `HppctlError` subclasses; `main` turns them into one `error: …` line on
+stderr and the exit code the contract names (1 runtime, 2 bad input, 3 infeasible).
+`--debug` (anywhere on the line) shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+import click
+import typer
+
+from hppctl import __version__
+from hppctl.errors import HppctlError
+
+app = typer.Typer(
+    name="hppctl",
+    help="Hybrid pipeline parallel training and collaborative inference on heterogeneous edge devices.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"hppctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors."),
+) -> None:
+    """hppctl: profile -> plan -> simulate -> run, on a pool of heterogeneous devices."""
+
+
+def _register() -> None:
+    # Imported here so that `hppctl plan` never pays for torch: each module imports its heavy
+    # dependencies inside the command function that needs them.
+    from hppctl.cli import models_cmd, plan, profile
+
+    models_cmd.register(app)
+    profile.register(app)
+    plan.register(app)
+
+
+_register()
+
+
+def run(argv: list[str]) -> int:
+    """Run the CLI on `argv` and return the exit code (tests call this directly)."""
+    debug = "--debug" in argv
+    try:
+        result = app(args=argv, prog_name="hppctl", standalone_mode=False)
+        return result if isinstance(result, int) else 0
+    except HppctlError as e:
+        if debug:
+            traceback.print_exc()
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.exceptions.ClickException as e:  # usage errors: bad option, missing argument
+        e.show()
+        return 2
+    except click.exceptions.Abort:
+        print("error: aborted", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+def main() -> None:
+    sys.exit(run(sys.argv[1:]))

@@ -1,0 +1,39 @@
+"""Typed errors raised by library code. Only `hppctl.cli` turns them into messages and exit codes."""
+
+from __future__ import annotations
+
+
+class HppctlError(Exception):
+    """Base of every error hppctl raises on purpose. `exit_code` is what the CLI returns."""
+
+    exit_code = 1
+
+
+class BadInput(HppctlError):
+    """A file, field or argument the user gave is invalid (exit 2)."""
+
+    exit_code = 2
+
+
+class UnknownModel(BadInput):
+    pass
+
+
+class UnknownPreset(BadInput):
+    pass
+
+
+class PlanMismatch(BadInput):
+    """A plan used with a profile or model it was not made for."""
+
+
+class Infeasible(HppctlError):
+    """No plan fits the memory budgets (exit 3)."""
+
+    exit_code = 3
+
+
+class RuntimeFailure(HppctlError):
+    """A run, a remote command or a worker failed (exit 1)."""
+
+    exit_code = 1

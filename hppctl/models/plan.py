@@ -1,0 +1,134 @@
+"""A hybrid-pipeline plan: which layers each stage runs, on which devices, with how many samples.
+
+Stages are ordered head (index 0) to tail. `layers` is half-open `[start, end)`.
+`samples[i]` is how many samples of every micro-batch `devices[i]` processes in that stage;
+within a micro-batch of B samples the devices of a stage own consecutive index ranges in
+the order listed (device 0 owns [0, samples[0]), device 1 the next samples[1], …).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from hppctl.models.base import FrozenModel
+from hppctl.models.cluster import DeviceName
+from hppctl.models.profile import Granularity
+
+PosInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+
+Strategy = str
+"""Name of a registered planning strategy (`asteroid`, `asteroid-paper`, `dp`, `pp`, `pipedream`, `dapple`)."""
+
+
+class StagePlan(FrozenModel):
+    layers: Annotated[list[NonNegInt], Field(min_length=2, max_length=2)]
+    """Half-open layer range [start, end)."""
+    devices: Annotated[list[DeviceName], Field(min_length=1)]
+    samples: Annotated[list[NonNegInt], Field(min_length=1)]
+    """Samples of each micro-batch per device (aligned with `devices`, summing to B)."""
+    warmup: PosInt
+    """K_p: forwards this stage runs before strict one-forward-one-backward."""
+    forward_s: NonNegFloat
+    """E_f: one micro-batch's forward on this stage (slowest device)."""
+    backward_s: NonNegFloat
+    allreduce_s: NonNegFloat
+    memory_bytes: list[NonNegInt]
+    """Predicted peak memory per device (Eq. 3), aligned with `devices`."""
+    memory_budget_bytes: list[NonNegInt]
+
+    @model_validator(mode="after")
+    def _aligned(self) -> "StagePlan":
+        start, end = self.layers
+        if end <= start:
+            raise ValueError(f"layer range [{start}, {end}) is empty")
+        n = len(self.devices)
+        for field in ("samples", "memory_bytes", "memory_budget_bytes"):
+            if len(getattr(self, field)) != n:
+                raise ValueError(f"{field} has {len(getattr(self, field))} entries for {n} devices")
+        return self
+
+    @property
+    def start(self) -> int:
+        return self.layers[0]
+
+    @property
+    def end(self) -> int:
+        return self.layers[1]
+
+
+class TransferPlan(FrozenModel):
+    """The communication step between stage `after_stage` and the next one."""
+
+    after_stage: NonNegInt
+    bytes_per_micro_batch: NonNegInt
+    forward_s: NonNegFloat
+    backward_s: NonNegFloat
+
+
+class Prediction(FrozenModel):
+    round_latency_s: NonNegFloat
+    throughput_samples_per_s: NonNegFloat
+    dominant_step: NonNegInt
+    """Index into the step sequence (even: stage s/2, odd: transfer after stage (s-1)/2)."""
+    peak_memory_ratio: NonNegFloat
+    """max over devices of predicted memory / budget (> 1 means it does not fit)."""
+
+
+class MemoryViolation(FrozenModel):
+    device: DeviceName
+    stage: NonNegInt
+    needed_bytes: NonNegInt
+    budget_bytes: NonNegInt
+
+
+class HppPlan(FrozenModel):
+    """A training plan (hybrid pipeline parallelism). See docs/formats.md."""
+
+    format_version: Literal[1] = 1
+    kind: Literal["hpp"] = "hpp"
+    strategy: Strategy
+    model: str
+    granularity: Granularity
+    profile_digest: str
+    global_batch: PosInt
+    micro_batch: PosInt
+    num_micro_batches: PosInt
+    schedule: Literal["1f1b-asteroid", "1f1b", "gpipe"] = "1f1b-asteroid"
+    stages: Annotated[list[StagePlan], Field(min_length=1)]
+    transfers: list[TransferPlan]
+    prediction: Prediction
+    memory_violations: list[MemoryViolation] = []
+    """Filled only by strategies that ignore memory budgets (pipedream, dapple); never by asteroid."""
+    planning_time_s: NonNegFloat = 0.0
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "HppPlan":
+        if self.micro_batch * self.num_micro_batches != self.global_batch:
+            raise ValueError(f"micro_batch {self.micro_batch} x num_micro_batches {self.num_micro_batches} "
+                             f"!= global_batch {self.global_batch}")
+        expected = 0
+        seen: set[str] = set()
+        for i, stage in enumerate(self.stages):
+            if stage.start != expected:
+                raise ValueError(f"stage {i} starts at layer {stage.start}, expected {expected}")
+            expected = stage.end
+            if sum(stage.samples) != self.micro_batch:
+                raise ValueError(f"stage {i} assigns {sum(stage.samples)} samples per micro-batch, "
+                                 f"micro_batch is {self.micro_batch}")
+            if seen & set(stage.devices):
+                raise ValueError(f"stage {i} reuses device(s) {sorted(seen & set(stage.devices))}")
+            seen |= set(stage.devices)
+        if len(self.transfers) != len(self.stages) - 1:
+            raise ValueError(f"{len(self.stages)} stages need {len(self.stages) - 1} transfers, got {len(self.transfers)}")
+        return self
+
+    @property
+    def num_layers(self) -> int:
+        return self.stages[-1].end
+
+    def devices(self) -> list[str]:
+        return [d for s in self.stages for d in s.devices]

@@ -132,3 +132,21 @@ class HppPlan(FrozenModel):
 
     def devices(self) -> list[str]:
         return [d for s in self.stages for d in s.devices]
+
+
+class PlanRequest(FrozenModel):
+    """What the user asks `hppctl plan` for."""
+
+    global_batch: PosInt
+    micro_batch: PosInt
+    schedule: Literal["1f1b-asteroid", "1f1b", "gpipe"] = "1f1b-asteroid"
+
+    @model_validator(mode="after")
+    def _divides(self) -> "PlanRequest":
+        if self.global_batch % self.micro_batch:
+            raise ValueError(f"micro_batch {self.micro_batch} does not divide global_batch {self.global_batch}")
+        return self
+
+    @property
+    def num_micro_batches(self) -> int:
+        return self.global_batch // self.micro_batch

@@ -1,0 +1,124 @@
+"""PURE planning: profile + request -> plan. Imports neither torch nor fabric (a test checks).
+
+`make_plan(profile, request, strategy)` is the one entry point; `compare` scores every
+registered strategy on the same profile and request.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from hppctl.errors import BadInput, Infeasible
+from hppctl.models.plan import HppPlan, MemoryViolation, PlanRequest, Prediction, StagePlan, TransferPlan
+from hppctl.models.profile import Profile
+from hppctl.models.units import format_bytes
+from hppctl.planner.cost import WARMUP_POLICIES, CostModel, Evaluation, StageChoice
+from hppctl.planner.registry import DESCRIPTIONS, STRATEGIES, Candidate
+from hppctl.planner import strategies as _strategies  # noqa: F401  (registers the strategies)
+
+DEFAULT_STRATEGY = "asteroid"
+
+
+def cost_model(profile: Profile, request: PlanRequest) -> CostModel:
+    return CostModel(profile, micro_batch=request.micro_batch, num_micro_batches=request.num_micro_batches)
+
+
+def run_strategy(profile: Profile, request: PlanRequest, name: str) -> tuple[Candidate | None, CostModel, float]:
+    if name not in STRATEGIES:
+        raise BadInput(f"--strategy: unknown strategy {name!r} (known: {', '.join(sorted(STRATEGIES))})")
+    cm = cost_model(profile, request)
+    started = time.perf_counter()
+    candidate = STRATEGIES[name](cm)
+    return candidate, cm, time.perf_counter() - started
+
+
+def make_plan(profile: Profile, request: PlanRequest, strategy: str = DEFAULT_STRATEGY) -> HppPlan:
+    """Plan with one strategy; raises Infeasible (naming device and missing bytes) if nothing fits."""
+    candidate, cm, elapsed = run_strategy(profile, request, strategy)
+    if candidate is None:
+        raise Infeasible(explain_infeasible(profile, request))
+    return to_plan(cm, profile, request, strategy, candidate, elapsed)
+
+
+def to_plan(cm: CostModel, profile: Profile, request: PlanRequest, strategy: str, candidate: Candidate,
+            elapsed: float) -> HppPlan:
+    schedule = candidate.schedule
+    ev = cm.evaluate(candidate.stages, schedule)
+    P = len(candidate.stages)
+    warmup = WARMUP_POLICIES[schedule]
+    stages = [
+        StagePlan(
+            layers=[s.start, s.end],
+            devices=[cm.names[d] for d in s.devices],
+            samples=list(s.samples),
+            warmup=warmup(P, p, cm.M),
+            forward_s=ev.steps[2 * p].forward_s,
+            backward_s=ev.steps[2 * p].backward_s,
+            allreduce_s=ev.steps[2 * p].allreduce_s,
+            memory_bytes=list(ev.memory_bytes[p]),
+            memory_budget_bytes=[cm.budget[d] for d in s.devices],
+        )
+        for p, s in enumerate(candidate.stages)
+    ]
+    transfers = [
+        TransferPlan(after_stage=p, bytes_per_micro_batch=cm.B * cm.boundary[s.end - 1],
+                     forward_s=ev.steps[2 * p + 1].forward_s, backward_s=ev.steps[2 * p + 1].backward_s)
+        for p, s in enumerate(candidate.stages[:-1])
+    ]
+    return HppPlan(
+        strategy=strategy, model=profile.model, granularity=profile.granularity, profile_digest=profile.digest(),
+        global_batch=request.global_batch, micro_batch=request.micro_batch, num_micro_batches=request.num_micro_batches,
+        schedule=schedule, stages=stages, transfers=transfers,
+        prediction=Prediction(
+            round_latency_s=ev.round_latency_s,
+            throughput_samples_per_s=request.global_batch / ev.round_latency_s if ev.round_latency_s > 0 else 0.0,
+            dominant_step=ev.dominant_step,
+            peak_memory_ratio=peak_memory_ratio(cm, candidate.stages, ev),
+        ),
+        memory_violations=violations(cm, candidate.stages, ev),
+        planning_time_s=elapsed,
+    )
+
+
+def peak_memory_ratio(cm: CostModel, stages: list[StageChoice], ev: Evaluation) -> float:
+    return max(mem / cm.budget[d] for s, row in zip(stages, ev.memory_bytes) for d, mem in zip(s.devices, row))
+
+
+def violations(cm: CostModel, stages: list[StageChoice], ev: Evaluation) -> list[MemoryViolation]:
+    return [MemoryViolation(device=cm.names[d], stage=p, needed_bytes=mem, budget_bytes=cm.budget[d])
+            for p, (s, row) in enumerate(zip(stages, ev.memory_bytes))
+            for d, mem in zip(s.devices, row) if mem > cm.budget[d]]
+
+
+def explain_infeasible(profile: Profile, request: PlanRequest) -> str:
+    """Name the device and the bytes missing in the least-short layout we know of.
+
+    Candidates are the memory-blind planners' layouts (pipedream, dapple) and the whole model on
+    the largest device; the one whose worst device misses the fewest bytes is reported.
+    """
+    cm = cost_model(profile, request)
+    shortfalls: list[tuple[int, str, int]] = []
+    for name in ("pipedream", "dapple"):
+        candidate = STRATEGIES[name](cm)
+        if candidate is None:
+            continue
+        ev = cm.evaluate(candidate.stages)
+        worst = max(((need - cm.budget[d], cm.names[d], need) for s, row in zip(candidate.stages, ev.memory_bytes)
+                     for d, need in zip(s.devices, row)))
+        shortfalls.append(worst)
+    biggest = max(range(len(cm.names)), key=lambda d: cm.budget[d])
+    whole = cm.memory(0, cm.num_layers, cm.B, 1)
+    shortfalls.append((whole - cm.budget[biggest], cm.names[biggest], whole))
+    missing, device, need = min(s for s in shortfalls if s[0] > 0) if any(s[0] > 0 for s in shortfalls) else max(shortfalls)
+    return (f"no plan fits the memory budgets (global batch {request.global_batch}, micro-batch "
+            f"{request.micro_batch}): at best device {device} needs {format_bytes(need)} and has "
+            f"{format_bytes(need - missing)} ({format_bytes(max(missing, 0))} missing); try a smaller --micro-batch")
+
+
+def strategy_names() -> list[str]:
+    return list(STRATEGIES)
+
+
+def describe(name: str) -> str:
+    return DESCRIPTIONS[name]

@@ -1,0 +1,191 @@
+"""Algorithm 2 of the Asteroid paper: dynamic programming over (last layers, last devices, stages).
+
+Devices are sorted by memory (descending; ties: faster first, then name) and every stage's
+group is a contiguous run of that order, the head stage taking the first devices. State
+Q(i, n, p): the best pipeline of p stages covering layers [i, L) on the last n devices. A
+p-stage pipeline is a new head stage [i, j) on devices [N-n, N-n') (K = 2p-1 forwards in
+flight, Algorithm 1 for its split) plus a communication step plus the stored best
+(p-1)-stage pipeline Q(j, n', p-1) — the paper keeps one best plan per state, so this is a
+heuristic, not an exact optimiser (notes §3.5).
+
+Each stored sub-pipeline is summarised by two numbers so that prepending is O(1) (this is
+Eq. 11's incremental dominant step, in closed form):
+  A = max_s [M (E_f+E_b)_s + sum_{i<s} (E_f+E_b)_i]     (the head's execution end, C)
+  Z = max_s [T_a^s - sum_{i<s} E_b^i]                    (AllReduce slack)
+  latency = A + Z                                        (Eq. 4)
+All (i, j) candidates of one (p, n, n') are evaluated at once with numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hppctl.planner.cost import CostModel, StageChoice
+from hppctl.planner.vector_alloc import GroupAllocator, LayerTables
+
+
+def memory_order(cm: CostModel) -> list[int]:
+    """The paper's device order: memory descending; ties broken by speed (notes §3.5), then name."""
+    speed = [cm.forward_time(d, 0, cm.num_layers, cm.B) + cm.backward_time(d, 0, cm.num_layers, cm.B)
+             for d in range(len(cm.names))]
+    return sorted(range(len(cm.names)), key=lambda d: (-cm.budget[d], speed[d], cm.names[d]))
+
+
+def speed_order(cm: CostModel) -> list[int]:
+    """Fastest device first (an alternative order `asteroid` also tries)."""
+    speed = [cm.forward_time(d, 0, cm.num_layers, cm.B) + cm.backward_time(d, 0, cm.num_layers, cm.B)
+             for d in range(len(cm.names))]
+    return sorted(range(len(cm.names)), key=lambda d: (speed[d], -cm.budget[d], cm.names[d]))
+
+
+@dataclass
+class _Table:
+    """Q(., n, p) for every start layer i: latency, A, Z, head group size, back-pointers."""
+
+    latency: np.ndarray
+    a: np.ndarray
+    z: np.ndarray
+    head_size: np.ndarray
+    next_layer: np.ndarray
+    next_devices: np.ndarray
+
+
+@dataclass(frozen=True)
+class DpResult:
+    stages: list[StageChoice]
+    latency: float
+
+
+class AsteroidDP:
+    """Runs Algorithm 2 once for one device order; `best(...)` reads plans off the tables."""
+
+    def __init__(self, cm: CostModel, order: list[int]):
+        self.cm, self.order = cm, order
+        self.tables = LayerTables(cm)
+        self.L, self.N = cm.num_layers, len(order)
+        self.max_stages = min(self.L, self.N)
+        i, j = np.triu_indices(self.L, k=1)
+        self._pairs_head = np.stack([i, j], axis=1).astype(np.int64)
+        # flat position of head pair (i, j) in an (L, L) matrix, and back
+        self._dense_index = self._pairs_head[:, 0] * self.L + self._pairs_head[:, 1]
+        self._pair_index = np.full((self.L, self.L), -1, dtype=np.int64)
+        self._pair_index.flat[self._dense_index] = np.arange(len(self._pairs_head))
+        self._allocators: dict[tuple[int, int, bool], GroupAllocator] = {}
+        self._min_bw = self._cross_bandwidth()
+        self.q: dict[tuple[int, int], _Table] = {}
+        self._run()
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _group(self, a: int, b: int) -> list[int]:
+        """Profile indices of sorted positions [a, b)."""
+        return self.order[a:b]
+
+    def _allocator(self, a: int, b: int, tail: bool) -> GroupAllocator:
+        """Algorithm 1 on group [a, b) for all tail ranges [i, L) or all head ranges [i, j<L)."""
+        key = (a, b, tail)
+        if key not in self._allocators:
+            if tail:
+                start = np.arange(self.L, dtype=np.int64)
+                end = np.full(self.L, self.L, dtype=np.int64)
+            else:
+                start, end = self._pairs_head[:, 0].copy(), self._pairs_head[:, 1].copy()
+            self._allocators[key] = GroupAllocator(self.tables, self._group(a, b), start, end)
+        return self._allocators[key]
+
+    def _cross_bandwidth(self) -> np.ndarray:
+        """mb[a, b, c] = slowest link between sorted groups [a, b) and [b, c)."""
+        n = self.N
+        bw = np.array([[self.cm.bw[self.order[x]][self.order[y]] for y in range(n)] for x in range(n)])
+        mb = np.full((n + 1, n + 1, n + 1), np.inf)
+        for a in range(n):
+            for b in range(a + 1, n):
+                for c in range(b + 1, n + 1):
+                    mb[a, b, c] = bw[a:b, b:c].min()
+        return mb
+
+    # -- the dynamic program ---------------------------------------------------------------
+    def _run(self) -> None:
+        for n in range(1, self.N + 1):
+            self.q[(n, 1)] = self._single_stage(n)
+        for p in range(2, self.max_stages + 1):
+            for n in range(p, self.N + 1):
+                self.q[(n, p)] = self._prepend_head(n, p)
+
+    def _single_stage(self, n: int) -> _Table:
+        """Q(i, n, 1): layers [i, L) data-parallel on the last n devices, K = 1 (pure DP)."""
+        cm, L = self.cm, self.L
+        alloc = self._allocator(self.N - n, self.N, tail=True)
+        res = alloc.for_warmup(min(1, cm.M))
+        busy = cm.M * (res.forward_s + res.backward_s)
+        latency = np.where(res.feasible, busy + alloc.allreduce, np.inf)
+        none = np.full(L + 1, -1)
+        pad = lambda x, fill: np.append(x, fill)  # noqa: E731 — index L means "no layers left"
+        return _Table(pad(latency, np.inf), pad(busy, np.inf), pad(alloc.allreduce, np.inf),
+                      pad(np.full(L, n), 0), none, none)
+
+    def _prepend_head(self, n: int, p: int) -> _Table:
+        cm, L, N = self.cm, self.L, self.N
+        warmup = min(2 * p - 1, cm.M)
+        best = np.full(L + 1, np.inf)
+        out = _Table(best, np.full(L + 1, np.inf), np.full(L + 1, np.inf), np.zeros(L + 1, dtype=np.int64),
+                     np.full(L + 1, -1), np.full(L + 1, -1))
+        i_idx, j_idx = self._pairs_head[:, 0], self._pairs_head[:, 1]
+        for n_sub in range(p - 1, n):
+            sub = self.q[(n_sub, p - 1)]
+            alloc = self._allocator(N - n, N - n_sub, tail=False)
+            res = alloc.for_warmup(warmup)
+            head = res.forward_s + res.backward_s
+            bw = self._min_bw[N - n, N - n_sub, np.minimum(N - n_sub + sub.head_size[j_idx], N)]
+            comm = cm.B * self.tables.boundary[j_idx - 1] / bw
+            a = np.maximum.reduce([cm.M * head, cm.M * 2 * comm + head, sub.a[j_idx] + head + 2 * comm])
+            z = np.maximum.reduce([alloc.allreduce, -res.backward_s, sub.z[j_idx] - res.backward_s - comm])
+            latency = np.where(res.feasible & np.isfinite(sub.latency[j_idx]), a + z, np.inf)
+            self._keep_best(out, latency, a, z, i_idx, j_idx, n - n_sub, n_sub)
+        return out
+
+    def _keep_best(self, out: _Table, latency, a, z, i_idx, j_idx, head_size: int, n_sub: int) -> None:
+        """For each start layer i keep the candidate j with the lowest latency (first j on ties)."""
+        dense = np.full((self.L, self.L), np.inf)
+        dense.flat[self._dense_index] = latency
+        j_best = dense.argmin(axis=1)
+        rows = np.arange(self.L)
+        value = dense[rows, j_best]
+        better = value < out.latency[:self.L]
+        rows, j_best = rows[better], j_best[better]
+        pick = self._pair_index[rows, j_best]
+        out.latency[rows] = latency[pick]
+        out.a[rows], out.z[rows] = a[pick], z[pick]
+        out.head_size[rows] = head_size
+        out.next_layer[rows] = j_best
+        out.next_devices[rows] = n_sub
+
+    # -- reading plans off the tables ------------------------------------------------------
+    def best(self, *, devices: int | None = None) -> DpResult | None:
+        """min over p of Q(0, N, p) (the paper); with `devices=None` also over n <= N (drop devices)."""
+        choices = [(n, p) for (n, p) in self.q if devices is None or n == devices]
+        n, p = min(choices, key=lambda k: (self.q[k].latency[0], k[1], -k[0]))
+        if not np.isfinite(self.q[(n, p)].latency[0]):
+            return None
+        return DpResult(self._trace(n, p), float(self.q[(n, p)].latency[0]))
+
+    def _trace(self, n: int, p: int) -> list[StageChoice]:
+        stages, i = [], 0
+        while True:
+            table = self.q[(n, p)]
+            if p == 1:
+                stages.append(self._stage(i, self.L, self.N - n, self.N, 1))
+                return stages
+            j, n_sub = int(table.next_layer[i]), int(table.next_devices[i])
+            stages.append(self._stage(i, j, self.N - n, self.N - n_sub, min(2 * p - 1, self.cm.M)))
+            i, n, p = j, n_sub, p - 1
+
+    def _stage(self, i: int, j: int, a: int, b: int, warmup: int) -> StageChoice:
+        alloc = self._allocator(a, b, tail=(j == self.L))
+        if j == self.L:
+            col = i
+        else:
+            col = int(self._pair_index[i, j])
+        samples = alloc.for_warmup(warmup).samples[:, col]
+        return StageChoice(i, j, tuple(self._group(a, b)), tuple(int(y) for y in samples))

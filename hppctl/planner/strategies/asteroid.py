@@ -1,0 +1,84 @@
+"""`asteroid-paper` (Algorithms 1 + 2 exactly as published) and `asteroid` (the same, improved).
+
+`asteroid` keeps the best, under the same cost model, of:
+- the paper's DP result (so it is never worse than `asteroid-paper`);
+- the same DP tables read with fewer devices (the paper always uses all N; a slow or
+  memory-poor device can cost more than it brings);
+- the DP run on a second device order (fastest first), which the paper's memory-first
+  order can miss when memory and speed disagree;
+- the `dp` and `pp` baselines' plans, so it never loses to either;
+- a local search that moves each cut one layer at a time while the round gets shorter.
+"""
+
+from __future__ import annotations
+
+from hppctl.planner.allocation import allocate
+from hppctl.planner.asteroid import AsteroidDP, memory_order, speed_order
+from hppctl.planner.cost import CostModel, StageChoice, asteroid_warmup
+from hppctl.planner.registry import Candidate, strategy
+from hppctl.planner.strategies.dp import plan_dp
+from hppctl.planner.strategies.pp import plan_pp
+
+
+@strategy("asteroid-paper", "Asteroid's planner exactly as published (Alg. 1 + Alg. 2, all devices)")
+def plan_asteroid_paper(cm: CostModel) -> Candidate | None:
+    result = AsteroidDP(cm, memory_order(cm)).best(devices=len(cm.names))
+    return Candidate(result.stages) if result else None
+
+
+@strategy("asteroid", "Asteroid's planner plus device dropping, a second device order and local search")
+def plan_asteroid(cm: CostModel) -> Candidate | None:
+    candidates: list[list[StageChoice]] = []
+    by_memory = AsteroidDP(cm, memory_order(cm))
+    for result in (by_memory.best(devices=len(cm.names)), by_memory.best()):
+        if result:
+            candidates.append(result.stages)
+    by_speed_order = speed_order(cm)
+    if by_speed_order != by_memory.order:
+        result = AsteroidDP(cm, by_speed_order).best()
+        if result:
+            candidates.append(result.stages)
+    for baseline in (plan_dp, plan_pp):
+        found = baseline(cm)
+        if found:
+            candidates.append(found.stages)
+    if not candidates:
+        return None
+    best = min(candidates, key=lambda stages: cm.evaluate(stages).round_latency_s)
+    return Candidate(refine_cuts(cm, best))
+
+
+def refine_cuts(cm: CostModel, stages: list[StageChoice], max_rounds: int = 50) -> list[StageChoice]:
+    """Hill-climb: move one cut by one layer (re-running Algorithm 1 on both sides) while it helps."""
+    best, best_latency = stages, cm.evaluate(stages).round_latency_s
+    for _ in range(max_rounds):
+        improved = False
+        for cut in range(len(best) - 1):
+            for delta in (-1, 1):
+                moved = _move_cut(cm, best, cut, delta)
+                if moved is None:
+                    continue
+                evaluation = cm.evaluate(moved)
+                if evaluation.feasible and evaluation.round_latency_s < best_latency * (1 - 1e-12):
+                    best, best_latency, improved = moved, evaluation.round_latency_s, True
+        if not improved:
+            return best
+    return best
+
+
+def _move_cut(cm: CostModel, stages: list[StageChoice], cut: int, delta: int) -> list[StageChoice] | None:
+    left, right = stages[cut], stages[cut + 1]
+    boundary = left.end + delta
+    if not (left.start < boundary < right.end):
+        return None
+    P = len(stages)
+    new_left = _reallocate(cm, left.start, boundary, left.devices, asteroid_warmup(P, cut, cm.M))
+    new_right = _reallocate(cm, boundary, right.end, right.devices, asteroid_warmup(P, cut + 1, cm.M))
+    if new_left is None or new_right is None:
+        return None
+    return stages[:cut] + [new_left, new_right] + stages[cut + 2:]
+
+
+def _reallocate(cm: CostModel, start: int, end: int, devices: tuple[int, ...], warmup: int) -> StageChoice | None:
+    samples = allocate(cm, list(devices), start, end, warmup)
+    return None if samples is None else StageChoice(start, end, devices, tuple(samples))

@@ -1,0 +1,210 @@
+"""Algorithm 1 for many candidate stages at once (numpy), bit-compatible with `allocation.py`.
+
+The DP asks for Algorithm 1 on every layer range [i, j) of every contiguous device group, for
+several warm-up depths K. Three things make that affordable:
+- all (i, j) pairs of one group are processed together as columns of (devices x pairs) arrays;
+- converged columns leave the offloading loop (compaction), so later iterations are cheap;
+- the result for K only differs from the memory-unconstrained one where some device's
+  allocation, at any moment of the run, exceeded that K's memory cap; only those columns
+  are recomputed under the cap (`GroupAllocator.for_warmup`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hppctl.planner.allocation import block_size
+from hppctl.planner.cost import CostModel
+
+
+@dataclass
+class Allocation:
+    """Algorithm 1's answer for a set of (start, end) pairs on one group."""
+
+    samples: np.ndarray  # (devices, pairs) int64
+    forward_s: np.ndarray  # (pairs,) E_f, slowest device
+    backward_s: np.ndarray  # (pairs,) E_b
+    feasible: np.ndarray  # (pairs,) bool
+    peak: np.ndarray  # (devices, pairs) largest allocation tried for each device
+
+
+class LayerTables:
+    """Numpy views of a CostModel: prefix sums per device on the shared batch grid."""
+
+    def __init__(self, cm: CostModel):
+        self.cm = cm
+        self.grid = np.asarray(cm.grid, dtype=np.float64)
+        self.width = cm.num_layers + 1
+        fwd = np.asarray(cm._fwd, dtype=np.float64)  # (devices, grid, layers + 1)
+        bwd = np.asarray(cm._bwd, dtype=np.float64)
+        self.fwd3, self.bwd3 = fwd, bwd
+        self.fwd, self.bwd = fwd.reshape(-1), bwd.reshape(-1)  # flat: np.take beats 3-D fancy indexing
+        self.param = np.asarray(cm._param, dtype=np.float64)
+        self.act = np.asarray(cm._act, dtype=np.float64)
+        self.boundary = np.asarray(cm.boundary, dtype=np.float64)
+        self.budget = np.asarray(cm.budget, dtype=np.float64)
+
+    def times(self, dev: np.ndarray, start: np.ndarray, end: np.ndarray, y: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+        """Forward and backward time of layers [start, end) on `dev` at batch y (as `cost.interpolate`)."""
+        n = len(self.grid)
+        k = np.searchsorted(self.grid, y, side="left")
+        hi = np.minimum(k, n - 1)
+        lo = np.maximum(k - 1, 0)
+        g_hi, g_lo = self.grid[hi], self.grid[lo]
+        exact = g_hi == y
+        row_hi = (dev * n + hi) * self.width
+        row_lo = (dev * n + lo) * self.width
+        below, above = k == 0, k == n
+        with np.errstate(divide="ignore", invalid="ignore"):
+            frac = (y - g_lo) / (g_hi - g_lo)
+        out = []
+        specials = [(exact, None), (below, lambda t_hi, t_lo: t_hi * y / g_hi), (above, lambda t_hi, t_lo: t_lo * y / g_lo)]
+        specials = [(mask, fn) for mask, fn in specials if mask.any()]
+        empty = y <= 0
+        for flat in (self.fwd, self.bwd):
+            t_hi = flat.take(row_hi + end) - flat.take(row_hi + start)
+            t_lo = flat.take(row_lo + end) - flat.take(row_lo + start)
+            with np.errstate(invalid="ignore"):  # inf * 0 in columns replaced just below
+                t = t_lo + (t_hi - t_lo) * frac
+            for mask, fn in specials:
+                t = np.where(mask, t_hi if fn is None else fn(t_hi, t_lo), t)
+            if empty.any():
+                t = np.where(empty, 0.0, t)
+            out.append(t)
+        return out[0], out[1]
+
+    def caps(self, devices: np.ndarray, start: np.ndarray, end: np.ndarray, warmup: int) -> np.ndarray:
+        """Vectorised `CostModel.max_samples` (-1: the weights alone do not fit)."""
+        cm = self.cm
+        spare = self.budget[devices][:, None] - cm.fixed_factor * (self.param[end] - self.param[start])[None, :]
+        received = np.where(start > 0, self.boundary[np.maximum(start - 1, 0)], 0.0)
+        per = warmup * (self.act[end] - self.act[start] + received)[None, :]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            fit = np.minimum(cm.B, np.floor_divide(spare, np.where(per == 0, 1.0, per)))
+        fit = np.where(per == 0, cm.B, fit)
+        return np.where(spare < 0, -1, fit).astype(np.int64)
+
+
+def allocate_many(tables: LayerTables, devices: list[int], start: np.ndarray, end: np.ndarray,
+                  caps: np.ndarray) -> Allocation:
+    """Algorithm 1 on every column (pair) at once. `caps`: (devices, pairs) largest y per device."""
+    B = tables.cm.B
+    g, n = len(devices), len(start)
+    dev = np.asarray(devices)[:, None].repeat(n, axis=1)
+    s2, e2 = np.broadcast_to(start, (g, n)), np.broadcast_to(end, (g, n))
+    feasible = (caps >= 0).all(axis=0)
+    f_b, b_b = tables.times(dev, s2, e2, np.full((g, n), float(B)))
+    shares, ok = _balance(f_b + b_b, caps, B)
+    feasible &= ok
+    y = _integerize(shares, B)
+    fwd, bwd = tables.times(dev, s2, e2, y.astype(np.float64))
+    peak = y.copy()
+    _offload_stragglers(tables, dev, start, end, caps, y, fwd, bwd, peak, feasible, block_size(B))
+    return Allocation(y, fwd.max(axis=0), bwd.max(axis=0), feasible, peak)
+
+
+def _balance(time_at_b: np.ndarray, caps: np.ndarray, B: int) -> tuple[np.ndarray, np.ndarray]:
+    """Phase 1: proportional to capacity, capped; capped devices drop out and the rest is re-split."""
+    g, n = time_at_b.shape
+    capacity = 1.0 / np.maximum(time_at_b, 1e-30)
+    shares = np.zeros((g, n))
+    remaining = np.full(n, float(B))
+    active = caps > 0
+    ok = np.ones(n, dtype=bool)
+    for _ in range(g + 1):
+        todo = remaining > 1e-9
+        if not todo.any():
+            break
+        weight = np.where(active, capacity, 0.0)
+        total = weight.sum(axis=0)
+        stuck = todo & (total == 0)
+        ok &= ~stuck
+        todo &= ~stuck
+        with np.errstate(divide="ignore", invalid="ignore"):
+            add = np.minimum(weight / total * remaining, caps - shares)
+        add = np.where(active & todo, add, 0.0)
+        shares += add
+        remaining = np.where(todo, remaining - add.sum(axis=0), 0.0)
+        active &= caps - shares > 1e-9
+    return shares, ok & (remaining <= 1e-9)
+
+
+def _integerize(shares: np.ndarray, total: int) -> np.ndarray:
+    """Floor, then one more sample to the largest fractional parts (ties: lower device index)."""
+    y = np.floor(shares + 1e-9).astype(np.int64)
+    frac = shares - y
+    missing = total - y.sum(axis=0)
+    cols = np.arange(shares.shape[1])
+    for round_ in range(int(missing.max(initial=0))):
+        pick = frac.argmax(axis=0)
+        give = missing > round_
+        y[pick[give], cols[give]] += 1
+        frac[pick, cols] = -np.inf
+    return y
+
+
+def _offload_stragglers(tables, dev, start, end, caps, y, fwd, bwd, peak, feasible, block) -> None:
+    """Phase 2, in place on y/fwd/bwd/peak: move blocks from straggler to fastest device with room."""
+    g = y.shape[0]
+    live = np.flatnonzero(feasible)
+    rows = np.arange(g)[:, None]
+    for _ in range(g * (tables.cm.B // block + 1)):
+        if live.size == 0:
+            break
+        cols = np.arange(live.size)
+        t = fwd[:, live] + bwd[:, live]
+        yy, cc = y[:, live], caps[:, live]
+        slow = t.argmax(axis=0)
+        old = t[slow, cols]
+        move = np.minimum(block, yy[slow, cols])
+        room = (yy + move[None, :] <= cc) & (rows != slow[None, :])
+        fast = np.where(room, t, np.inf).argmin(axis=0)
+        tries = (move > 0) & room.any(axis=0)
+        st, en = start[live], end[live]
+        sf, sb = tables.times(dev[slow, live], st, en, (yy[slow, cols] - move).astype(np.float64))
+        ff, fb = tables.times(dev[fast, live], st, en, (yy[fast, cols] + move).astype(np.float64))
+        t2 = t.copy()
+        t2[slow, cols] = sf + sb
+        t2[fast, cols] = ff + fb
+        better = tries & (t2.max(axis=0) < old)
+        tried = live[tries]
+        peak[fast[tries], tried] = np.maximum(peak[fast[tries], tried], yy[fast[tries], cols[tries]] + move[tries])
+        keep, kb = live[better], cols[better]
+        y[slow[kb], keep] -= move[kb]
+        y[fast[kb], keep] += move[kb]
+        fwd[slow[kb], keep], bwd[slow[kb], keep] = sf[kb], sb[kb]
+        fwd[fast[kb], keep], bwd[fast[kb], keep] = ff[kb], fb[kb]
+        live = keep
+
+
+class GroupAllocator:
+    """Algorithm 1 for one contiguous device group over a fixed set of layer pairs, per K."""
+
+    def __init__(self, tables: LayerTables, devices: list[int], start: np.ndarray, end: np.ndarray):
+        self.tables, self.devices, self.start, self.end = tables, devices, start, end
+        unbounded = np.full((len(devices), len(start)), tables.cm.B, dtype=np.int64)
+        self.free = allocate_many(tables, devices, start, end, unbounded)
+        self.allreduce = self._allreduce()
+
+    def _allreduce(self) -> np.ndarray:
+        cm, g = self.tables.cm, len(self.devices)
+        if g <= 1:
+            return np.zeros(len(self.start))
+        w = self.tables.param[self.end] - self.tables.param[self.start]
+        return 2 * (g - 1) * w / (g * cm.min_bandwidth(self.devices))
+
+    def for_warmup(self, warmup: int) -> Allocation:
+        caps = self.tables.caps(np.asarray(self.devices), self.start, self.end, warmup)
+        redo = ((self.free.peak > caps) | (caps < 0)).any(axis=0)
+        if not redo.any():
+            return self.free
+        idx = np.flatnonzero(redo)
+        part = allocate_many(self.tables, self.devices, self.start[idx], self.end[idx], caps[:, idx])
+        samples = self.free.samples.copy()
+        samples[:, idx] = part.samples
+        fwd, bwd, feas = self.free.forward_s.copy(), self.free.backward_s.copy(), self.free.feasible.copy()
+        fwd[idx], bwd[idx], feas[idx] = part.forward_s, part.backward_s, part.feasible
+        return Allocation(samples, fwd, bwd, feas, self.free.peak)

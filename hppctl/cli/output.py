@@ -8,7 +8,8 @@ import sys
 from rich.console import Console
 
 stderr = Console(stderr=True, highlight=False)
-stdout = Console(highlight=False, soft_wrap=True)
+# Piped output (files, CI logs) gets wide tables instead of rich's 80-column default.
+stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 
 
 def emit_json(data: object) -> None:

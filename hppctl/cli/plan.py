@@ -1,7 +1,144 @@
-"""(being written)"""
+"""`hppctl plan`: profile + request -> plan file; `--compare` all strategies; `--explain` the steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
 
 import typer
+from pydantic import ValidationError
+from rich.table import Table
+
+from hppctl.cli.output import emit_json, note, stdout
+from hppctl.errors import BadInput, Infeasible
+from hppctl.models.plan import HppPlan, PlanRequest
+from hppctl.models.profile import Profile
+from hppctl.models.units import format_bytes
+from hppctl.store import load, save
+
+EXAMPLES = """
+Examples:
+
+  hppctl plan --profile profiles/env-c-efficientnet-b1.json --global-batch 2048 --micro-batch 64 --out plans/c.yaml
+
+  hppctl plan --profile P.json --global-batch 2048 --micro-batch 64 --compare
+
+  hppctl plan --profile P.json --global-batch 2048 --micro-batch 64 --strategy asteroid-paper --explain
+
+  hppctl plan --profile P.json --plan plans/c.yaml --explain      (re-score an existing plan)
+"""
+
+
+def make_request(global_batch: int, micro_batch: int) -> PlanRequest:
+    """Validate the request, naming the flag at fault."""
+    for flag, value in (("--global-batch", global_batch), ("--micro-batch", micro_batch)):
+        if value <= 0:
+            raise BadInput(f"{flag}: must be a positive number of samples (got {value})")
+    try:
+        return PlanRequest(global_batch=global_batch, micro_batch=micro_batch)
+    except ValidationError:
+        raise BadInput(f"--micro-batch: {micro_batch} does not divide --global-batch {global_batch}") from None
+
+
+def plan_command(
+    profile: Annotated[Path, typer.Option("--profile", help="Profile file (.json/.yaml) from `hppctl profile`.")],
+    global_batch: Annotated[Optional[int], typer.Option("--global-batch", help="Samples per training round.")] = None,
+    micro_batch: Annotated[Optional[int], typer.Option("--micro-batch", help="Samples per micro-batch (divides the global batch).")] = None,
+    strategy: Annotated[str, typer.Option("--strategy", help="asteroid, asteroid-paper, dp, pp, pipedream, dapple.")] = "asteroid",
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write the plan here (.json or .yaml).")] = None,
+    compare: Annotated[bool, typer.Option("--compare", help="Evaluate every strategy on the same request.")] = False,
+    explain_: Annotated[bool, typer.Option("--explain", help="Per-step table: E_f, E_b, T_w, T_e, T_a, memory.")] = False,
+    existing: Annotated[Optional[Path], typer.Option("--plan", help="Re-score an existing plan against --profile instead of planning.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
+) -> None:
+    """Plan hybrid pipeline parallel training: stages, device groups, samples per device."""
+    from hppctl import planner
+    from hppctl.planner.explain import check_plan_matches, explain
+
+    prof = load(profile, Profile)
+    if existing is not None:
+        plan = load(existing, HppPlan)
+        check_plan_matches(plan, prof, str(existing))
+        _show(plan, prof, explain_, as_json, explain)
+        return
+    if global_batch is None or micro_batch is None:
+        raise BadInput("--global-batch and --micro-batch are required (or --plan FILE to re-score a plan)")
+    request = make_request(global_batch, micro_batch)
+    if compare:
+        rows = planner.compare(prof, request)
+        emit_json([r.as_json() for r in rows]) if as_json else _render_compare(rows, request)
+        return
+    plan = planner.make_plan(prof, request, strategy)
+    if out is not None:
+        save(out, plan)
+        note(f"wrote {out}")
+    _show(plan, prof, explain_, as_json, explain)
+
+
+def _show(plan: HppPlan, profile: Profile, explain_: bool, as_json: bool, explain) -> None:
+    if as_json:
+        data = plan.model_dump(mode="json")
+        if explain_:
+            data = {"plan": data, "steps": [_row_json(r) for r in explain(plan, profile)]}
+        emit_json(data)
+        return
+    _render_plan(plan)
+    if explain_:
+        _render_explain(explain(plan, profile))
+
+
+def _row_json(row) -> dict:
+    return {
+        "index": row.index, "kind": row.kind, "label": row.label, "forward_s": row.forward_s,
+        "backward_s": row.backward_s, "wait_s": row.wait_s, "execute_s": row.execute_s,
+        "allreduce_s": row.allreduce_s, "end_s": row.end_s, "dominant": row.dominant,
+        "memory": [{"device": d, "bytes": b, "budget_bytes": u} for d, b, u in row.memory],
+    }
+
+
+def _render_plan(plan: HppPlan) -> None:
+    pred = plan.prediction
+    stdout.print(f"{plan.strategy} plan for {plan.model} ({plan.granularity}): global batch {plan.global_batch} = "
+                 f"{plan.num_micro_batches} x {plan.micro_batch}, schedule {plan.schedule}")
+    table = Table(box=None, pad_edge=False)
+    for col in ("stage", "layers", "devices (samples)", "K", "E_f s", "E_b s", "T_a s", "peak memory / budget"):
+        table.add_column(col)
+    for p, s in enumerate(plan.stages):
+        devices = ", ".join(f"{d} ({y})" for d, y in zip(s.devices, s.samples))
+        memory = ", ".join(f"{format_bytes(m)}/{format_bytes(u)}" for m, u in zip(s.memory_bytes, s.memory_budget_bytes))
+        table.add_row(str(p), f"[{s.start}, {s.end})", devices, str(s.warmup), f"{s.forward_s:.4f}",
+                      f"{s.backward_s:.4f}", f"{s.allreduce_s:.4f}", memory)
+    stdout.print(table)
+    stdout.print(f"predicted round latency {pred.round_latency_s:.3f} s, throughput "
+                 f"{pred.throughput_samples_per_s:.1f} samples/s, peak memory {pred.peak_memory_ratio:.0%} of budget, "
+                 f"planned in {plan.planning_time_s:.2f} s")
+    for v in plan.memory_violations:
+        stdout.print(f"memory violation: {v.device} (stage {v.stage}) needs {format_bytes(v.needed_bytes)}, "
+                     f"has {format_bytes(v.budget_bytes)}")
+
+
+def _render_explain(rows) -> None:
+    table = Table(box=None, pad_edge=False, title="steps (Eqs. 4-6); * = dominant step")
+    for col in ("step", "", "E_f s", "E_b s", "T_w s", "T_e s", "T_a s", "end s", "memory / budget"):
+        table.add_column(col)
+    for r in rows:
+        memory = ", ".join(f"{d} {format_bytes(b)}/{format_bytes(u)}" for d, b, u in r.memory)
+        table.add_row(f"{r.index}{' *' if r.dominant else ''}", r.label, f"{r.forward_s:.4f}", f"{r.backward_s:.4f}",
+                      f"{r.wait_s:.3f}", f"{r.execute_s:.3f}", f"{r.allreduce_s:.3f}", f"{r.end_s:.3f}", memory)
+    stdout.print(table)
+
+
+def _render_compare(rows, request: PlanRequest) -> None:
+    table = Table(box=None, pad_edge=False,
+                  title=f"global batch {request.global_batch} = {request.num_micro_batches} x {request.micro_batch}")
+    for col in ("strategy", "feasible", "throughput samples/s", "round latency s", "peak memory", "stages", "plan time s"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r.strategy, "yes" if r.feasible else ("no plan" if r.plan is None else "NO (memory)"),
+                      f"{r.throughput:.1f}", f"{r.round_latency_s:.3f}" if r.plan else "-",
+                      f"{r.peak_memory_ratio:.0%}" if r.plan else "-", r.shape, f"{r.planning_time_s:.2f}")
+    stdout.print(table)
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("plan", help=(plan_command.__doc__ or "") + "\n" + EXAMPLES)(plan_command)

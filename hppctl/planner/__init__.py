@@ -122,3 +122,52 @@ def strategy_names() -> list[str]:
 
 def describe(name: str) -> str:
     return DESCRIPTIONS[name]
+
+
+class CompareRow:
+    """One strategy's result on a shared request (`hppctl plan --compare`)."""
+
+    def __init__(self, strategy: str, plan: HppPlan | None, planning_time_s: float):
+        self.strategy, self.plan, self.planning_time_s = strategy, plan, planning_time_s
+
+    @property
+    def feasible(self) -> bool:
+        return self.plan is not None and not self.plan.memory_violations
+
+    @property
+    def throughput(self) -> float:
+        return self.plan.prediction.throughput_samples_per_s if self.plan else 0.0
+
+    @property
+    def round_latency_s(self) -> float:
+        return self.plan.prediction.round_latency_s if self.plan else math.inf
+
+    @property
+    def peak_memory_ratio(self) -> float:
+        return self.plan.prediction.peak_memory_ratio if self.plan else math.inf
+
+    @property
+    def shape(self) -> str:
+        """Stages as device counts, e.g. '3+1+1' (head first)."""
+        return "+".join(str(len(s.devices)) for s in self.plan.stages) if self.plan else "-"
+
+    def as_json(self) -> dict:
+        return {
+            "strategy": self.strategy, "feasible": self.feasible, "throughput": self.throughput,
+            "round_latency_s": self.round_latency_s if self.plan else None,
+            "peak_memory_ratio": self.peak_memory_ratio if self.plan else None,
+            "stages": [{"layers": s.layers, "devices": s.devices, "samples": s.samples} for s in self.plan.stages]
+            if self.plan else None,
+            "planning_time_s": self.planning_time_s,
+        }
+
+
+def compare(profile: Profile, request: PlanRequest) -> list[CompareRow]:
+    """Every registered strategy on the same profile and request, fastest feasible first."""
+    rows = []
+    for name in STRATEGIES:
+        candidate, cm, elapsed = run_strategy(profile, request, name)
+        plan = to_plan(cm, profile, request, name, candidate, elapsed) if candidate else None
+        rows.append(CompareRow(name, plan, elapsed))
+    preference = {name: i for i, name in enumerate(("asteroid", "asteroid-paper", "dp", "pp", "pipedream", "dapple"))}
+    return sorted(rows, key=lambda r: (not r.feasible, -r.throughput, preference.get(r.strategy, 99)))

@@ -1,0 +1,69 @@
+"""Per-step breakdown of a plan (Eqs. 4–6): what `hppctl plan --explain` shows. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hppctl.errors import PlanMismatch
+from hppctl.models.plan import HppPlan
+from hppctl.models.profile import Profile
+from hppctl.planner.cost import CostModel, StageChoice, Step, dominant_step
+
+
+@dataclass(frozen=True)
+class StepRow:
+    index: int
+    kind: str  # "stage" or "transfer"
+    label: str
+    forward_s: float  # E_f
+    backward_s: float  # E_b
+    wait_s: float  # T_w
+    execute_s: float  # T_e
+    allreduce_s: float  # T_a
+    end_s: float  # T_w + T_e + T_a
+    memory: tuple[tuple[str, int, int], ...]  # (device, predicted bytes, budget bytes)
+    dominant: bool
+
+
+def check_plan_matches(plan: HppPlan, profile: Profile, source: str = "plan") -> None:
+    """Refuse a plan made for another model or another profile."""
+    if plan.model != profile.model:
+        raise PlanMismatch(f"{source}: model: plan is for {plan.model!r}, profile is for {profile.model!r}")
+    if plan.profile_digest != profile.digest():
+        raise PlanMismatch(f"{source}: profile_digest: plan was made from profile {plan.profile_digest}, "
+                           f"this profile is {profile.digest()}; re-run `hppctl plan` on it")
+
+
+def stage_choices(plan: HppPlan, profile: Profile) -> list[StageChoice]:
+    index = {d.name: i for i, d in enumerate(profile.devices)}
+    return [StageChoice(s.start, s.end, tuple(index[d] for d in s.devices), tuple(s.samples)) for s in plan.stages]
+
+
+def explain(plan: HppPlan, profile: Profile) -> list[StepRow]:
+    cm = CostModel(profile, micro_batch=plan.micro_batch, num_micro_batches=plan.num_micro_batches)
+    stages = stage_choices(plan, profile)
+    ev = cm.evaluate(stages, plan.schedule)
+    return step_rows(ev.steps, cm.M, plan, ev.memory_bytes)
+
+
+def step_rows(steps: tuple[Step, ...], m: int, plan: HppPlan, memory) -> list[StepRow]:
+    dm = dominant_step(steps, m)
+    e_dm = m * (steps[dm].forward_s + steps[dm].backward_s)
+    rows, wait = [], 0.0
+    for s, step in enumerate(steps):
+        if s < dm:  # Eq. (6)
+            execute = e_dm + sum(steps[i].forward_s + steps[i].backward_s for i in range(s, dm))
+        else:
+            execute = e_dm - sum(steps[i].forward_s + steps[i].backward_s for i in range(dm, s))
+        if s % 2 == 0:
+            stage = plan.stages[s // 2]
+            label = f"stage {s // 2}: layers [{stage.start}, {stage.end}) on {', '.join(stage.devices)}"
+            mem = tuple(zip(stage.devices, memory[s // 2], stage.memory_budget_bytes))
+            kind = "stage"
+        else:
+            label = f"transfer {s // 2} -> {s // 2 + 1}"
+            mem, kind = (), "transfer"
+        rows.append(StepRow(s, kind, label, step.forward_s, step.backward_s, wait, execute, step.allreduce_s,
+                            wait + execute + step.allreduce_s, mem, s == dm))
+        wait += step.forward_s  # Eq. (5): T_w is the sum of upstream forward times
+    return rows

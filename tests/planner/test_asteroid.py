@@ -1,0 +1,94 @@
+"""Algorithm 2 and the strategies: DP vs exhaustive search, memory, sample coverage, baselines."""
+
+import random
+import subprocess
+import sys
+
+import pytest
+
+from hppctl.models.plan import PlanRequest
+from hppctl.planner import compare, cost_model, make_plan
+from hppctl.planner.asteroid import AsteroidDP, memory_order
+from hppctl.planner.exhaustive import best_plan
+from tests.conftest import make_profile
+
+GAPS: list[float] = []
+IMPROVED_GAPS: list[float] = []
+
+
+def small_instance(seed: int):
+    rng = random.Random(seed)
+    n = rng.randint(1, 3 if seed % 4 else 4)
+    layers = rng.randint(1, 5 if n == 4 else 6)
+    profile = make_profile(layers=layers, speeds=[rng.uniform(0.3, 3) for _ in range(n)],
+                           memory_gb=[rng.choice([0.05, 0.2, 1.0]) for _ in range(n)], seed=seed,
+                           activation_scale=rng.choice([1, 20, 100]), param_scale=rng.choice([1, 50]))
+    return profile, PlanRequest(global_batch=6 * rng.choice([1, 2, 4]), micro_batch=6)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_dp_against_exhaustive_search(seed):
+    profile, request = small_instance(seed)
+    cm = cost_model(profile, request)
+    optimum, _ = best_plan(cm)
+    dp = AsteroidDP(cm, memory_order(cm)).best(devices=len(cm.names))
+    if dp is None:
+        return  # the paper's DP uses every device; it may find nothing where a subset would fit
+    evaluation = cm.evaluate(dp.stages)
+    assert evaluation.feasible, "the DP must never exceed a memory budget"
+    assert evaluation.round_latency_s == pytest.approx(dp.latency, rel=1e-9)
+    assert evaluation.round_latency_s >= optimum * (1 - 1e-9)  # exhaustive is a true lower bound
+    improved = make_plan(profile, request, "asteroid")
+    assert improved.prediction.round_latency_s <= evaluation.round_latency_s * (1 + 1e-9)
+    GAPS.append(evaluation.round_latency_s / optimum - 1)
+    IMPROVED_GAPS.append(improved.prediction.round_latency_s / optimum - 1)
+
+
+def test_report_largest_gap():
+    # Runs after the parametrised cases (file order); the figure is recorded in docs/planner.md.
+    if GAPS:
+        print(f"\nvs exhaustive search over {len(GAPS)} instances: largest gap asteroid-paper {max(GAPS):.1%}, "
+              f"asteroid {max(IMPROVED_GAPS):.1%}; instances where asteroid-paper is optimal: "
+              f"{sum(g < 1e-9 for g in GAPS)}, asteroid: {sum(g < 1e-9 for g in IMPROVED_GAPS)}")
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_every_plan_covers_every_sample_once_and_fits(seed):
+    rng = random.Random(100 + seed)
+    profile = make_profile(layers=rng.randint(4, 30), speeds=[rng.uniform(0.5, 3) for _ in range(rng.randint(2, 6))],
+                           seed=seed, activation_scale=rng.choice([1, 30]))
+    request = PlanRequest(global_batch=256, micro_batch=rng.choice([16, 32, 64]))
+    for row in compare(profile, request):
+        if row.plan is None:
+            continue
+        plan = row.plan
+        assert plan.stages[0].start == 0 and plan.stages[-1].end == len(profile.layers)
+        for a, b in zip(plan.stages, plan.stages[1:]):
+            assert a.end == b.start
+        for stage in plan.stages:
+            assert sum(stage.samples) == request.micro_batch
+        devices = plan.devices()
+        assert len(devices) == len(set(devices))
+        if row.strategy in ("asteroid", "asteroid-paper", "dp", "pp"):
+            assert not plan.memory_violations
+
+
+def test_asteroid_beats_or_matches_every_feasible_baseline():
+    profile = make_profile(layers=40, speeds=(1, 1, 1, 2, 2, 3), memory_gb=(4, 4, 4, 8, 8, 8), activation_scale=5)
+    rows = {r.strategy: r for r in compare(profile, PlanRequest(global_batch=2048, micro_batch=64))}
+    for name, row in rows.items():
+        if row.feasible:
+            assert rows["asteroid"].throughput >= row.throughput * (1 - 1e-9), name
+
+
+def test_memory_blind_baselines_report_violations():
+    profile = make_profile(layers=12, speeds=(1, 1, 1, 1), memory_gb=(4, 0.02, 0.02, 0.02), activation_scale=40)
+    rows = {r.strategy: r for r in compare(profile, PlanRequest(global_batch=512, micro_batch=64))}
+    assert rows["pipedream"].plan.memory_violations or rows["dapple"].plan.memory_violations
+    assert not rows["asteroid"].plan.memory_violations
+
+
+def test_planner_does_not_import_torch_or_fabric():
+    code = "import hppctl.planner, hppctl.planner.explain, sys; " \
+           "assert 'torch' not in sys.modules and 'fabric' not in sys.modules, sorted(sys.modules)"
+    subprocess.run([sys.executable, "-c", code], check=True)

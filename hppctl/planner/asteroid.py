@@ -59,10 +59,17 @@ class DpResult:
 
 
 class AsteroidDP:
-    """Runs Algorithm 2 once for one device order; `best(...)` reads plans off the tables."""
+    """Runs Algorithm 2 once for one device order; `best(...)` reads plans off the tables.
 
-    def __init__(self, cm: CostModel, order: list[int]):
-        self.cm, self.order = cm, order
+    `bound`: a round latency the caller knows the answer does not exceed. Candidates whose
+    cheap lower bound (see `_lower_bound`) is above it skip Algorithm 1. Prepending a head
+    never shortens a pipeline (latency_new >= latency_sub + E_f^head + E^comm), so every
+    candidate on the path to an answer <= bound survives and the result is identical to the
+    unbounded DP's; `solve` re-runs without the bound if the answer turns out to exceed it.
+    """
+
+    def __init__(self, cm: CostModel, order: list[int], bound: float = np.inf):
+        self.cm, self.order, self.bound = cm, order, bound
         self.tables = LayerTables(cm)
         self.L, self.N = cm.num_layers, len(order)
         self.max_stages = min(self.L, self.N)
@@ -75,6 +82,7 @@ class AsteroidDP:
         self._allocators: dict[tuple[int, int, bool], GroupAllocator] = {}
         self._min_bw = self._cross_bandwidth()
         self.q: dict[tuple[int, int], _Table] = {}
+        self.pruned = 0
         self._run()
 
     # -- helpers ---------------------------------------------------------------------------
@@ -105,13 +113,25 @@ class AsteroidDP:
                     mb[a, b, c] = bw[a:b, b:c].min()
         return mb
 
+    def _empty(self) -> _Table:
+        L = self.L
+        return _Table(np.full(L + 1, np.inf), np.full(L + 1, np.inf), np.full(L + 1, np.inf),
+                      np.zeros(L + 1, dtype=np.int64), np.full(L + 1, -1), np.full(L + 1, -1))
+
     # -- the dynamic program ---------------------------------------------------------------
     def _run(self) -> None:
+        # Q(., n, p) needs Q(., n', p - 1) for n' < n only, so the device count can be the outer
+        # loop; then each head group [N-n, N-n') is visited once, for every p, and freed after.
         for n in range(1, self.N + 1):
             self.q[(n, 1)] = self._single_stage(n)
-        for p in range(2, self.max_stages + 1):
-            for n in range(p, self.N + 1):
-                self.q[(n, p)] = self._prepend_head(n, p)
+            for p in range(2, min(n, self.L) + 1):
+                self.q[(n, p)] = self._empty()
+            for n_sub in range(1, n):
+                alloc = self._allocator(self.N - n, self.N - n_sub, tail=False)
+                floor = None
+                for p in range(2, min(n_sub + 1, self.L) + 1):
+                    floor = self._prepend_head(n, n_sub, p, alloc, floor)
+                self._allocators.pop((self.N - n, self.N - n_sub, False), None)
 
     def _single_stage(self, n: int) -> _Table:
         """Q(i, n, 1): layers [i, L) data-parallel on the last n devices, K = 1 (pure DP)."""
@@ -125,36 +145,46 @@ class AsteroidDP:
         return _Table(pad(latency, np.inf), pad(busy, np.inf), pad(alloc.allreduce, np.inf),
                       pad(np.full(L, n), 0), none, none)
 
-    def _prepend_head(self, n: int, p: int) -> _Table:
-        cm, L, N = self.cm, self.L, self.N
-        warmup = min(2 * p - 1, cm.M)
-        best = np.full(L + 1, np.inf)
-        out = _Table(best, np.full(L + 1, np.inf), np.full(L + 1, np.inf), np.zeros(L + 1, dtype=np.int64),
-                     np.full(L + 1, -1), np.full(L + 1, -1))
-        i_idx, j_idx = self._pairs_head[:, 0], self._pairs_head[:, 1]
-        for n_sub in range(p - 1, n):
-            sub = self.q[(n_sub, p - 1)]
-            alloc = self._allocator(N - n, N - n_sub, tail=False)
-            res = alloc.for_warmup(warmup)
-            head = res.forward_s + res.backward_s
-            bw = self._min_bw[N - n, N - n_sub, np.minimum(N - n_sub + sub.head_size[j_idx], N)]
-            comm = cm.B * self.tables.boundary[j_idx - 1] / bw
-            a = np.maximum.reduce([cm.M * head, cm.M * 2 * comm + head, sub.a[j_idx] + head + 2 * comm])
-            z = np.maximum.reduce([alloc.allreduce, -res.backward_s, sub.z[j_idx] - res.backward_s - comm])
-            latency = np.where(res.feasible & np.isfinite(sub.latency[j_idx]), a + z, np.inf)
-            self._keep_best(out, latency, a, z, i_idx, j_idx, n - n_sub, n_sub)
-        return out
+    def _prepend_head(self, n: int, n_sub: int, p: int, alloc: GroupAllocator, floor) -> np.ndarray:
+        """Offer Q(., n, p) every head [i, j) on devices [N-n, N-n_sub) before Q(j, n_sub, p-1)."""
+        cm, N = self.cm, self.N
+        sub, out = self.q[(n_sub, p - 1)], self.q[(n, p)]
+        i_all, j_all = self._pairs_head[:, 0], self._pairs_head[:, 1]
+        bw = self._min_bw[N - n, N - n_sub, np.minimum(N - n_sub + sub.head_size[j_all], N)]
+        comm = cm.B * self.tables.boundary[j_all - 1] / bw
+        alive = np.isfinite(sub.latency[j_all])
+        if np.isfinite(self.bound):
+            if floor is None:
+                floor = np.full(len(i_all), np.inf)
+                floor[:] = alloc.balanced_lower_bound(self.tables.min_rate_prefix, np.arange(len(i_all)))
+            lower = np.maximum(cm.M * floor + alloc.allreduce, sub.latency[j_all] + comm)
+            keep = alive & (lower * (1 - 1e-9) <= self.bound)
+            self.pruned += int(alive.sum() - keep.sum())
+            alive = keep
+        cols = np.flatnonzero(alive)
+        if cols.size == 0:
+            return floor
+        res = alloc.for_warmup(min(2 * p - 1, cm.M), cols)
+        j, c = j_all[cols], comm[cols]
+        head = res.forward_s + res.backward_s
+        a = np.maximum.reduce([cm.M * head, cm.M * 2 * c + head, sub.a[j] + head + 2 * c])
+        z = np.maximum.reduce([alloc.allreduce[cols], -res.backward_s, sub.z[j] - res.backward_s - c])
+        latency = np.where(res.feasible, a + z, np.inf)
+        self._keep_best(out, latency, a, z, i_all[cols], j, cols, n - n_sub, n_sub)
+        return floor
 
-    def _keep_best(self, out: _Table, latency, a, z, i_idx, j_idx, head_size: int, n_sub: int) -> None:
+    def _keep_best(self, out: _Table, latency, a, z, i_idx, j_idx, cols, head_size: int, n_sub: int) -> None:
         """For each start layer i keep the candidate j with the lowest latency (first j on ties)."""
         dense = np.full((self.L, self.L), np.inf)
-        dense.flat[self._dense_index] = latency
+        dense.flat[self._dense_index[cols]] = latency
         j_best = dense.argmin(axis=1)
         rows = np.arange(self.L)
         value = dense[rows, j_best]
         better = value < out.latency[:self.L]
         rows, j_best = rows[better], j_best[better]
-        pick = self._pair_index[rows, j_best]
+        pos = np.full(len(self._pairs_head), -1, dtype=np.int64)
+        pos[cols] = np.arange(len(cols))
+        pick = pos[self._pair_index[rows, j_best]]
         out.latency[rows] = latency[pick]
         out.a[rows], out.z[rows] = a[pick], z[pick]
         out.head_size[rows] = head_size
@@ -183,9 +213,16 @@ class AsteroidDP:
 
     def _stage(self, i: int, j: int, a: int, b: int, warmup: int) -> StageChoice:
         alloc = self._allocator(a, b, tail=(j == self.L))
-        if j == self.L:
-            col = i
-        else:
-            col = int(self._pair_index[i, j])
-        samples = alloc.for_warmup(warmup).samples[:, col]
+        col = i if j == self.L else int(self._pair_index[i, j])
+        samples = alloc.for_warmup(warmup, np.array([col])).samples[:, 0]
         return StageChoice(i, j, tuple(self._group(a, b)), tuple(int(y) for y in samples))
+
+
+def solve(cm: CostModel, order: list[int], bound: float = np.inf) -> tuple[AsteroidDP, DpResult | None]:
+    """The paper's DP with pruning by `bound`; falls back to the unbounded DP if the bound was too tight."""
+    dp = AsteroidDP(cm, order, bound)
+    result = dp.best(devices=len(order))
+    if np.isfinite(bound) and (result is None or result.latency > bound * (1 + 1e-9)):
+        dp = AsteroidDP(cm, order)
+        result = dp.best(devices=len(order))
+    return dp, result

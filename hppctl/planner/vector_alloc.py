@@ -45,6 +45,10 @@ class LayerTables:
         self.act = np.asarray(cm._act, dtype=np.float64)
         self.boundary = np.asarray(cm.boundary, dtype=np.float64)
         self.budget = np.asarray(cm.budget, dtype=np.float64)
+        # cheapest per-sample cost of each layer over the grid, prefix-summed: (devices, layers + 1)
+        per_layer = np.diff(fwd + bwd, axis=2) / self.grid[None, :, None]
+        self.min_rate_prefix = np.concatenate(
+            [np.zeros((fwd.shape[0], 1)), np.cumsum(per_layer.min(axis=1), axis=1)], axis=1)
 
     def times(self, dev: np.ndarray, start: np.ndarray, end: np.ndarray, y: np.ndarray
               ) -> tuple[np.ndarray, np.ndarray]:
@@ -181,12 +185,20 @@ def _offload_stragglers(tables, dev, start, end, caps, y, fwd, bwd, peak, feasib
 
 
 class GroupAllocator:
-    """Algorithm 1 for one contiguous device group over a fixed set of layer pairs, per K."""
+    """Algorithm 1 for one contiguous device group over a fixed list of layer pairs, computed lazily.
+
+    Columns are computed (memory-unconstrained) the first time some caller needs them; a
+    warm-up depth K then only recomputes the columns where K's memory caps bind.
+    """
 
     def __init__(self, tables: LayerTables, devices: list[int], start: np.ndarray, end: np.ndarray):
         self.tables, self.devices, self.start, self.end = tables, devices, start, end
-        unbounded = np.full((len(devices), len(start)), tables.cm.B, dtype=np.int64)
-        self.free = allocate_many(tables, devices, start, end, unbounded)
+        g, n = len(devices), len(start)
+        self.samples = np.zeros((g, n), dtype=np.int64)
+        self.peak = np.zeros((g, n), dtype=np.int64)
+        self.forward_s, self.backward_s = np.zeros(n), np.zeros(n)
+        self.feasible = np.zeros(n, dtype=bool)
+        self.done = np.zeros(n, dtype=bool)
         self.allreduce = self._allreduce()
 
     def _allreduce(self) -> np.ndarray:
@@ -196,15 +208,41 @@ class GroupAllocator:
         w = self.tables.param[self.end] - self.tables.param[self.start]
         return 2 * (g - 1) * w / (g * cm.min_bandwidth(self.devices))
 
-    def for_warmup(self, warmup: int) -> Allocation:
-        caps = self.tables.caps(np.asarray(self.devices), self.start, self.end, warmup)
-        redo = ((self.free.peak > caps) | (caps < 0)).any(axis=0)
-        if not redo.any():
-            return self.free
-        idx = np.flatnonzero(redo)
-        part = allocate_many(self.tables, self.devices, self.start[idx], self.end[idx], caps[:, idx])
-        samples = self.free.samples.copy()
-        samples[:, idx] = part.samples
-        fwd, bwd, feas = self.free.forward_s.copy(), self.free.backward_s.copy(), self.free.feasible.copy()
-        fwd[idx], bwd[idx], feas[idx] = part.forward_s, part.backward_s, part.feasible
-        return Allocation(samples, fwd, bwd, feas, self.free.peak)
+    def _ensure(self, cols: np.ndarray) -> None:
+        todo = cols[~self.done[cols]]
+        if todo.size == 0:
+            return
+        unbounded = np.full((len(self.devices), todo.size), self.tables.cm.B, dtype=np.int64)
+        res = allocate_many(self.tables, self.devices, self.start[todo], self.end[todo], unbounded)
+        self.samples[:, todo], self.peak[:, todo] = res.samples, res.peak
+        self.forward_s[todo], self.backward_s[todo], self.feasible[todo] = res.forward_s, res.backward_s, res.feasible
+        self.done[todo] = True
+
+    def for_warmup(self, warmup: int, cols: np.ndarray | None = None) -> Allocation:
+        """Algorithm 1 under K = `warmup` for columns `cols` (default: all), in that order."""
+        cols = np.arange(len(self.start)) if cols is None else cols
+        self._ensure(cols)
+        caps = self.tables.caps(np.asarray(self.devices), self.start[cols], self.end[cols], warmup)
+        samples, fwd, bwd = self.samples[:, cols], self.forward_s[cols], self.backward_s[cols]
+        feasible, peak = self.feasible[cols], self.peak[:, cols]
+        redo = np.flatnonzero(((peak > caps) | (caps < 0)).any(axis=0))
+        if redo.size:
+            part = allocate_many(self.tables, self.devices, self.start[cols[redo]], self.end[cols[redo]], caps[:, redo])
+            samples[:, redo], fwd[redo], bwd[redo], feasible[redo] = part.samples, part.forward_s, part.backward_s, part.feasible
+        return Allocation(samples, fwd, bwd, feasible, peak)
+
+    def balanced_lower_bound(self, min_rate_prefix: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """A lower bound on E_f + E_b for any split: B / sum_d 1/rho_d, rho_d = cheapest per-sample rate.
+
+        Per layer, t(y)/y is smallest at a grid point (t is piecewise linear through them and
+        proportional outside), so T_d(y) >= y * rho_d; the best any split can do is then the
+        continuous balance of those rates.
+        """
+        start, end = self.start[cols], self.end[cols]
+        inverse = np.zeros(cols.size)
+        for d in self.devices:
+            rate = min_rate_prefix[d, end] - min_rate_prefix[d, start]
+            with np.errstate(divide="ignore"):
+                inverse += np.where(rate > 0, 1.0 / rate, np.inf)
+        with np.errstate(divide="ignore"):
+            return self.tables.cm.B / inverse

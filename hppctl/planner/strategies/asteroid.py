@@ -12,40 +12,59 @@
 
 from __future__ import annotations
 
+import math
+
 from hppctl.planner.allocation import allocate
-from hppctl.planner.asteroid import AsteroidDP, memory_order, speed_order
+
+from hppctl.planner.asteroid import AsteroidDP, memory_order, solve, speed_order
 from hppctl.planner.cost import CostModel, StageChoice, asteroid_warmup
 from hppctl.planner.registry import Candidate, strategy
 from hppctl.planner.strategies.dp import plan_dp
-from hppctl.planner.strategies.pp import plan_pp
+from hppctl.planner.strategies.pp import balanced_partition, plan_pp
 
 
-@strategy("asteroid-paper", "Asteroid's planner exactly as published (Alg. 1 + Alg. 2, all devices)")
-def plan_asteroid_paper(cm: CostModel) -> Candidate | None:
-    result = AsteroidDP(cm, memory_order(cm)).best(devices=len(cm.names))
-    return Candidate(result.stages) if result else None
+def in_space_bound(cm: CostModel, order: list[int]) -> float:
+    """Latency of two plans inside the paper DP's own search space: one-stage DP and one device per stage.
+
+    Used only to prune the DP (see `AsteroidDP`); `solve` re-runs unpruned if the DP's answer is worse.
+    """
+    bounds = [math.inf]
+    samples = allocate(cm, order, 0, cm.num_layers, 1)
+    if samples is not None:
+        bounds.append(cm.evaluate([StageChoice(0, cm.num_layers, tuple(order), tuple(samples))]).round_latency_s)
+    chain = balanced_partition(cm, order)
+    if chain is not None:
+        bounds.append(cm.evaluate(chain).round_latency_s)
+    return min(bounds)
 
 
 @strategy("asteroid", "Asteroid's planner plus device dropping, a second device order and local search")
 def plan_asteroid(cm: CostModel) -> Candidate | None:
     candidates: list[list[StageChoice]] = []
-    by_memory = AsteroidDP(cm, memory_order(cm))
-    for result in (by_memory.best(devices=len(cm.names)), by_memory.best()):
-        if result:
-            candidates.append(result.stages)
-    by_speed_order = speed_order(cm)
-    if by_speed_order != by_memory.order:
-        result = AsteroidDP(cm, by_speed_order).best()
-        if result:
-            candidates.append(result.stages)
     for baseline in (plan_dp, plan_pp):
         found = baseline(cm)
         if found:
             candidates.append(found.stages)
+    order = memory_order(cm)
+    bound = min([in_space_bound(cm, order)] + [cm.evaluate(c).round_latency_s for c in candidates])
+    by_memory, paper = solve(cm, order, bound)
+    candidates += [r.stages for r in (paper, by_memory.best()) if r]
+    by_speed = speed_order(cm)
+    if by_speed != order:
+        result = AsteroidDP(cm, by_speed, bound).best()
+        if result:
+            candidates.append(result.stages)
     if not candidates:
         return None
     best = min(candidates, key=lambda stages: cm.evaluate(stages).round_latency_s)
     return Candidate(refine_cuts(cm, best))
+
+
+@strategy("asteroid-paper", "Asteroid's planner exactly as published (Alg. 1 + Alg. 2, all devices)")
+def plan_asteroid_paper(cm: CostModel) -> Candidate | None:
+    order = memory_order(cm)
+    _, result = solve(cm, order, in_space_bound(cm, order))
+    return Candidate(result.stages) if result else None
 
 
 def refine_cuts(cm: CostModel, stages: list[StageChoice], max_rounds: int = 50) -> list[StageChoice]:

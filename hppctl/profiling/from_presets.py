@@ -1,0 +1,103 @@
+"""Profiles from device presets: a cluster inventory + a model's layer sequence -> `Profile`.
+
+Pure (no torch, no I/O): `hppctl profile` calls it once the zoo has turned the model into
+layers, and tests call it with hand-made layers. Measuring real devices (`host:` / `local:`
+entries) is a later issue; `check_all_presets` is the one place that refuses them today.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hppctl.errors import BadInput
+from hppctl.models.cluster import ClusterSpec
+from hppctl.models.profile import DeviceProfile, LayerCost, LinkProfile, Profile
+from hppctl.profiling.presets import DevicePreset, get_preset
+
+DEFAULT_BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+"""Powers of two 1..256: the range the Asteroid paper profiled for EfficientNet-B1, MobileNetV2 and
+Bert-small (its §5.7). ResNet50 at 224x224 was profiled to 32 only, for lack of device memory; a
+preset has no such limit, and the planner never asks for more samples than fit the budget."""
+
+OPTIMIZER_STATE_FACTORS = {"sgd": 0.0, "momentum": 1.0, "adam": 2.0}
+"""Optimizer state in units of the parameter bytes (`Profile.optimizer_state_factor`)."""
+
+
+def check_all_presets(cluster: ClusterSpec, source: str | None = None) -> None:
+    """Refuse devices that would have to be measured. The later measurement issue replaces this."""
+    where = f"{source}: " if source else ""
+    for i, device in enumerate(cluster.devices):
+        if device.preset is None:
+            how = f"host {device.host!r}" if device.host is not None else "local: true"
+            raise BadInput(
+                f"{where}devices.{i}: device {device.name!r} ({how}) is not a preset; measuring real devices "
+                f"(`hppctl profile` over SSH or locally) is not implemented yet, so this cluster file can only "
+                f"list `preset:` devices for now")
+
+
+def validate_batch_sizes(batch_sizes: Sequence[int]) -> list[int]:
+    """Sorted, de-duplicated, all positive; `BadInput` naming the bad value otherwise."""
+    if not batch_sizes:
+        raise BadInput("batch sizes: need at least one")
+    for b in batch_sizes:
+        if isinstance(b, bool) or not isinstance(b, int) or b <= 0:
+            raise BadInput(f"batch sizes: {b!r} is not a positive whole number of samples")
+    return sorted(set(batch_sizes))
+
+
+def preset_device_profile(name: str, preset: DevicePreset, layers: Sequence[LayerCost], batch_sizes: list[int],
+                          *, memory_bytes: int | None = None, dtype_bytes: int = 4) -> DeviceProfile:
+    """One device's timings on the batch grid from its preset."""
+    forward = [[preset.forward_seconds(layer, b, dtype_bytes) for b in batch_sizes] for layer in layers]
+    backward = [[preset.backward_seconds(layer, b, dtype_bytes) for b in batch_sizes] for layer in layers]
+    return DeviceProfile(
+        name=name, kind=preset.name, memory_bytes=memory_bytes or preset.memory_budget_bytes,
+        batch_sizes=list(batch_sizes), forward_s=forward, backward_s=backward, peak_flops=preset.peak_flops,
+    )
+
+
+def build_preset_profile(
+    cluster: ClusterSpec,
+    layers: list[LayerCost],
+    *,
+    model: str,
+    granularity: str,
+    batch_sizes: list[int] | None = None,
+    optimizer_state_factor: float = 1.0,
+    source: str | None = None,
+) -> Profile:
+    """A `source: "preset"` profile of `layers` on every device of `cluster`.
+
+    Memory budget: the device's `memory:` if given, else the preset's budget (total minus the
+    OS/runtime reserve). Links: the cluster's default bandwidth, plus one entry per device pair
+    whose bandwidth differs from it (`ClusterSpec.bandwidth_between`, last override wins).
+    `source` (the cluster file name) only decorates error messages.
+    """
+    if not layers:
+        raise BadInput(f"model {model!r}: no layers")
+    if optimizer_state_factor < 0:
+        raise BadInput(f"optimizer_state_factor: must not be negative (got {optimizer_state_factor})")
+    grid = validate_batch_sizes(DEFAULT_BATCH_SIZES if batch_sizes is None else batch_sizes)
+    check_all_presets(cluster, source)
+    where = f"{source}: " if source else ""
+    devices = []
+    for i, spec in enumerate(cluster.devices):
+        preset = get_preset(spec.preset, device=spec.name, source=f"{where}devices.{i}.preset")
+        devices.append(preset_device_profile(spec.name, preset, layers, grid, memory_bytes=spec.memory))
+    return Profile(
+        source="preset", cluster=cluster.name, model=model, granularity=granularity,
+        optimizer_state_factor=float(optimizer_state_factor), layers=list(layers), devices=devices,
+        default_bytes_per_s=cluster.bandwidth, links=pair_links(cluster),
+    )
+
+
+def pair_links(cluster: ClusterSpec) -> list[LinkProfile]:
+    """One `LinkProfile` per unordered device pair whose bandwidth differs from the default."""
+    names = [d.name for d in cluster.devices]
+    links = []
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            rate = cluster.bandwidth_between(a, b)
+            if rate != cluster.bandwidth:
+                links.append(LinkProfile(between=[a, b], bytes_per_s=rate))
+    return links

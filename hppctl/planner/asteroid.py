@@ -150,17 +150,22 @@ class AsteroidDP:
         cm, N = self.cm, self.N
         sub, out = self.q[(n_sub, p - 1)], self.q[(n, p)]
         i_all, j_all = self._pairs_head[:, 0], self._pairs_head[:, 1]
-        bw = self._min_bw[N - n, N - n_sub, np.minimum(N - n_sub + sub.head_size[j_all], N)]
-        comm = cm.B * self.tables.boundary[j_all - 1] / bw
-        alive = np.isfinite(sub.latency[j_all])
+        # per cut position j (1-D), then gathered per pair: the sub-pipeline and the transfer into it
+        j_line = np.arange(1, self.L)
+        bw = self._min_bw[N - n, N - n_sub, np.minimum(N - n_sub + sub.head_size[j_line], N)]
+        comm_line = np.zeros(self.L)
+        comm_line[1:] = cm.B * self.tables.boundary[j_line - 1] / bw
         if np.isfinite(self.bound):
-            if floor is None:
-                floor = np.full(len(i_all), np.inf)
-                floor[:] = alloc.balanced_lower_bound(self.tables.min_rate_prefix, np.arange(len(i_all)))
-            lower = np.maximum(cm.M * floor + alloc.allreduce, sub.latency[j_all] + comm)
-            keep = alive & (lower * (1 - 1e-9) <= self.bound)
-            self.pruned += int(alive.sum() - keep.sum())
-            alive = keep
+            if floor is None:  # depends on the group only: computed once for all p
+                floor = cm.M * alloc.balanced_lower_bound(self.tables.min_rate_prefix, np.arange(len(i_all)))
+                floor += alloc.allreduce
+            tail_line = sub.latency[:self.L] + comm_line
+            lower = np.maximum(floor, tail_line[j_all])
+            alive = lower * (1 - 1e-9) <= self.bound
+            self.pruned += int(np.isfinite(tail_line[j_all]).sum() - alive.sum())
+        else:
+            alive = np.isfinite(sub.latency[j_all])
+        comm = comm_line[j_all]
         cols = np.flatnonzero(alive)
         if cols.size == 0:
             return floor
@@ -214,7 +219,7 @@ class AsteroidDP:
     def _stage(self, i: int, j: int, a: int, b: int, warmup: int) -> StageChoice:
         alloc = self._allocator(a, b, tail=(j == self.L))
         col = i if j == self.L else int(self._pair_index[i, j])
-        samples = alloc.for_warmup(warmup, np.array([col])).samples[:, 0]
+        samples = alloc.for_warmup(warmup, np.array([col]), with_samples=True).samples[:, 0]
         return StageChoice(i, j, tuple(self._group(a, b)), tuple(int(y) for y in samples))
 
 

@@ -218,18 +218,31 @@ class GroupAllocator:
         self.forward_s[todo], self.backward_s[todo], self.feasible[todo] = res.forward_s, res.backward_s, res.feasible
         self.done[todo] = True
 
-    def for_warmup(self, warmup: int, cols: np.ndarray | None = None) -> Allocation:
-        """Algorithm 1 under K = `warmup` for columns `cols` (default: all), in that order."""
+    def for_warmup(self, warmup: int, cols: np.ndarray | None = None, *, with_samples: bool = False) -> Allocation:
+        """Algorithm 1 under K = `warmup` for columns `cols` (default: all), in that order.
+
+        Only columns where some device could exceed K's memory cap are recomputed; a cheap
+        1-D test (the whole micro-batch on the smallest device fits) clears most of them.
+        """
         cols = np.arange(len(self.start)) if cols is None else cols
         self._ensure(cols)
-        caps = self.tables.caps(np.asarray(self.devices), self.start[cols], self.end[cols], warmup)
-        samples, fwd, bwd = self.samples[:, cols], self.forward_s[cols], self.backward_s[cols]
-        feasible, peak = self.feasible[cols], self.peak[:, cols]
-        redo = np.flatnonzero(((peak > caps) | (caps < 0)).any(axis=0))
-        if redo.size:
-            part = allocate_many(self.tables, self.devices, self.start[cols[redo]], self.end[cols[redo]], caps[:, redo])
-            samples[:, redo], fwd[redo], bwd[redo], feasible[redo] = part.samples, part.forward_s, part.backward_s, part.feasible
-        return Allocation(samples, fwd, bwd, feasible, peak)
+        fwd, bwd, feasible = self.forward_s[cols], self.backward_s[cols], self.feasible[cols]
+        samples = self.samples[:, cols] if with_samples else None
+        start, end = self.start[cols], self.end[cols]
+        t, cm = self.tables, self.tables.cm
+        received = np.where(start > 0, t.boundary[np.maximum(start - 1, 0)], 0.0)
+        need_all = cm.fixed_factor * (t.param[end] - t.param[start]) + warmup * cm.B * (t.act[end] - t.act[start] + received)
+        risky = np.flatnonzero(need_all * (1 + 1e-9) > t.budget[self.devices].min())
+        if risky.size:
+            caps = t.caps(np.asarray(self.devices), start[risky], end[risky], warmup)
+            bad = ((self.peak[:, cols[risky]] > caps) | (caps < 0)).any(axis=0)
+            redo, caps = risky[bad], caps[:, bad]
+            if redo.size:
+                part = allocate_many(t, self.devices, start[redo], end[redo], caps)
+                fwd[redo], bwd[redo], feasible[redo] = part.forward_s, part.backward_s, part.feasible
+                if with_samples:
+                    samples[:, redo] = part.samples
+        return Allocation(samples, fwd, bwd, feasible, None)
 
     def balanced_lower_bound(self, min_rate_prefix: np.ndarray, cols: np.ndarray) -> np.ndarray:
         """A lower bound on E_f + E_b for any split: B / sum_d 1/rho_d, rho_d = cheapest per-sample rate.

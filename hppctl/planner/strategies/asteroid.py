@@ -17,6 +17,7 @@ import math
 from hppctl.planner.allocation import allocate
 
 from hppctl.planner.asteroid import AsteroidDP, memory_order, solve, speed_order
+from hppctl.planner.coarsen import coarsen, refine_stages
 from hppctl.planner.cost import CostModel, StageChoice, asteroid_warmup
 from hppctl.planner.registry import Candidate, strategy
 from hppctl.planner.strategies.dp import plan_dp
@@ -35,7 +36,26 @@ def in_space_bound(cm: CostModel, order: list[int]) -> float:
     chain = balanced_partition(cm, order)
     if chain is not None:
         bounds.append(cm.evaluate(chain).round_latency_s)
+    bounds.append(coarse_bound(cm, order, min(bounds)))
     return min(bounds)
+
+
+COARSE_LAYERS = 48
+
+
+def coarse_bound(cm: CostModel, order: list[int], bound: float) -> float:
+    """Solve the DP on ~48 super-layers first: its plan is a fine plan too, usually close to the answer."""
+    size = -(-cm.num_layers // COARSE_LAYERS)
+    if size <= 1:
+        return math.inf
+    coarse_profile, starts = coarsen(cm.profile, size)
+    coarse = CostModel(coarse_profile, micro_batch=cm.B, num_micro_batches=cm.M)
+    _, result = solve(coarse, order, bound)
+    stages = refine_stages(cm, result.stages, starts) if result else None
+    if stages is None:
+        return math.inf
+    evaluation = cm.evaluate(stages)
+    return evaluation.round_latency_s if evaluation.feasible else math.inf
 
 
 @strategy("asteroid", "Asteroid's planner plus device dropping, a second device order and local search")

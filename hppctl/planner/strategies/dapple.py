@@ -10,43 +10,45 @@ score. Identical devices and no memory budgets are assumed; violations are repor
 
 from __future__ import annotations
 
+import numpy as np
+
 from hppctl.planner.cost import CostModel
 from hppctl.planner.registry import Candidate, strategy
 from hppctl.planner.strategies.homogeneous import HomogeneousView, place_in_cluster_order
 
 
 def dapple_partition(view: HomogeneousView, m: int) -> list[tuple[int, int, int]]:
+    """Best-scored (start, end, replicas) stages over exactly N devices; DP over (layers, devices) prefixes."""
     L, N = view.L, view.N
-    # state (j, n): (score, sum, max, comm, allreduce, stages)
-    best: dict[tuple[int, int], tuple] = {(0, 0): (0.0, 0.0, 0.0, 0.0, 0.0, ())}
-
-    def score(total, peak, comm, ar):
-        return (m - 1) * peak + total + comm + ar
-
+    shape = (L + 1, N + 1)
+    total, peak, comm, allr = (np.full(shape, np.inf) for _ in range(4))
+    score = np.full(shape, np.inf)
+    total[0, 0] = peak[0, 0] = comm[0, 0] = allr[0, 0] = score[0, 0] = 0.0
+    back = np.full(shape + (2,), -1, dtype=np.int64)
     for j in range(1, L + 1):
+        i = np.arange(j)
+        link = np.where(i > 0, 2 * view.comm[np.maximum(i - 1, 0)], 0.0)
         for n in range(1, N + 1):
-            pick = None
-            for i in range(j):
-                for r in range(1, n + 1):
-                    prev = best.get((i, n - r))
-                    if prev is None:
-                        continue
-                    t = view.compute(i, j) / r
-                    ar = 2 * (r - 1) * view.weights(i, j) / (r * view.bandwidth)
-                    comm = prev[3] + (2 * view.comm[i - 1] if i > 0 else 0.0)
-                    total, peak, allr = prev[1] + t, max(prev[2], t), max(prev[4], ar)
-                    s = score(total, peak, comm, allr)
-                    if pick is None or s < pick[0]:
-                        pick = (s, total, peak, comm, allr, prev[5] + ((i, j, r),))
-            if pick is not None:
-                best[(j, n)] = pick
-    return list(best[(L, N)][5])
+            for r in range(1, n + 1):
+                t = view.compute(i, j) / r
+                ar = 2 * (r - 1) * view.weights(i, j) / (r * view.bandwidth)
+                cand_total, cand_peak = total[i, n - r] + t, np.maximum(peak[i, n - r], t)
+                cand_comm, cand_allr = comm[i, n - r] + link, np.maximum(allr[i, n - r], ar)
+                cand = (m - 1) * cand_peak + cand_total + cand_comm + cand_allr
+                k = int(np.argmin(cand))
+                if cand[k] < score[j, n]:
+                    score[j, n], total[j, n], peak[j, n] = cand[k], cand_total[k], cand_peak[k]
+                    comm[j, n], allr[j, n] = cand_comm[k], cand_allr[k]
+                    back[j, n] = (k, r)
+    stages, j, n = [], L, N
+    while j > 0:
+        i, r = (int(x) for x in back[j, n])
+        stages.append((i, j, r))
+        j, n = i, n - r
+    return stages[::-1]
 
 
 @strategy("dapple", "DAPPLE's planner: homogeneous devices, no memory budgets, synchronous 1F1B")
 def plan_dapple(cm: CostModel) -> Candidate | None:
     view = HomogeneousView(cm)
-    if view.L * view.L * view.N * view.N > 4_000_000:
-        # NOTE: the O(L^2 N^2) search is pure Python; on huge inputs coarsen by block first.
-        return None
     return Candidate(place_in_cluster_order(cm, dapple_partition(view, cm.M)), schedule="1f1b", memory_aware=False)

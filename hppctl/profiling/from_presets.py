@@ -35,6 +35,14 @@ def check_all_presets(cluster: ClusterSpec, source: str | None = None) -> None:
                 f"list `preset:` devices for now")
 
 
+def resolve_presets(cluster: ClusterSpec, source: str | None = None) -> list[DevicePreset]:
+    """Each device's preset, in order; `BadInput` for a non-preset device, `UnknownPreset` for a bad name."""
+    check_all_presets(cluster, source)
+    where = f"{source}: " if source else ""
+    return [get_preset(spec.preset, device=spec.name, source=f"{where}devices.{i}.preset")
+            for i, spec in enumerate(cluster.devices)]
+
+
 def validate_batch_sizes(batch_sizes: Sequence[int]) -> list[int]:
     """Sorted, de-duplicated, all positive; `BadInput` naming the bad value otherwise."""
     if not batch_sizes:
@@ -45,11 +53,68 @@ def validate_batch_sizes(batch_sizes: Sequence[int]) -> list[int]:
     return sorted(set(batch_sizes))
 
 
+def group_layers(coarse: Sequence[LayerCost], fine: Sequence[LayerCost]) -> list[list[LayerCost]] | None:
+    """Split `fine` into consecutive runs, one per `coarse` layer, or None if it does not nest.
+
+    The zoo's fine layers nest inside its block layers (every block cut is a fine cut), so each
+    block is a run of fine layers with the same FLOPs, parameter and activation bytes in total,
+    ending at a cut that carries the same boundary bytes. Used to time a block as the sum of
+    its kernels, which keeps `fine` and `block` profiles of one model consistent.
+    """
+    groups: list[list[LayerCost]] = []
+    j = 0
+    for layer in coarse:
+        run: list[LayerCost] = []
+        flops = params = act = 0
+        while j < len(fine):
+            f = fine[j]
+            run.append(f)
+            j += 1
+            flops += f.forward_flops_per_sample
+            params += f.param_bytes
+            act += f.activation_bytes_per_sample
+            if (flops, params, act, f.boundary_bytes_per_sample) == (
+                    layer.forward_flops_per_sample, layer.param_bytes, layer.activation_bytes_per_sample,
+                    layer.boundary_bytes_per_sample):
+                break
+        else:
+            return None
+        groups.append(run)
+    if j != len(fine):
+        return None
+    return groups
+
+
+def layer_times(preset: DevicePreset, layers: Sequence[LayerCost], batch_sizes: Sequence[int], *,
+                parts: Sequence[Sequence[LayerCost]] | None = None,
+                dtype_bytes: int = 4) -> tuple[list[list[float]], list[list[float]]]:
+    """Forward and backward seconds of every layer at every batch size on one preset.
+
+    A layer reads what crosses the cut before it (the previous layer's boundary bytes). With
+    `parts`, layer i is timed as the sum of its constituent (finer) layers `parts[i]`.
+    """
+    groups = [[layer] for layer in layers] if parts is None else parts
+    forward, backward = [], []
+    previous: LayerCost | None = None
+    for group in groups:
+        f_row = [0.0] * len(batch_sizes)
+        b_row = [0.0] * len(batch_sizes)
+        for layer in group:
+            read = previous.boundary_bytes_per_sample if previous is not None else None
+            for k, b in enumerate(batch_sizes):
+                f_row[k] += preset.forward_seconds(layer, b, dtype_bytes, read)
+                b_row[k] += preset.backward_seconds(layer, b, dtype_bytes, read)
+            previous = layer
+        forward.append(f_row)
+        backward.append(b_row)
+    return forward, backward
+
+
 def preset_device_profile(name: str, preset: DevicePreset, layers: Sequence[LayerCost], batch_sizes: list[int],
-                          *, memory_bytes: int | None = None, dtype_bytes: int = 4) -> DeviceProfile:
+                          *, memory_bytes: int | None = None, parts: Sequence[Sequence[LayerCost]] | None = None,
+                          dtype_bytes: int = 4) -> DeviceProfile:
     """One device's timings on the batch grid from its preset."""
-    forward = [[preset.forward_seconds(layer, b, dtype_bytes) for b in batch_sizes] for layer in layers]
-    backward = [[preset.backward_seconds(layer, b, dtype_bytes) for b in batch_sizes] for layer in layers]
+    forward, backward = layer_times(preset, layers, batch_sizes, parts=parts, dtype_bytes=dtype_bytes)
     return DeviceProfile(
         name=name, kind=preset.name, memory_bytes=memory_bytes or preset.memory_budget_bytes,
         batch_sizes=list(batch_sizes), forward_s=forward, backward_s=backward, peak_flops=preset.peak_flops,
@@ -64,6 +129,7 @@ def build_preset_profile(
     granularity: str,
     batch_sizes: list[int] | None = None,
     optimizer_state_factor: float = 1.0,
+    parts: list[list[LayerCost]] | None = None,
     source: str | None = None,
 ) -> Profile:
     """A `source: "preset"` profile of `layers` on every device of `cluster`.
@@ -71,19 +137,19 @@ def build_preset_profile(
     Memory budget: the device's `memory:` if given, else the preset's budget (total minus the
     OS/runtime reserve). Links: the cluster's default bandwidth, plus one entry per device pair
     whose bandwidth differs from it (`ClusterSpec.bandwidth_between`, last override wins).
-    `source` (the cluster file name) only decorates error messages.
+    `parts[i]`, if given, lists the finer layers layer i is made of (`group_layers`); its time is
+    then their sum. `source` (the cluster file name) only decorates error messages.
     """
     if not layers:
         raise BadInput(f"model {model!r}: no layers")
+    if parts is not None and len(parts) != len(layers):
+        raise ValueError(f"parts has {len(parts)} groups for {len(layers)} layers")
     if optimizer_state_factor < 0:
         raise BadInput(f"optimizer_state_factor: must not be negative (got {optimizer_state_factor})")
     grid = validate_batch_sizes(DEFAULT_BATCH_SIZES if batch_sizes is None else batch_sizes)
-    check_all_presets(cluster, source)
-    where = f"{source}: " if source else ""
-    devices = []
-    for i, spec in enumerate(cluster.devices):
-        preset = get_preset(spec.preset, device=spec.name, source=f"{where}devices.{i}.preset")
-        devices.append(preset_device_profile(spec.name, preset, layers, grid, memory_bytes=spec.memory))
+    presets = resolve_presets(cluster, source)
+    devices = [preset_device_profile(spec.name, preset, layers, grid, memory_bytes=spec.memory, parts=parts)
+               for spec, preset in zip(cluster.devices, presets)]
     return Profile(
         source="preset", cluster=cluster.name, model=model, granularity=granularity,
         optimizer_state_factor=float(optimizer_state_factor), layers=list(layers), devices=devices,

@@ -7,10 +7,10 @@ preset devices, the planner's tests and the benchmarks all use it without a devi
 The model, per layer and batch size β (docs/presets.md derives every number):
 
     n_ops    kernels the layer launches (1 for a leaf module, more for a block)
-    elems    output elements per sample (≈ boundary bytes / dtype bytes)
+    elems    output elements per kernel per sample (activation bytes / dtype bytes / n_ops)
     occ(β)   = n / sqrt(n² + n_sat²),  n = β·elems      # small batches under-use the device
     t_comp   = β·flops / (peak · eff[class] · occ(β))
-    t_mem    = (β·(activation + boundary bytes) + param bytes) / (bandwidth · mem_eff)
+    t_mem    = (β·(input + activation bytes) + param bytes) / (bandwidth · mem_eff)
     t_fwd(β) = n_ops · op_overhead + max(t_comp, t_mem)   # roofline plus a fixed launch cost
     t_bwd(β) = backward_ratio[class] · t_fwd(β)
 
@@ -109,7 +109,7 @@ def classify(layer: LayerCost, dtype_bytes: int = 4) -> str:
             touched = layer.boundary_bytes_per_sample + layer.activation_bytes_per_sample
             cls = MATMUL if layer.forward_flops_per_sample > 8 * max(1, touched) else MEMORY
     if cls == CONV:
-        elems = max(1, layer.boundary_bytes_per_sample // dtype_bytes)
+        elems = max(1, layer.activation_bytes_per_sample // dtype_bytes)
         if layer.forward_flops_per_sample <= 50 * elems:
             cls = DEPTHWISE
     return cls
@@ -164,18 +164,29 @@ class DevicePreset:
     def memory_budget_bytes(self) -> int:
         return self.memory_total_bytes - self.memory_reserved_bytes
 
-    def forward_seconds(self, layer: LayerCost, batch: int, dtype_bytes: int = 4) -> float:
+    def forward_seconds(self, layer: LayerCost, batch: int, dtype_bytes: int = 4,
+                        input_bytes_per_sample: int | None = None) -> float:
+        """Seconds for one forward of `layer` over `batch` samples.
+
+        `input_bytes_per_sample` is what the layer reads (the previous layer's boundary bytes);
+        without it the layer is assumed to read as much as it writes.
+        """
         cls = classify(layer, dtype_bytes)
-        elems = max(1.0, layer.boundary_bytes_per_sample / dtype_bytes)
+        kernels = kernel_count(layer)
+        written = layer.activation_bytes_per_sample
+        elems = max(1.0, written / dtype_bytes / kernels)  # output elements per kernel, per sample
         n = batch * elems
         occupancy = n / math.hypot(n, self.saturation_elements)
         compute = batch * layer.forward_flops_per_sample / (self.peak_flops * self.efficiency[cls] * occupancy)
-        traffic = batch * (layer.activation_bytes_per_sample + layer.boundary_bytes_per_sample) + layer.param_bytes
+        read = written if input_bytes_per_sample is None else input_bytes_per_sample
+        traffic = batch * (read + written) + layer.param_bytes
         memory = traffic / (self.memory_bandwidth_bytes_per_s * self.memory_efficiency)
-        return kernel_count(layer) * self.op_overhead_s + max(compute, memory)
+        return kernels * self.op_overhead_s + max(compute, memory)
 
-    def backward_seconds(self, layer: LayerCost, batch: int, dtype_bytes: int = 4) -> float:
-        return self.backward_ratio[classify(layer, dtype_bytes)] * self.forward_seconds(layer, batch, dtype_bytes)
+    def backward_seconds(self, layer: LayerCost, batch: int, dtype_bytes: int = 4,
+                         input_bytes_per_sample: int | None = None) -> float:
+        ratio = self.backward_ratio[classify(layer, dtype_bytes)]
+        return ratio * self.forward_seconds(layer, batch, dtype_bytes, input_bytes_per_sample)
 
 
 # Shared efficiency tables (fraction of FP32 peak for a saturated layer); derivations in docs/presets.md.

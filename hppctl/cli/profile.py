@@ -25,13 +25,13 @@ from hppctl.models.units import format_bytes
 EXAMPLES = """
 Examples:
 
+\b
   hppctl profile --cluster profiles/env-c.yaml --model efficientnet-b1 --out out/env-c-efficientnet-b1.json
-
   hppctl profile --cluster profiles/env-b.yaml --model resnet50 --batch-sizes 1,2,4,8,16,32 --out out/b-r50.yaml
-
   hppctl profile --cluster profiles/example.yaml --model bert-small --granularity block --optimizer adam --json > p.json
-
   hppctl profile --cluster profiles/example.yaml --model hf:./my-checkpoint --out out/mine.json
+
+Without --out, --json prints the profile itself on stdout; give one of the two.
 """
 
 GRANULARITIES = ("fine", "block")
@@ -95,8 +95,7 @@ def profile_command(
     out: Annotated[Optional[Path], typer.Option("--out", help="Write the profile here (.json or .yaml), atomically.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout: the summary with --out, else the profile itself.")] = False,
 ) -> None:
-    """Profile every device of a cluster for a model: per-layer forward/backward time on a batch grid,
-    memory budgets and link bandwidths. Devices must be presets for now (docs/presets.md)."""
+    """Profile every device of a cluster for a model: per-layer forward/backward time on a batch grid, memory budgets and link bandwidths. Devices must be presets for now (docs/presets.md)."""
     from hppctl.profiling.from_presets import DEFAULT_BATCH_SIZES, OPTIMIZER_STATE_FACTORS, build_preset_profile, resolve_presets
     from hppctl.store import load, save
 

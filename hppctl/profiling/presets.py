@@ -196,7 +196,7 @@ _VOLTA_EFFICIENCY = {**_PASCAL_EFFICIENCY, CONV: 0.65, MATMUL: 0.75, BLOCK_CNN: 
 _CPU_EFFICIENCY = {CONV: 0.40, DEPTHWISE: 0.08, MATMUL: 0.55, MEMORY: 0.05, BLOCK_CNN: 0.25, BLOCK_TRANSFORMER: 0.45}
 _BACKWARD_RATIO = {CONV: 2.0, DEPTHWISE: 2.0, MATMUL: 2.0, MEMORY: 1.5, BLOCK_CNN: 2.0, BLOCK_TRANSFORMER: 2.0}
 
-_JETSON_SOURCES = ("NVIDIA Jetson module data sheets (GPU cores, max GPU clock, DRAM width and rate)",)
+_JETSON_SOURCES = ("developer.nvidia.com/embedded/downloads (GPU cores, max GPU clock, DRAM width and rate)",)
 
 PRESETS: dict[str, DevicePreset] = {p.name: p for p in [
     DevicePreset(
@@ -211,7 +211,7 @@ PRESETS: dict[str, DevicePreset] = {p.name: p for p in [
         saturation_elements=1 * 2048 * 4,       # 1 SM x 2048 resident threads x ~4 outputs/thread
         efficiency=_MAXWELL_EFFICIENCY,
         backward_ratio=_BACKWARD_RATIO,
-        sources=_JETSON_SOURCES + ("Jetson Nano module data sheet DA-09366 / developer.nvidia.com/embedded/jetson-nano",),
+        sources=_JETSON_SOURCES + ("NVIDIA Jetson Nano module data sheet; Jetson Nano product page (472 GFLOPS FP16)",),
     ),
     DevicePreset(
         name="jetson-tx2",
@@ -225,7 +225,7 @@ PRESETS: dict[str, DevicePreset] = {p.name: p for p in [
         saturation_elements=2 * 2048 * 4,
         efficiency=_PASCAL_EFFICIENCY,
         backward_ratio=_BACKWARD_RATIO,
-        sources=_JETSON_SOURCES + ("Jetson TX2 module data sheet DS-08482",),
+        sources=_JETSON_SOURCES + ("NVIDIA Jetson TX2 module data sheet; Jetson TX2 product page (1.33 TFLOPS FP16)",),
     ),
     DevicePreset(
         name="jetson-nx",
@@ -239,7 +239,7 @@ PRESETS: dict[str, DevicePreset] = {p.name: p for p in [
         saturation_elements=6 * 2048 * 4,
         efficiency=_VOLTA_EFFICIENCY,
         backward_ratio=_BACKWARD_RATIO,
-        sources=_JETSON_SOURCES + ("Jetson Xavier NX module data sheet DA-09366-001",),
+        sources=_JETSON_SOURCES + ("NVIDIA Jetson Xavier NX module data sheet DA-09366-001 v1.3",),
     ),
     DevicePreset(
         name="jetson-orin-nano",
@@ -253,7 +253,7 @@ PRESETS: dict[str, DevicePreset] = {p.name: p for p in [
         saturation_elements=8 * 1536 * 4,       # 8 SMs x 1536 resident threads (Ampere GA10x)
         efficiency=_VOLTA_EFFICIENCY,
         backward_ratio=_BACKWARD_RATIO,
-        sources=_JETSON_SOURCES + ("Jetson Orin Nano series data sheet DS-11105",),
+        sources=_JETSON_SOURCES + ("NVIDIA Jetson Orin Nano series data sheet",),
     ),
     DevicePreset(
         name="rpi4",
@@ -267,7 +267,8 @@ PRESETS: dict[str, DevicePreset] = {p.name: p for p in [
         saturation_elements=4 * 4 * 16,         # 4 cores x 4 FP32 lanes x 16-output register tile
         efficiency={**_CPU_EFFICIENCY, CONV: 0.30, MATMUL: 0.45},
         backward_ratio=_BACKWARD_RATIO,
-        sources=("Raspberry Pi 4 Model B product brief", "Arm Cortex-A72 Software Optimization Guide (UAN 0016A)"),
+        sources=("Raspberry Pi 4 Model B product brief (BCM2711, 4x A72 @ 1.5 GHz, LPDDR4-3200)",
+                 "vfpbench on Cortex-A72: 8 FP32 FLOPs/cycle/core (wlog.flatlib.jp/2015/10/30/n1787/)"),
     ),
     DevicePreset(
         name="rpi4-8gb",
@@ -281,7 +282,8 @@ PRESETS: dict[str, DevicePreset] = {p.name: p for p in [
         saturation_elements=4 * 4 * 16,
         efficiency={**_CPU_EFFICIENCY, CONV: 0.30, MATMUL: 0.45},
         backward_ratio=_BACKWARD_RATIO,
-        sources=("Raspberry Pi 4 Model B product brief", "Arm Cortex-A72 Software Optimization Guide (UAN 0016A)"),
+        sources=("Raspberry Pi 4 Model B product brief (BCM2711, 4x A72 @ 1.5 GHz, LPDDR4-3200)",
+                 "vfpbench on Cortex-A72: 8 FP32 FLOPs/cycle/core (wlog.flatlib.jp/2015/10/30/n1787/)"),
     ),
     DevicePreset(
         name="laptop-cpu",

@@ -3,7 +3,7 @@
 What the presets can be held to (docs/presets.md, "Calibration"): the compute-bound ResNet-50 within
 2x of the paper on both devices, and the Nano/TX2 ratio within 20% for every model. The small CIFAR
 models are launch-overhead-bound at 32x32 and come within 2.5x of the paper only at small batches
-(at batch 32 they are 4-7x faster than the paper); the test pins the batch-8 figure so drift shows.
+(at batch 32 they are 4-8x faster than the paper); the test pins the batch-8 figure so drift shows.
 """
 
 import pytest

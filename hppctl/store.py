@@ -92,6 +92,7 @@ def write_text_atomic(path: str | Path, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a saved file gets normal permissions
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
@@ -101,3 +102,9 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 def save(path: str | Path, obj: BaseModel) -> None:
     path = Path(path)
     write_text_atomic(path, dumps(obj, _format_of(path)))
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current

@@ -10,8 +10,12 @@ from __future__ import annotations
 import sys
 import traceback
 
-import click
 import typer
+
+try:  # typer >= 0.29 vendors its own click; its exceptions are not click's
+    from typer._click import exceptions as click_exceptions
+except ImportError:  # pragma: no cover - older typer uses click itself
+    from click import exceptions as click_exceptions
 
 from hppctl import __version__
 from hppctl.errors import HppctlError
@@ -48,6 +52,7 @@ def _register() -> None:
     models_cmd.register(app)
     profile.register(app)
     plan.register(app)
+    from hppctl.cli import lab; lab.register(app)  # noqa: E702  (the edge lab, issue 4)
 
 
 _register()
@@ -64,12 +69,13 @@ def run(argv: list[str]) -> int:
             traceback.print_exc()
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
-    except click.exceptions.Exit as e:
+    except click_exceptions.Exit as e:
         return e.exit_code
-    except click.exceptions.ClickException as e:  # usage errors: bad option, missing argument
-        e.show()
+    except click_exceptions.ClickException as e:  # usage errors: bad option, missing argument
+        command = f" {e.ctx.command_path.removeprefix('hppctl').strip()}" if getattr(e, "ctx", None) else ""
+        print(f"error: {e.format_message()} (see hppctl{command} --help)", file=sys.stderr)
         return 2
-    except click.exceptions.Abort:
+    except click_exceptions.Abort:
         print("error: aborted", file=sys.stderr)
         return 130
     except KeyboardInterrupt:

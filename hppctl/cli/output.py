@@ -7,7 +7,7 @@ import sys
 
 from rich.console import Console
 
-stderr = Console(stderr=True, highlight=False)
+stderr = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 200)
 # Piped output (files, CI logs) gets wide tables instead of rich's 80-column default.
 stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 

@@ -100,3 +100,17 @@ def test_infeasible_request_exits_3_naming_device_and_bytes(cli, tmp_path):
     code, _, err = cli("plan", "--profile", path, "--global-batch", 512, "--micro-batch", 256, "--out", out)
     assert code == 3 and "dev" in err and "missing" in err and len(err.strip().splitlines()) == 1
     assert not out.exists()
+
+
+@pytest.mark.parametrize("argv", [("plan", "--profile"), ("plan", "--profile", "x.json", "--global-batch", "abc"),
+                                  ("no-such-command",), ("plan", "--bogus")])
+def test_usage_errors_are_one_line_exit_2(cli, argv):
+    # regression: typer vendors its own click, so usage errors used to escape as tracebacks (exit 1)
+    code, _, err = cli(*argv)
+    assert code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1
+
+
+def test_saved_files_get_normal_permissions(cli, profile_file, tmp_path):
+    out = tmp_path / "plan.json"
+    assert cli("plan", "--profile", profile_file, "--global-batch", 64, "--micro-batch", 8, "--out", out)[0] == 0
+    assert out.stat().st_mode & 0o044  # regression: mkstemp's 0600 used to survive the rename

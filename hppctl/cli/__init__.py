@@ -69,13 +69,16 @@ def run(argv: list[str]) -> int:
             traceback.print_exc()
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
-    except click_exceptions.Exit as e:
+    except typer.Exit as e:
         return e.exit_code
+    except click_exceptions.NoArgsIsHelpError as e:  # bare `hppctl`: show the help
+        print(e.format_message())
+        return 0
     except click_exceptions.ClickException as e:  # usage errors: bad option, missing argument
-        command = f" {e.ctx.command_path.removeprefix('hppctl').strip()}" if getattr(e, "ctx", None) else ""
-        print(f"error: {e.format_message()} (see hppctl{command} --help)", file=sys.stderr)
+        path = e.ctx.command_path if getattr(e, "ctx", None) else "hppctl"
+        print(f"error: {e.format_message()} (see {path} --help)", file=sys.stderr)
         return 2
-    except click_exceptions.Abort:
+    except typer.Abort:
         print("error: aborted", file=sys.stderr)
         return 130
     except KeyboardInterrupt:

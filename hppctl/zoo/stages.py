@@ -33,11 +33,20 @@ def _is_tensor(value: Any) -> bool:
 
 
 def batch_dim(traced: TracedModel, node: torch.fx.Node) -> int | None:
-    """0 when the value's first dimension is the batch (1 at batch 1, 2 at batch 2), else None."""
+    """0 when dimension 0 is batch-major (its size is proportional to the batch: (B, …) or a
+    flattened (B·S, …)), so that sample i owns an equal contiguous block of it; None otherwise
+    (a value shared by the whole batch, such as position ids of shape (1, S))."""
+    rows = _rows_per_sample(traced, node)
+    return 0 if rows else None
+
+
+def _rows_per_sample(traced: TracedModel, node: torch.fx.Node) -> int:
     v1, v2 = traced.values1[node], traced.values2[node]
-    if _is_tensor(v1) and _is_tensor(v2) and v1.dim() > 0 and v1.shape[0] == 1 and v2.shape[0] == 2:
+    if not (_is_tensor(v1) and _is_tensor(v2)) or v1.dim() == 0 or v1.dim() != v2.dim():
         return 0
-    return None
+    if v2.shape[0] != 2 * v1.shape[0] or v1.shape[0] == 0 or v1.shape[1:] != v2.shape[1:]:
+        return 0
+    return int(v1.shape[0])
 
 
 def _same_constant(a: Any, b: Any) -> bool:
@@ -91,14 +100,16 @@ def build_stage_module(traced: TracedModel, root: torch.nn.Module, granularity: 
         placeholder = graph.placeholder(node.name)
         placeholder.meta = dict(node.meta)
         env[node] = placeholder
-    batched = [env[n] for n in inputs if batch_dim(traced, n) == 0]
+    batched = [(env[n], _rows_per_sample(traced, n)) for n in inputs if _rows_per_sample(traced, n)]
     batch_size: list[torch.fx.Node] = []
 
     def batch_node() -> torch.fx.Node:
         if not batched:
             raise StageError(f"{traced.spec.name}: stage [{start}, {end}) has no batched input to read the batch size from")
         if not batch_size:
-            batch_size.append(graph.call_method("size", (batched[0], 0)))
+            tensor, rows = min(batched, key=lambda item: item[1])
+            size = graph.call_method("size", (tensor, 0))
+            batch_size.append(graph.call_function(operator.floordiv, (size, rows)) if rows != 1 else size)
         return batch_size[0]
 
     def rematerialize(node: torch.fx.Node) -> Any:

@@ -94,3 +94,40 @@ def test_bad_paths(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertForQuestionAnswering"]}))
     with pytest.raises(BadInput, match="no supported head"):
         get_model(f"hf:{tmp_path}")
+
+
+def _tiny_configs():
+    import transformers as t
+
+    return {
+        "mobilenet_v2": t.MobileNetV2Config(image_size=32, depth_multiplier=0.35, num_labels=3),
+        "efficientnet": t.EfficientNetConfig(
+            image_size=32, width_coefficient=0.1, depth_coefficient=0.3, hidden_dim=128, num_labels=3
+        ),
+        "resnet": t.ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 2], num_labels=3, image_size=32),
+        "bert": t.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                             intermediate_size=32, max_position_embeddings=12),
+        "distilbert": t.DistilBertConfig(vocab_size=50, dim=16, n_layers=2, n_heads=2, hidden_dim=32,
+                                         max_position_embeddings=12),
+        "gpt2": t.GPT2Config(vocab_size=50, n_embd=16, n_layer=2, n_head=2, n_positions=12),
+        "opt": t.OPTConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, ffn_dim=32,
+                           word_embed_proj_dim=16, max_position_embeddings=12),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("family", list(_tiny_configs()))
+def test_every_family_runs_as_single_layer_stages(tmp_path, family):
+    config = _tiny_configs()[family]
+    config.save_pretrained(tmp_path)
+    name = f"hf:{tmp_path}"
+    spec = get_model(name)
+    assert spec.family == family
+    model = spec.build().eval()
+    x = spec.example_input(3)
+    with torch.no_grad():
+        expected = model(x)
+        for granularity in ("fine", "block"):
+            values = (x,)
+            for start in range(model_info(name).layers.model_dump()[granularity]):
+                values = build_stage(model, granularity, start, start + 1)(*values)
+            assert_close(values[0], expected)

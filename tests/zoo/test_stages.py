@@ -112,3 +112,17 @@ def test_build_stage_from_a_name():
     stage = build_stage("tiny-mlp", "fine", 0, 5)
     x = get_model("tiny-mlp").example_input(2)
     assert stage(x)[0].shape == (2, 10)
+
+
+@pytest.mark.slow
+def test_every_single_layer_stage_of_every_builtin_builds():
+    """On the meta model (nothing allocated): every cut of every built-in can become a stage boundary."""
+    from hppctl.zoo import BUILTINS, trace
+    from hppctl.zoo.stages import build_stage_module
+
+    for name in BUILTINS:
+        traced = trace(name)
+        for granularity in ("fine", "block"):
+            for start in range(len(traced.layers(granularity))):
+                stage = build_stage_module(traced, traced.root, granularity, start, start + 1)
+                assert stage.output_names

@@ -1,0 +1,118 @@
+"""`hppctl lab up|status|down`: an emulated edge cluster on this Linux machine (needs root)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from hppctl.cli.output import emit_json, note, stdout
+from hppctl.models.units import format_bytes, format_rate
+
+EXAMPLES = """
+Examples:
+
+  hppctl lab up --spec examples/lab/env-d.yaml --out env-d.yaml
+
+  hppctl lab status            (hosts, addresses, limits, memory use, OOM kills, sshd answering)
+
+  ssh -F /run/hppctl-lab/env-d/ssh_config tx0 hostname
+
+  hppctl lab down              (safe to repeat, and after a crashed `up`)
+"""
+
+StateDir = Annotated[Optional[Path], typer.Option(
+    "--state-dir", help="Directory holding each lab's state (default /run/hppctl-lab, or $HPPCTL_LAB_STATE_DIR).")]
+Name = Annotated[Optional[str], typer.Option("--name", help="The lab (default: the only one that is up).")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+
+
+def _root(state_dir: Optional[Path]) -> Path:
+    from hppctl.lab.manager import DEFAULT_STATE_ROOT
+
+    return state_dir if state_dir is not None else DEFAULT_STATE_ROOT
+
+
+def up_command(
+    spec: Annotated[Path, typer.Option("--spec", help="Lab spec (.yaml/.json): hosts, presets, limits, links.")],
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write the lab's cluster file here (default: in the state dir).")] = None,
+    state_dir: StateDir = None,
+    cgroup_parent: Annotated[str, typer.Option("--cgroup-parent", help="Cgroup (relative to the hierarchy root) to create the lab's cgroups under.")] = "",
+    as_json: AsJson = False,
+) -> None:
+    """Build an emulated edge cluster: a network namespace, sshd, tc shaping and a cgroup per host."""
+    from hppctl.lab.manager import up, status
+    from hppctl.models.lab import LabSpec
+    from hppctl.store import load
+
+    lab_spec = load(spec, LabSpec)
+    note(f"building lab {lab_spec.name!r} ({len(lab_spec.hosts)} hosts)…")
+    result = up(lab_spec, str(spec), _root(state_dir), out, cgroup_parent)
+    for warning in result.warnings:
+        note(f"warning: {warning}")
+    report = status(_root(state_dir), lab_spec.name)[0]
+    if as_json:
+        emit_json(report)
+        return
+    _render(report)
+    note(f"cluster file: {report['cluster_file']}")
+    note(f"ssh: ssh -F {report['ssh_config']} {report['hosts'][0]['name']}")
+
+
+def status_command(name: Name = None, state_dir: StateDir = None, as_json: AsJson = False) -> None:
+    """List labs: hosts, addresses, limits, memory use, OOM kills, and whether each sshd answers."""
+    from hppctl.lab.manager import status
+
+    labs = status(_root(state_dir), name)
+    if as_json:
+        emit_json({"labs": labs})
+        return
+    if not labs:
+        note(f"no lab is up (state dir {_root(state_dir)})")
+    for report in labs:
+        _render(report)
+
+
+def down_command(
+    name: Name = None,
+    state_dir: StateDir = None,
+    everything: Annotated[bool, typer.Option("--all", help="Remove every lab, and anything named like one.")] = False,
+    as_json: AsJson = False,
+) -> None:
+    """Remove a lab: processes, namespaces, links, bridge, cgroups, state. Safe to run twice."""
+    from hppctl.lab.manager import down
+
+    report = down(_root(state_dir), name, everything)
+    if as_json:
+        emit_json({"labs": report.labs, "removed": report.removed})
+        return
+    for item in report.removed:
+        note(f"removed {item}")
+    note(f"lab down: {', '.join(report.labs) or 'no lab state found'}; {len(report.removed)} resources removed")
+
+
+def _render(report: dict) -> None:
+    table = Table(title=f"lab {report['name']} ({'up' if report['complete'] else 'INCOMPLETE: run lab down'}, "
+                        f"cgroup v{report['cgroup_version']}, delay: {report['delay_backend']})")
+    for column in ("host", "address", "preset", "cpu", "memory", "used", "oom kills", "egress", "delay", "loss", "sshd"):
+        table.add_column(column)
+    for h in report["hosts"]:
+        used = "-" if h["memory_used_bytes"] is None else format_bytes(h["memory_used_bytes"])
+        table.add_row(
+            h["name"], h["address"], h["preset"] or "-", f"{h['cpu']:g}", format_bytes(h["memory_limit_bytes"]), used,
+            str(h["oom_kills"] if h["oom_kills"] is not None else "-"), format_rate(h["bandwidth_bytes_per_s"]),
+            f"{h['delay_s'] * 1e3:g} ms", f"{h['loss_percent']:g}%",
+            "answers" if h["ssh_answers"] else ("running" if h["sshd_running"] else "DOWN"),
+        )
+    stdout.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    lab = typer.Typer(name="lab", help="An emulated edge cluster on this Linux machine (needs root).\n" + EXAMPLES,
+                      no_args_is_help=True, add_completion=False, rich_markup_mode=None)
+    lab.command("up", help=(up_command.__doc__ or "") + "\n" + EXAMPLES)(up_command)
+    lab.command("status", help=(status_command.__doc__ or "") + "\n" + EXAMPLES)(status_command)
+    lab.command("down", help=(down_command.__doc__ or "") + "\n" + EXAMPLES)(down_command)
+    app.add_typer(lab, name="lab")

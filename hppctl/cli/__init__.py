@@ -47,11 +47,12 @@ def _root(
 def _register() -> None:
     # Imported here so that `hppctl plan` never pays for torch: each module imports its heavy
     # dependencies inside the command function that needs them.
-    from hppctl.cli import models_cmd, plan, profile
+    from hppctl.cli import models_cmd, plan, profile, simulate
 
     models_cmd.register(app)
     profile.register(app)
     plan.register(app)
+    simulate.register(app)
     from hppctl.cli import lab; lab.register(app)  # noqa: E702  (the edge lab, issue 4)
 
 

@@ -1,0 +1,172 @@
+"""`hppctl simulate`: replay a plan's schedule in discrete events; timeline, memory, what-ifs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from hppctl.cli.output import emit_json, note, stdout
+from hppctl.errors import BadInput
+from hppctl.models.plan import HppPlan
+from hppctl.models.profile import Profile
+from hppctl.models.units import format_bytes
+from hppctl.store import load, save, write_text_atomic
+
+EXAMPLES = """
+Examples:
+
+  hppctl simulate --plan plans/c.yaml --profile profiles/env-c-efficientnet-b1.json
+
+  hppctl simulate --plan plans/c.yaml --profile P.json --trace c-trace.json      (open in ui.perfetto.dev)
+
+  hppctl simulate --plan plans/c.yaml --profile P.json --policy gpipe --json     (what-if: another schedule)
+
+  hppctl simulate --plan plans/c.yaml --warmup 4,2,1 --write-schedule s.json     (explicit K_p; plan timings)
+
+  hppctl simulate --plan plans/c.yaml --schedule s.json --blocking               (replay a schedule file)
+
+Without --profile the simulator uses the plan's own per-stage figures (E_f, E_b, T_a, transfer
+times) and cannot report memory in bytes. --fail DEVICE@SECONDS (failure injection) belongs to
+the fault-tolerance work and is refused for now (exit 2).
+"""
+
+
+def simulate_command(
+    plan_file: Annotated[Path, typer.Option("--plan", help="Plan file (.json/.yaml) from `hppctl plan`.")],
+    profile_file: Annotated[Optional[Path], typer.Option("--profile", help="Profile the plan was made from: per-device, per-layer timings and memory (recommended).")] = None,
+    policy: Annotated[Optional[str], typer.Option("--policy", help="Schedule instead of the plan's: 1f1b-asteroid, 1f1b, gpipe, 2(P-p), 2(P-p)+1.")] = None,
+    warmup: Annotated[Optional[str], typer.Option("--warmup", help="Explicit K_p per stage, e.g. 5,3,1.")] = None,
+    schedule_file: Annotated[Optional[Path], typer.Option("--schedule", help="Replay this schedule file (checked first) instead of generating one.")] = None,
+    write_schedule: Annotated[Optional[Path], typer.Option("--write-schedule", help="Write the (generated) schedule here (.json/.yaml).")] = None,
+    show_schedule: Annotated[bool, typer.Option("--show-schedule", help="Print every device's actions in text form.")] = False,
+    blocking: Annotated[bool, typer.Option("--blocking", help="Blocking (rendezvous) send/recv instead of async isend + pre-posted irecv.")] = False,
+    step_time: Annotated[float, typer.Option("--step-time", help="Seconds of one optimizer step per device (the profile has none; default 0).")] = 0.0,
+    trace: Annotated[Optional[Path], typer.Option("--trace", help="Write Chrome trace events (.json) for Perfetto / chrome://tracing.")] = None,
+    png: Annotated[Optional[Path], typer.Option("--png", help="Render the timeline to a PNG (needs matplotlib: pip install 'hppctl[plot]').")] = None,
+    fail: Annotated[Optional[str], typer.Option("--fail", help="DEVICE@SECONDS: failure injection; not implemented yet (fault-tolerance issue), exits 2.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
+) -> None:
+    """Simulate one training round of a plan: latency, throughput, per-device busy/bubble and peak memory."""
+    from hppctl.planner.explain import check_plan_matches
+    from hppctl.schedule import PlanTimings, ProfileTimings, check_schedule, schedule_for_plan, simulate
+    from hppctl.models.schedule import Schedule
+
+    if fail is not None:
+        raise BadInput(f"--fail: {fail!r}: failure injection is not implemented yet (planned with fault tolerance)")
+    if step_time < 0:
+        raise BadInput(f"--step-time: must not be negative (got {step_time})")
+    if sum(x is not None for x in (policy, warmup, schedule_file)) > 1:
+        raise BadInput("--policy, --warmup and --schedule are alternatives: give at most one")
+    plan = load(plan_file, HppPlan)
+    profile = None
+    if profile_file is not None:
+        profile = load(profile_file, Profile)
+        check_plan_matches(plan, profile, str(plan_file))
+    if schedule_file is not None:
+        schedule = load(schedule_file, Schedule)
+        _check_schedule_matches(schedule, plan, str(schedule_file))
+    else:
+        try:
+            schedule = schedule_for_plan(plan, policy, _parse_warmup(warmup) if warmup else None)
+        except ValueError as e:
+            raise BadInput(f"{'--warmup' if warmup else '--policy'}: {e}") from None
+    check_schedule(schedule)
+    if write_schedule is not None:
+        save(write_schedule, schedule)
+        note(f"wrote {write_schedule}")
+    timings = ProfileTimings(profile, schedule, step_s=step_time) if profile else PlanTimings(plan, step_s=step_time)
+    result = simulate(schedule, timings, mode="blocking" if blocking else "async", trace=bool(trace or png))
+    if trace is not None:
+        from hppctl.schedule.trace import chrome_trace
+        write_text_atomic(trace, json.dumps(chrome_trace(result, schedule, title=str(plan_file))))
+        note(f"wrote {trace} (open in https://ui.perfetto.dev)")
+    if png is not None:
+        from hppctl.schedule.render import render_png
+        render_png(result, schedule, png)
+        note(f"wrote {png}")
+    if as_json:
+        emit_json(result_json(plan, schedule, result, with_profile=profile is not None))
+        return
+    if show_schedule:
+        for device, actions in schedule.actions.items():
+            stdout.print(f"{device}: " + " ".join(str(a) for a in actions), soft_wrap=True)
+    _render(plan, schedule, result, profile is not None)
+
+
+def _parse_warmup(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise BadInput(f"--warmup: expected comma-separated positive integers like 5,3,1, got {text!r}") from None
+    if any(v < 1 for v in values):
+        raise BadInput(f"--warmup: every K_p must be at least 1, got {text!r}")
+    return values
+
+
+def _check_schedule_matches(schedule, plan: HppPlan, source: str) -> None:
+    """A schedule file must describe the plan's stages, devices, allocation and round."""
+    if (schedule.micro_batch, schedule.num_micro_batches) != (plan.micro_batch, plan.num_micro_batches):
+        raise BadInput(f"{source}: micro_batch x num_micro_batches: schedule is {schedule.micro_batch} x "
+                       f"{schedule.num_micro_batches}, plan is {plan.micro_batch} x {plan.num_micro_batches}")
+    mine = [(s.layers, s.devices, s.samples) for s in schedule.stages]
+    theirs = [(s.layers, s.devices, s.samples) for s in plan.stages]
+    if mine != theirs:
+        p = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
+        raise BadInput(f"{source}: stages.{p}: schedule's stages (layers, devices, samples) differ from the plan's")
+
+
+def result_json(plan: HppPlan, schedule, result, *, with_profile: bool) -> dict:
+    est = plan.prediction.round_latency_s
+    return {
+        "policy": schedule.policy,
+        "mode": result.mode,
+        "timings": "profile" if with_profile else "plan",
+        "round_latency_s": result.round_latency_s,
+        "throughput_samples_per_s": result.throughput_samples_per_s,
+        "estimate": {"round_latency_s": est, "throughput_samples_per_s": plan.prediction.throughput_samples_per_s,
+                     "error": (est - result.round_latency_s) / result.round_latency_s if result.round_latency_s else None},
+        "warmup": [s.warmup for s in schedule.stages],
+        "devices": [{
+            "device": d.device, "stage": d.stage, "samples": d.samples, "compute_s": d.compute_s,
+            "allreduce_s": d.allreduce_s, "finish_s": d.finish_s, "busy_fraction": result.busy_fraction(d),
+            "bubble_fraction": result.bubble_fraction(d), "peak_in_flight_micro_batches": d.peak_in_flight_micro_batches,
+            "peak_in_flight_samples": d.peak_in_flight_samples, "peak_activation_bytes": d.peak_activation_bytes,
+            "peak_memory_bytes": d.peak_memory_bytes, "budget_bytes": d.budget_bytes,
+        } for d in result.devices],
+        "links": [{"src": link.src, "dst": link.dst, "bytes": link.bytes, "busy_s": link.busy_s,
+                   "messages": link.messages} for link in result.links],
+    }
+
+
+def _render(plan: HppPlan, schedule, result, with_profile: bool) -> None:
+    est = plan.prediction.round_latency_s
+    error = (est - result.round_latency_s) / result.round_latency_s if result.round_latency_s else 0.0
+    stdout.print(f"{plan.strategy} plan for {plan.model}: {len(plan.stages)} stages, schedule {schedule.policy} "
+                 f"(K = {', '.join(str(s.warmup) for s in schedule.stages)}), {result.mode} transfers, "
+                 f"timings from the {'profile' if with_profile else 'plan (no --profile)'}")
+    stdout.print(f"simulated round latency {result.round_latency_s:.3f} s, throughput "
+                 f"{result.throughput_samples_per_s:.1f} samples/s; closed-form estimate {est:.3f} s ({error:+.1%})")
+    table = Table(box=None, pad_edge=False)
+    for col in ("stage", "device", "samples", "compute s", "busy", "bubble", "AR s", "in flight",
+                "peak activations", "peak memory / budget"):
+        table.add_column(col)
+    for d in result.devices:
+        memory = (f"{format_bytes(d.peak_memory_bytes)} / {format_bytes(d.budget_bytes)}"
+                  if d.peak_memory_bytes is not None and d.budget_bytes else "-")
+        table.add_row(str(d.stage), d.device, str(d.samples), f"{d.compute_s:.3f}", f"{result.busy_fraction(d):.0%}",
+                      f"{result.bubble_fraction(d):.0%}", f"{d.allreduce_s:.3f}", str(d.peak_in_flight_micro_batches),
+                      format_bytes(d.peak_activation_bytes) if d.peak_activation_bytes is not None else "-", memory)
+    stdout.print(table)
+    busiest = sorted(result.links, key=lambda link: -link.busy_s)[:8]
+    if busiest:
+        stdout.print("busiest links: " + ", ".join(
+            f"{link.src}->{link.dst} {format_bytes(link.bytes)} in {link.busy_s:.3f} s "
+            f"({link.busy_s / result.round_latency_s:.0%})" for link in busiest))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("simulate", help=(simulate_command.__doc__ or "") + "\n" + EXAMPLES)(simulate_command)

@@ -1,0 +1,106 @@
+"""Where the simulator's durations come from: a profile (per device, per layer range) or the plan alone.
+
+`ProfileTimings` uses the planner's cost model, so the simulator and the closed-form estimate read
+the very same per-layer numbers; `PlanTimings` uses only the figures a plan file carries (E_f, E_b,
+T_a per stage, transfer time per cut) for `hppctl simulate --plan F` without `--profile`.
+"""
+
+from __future__ import annotations
+
+from hppctl.models.plan import HppPlan
+from hppctl.models.profile import Profile
+from hppctl.models.schedule import Schedule
+from hppctl.planner.cost import CostModel
+
+
+class ProfileTimings:
+    """Durations and sizes from the profile the plan was made from (what `--profile` selects)."""
+
+    def __init__(self, profile: Profile, schedule: Schedule, *, step_s: float = 0.0):
+        self.cm = CostModel(profile, micro_batch=schedule.micro_batch, num_micro_batches=schedule.num_micro_batches)
+        self.index = {name: i for i, name in enumerate(self.cm.names)}
+        unknown = sorted({d for s in schedule.stages for d in s.devices} - set(self.index))
+        if unknown:
+            raise ValueError(f"devices {unknown} are not in the profile")
+        if schedule.stages[-1].layers[1] > self.cm.num_layers:
+            raise ValueError(f"the schedule runs layers up to {schedule.stages[-1].layers[1]}, "
+                             f"the profile has {self.cm.num_layers}")
+        self.layers = [tuple(s.layers) for s in schedule.stages]
+        self.groups = [tuple(self.index[d] for d in s.devices) for s in schedule.stages]
+        self._step_s = step_s
+
+    def compute_s(self, device: str, stage: int, kind: str, samples: int) -> float:
+        start, end = self.layers[stage]
+        fn = self.cm.forward_time if kind == "F" else self.cm.backward_time
+        return fn(self.index[device], start, end, samples)
+
+    def message_bytes(self, cut: int, samples: int) -> int:
+        """Bytes of `samples` activations (or their gradients) crossing the cut after stage `cut`."""
+        return samples * self.cm.boundary[self.layers[cut][1] - 1]
+
+    def transfer_s(self, src: str, dst: str, cut: int, samples: int) -> float:
+        return self.message_bytes(cut, samples) / self.cm.bw[self.index[src]][self.index[dst]]
+
+    def allreduce_s(self, stage: int) -> float:
+        start, end = self.layers[stage]
+        return self.cm.allreduce_time(self.groups[stage], start, end)
+
+    def allreduce_bytes(self, stage: int) -> int:
+        start, end = self.layers[stage]
+        return self.cm.param_bytes(start, end)
+
+    def step_s(self, device: str, stage: int) -> float:
+        return self._step_s
+
+    def activation_bytes_per_sample(self, stage: int) -> int | None:
+        return self.cm.activation_bytes_per_sample(*self.layers[stage])
+
+    def fixed_bytes(self, stage: int) -> int | None:
+        """Weights, gradient accumulator and optimizer state (the K-independent part of Eq. 3)."""
+        return int(self.cm.fixed_factor * self.cm.param_bytes(*self.layers[stage]))
+
+    def budget_bytes(self, device: str) -> int | None:
+        return self.cm.budget[self.index[device]]
+
+
+class PlanTimings:
+    """Durations from the plan file alone: every device of a stage takes the stage's E_f / E_b.
+
+    A transfer of y samples takes y/B of the cut's per-micro-batch time (the plan's figure is the
+    whole micro-batch over the slowest link between the two groups). Memory in bytes needs the
+    profile (per-sample activation bytes are not in the plan), so it is reported as unknown.
+    """
+
+    def __init__(self, plan: HppPlan, *, step_s: float = 0.0):
+        self.plan = plan
+        self.B = plan.micro_batch
+        self._step_s = step_s
+
+    def compute_s(self, device: str, stage: int, kind: str, samples: int) -> float:
+        s = self.plan.stages[stage]
+        return s.forward_s if kind == "F" else s.backward_s
+
+    def message_bytes(self, cut: int, samples: int) -> int:
+        return self.plan.transfers[cut].bytes_per_micro_batch * samples // self.B
+
+    def transfer_s(self, src: str, dst: str, cut: int, samples: int) -> float:
+        return self.plan.transfers[cut].forward_s * samples / self.B
+
+    def allreduce_s(self, stage: int) -> float:
+        return self.plan.stages[stage].allreduce_s
+
+    def allreduce_bytes(self, stage: int) -> int:
+        return 0
+
+    def step_s(self, device: str, stage: int) -> float:
+        return self._step_s
+
+    def activation_bytes_per_sample(self, stage: int) -> int | None:
+        return None
+
+    def fixed_bytes(self, stage: int) -> int | None:
+        return None
+
+    def budget_bytes(self, device: str) -> int | None:
+        s = next(s for s in self.plan.stages if device in s.devices)
+        return s.memory_budget_bytes[s.devices.index(device)]

@@ -1,0 +1,64 @@
+"""Chrome trace events (the JSON object format Perfetto and chrome://tracing open) for a simulated round.
+
+Process 1 "devices" has one thread per device (head stage first) carrying F, B, AR and STEP spans,
+plus one counter per device for the samples (or bytes) of activations in flight; process 2 "links"
+has one thread per directed link `src->dst` carrying its transfers. Times are microseconds.
+"""
+
+from __future__ import annotations
+
+from hppctl.models.schedule import Schedule
+from hppctl.schedule.simulate import SimResult
+
+DEVICES_PID, LINKS_PID = 1, 2
+
+
+def chrome_trace(result: SimResult, schedule: Schedule, *, title: str = "hppctl simulate") -> dict:
+    """{"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}} for `result`."""
+    order = [d for s in schedule.stages for d in s.devices]
+    tid = {d: i + 1 for i, d in enumerate(order)}
+    link_names = sorted({f"{link.src}->{link.dst}" for link in result.links},
+                        key=lambda name: (order.index(name.split("->")[0]), order.index(name.split("->")[1])))
+    tid.update({name: i + 1 for i, name in enumerate(link_names)})
+    events: list[dict] = [
+        _meta("process_name", DEVICES_PID, None, "devices"),
+        _meta("process_sort_index", DEVICES_PID, None, 0, key="sort_index"),
+        _meta("process_name", LINKS_PID, None, "links"),
+        _meta("process_sort_index", LINKS_PID, None, 1, key="sort_index"),
+    ]
+    stage_of = {d: p for p, s in enumerate(schedule.stages) for d in s.devices}
+    for d in order:
+        samples = next(st.samples for st in result.devices if st.device == d)
+        events.append(_meta("thread_name", DEVICES_PID, tid[d], f"stage {stage_of[d]}: {d} ({samples} samples)"))
+        events.append(_meta("thread_sort_index", DEVICES_PID, tid[d], tid[d], key="sort_index"))
+    for name in link_names:
+        events.append(_meta("thread_name", LINKS_PID, tid[name], name))
+        events.append(_meta("thread_sort_index", LINKS_PID, tid[name], tid[name], key="sort_index"))
+    for span in result.spans:
+        pid = LINKS_PID if "->" in span.track else DEVICES_PID
+        events.append({"name": span.name, "cat": span.category, "ph": "X", "ts": _us(span.start_s),
+                       "dur": _us(span.duration_s), "pid": pid, "tid": tid[span.track], "args": span.args})
+    for st in result.devices:
+        per = st.activation_bytes_per_sample
+        unit = "bytes" if per is not None else "samples"
+        for t, samples in st.memory_samples:
+            events.append({"name": f"activations in flight: {st.device}", "ph": "C", "ts": _us(t),
+                           "pid": DEVICES_PID, "args": {unit: samples * per if per is not None else samples}})
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {"title": title, "policy": schedule.policy, "mode": result.mode,
+                      "round_latency_s": result.round_latency_s,
+                      "throughput_samples_per_s": result.throughput_samples_per_s},
+    }
+
+
+def _us(seconds: float) -> float:
+    return round(seconds * 1e6, 3)
+
+
+def _meta(name: str, pid: int, tid: int | None, value, *, key: str = "name") -> dict:
+    event = {"name": name, "ph": "M", "pid": pid, "args": {key: value}}
+    if tid is not None:
+        event["tid"] = tid
+    return event

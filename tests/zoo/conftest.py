@@ -1,4 +1,8 @@
-"""Zoo tests never write to the real user cache."""
+"""Zoo tests never write to the real user cache, and run torch single-threaded.
+
+The models here are tiny: one intra-op thread is as fast, and it does not collapse when other jobs
+(benchmarks, parallel test runs) keep the other cores busy, as OpenMP spinning does.
+"""
 
 from __future__ import annotations
 
@@ -8,3 +12,13 @@ import pytest
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HPPCTL_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -28,25 +28,16 @@ class ZooModule(nn.Module):
         super().__init__()
         self.model = model
         self.zoo_name = spec.name
-        self.input_kind = spec.input_kind
+        # Hugging Face models take a keyword argument; the tiny models take the tensor positionally.
+        keywords = {"image": "pixel_values", "tokens": "input_ids"}
+        self.keyword = None if spec.family.startswith("tiny-") else keywords[spec.input_kind]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.input_kind == "image" and not _is_tiny(self.model):
-            out = self.model(pixel_values=x)
-        elif self.input_kind == "tokens":
-            out = self.model(input_ids=x)
-        else:
+        if self.keyword is None:
             return self.model(x)
+        out = self.model(**{self.keyword: x})
         logits = getattr(out, "logits", None)
-        if logits is not None:
-            return logits
-        return out.last_hidden_state
-
-
-def _is_tiny(model: nn.Module) -> bool:
-    from hppctl.zoo.tiny import TinyCNN, TinyMLP
-
-    return isinstance(model, (TinyCNN, TinyMLP))
+        return logits if logits is not None else out.last_hidden_state
 
 
 def build_module(spec: ModelSpec, *, weights: bool = False, device: str = "cpu", seed: int = 0) -> ZooModule:

@@ -11,6 +11,8 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal
 
@@ -156,9 +158,11 @@ class ModelSpec:
         return "train" if self.task == "train" else "eval"
 
     def fingerprint(self) -> str:
-        """Changes whenever anything that shapes the layer table changes."""
+        """Changes whenever anything that shapes the layer table changes, including the installed
+        transformers (its modeling code decides the graph, hence the layer indices stages use)."""
         doc = {
             "zoo_version": ZOO_VERSION,
+            "transformers": None if self.family.startswith("tiny-") else _transformers_version(),
             "task": self.task,
             "family": self.family,
             "input": list(self.input_shape),
@@ -180,6 +184,14 @@ class ModelSpec:
         from hppctl.zoo.build import example_input
 
         return example_input(self, batch_size, device=device, seed=seed)
+
+
+@lru_cache(maxsize=1)
+def _transformers_version() -> str:
+    try:
+        return version("transformers")
+    except PackageNotFoundError:
+        return "missing"
 
 
 def _bert(layers: int, hidden: int, heads: int, *, vocab: int = 30522, max_pos: int = 512, labels: int = 2) -> dict[str, Any]:

@@ -74,6 +74,21 @@ def warmups(policy: str, num_stages: int, num_micro_batches: int) -> list[int]:
     return [fn(num_stages, p, num_micro_batches) for p in range(num_stages)]
 
 
+def check_warmups(ks: Sequence[int], num_micro_batches: int) -> None:
+    """K_p (capped at M) must not increase from head to tail.
+
+    Stage p runs its backward of micro-batch i after min(K_p + i, M) forwards; the backward of i on
+    stage p+1 needs min(K_{p+1} + i, M) forwards there, all of which come through stage p. With
+    K_p < K_{p+1} stage p waits for a backward that waits for forwards stage p has not run.
+    """
+    capped = [min(k, num_micro_batches) for k in ks]
+    for p, (a, b) in enumerate(zip(capped, capped[1:])):
+        if a < b:
+            raise ValueError(f"K_p must not increase from head to tail: stage {p} has K = {a}, stage {p + 1} has "
+                             f"K = {b} (capped at M = {num_micro_batches}); stage {p} would wait for a backward "
+                             f"that needs forwards it has not run")
+
+
 def compute_order(warmup: int, num_micro_batches: int) -> list[tuple[str, int]]:
     """K forwards, then one backward and one forward alternately, then the remaining backwards."""
     k = max(1, min(warmup, num_micro_batches))
@@ -107,6 +122,7 @@ def generate(stages: Sequence[ScheduleStage], *, micro_batch: int, num_micro_bat
              durations: Durations | None = None, model: str = "", profile_digest: str = "") -> Schedule:
     """Per-device actions for `stages` (each with its K_p in `warmup`) over one round of M micro-batches."""
     M, P = num_micro_batches, len(stages)
+    check_warmups([s.warmup for s in stages], M)
     durations = durations or Durations.unit(P)
     cuts = [routes(a.devices, a.samples, b.devices, b.samples) for a, b in zip(stages, stages[1:])]
     replay = _Replay(stages, cuts, M, durations)

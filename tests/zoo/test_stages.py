@@ -126,3 +126,12 @@ def test_every_single_layer_stage_of_every_builtin_builds():
             for start in range(len(traced.layers(granularity))):
                 stage = build_stage_module(traced, traced.root, granularity, start, start + 1)
                 assert stage.output_names
+
+
+def test_builds_are_deterministic_per_seed():
+    """Replicas of a stage on different devices start from the same weights."""
+    spec = get_model("tiny-bert")
+    a, b, c = spec.build(seed=0), spec.build(seed=0), spec.build(seed=1)
+    for (name, x), y, z in zip(a.state_dict().items(), b.state_dict().values(), c.state_dict().values()):
+        assert torch.equal(x, y), name
+    assert not all(torch.equal(x, z) for x, z in zip(a.parameters(), c.parameters()))

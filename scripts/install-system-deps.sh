@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the edge lab (`hppctl lab`, tests marked `lab`) needs, and only
 # those that are missing: iproute2 (ip, tc), openssh-server (sshd), openssh-client (ssh-keygen),
-# nftables (nft: the delay line used where the kernel has no netem), util-linux (unshare) and
-# procps (ps, for people debugging a lab). Idempotent and quiet: a machine that has everything
-# runs no apt-get at all. Without root or apt-get it says so and exits 0 (the lab tests then skip
-# with the reason), so the rest of the test suite still runs.
+# iptables (NFQUEUE rules of the delay line, used where the kernel has no netem), util-linux
+# (unshare) and procps (ps, for people debugging a lab). Idempotent and quiet: a machine that has
+# everything runs no apt-get at all. Without root or apt-get it says so and exits 0 (the lab tests
+# then skip with the reason), so the rest of the test suite still runs.
 set -euo pipefail
 
 have() {  # a command on PATH or in the sbin directories a non-login PATH may lack
@@ -19,7 +19,7 @@ want ip iproute2
 want tc iproute2
 want sshd openssh-server
 want ssh-keygen openssh-client
-want nft nftables
+want iptables iptables
 want unshare util-linux
 want ps procps
 

@@ -43,11 +43,12 @@ def up_command(
     as_json: AsJson = False,
 ) -> None:
     """Build an emulated edge cluster: a network namespace, sshd, tc shaping and a cgroup per host."""
-    from hppctl.lab.manager import up, status
+    from hppctl.lab.manager import preflight, status, up
     from hppctl.models.lab import LabSpec
     from hppctl.store import load
 
     lab_spec = load(spec, LabSpec)
+    preflight()
     note(f"building lab {lab_spec.name!r} ({len(lab_spec.hosts)} hosts)…")
     result = up(lab_spec, str(spec), _root(state_dir), out, cgroup_parent)
     for warning in result.warnings:

@@ -118,7 +118,7 @@ def create_lab(hier: Hierarchy, lab: str, parent: str = "") -> list[Path]:
         if hier.version == 2:
             _enable_controllers(d)
             _write(d / "cpu.weight", f"{LAB_CPU_WEIGHT_V2}\n")
-        elif (d / "cpu.shares").exists():
+        elif d.is_relative_to(hier.roots["cpu"]):
             _write(d / "cpu.shares", f"{LAB_CPU_SHARES_V1}\n")
     return dirs
 
@@ -134,15 +134,16 @@ def create_host(hier: Hierarchy, lab_dir_paths: list[Path], host: str, cpu: floa
         if hier.version == 2:
             _write(d / "cpu.max", f"{quota} {period}\n")
             _write(d / "memory.max", f"{memory_bytes}\n")
-            if (d / "memory.swap.max").exists():
+            if (d / "memory.swap.max").exists():  # absent when the kernel has no swap accounting
                 _write(d / "memory.swap.max", "0\n")
             continue
-        if (d / "cpu.cfs_quota_us").exists():
+        serves = {c for c, root in hier.roots.items() if lab_dir.is_relative_to(root)}
+        if "cpu" in serves:
             _write(d / "cpu.cfs_period_us", f"{period}\n")
             _write(d / "cpu.cfs_quota_us", f"{quota}\n")
-        if (d / "memory.limit_in_bytes").exists():
+        if "memory" in serves:
             _write(d / "memory.limit_in_bytes", f"{memory_bytes}\n")
-            if (d / "memory.memsw.limit_in_bytes").exists():
+            if (d / "memory.memsw.limit_in_bytes").exists():  # memory+swap: no swapping past the limit
                 _write(d / "memory.memsw.limit_in_bytes", f"{memory_bytes}\n")
             if (d / "memory.swappiness").exists():
                 _write(d / "memory.swappiness", "0\n")

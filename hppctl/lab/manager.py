@@ -85,11 +85,16 @@ class UpResult:
     warnings: list[str] = field(default_factory=list)
 
 
+def preflight() -> cgroups.Hierarchy:
+    """Everything `up` needs from this machine (root, tools, cgroup controllers), checked before anything is made."""
+    require("hppctl lab up")
+    return cgroups.detect()
+
+
 def up(spec: LabSpec, source: str, state_root: Path = DEFAULT_STATE_ROOT, out: Path | None = None,
        cgroup_parent: str = "") -> UpResult:
     """Build the lab described by `spec` (loaded from `source`); on any failure undo what was made."""
-    require("hppctl lab up")
-    hier = cgroups.detect()
+    hier = preflight()
     plan = plan_lab(spec, os.cpu_count() or 1, source)
     warnings = _memory_warnings(plan)
     state_dir = lab_state_dir(state_root, spec.name)
@@ -133,6 +138,7 @@ def _build(plan: LabPlan, rec: Recorder, hier: cgroups.Hierarchy, cgroup_parent:
     user_key = sshd.generate_key(identity, f"hppctl-lab-{plan.spec.name}")
     authorized = state_dir / "authorized_keys"
     authorized.write_text(user_key + "\n")
+    authorized.chmod(0o600)
 
     rec.set(bridge=plan.bridge, bridge_address=plan.bridge_address)
     network.create_bridge(plan.bridge, plan.bridge_address, plan.prefixlen)

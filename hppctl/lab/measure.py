@@ -37,7 +37,7 @@ def _last_json(text: str) -> dict:
 
 def run_probe(cluster: ClusterSpec, host: str, args: str, warn: bool = False):
     _address(cluster, host)
-    return connect(cluster, host).run(f"{_python(cluster, host)} {PROBE} {args}", hide=True, warn=warn)
+    return connect(cluster, host).run(f"{_python(cluster, host)} {PROBE} {args}", hide=True, warn=warn, in_stream=False)
 
 
 def bandwidth(cluster: ClusterSpec, src: str, dst: str, seconds: float = 5.0, port: int = 5201) -> dict:
@@ -45,7 +45,7 @@ def bandwidth(cluster: ClusterSpec, src: str, dst: str, seconds: float = 5.0, po
     dst_addr = _address(cluster, dst)
     receiver = connect(cluster, dst).run(
         f"{_python(cluster, dst)} {PROBE} recv --bind {dst_addr} --port {port} --timeout {seconds + 20}",
-        hide=True, asynchronous=True)
+        hide=True, asynchronous=True, in_stream=False)
     run_probe(cluster, src, f"send --to {dst_addr} --port {port} --seconds {seconds}")
     return _last_json(receiver.join().stdout)
 
@@ -54,7 +54,7 @@ def rtt(cluster: ClusterSpec, a: str, b: str, count: int = 30, port: int = 5202)
     """Median TCP round trip of one byte from `a` to `b` and back (seconds)."""
     b_addr = _address(cluster, b)
     server = connect(cluster, b).run(f"{_python(cluster, b)} {PROBE} echo --bind {b_addr} --port {port}",
-                                     hide=True, asynchronous=True)
+                                     hide=True, asynchronous=True, in_stream=False)
     result = _last_json(run_probe(cluster, a, f"ping --to {b_addr} --port {port} --count {count}").stdout)
     server.join()
     return result

@@ -62,6 +62,9 @@ def sshd_config(address: str, host_key: Path, authorized_keys: Path, pid_file: P
         "PasswordAuthentication no",
         "KbdInteractiveAuthentication no",
         "UsePAM no",
+        # The state dir may live under /tmp (world-writable): StrictModes would then refuse our
+        # authorized_keys. The lab writes that file itself, mode 0600 in a 0700 directory.
+        "StrictModes no",
         "UseDNS no",
         "PrintMotd no",
         "X11Forwarding no",

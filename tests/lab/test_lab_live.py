@@ -1,0 +1,199 @@
+"""A real 3-host lab, measured as a user would (fabric over SSH). Needs root; see conftest.py.
+
+One lab serves the whole module (built once, ~2 s); the last test takes it down and checks that
+nothing is left. Budget: about a minute.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hppctl.lab import cgroups, measure
+from hppctl.lab.manager import lab_down_leftovers
+from hppctl.models.cluster import ClusterSpec
+from hppctl.store import load
+
+pytestmark = pytest.mark.lab
+
+NAME = "pytest-lab"
+SPEC = f"""\
+name: {NAME}
+bandwidth: 100mbit
+subnet: 10.213.7.0/24
+hosts:
+  - {{name: fast, cpu: 1.0, memory: 1GB}}
+  - {{name: slow, cpu: 0.25, memory: 256MB, bandwidth: 50mbit, delay: 5ms}}
+  - {{name: nano, preset: jetson-nano}}
+links:
+  - {{between: [fast, nano], delay: 1ms}}
+  - {{between: [nano, slow], bandwidth: 20mbit}}
+"""
+RATE_TOLERANCE = 0.10
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    from hppctl.cli import run
+    from tests.lab.conftest import lab_unavailable_reason
+
+    reason = lab_unavailable_reason()
+    if reason:
+        pytest.skip(f"lab tests need root, tools and cgroups: {reason}")
+    root = tmp_path_factory.mktemp("lab")
+    spec = root / "lab.yaml"
+    spec.write_text(SPEC)
+    state_dir, cluster_file = root / "state", root / "cluster.yaml"
+    run(["lab", "down", "--name", NAME, "--state-dir", str(state_dir)])  # a crashed earlier run's leftovers
+    assert run(["lab", "up", "--spec", str(spec), "--out", str(cluster_file), "--state-dir", str(state_dir)]) == 0
+    yield {"cluster": load(cluster_file, ClusterSpec), "state_dir": state_dir, "cluster_file": cluster_file}
+    run(["lab", "down", "--name", NAME, "--state-dir", str(state_dir)])
+
+
+def lab_status(cli, lab) -> dict:
+    code, out, err = cli("lab", "status", "--json", "--state-dir", lab["state_dir"])
+    assert code == 0, err
+    [report] = json.loads(out)["labs"]
+    return report
+
+
+def test_cluster_file_lists_hosts_with_ssh_section(lab):
+    cluster = lab["cluster"]
+    assert [d.name for d in cluster.devices] == ["fast", "slow", "nano"]
+    assert [d.host for d in cluster.devices] == ["10.213.7.2", "10.213.7.3", "10.213.7.4"]
+    assert all(d.user == "root" for d in cluster.devices)
+    assert cluster.device("slow").memory == 256 * 10**6
+    assert Path(cluster.ssh.known_hosts).exists() and Path(cluster.ssh.identity_file).exists()
+    assert cluster.bandwidth_between("nano", "slow") == 20e6 / 8
+
+
+def test_fabric_runs_a_command_on_each_host_as_a_user_would(lab, cli):
+    import fabric
+    import paramiko
+
+    cluster = lab["cluster"]
+    status = {h["name"]: h for h in lab_status(cli, lab)["hosts"]}
+    hier = cgroups.detect()
+    for device in cluster.devices:
+        # Plain fabric, plus the two lines that keep host-key checking on.
+        conn = fabric.Connection(device.host, user=device.user,
+                                 connect_kwargs={"key_filename": cluster.ssh.identity_file})
+        conn.client.load_host_keys(cluster.ssh.known_hosts)
+        conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        result = conn.run("hostname; ip -4 -o addr show dev eth0; cat /proc/self/cgroup", hide=True, in_stream=False)
+        conn.close()
+        hostname, addr_line, *cgroup_lines = result.stdout.strip().splitlines()
+        assert hostname == device.name
+        assert f"inet {device.host}/24" in addr_line
+        member = cgroups.membership("\n".join(cgroup_lines))
+        for directory in status[device.name]["cgroups"]:
+            for controller in ("cpu", "memory"):
+                if Path(directory).is_relative_to(hier.roots[controller]):
+                    key = controller if hier.version == 1 else ""
+                    assert member[key] == cgroups.relative(hier, directory, controller), (device.name, member)
+
+
+def test_unknown_host_key_is_refused(lab, tmp_path):
+    import fabric
+    import paramiko
+
+    cluster = lab["cluster"]
+    other = tmp_path / "known_hosts"
+    other.write_text(Path(cluster.ssh.known_hosts).read_text().replace(cluster.devices[0].host, "10.213.7.250"))
+    conn = fabric.Connection(cluster.devices[0].host, user="root",
+                             connect_kwargs={"key_filename": cluster.ssh.identity_file})
+    conn.client.load_host_keys(str(other))
+    conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    with pytest.raises(paramiko.SSHException, match="not found in known_hosts"):
+        conn.run("true", hide=True, in_stream=False)
+
+
+@pytest.mark.parametrize("src, dst, mbit", [("fast", "nano", 100), ("slow", "fast", 50), ("nano", "slow", 20)])
+def test_bandwidth_matches_configured_rate(lab, src, dst, mbit):
+    got = measure.bandwidth(lab["cluster"], src, dst, seconds=5.0)
+    assert got["seconds"] >= 5.0 * 0.95
+    measured = got["bytes_per_s"] * 8 / 1e6
+    assert abs(measured - mbit) <= RATE_TOLERANCE * mbit, f"{src}->{dst}: {measured:.1f} Mbit/s vs {mbit}"
+
+
+@pytest.mark.parametrize("a, b, delay_ms", [("fast", "slow", 5.0), ("fast", "nano", 2.0), ("nano", "slow", 5.0)])
+def test_configured_delay_shows_in_round_trip_time(lab, a, b, delay_ms):
+    got = measure.rtt(lab["cluster"], a, b, count=30)
+    median_ms = got["median_s"] * 1e3
+    # The configured round trip, plus at most 1.5 ms of stack and delay-line overhead.
+    assert delay_ms <= median_ms <= delay_ms + 1.5, f"{a}<->{b}: {median_ms:.2f} ms vs {delay_ms}"
+
+
+def test_cpu_bound_work_slows_in_proportion_to_quota(lab):
+    cluster, iterations = lab["cluster"], 5_000_000
+    fast, slow = [], []
+    for _ in range(2):  # interleaved, the best of each: robust to other load on this machine
+        fast.append(measure.cpu_time(cluster, "fast", iterations)["seconds"])
+        slow.append(measure.cpu_time(cluster, "slow", iterations)["seconds"])
+    ratio = min(slow) / min(fast)
+    assert 3.2 <= ratio <= 4.8, f"0.25 vs 1.0 core: {ratio:.2f}x slower (fast {fast}, slow {slow})"
+
+
+def test_allocating_beyond_the_limit_is_killed_and_reported(lab, cli):
+    before = {h["name"]: h["oom_kills"] for h in lab_status(cli, lab)["hosts"]}
+    got = measure.allocate(lab["cluster"], "slow", 600 * 10**6)
+    assert got["killed"], got
+    assert got["allocated_bytes"] <= 256 * 10**6
+    after = {h["name"]: h for h in lab_status(cli, lab)["hosts"]}
+    assert after["slow"]["oom_kills"] == before["slow"] + 1
+    assert after["fast"]["oom_kills"] == before["fast"]
+    assert after["slow"]["ssh_answers"]  # the host itself survives: only the hog was killed
+
+
+def test_status_reports_limits_and_sshd(lab, cli):
+    report = lab_status(cli, lab)
+    assert report["complete"] and report["cgroup_version"] in (1, 2)
+    hosts = {h["name"]: h for h in report["hosts"]}
+    assert all(h["ssh_answers"] and h["sshd_running"] for h in hosts.values())
+    assert hosts["slow"]["cpu_quota_cores"] == pytest.approx(0.25)
+    assert hosts["slow"]["memory_limit_bytes"] // 4096 == 256 * 10**6 // 4096
+    assert hosts["nano"]["preset"] == "jetson-nano" and hosts["nano"]["cpu"] == pytest.approx(0.2791)
+
+
+def test_crashed_up_is_cleaned_by_down(tmp_path, monkeypatch, lab):
+    """An `up` that dies after making namespaces and cgroups (here: sshd fails, and the rollback is
+    disabled to mimic a kill -9) leaves a state record; `down` removes it all, and so does the
+    prefix sweep when even the state is lost."""
+    from hppctl.cli import run
+    from hppctl.lab import manager, sshd
+
+    spec = tmp_path / "crash.yaml"
+    spec.write_text("name: pytest-crash\nsubnet: 10.213.8.0/24\nhosts:\n  - {name: a, cpu: 0.5, memory: 100MB}\n")
+
+    def die(*args, **kwargs):
+        raise RuntimeError("simulated crash")
+
+    for lose_state in (False, True):
+        with monkeypatch.context() as m:
+            m.setattr(sshd, "start", die)
+            m.setattr(manager, "down_state", lambda state: [])
+            with pytest.raises(RuntimeError):
+                run(["lab", "up", "--spec", str(spec), "--state-dir", str(tmp_path / "state")])
+        assert lab_down_leftovers("pytest-crash"), "the simulated crash should leave resources behind"
+        if lose_state:
+            subprocess.run(["rm", "-rf", str(tmp_path / "state")], check=True)
+        assert run(["lab", "down", "--name", "pytest-crash", "--state-dir", str(tmp_path / "state")]) == 0
+        assert lab_down_leftovers("pytest-crash") == []
+
+
+def test_down_removes_everything_and_is_idempotent(lab, cli):
+    code, _, err = cli("lab", "down", "--name", NAME, "--state-dir", lab["state_dir"])
+    assert code == 0, err
+    assert lab_down_leftovers(NAME) == []
+    tag = __import__("hppctl.lab.layout", fromlist=["lab_tag"]).lab_tag(NAME)
+    assert NAME not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert tag not in subprocess.run(["ip", "link"], capture_output=True, text=True).stdout
+    hier = cgroups.detect()
+    for root in hier.unique_roots():
+        assert not list(root.rglob(f"hppctl-lab-{NAME}")), root
+    assert not Path(lab["state_dir"], NAME).exists()
+    code, _, err = cli("lab", "down", "--name", NAME, "--state-dir", lab["state_dir"])
+    assert code == 0, err

@@ -79,6 +79,24 @@ def test_granularities_cost_the_same_nodes():
         assert fine[-1].boundary_bytes_per_sample == block[-1].boundary_bytes_per_sample
 
 
+def test_each_block_is_a_run_of_fine_layers_with_the_same_totals():
+    """Profilers time a block as the sum of its fine layers: sums and the closing cut must agree."""
+    for name in BUILTINS:
+        fine = iter(layer_costs(name, "fine"))
+        for block in layer_costs(name, "block"):
+            flops = params = activations = 0
+            for layer in fine:
+                flops += layer.forward_flops_per_sample
+                params += layer.param_bytes
+                activations += layer.activation_bytes_per_sample
+                if flops >= block.forward_flops_per_sample and layer.boundary_bytes_per_sample == block.boundary_bytes_per_sample:
+                    break
+            assert (flops, params, activations) == (
+                block.forward_flops_per_sample, block.param_bytes, block.activation_bytes_per_sample
+            ), (name, block.name)
+        assert next(fine, None) is None
+
+
 def test_unknown_model():
     with pytest.raises(UnknownModel, match=r"unknown model 'nope' \(known: mobilenetv2, .*tiny-bert"):
         get_model("nope")

@@ -65,7 +65,8 @@ def plan_command(
         raise BadInput("--global-batch and --micro-batch are required (or --plan FILE to re-score a plan)")
     request = make_request(global_batch, micro_batch)
     if compare:
-        rows = planner.compare(prof, request)
+        from hppctl.schedule import simulated_round_latency
+        rows = planner.compare(prof, request, simulate=simulated_round_latency(prof))
         emit_json([r.as_json() for r in rows]) if as_json else _render_compare(rows, request)
         return
     plan = planner.make_plan(prof, request, strategy)
@@ -131,13 +132,18 @@ def _render_explain(rows) -> None:
 def _render_compare(rows, request: PlanRequest) -> None:
     table = Table(box=None, pad_edge=False,
                   title=f"global batch {request.global_batch} = {request.num_micro_batches} x {request.micro_batch}")
-    for col in ("strategy", "feasible", "throughput samples/s", "round latency s", "peak memory", "stages", "plan time s"):
+    for col in ("strategy", "feasible", "simulated samples/s", "estimate samples/s", "round latency s (sim / est)",
+                "peak memory", "stages", "plan time s"):
         table.add_column(col)
     for r in rows:
+        sim = r.simulated_round_latency_s
         table.add_row(r.strategy, "yes" if r.feasible else ("no plan" if r.plan is None else "NO (memory)"),
-                      f"{r.throughput:.1f}", f"{r.round_latency_s:.3f}" if r.plan else "-",
+                      f"{r.simulated_throughput:.1f}" if sim is not None else "-", f"{r.throughput:.1f}",
+                      f"{sim:.3f} / {r.round_latency_s:.3f}" if sim is not None else "-",
                       f"{r.peak_memory_ratio:.0%}" if r.plan else "-", r.shape, f"{r.planning_time_s:.2f}")
     stdout.print(table)
+    stdout.print("ranked by the simulated figure (hppctl simulate: the plan's schedule replayed on the profile); "
+                 "the estimate is the closed form of Eqs. 4-6")
 
 
 def register(app: typer.Typer) -> None:

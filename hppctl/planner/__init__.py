@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Callable
 
 from hppctl.errors import BadInput, Infeasible
 from hppctl.models.plan import HppPlan, MemoryViolation, PlanRequest, Prediction, StagePlan, TransferPlan
@@ -127,8 +128,11 @@ def describe(name: str) -> str:
 class CompareRow:
     """One strategy's result on a shared request (`hppctl plan --compare`)."""
 
-    def __init__(self, strategy: str, plan: HppPlan | None, planning_time_s: float):
+    def __init__(self, strategy: str, plan: HppPlan | None, planning_time_s: float,
+                 simulated_round_latency_s: float | None = None):
         self.strategy, self.plan, self.planning_time_s = strategy, plan, planning_time_s
+        self.simulated_round_latency_s = simulated_round_latency_s
+        """The schedule replayed by `hppctl.schedule` (None when compare ran without a simulator)."""
 
     @property
     def feasible(self) -> bool:
@@ -137,6 +141,11 @@ class CompareRow:
     @property
     def throughput(self) -> float:
         return self.plan.prediction.throughput_samples_per_s if self.plan else 0.0
+
+    @property
+    def simulated_throughput(self) -> float | None:
+        sim = self.simulated_round_latency_s
+        return None if sim is None else (self.plan.global_batch / sim if self.plan and sim > 0 else 0.0)
 
     @property
     def round_latency_s(self) -> float:
@@ -155,6 +164,8 @@ class CompareRow:
         return {
             "strategy": self.strategy, "feasible": self.feasible, "throughput": self.throughput,
             "round_latency_s": self.round_latency_s if self.plan else None,
+            "simulated_throughput": self.simulated_throughput,
+            "simulated_round_latency_s": self.simulated_round_latency_s,
             "peak_memory_ratio": self.peak_memory_ratio if self.plan else None,
             "stages": [{"layers": s.layers, "devices": s.devices, "samples": s.samples} for s in self.plan.stages]
             if self.plan else None,
@@ -162,12 +173,18 @@ class CompareRow:
         }
 
 
-def compare(profile: Profile, request: PlanRequest) -> list[CompareRow]:
-    """Every registered strategy on the same profile and request, fastest feasible first."""
+def compare(profile: Profile, request: PlanRequest,
+            simulate: Callable[[HppPlan], float] | None = None) -> list[CompareRow]:
+    """Every registered strategy on the same profile and request, fastest feasible first.
+
+    `simulate(plan) -> round latency` (e.g. `hppctl.schedule.simulated_round_latency(profile)`; the
+    planner does not import the simulator) adds the simulated figure, and then rows rank by it.
+    """
     rows = []
     for name in STRATEGIES:
         candidate, cm, elapsed = run_strategy(profile, request, name)
         plan = to_plan(cm, profile, request, name, candidate, elapsed) if candidate else None
-        rows.append(CompareRow(name, plan, elapsed))
+        rows.append(CompareRow(name, plan, elapsed, simulate(plan) if simulate and plan else None))
     preference = {name: i for i, name in enumerate(("asteroid", "asteroid-paper", "dp", "pp", "pipedream", "dapple"))}
-    return sorted(rows, key=lambda r: (not r.feasible, -r.throughput, preference.get(r.strategy, 99)))
+    speed = (lambda r: r.simulated_throughput or 0.0) if simulate else (lambda r: r.throughput)
+    return sorted(rows, key=lambda r: (not r.feasible, -speed(r), preference.get(r.strategy, 99)))

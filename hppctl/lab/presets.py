@@ -20,11 +20,13 @@ from dataclasses import dataclass
 
 from hppctl.errors import BadInput
 
-CFS_PERIOD_US = 10_000
-"""10 ms: short periods make a throttled host slow *evenly* (a 0.25-core host runs 2.5 ms of every
-10 ms) instead of in 75 ms stalls that would also starve its network transfers."""
+CFS_PERIOD_US = 20_000
+"""20 ms: short periods make a throttled host slow *evenly* (a 0.25-core host runs 5 ms of every
+20 ms) instead of in the 75 ms stalls of the kernel's default 100 ms period. Not shorter: at 10 ms
+the kernel's per-CPU runtime slices cost a 1-core host 6-8% of its core (measured here; ~1% at
+20 ms), which would skew every speed ratio."""
 CFS_MIN_QUOTA_US = 1_000
-"""The kernel refuses quotas below 1 ms; the period grows for hosts slower than 0.1 core."""
+"""The kernel refuses quotas below 1 ms; the period grows for hosts slower than 0.05 core."""
 
 
 @dataclass(frozen=True)

@@ -96,10 +96,10 @@ def test_presets_follow_flops_ratios_and_scaled_memory():
 
 
 def test_cfs_quota_respects_the_kernel_minimum():
-    assert cfs_quota(0.25) == (2500, 10000)
-    assert cfs_quota(1.0) == (10000, 10000)
-    quota, period = cfs_quota(0.05)
-    assert quota == 1000 and quota / period == pytest.approx(0.05)
+    assert cfs_quota(0.25) == (5000, 20000)
+    assert cfs_quota(1.0) == (20000, 20000)
+    quota, period = cfs_quota(0.02)
+    assert quota == 1000 and quota / period == pytest.approx(0.02)
 
 
 def test_layout_addresses_rates_impairments_and_cluster_file():
@@ -186,7 +186,7 @@ def test_v2_limits_are_written_and_read_back(tmp_path):
     lab_dirs[0].mkdir()
     (lab_dirs[0] / "cgroup.subtree_control").write_text("cpu memory")
     [host] = cgroups.create_host(hier, lab_dirs, "h", 0.25, 256 * 2**20)
-    assert (host / "cpu.max").read_text() == "2500 10000\n"
+    assert (host / "cpu.max").read_text() == "5000 20000\n"
     assert (host / "memory.max").read_text() == f"{256 * 2**20}\n"
     (host / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
     (host / "memory.current").write_text("1234\n")
@@ -203,8 +203,8 @@ def test_v1_limits_go_to_the_right_hierarchy(tmp_path):
     for d in lab_dirs:
         d.mkdir()
     cpu_dir, mem_dir = cgroups.create_host(hier, lab_dirs, "h", 0.5, 10**9)
-    assert (cpu_dir / "cpu.cfs_quota_us").read_text() == "5000\n"
-    assert (cpu_dir / "cpu.cfs_period_us").read_text() == "10000\n"
+    assert (cpu_dir / "cpu.cfs_quota_us").read_text() == "10000\n"
+    assert (cpu_dir / "cpu.cfs_period_us").read_text() == "20000\n"
     assert not (cpu_dir / "memory.limit_in_bytes").exists()
     assert (mem_dir / "memory.limit_in_bytes").read_text() == "1000000000\n"
     (mem_dir / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")

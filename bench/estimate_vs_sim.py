@@ -55,7 +55,7 @@ def matrix_rows() -> list[dict]:
                     if r.plan is None:
                         continue
                     rows.append(_row("matrix", r.plan, r.simulated_round_latency_s, model=model, env=env,
-                                     strategy=r.strategy, feasible=r.feasible))
+                                     strategy=r.strategy, feasible=r.feasible, case=f"{model} {env} B={micro}"))
                 print(f"  {model} {env} B={micro}: {len(rows)} plans so far", file=sys.stderr)
     return rows
 
@@ -158,6 +158,30 @@ def report(rows: list[dict]) -> None:
             print(f"| {label} " + summary(part))
 
 
+def rankings(rows: list[dict]) -> None:
+    """Does ranking by the simulation change the answer `--compare` gives?"""
+    cases: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["set"] == "matrix" and r["feasible"]:
+            cases.setdefault(r["case"], []).append(r)
+    if not cases:
+        return
+    changed, asteroid_first, flips = 0, 0, []
+    for case, part in cases.items():
+        by_est = min(part, key=lambda r: r["estimate_s"])["strategy"]
+        by_sim = min(part, key=lambda r: r["simulated_s"])
+        best_sim = [r["strategy"] for r in part if r["simulated_s"] <= by_sim["simulated_s"] * (1 + 1e-9)]
+        asteroid_first += "asteroid" in best_sim
+        if by_est not in best_sim:
+            changed += 1
+            flips.append(f"{case}: {by_est} by estimate, {by_sim['strategy']} by simulation")
+    print(f"\nranking ({len(cases)} model x environment x micro-batch cases with feasible plans): the fastest "
+          f"strategy differs between estimate and simulation in {changed}; asteroid is (jointly) fastest by "
+          f"simulation in {asteroid_first}")
+    for line in flips[:10]:
+        print(f"  {line}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--random", type=int, default=600, help="random pipelines (a multiple of 3: one per schedule)")
@@ -170,6 +194,7 @@ def main() -> None:
     rows += random_rows(args.random, args.seed)
     print("error = (estimate - simulated) / simulated round latency; negative = the closed form is optimistic\n")
     report(rows)
+    rankings(rows)
     worst = sorted(rows, key=lambda r: r["error"])[:3] + sorted(rows, key=lambda r: -r["error"])[:3]
     print("\nextremes:")
     for r in worst:

@@ -6,6 +6,8 @@ rest of `hppctl.schedule` stays light.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 from hppctl.errors import RuntimeFailure
@@ -53,6 +55,15 @@ def render_png(result: SimResult, schedule: Schedule, path: str | Path, *, title
     ax.legend(handles=[Patch(color=c, label=k) for k, c in COLOURS.items()], loc="upper center",
               bbox_to_anchor=(0.5, -0.12 if len(rows) > 8 else -0.25), ncol=6, fontsize=7, frameon=False)
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    try:  # atomic, like every file hppctl writes
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format="png")
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    finally:
+        plt.close(fig)

@@ -19,19 +19,17 @@ from hppctl.store import load, save, write_text_atomic
 EXAMPLES = """
 Examples:
 
+\b
   hppctl simulate --plan plans/c.yaml --profile profiles/env-c-efficientnet-b1.json
-
-  hppctl simulate --plan plans/c.yaml --profile P.json --trace c-trace.json      (open in ui.perfetto.dev)
-
-  hppctl simulate --plan plans/c.yaml --profile P.json --policy gpipe --json     (what-if: another schedule)
-
-  hppctl simulate --plan plans/c.yaml --warmup 4,2,1 --write-schedule s.json     (explicit K_p; plan timings)
-
-  hppctl simulate --plan plans/c.yaml --schedule s.json --blocking               (replay a schedule file)
+  hppctl simulate --plan plans/c.yaml --profile P.json --trace c-trace.json      # open in ui.perfetto.dev
+  hppctl simulate --plan plans/c.yaml --profile P.json --png c.png               # needs 'hppctl[plot]'
+  hppctl simulate --plan plans/c.yaml --profile P.json --policy gpipe --json     # what-if: another schedule
+  hppctl simulate --plan plans/c.yaml --warmup 4,2,1 --write-schedule s.json     # explicit K_p, plan timings
+  hppctl simulate --plan plans/c.yaml --schedule s.json --blocking               # replay a schedule file
 
 Without --profile the simulator uses the plan's own per-stage figures (E_f, E_b, T_a, transfer
 times) and cannot report memory in bytes. --fail DEVICE@SECONDS (failure injection) belongs to
-the fault-tolerance work and is refused for now (exit 2).
+the fault-tolerance issue and is refused for now (exit 2).
 """
 
 

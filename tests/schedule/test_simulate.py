@@ -130,3 +130,32 @@ def test_unknown_device_in_profile_is_refused():
     profile = make_profile(layers=4, speeds=(1.0,))
     with pytest.raises(ValueError, match="not in the profile"):
         ProfileTimings(profile, make_schedule([[4], [4]], 2))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_pipelines_respect_simple_bounds(seed):
+    import random
+    from tests.schedule.test_check import random_groups
+    rng = random.Random(seed)
+    P, M = rng.randint(1, 5), rng.choice([1, 3, 8, 16])
+    groups = random_groups(rng, P, rng.randint(4, 16))
+    timings = FixedTimings([rng.uniform(0.1, 2) for _ in range(P)], [rng.uniform(0.1, 4) for _ in range(P)],
+                           [rng.uniform(0, 3) for _ in range(P - 1)], B=sum(groups[0]),
+                           allreduce=[rng.uniform(0, 1) for _ in range(P)])
+    policy = rng.choice(["1f1b-asteroid", "1f1b", "gpipe"])
+    r = run(groups, M, timings, policy, trace=True)
+    ks = make_schedule(groups, M, policy).stages
+    for d in r.devices:
+        assert r.round_latency_s >= d.compute_s + d.allreduce_s - 1e-9
+        assert d.peak_in_flight_micro_batches <= ks[d.stage].warmup
+    for link in r.links:
+        assert r.round_latency_s >= link.busy_s - 1e-9
+    # on every track, spans never overlap (one compute at a time, one send at a time per uplink)
+    by_track = {}
+    for s in r.spans:
+        by_track.setdefault(s.track.split("->")[0] if "->" in s.track else ("dev", s.track), []).append(s)
+    for spans in by_track.values():
+        spans.sort(key=lambda s: s.start_s)
+        for a, b in zip(spans, spans[1:]):
+            assert b.start_s >= a.start_s + a.duration_s - 1e-9
+    assert run(groups, M, timings, policy, mode="blocking").round_latency_s >= r.round_latency_s - 1e-9

@@ -150,3 +150,17 @@ def test_schedule_and_simulate_modules_do_not_import_torch_or_fabric():
     code = ("import hppctl.schedule, hppctl.schedule.trace, hppctl.schedule.render, hppctl.cli.simulate, sys; "
             "bad = [m for m in ('torch', 'fabric', 'matplotlib') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_png_without_matplotlib_is_one_line_exit_1(cli, files, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    code, _, err = sim(cli, files, "--png", tmp_path / "t.png")
+    assert code == 1 and "pip install 'hppctl[plot]'" in err and not (tmp_path / "t.png").exists()
+
+
+def test_png_is_written_when_matplotlib_is_installed(cli, files, tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "t.png"
+    code, _, _ = sim(cli, files, "--profile", files / "p.json", "--png", path)
+    assert code == 0 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["t.png"]  # no temporary file left behind

@@ -38,6 +38,21 @@ def test_checker_accepts_every_generated_schedule(P, group, M, B, seed, policy):
     check_schedule(make_schedule(groups, M, policy, durations=durations if seed % 2 else None))
 
 
+@pytest.mark.slow
+def test_checker_accepts_the_whole_envelope():
+    """Every P <= 8, max group 1..4, M in a spread up to 64, all five policies: 1280 schedules, ~12 s."""
+    for P in range(1, 9):
+        for group in range(1, 5):
+            for M in (1, 2, 3, 5, 8, 16, 33, 64):
+                for policy in POLICIES:
+                    rng = random.Random(f"{P}-{group}-{M}-{policy}")
+                    groups = random_groups(rng, P, rng.randint(group, 32), group)
+                    durations = Durations(tuple(rng.uniform(0.1, 3) for _ in range(P)),
+                                          tuple(rng.uniform(0.1, 6) for _ in range(P)),
+                                          tuple(rng.choice([0.0, rng.uniform(0, 4)]) for _ in range(P - 1)))
+                    check_schedule(make_schedule(groups, M, policy, durations=durations))
+
+
 @pytest.mark.parametrize("ks", [[1, 1, 1], [7, 2, 1], [64, 6, 1], [3, 3, 3], [6, 1, 1]])
 def test_checker_accepts_any_non_increasing_warmup(ks):
     check_schedule(make_schedule([[2, 3], [5], [1, 1, 3]], M=6, ks=ks))

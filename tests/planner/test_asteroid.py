@@ -111,3 +111,15 @@ def test_pruned_dp_gives_the_same_answer_as_the_full_dp(seed):
     assert (full is None) == (pruned is None)
     if full:
         assert pruned.latency == full.latency and pruned.stages == full.stages
+
+
+def test_asteroid_plans_have_no_idle_devices():
+    # regression: a device with 0 samples stayed in its group and only slowed the AllReduce
+    from pathlib import Path
+
+    from hppctl.models.profile import Profile
+    from hppctl.store import load
+
+    profile = load(Path(__file__).resolve().parents[2] / "profiles/example-tiny.json", Profile)
+    plan = make_plan(profile, PlanRequest(global_batch=64, micro_batch=16), "asteroid")
+    assert all(y > 0 for stage in plan.stages for y in stage.samples)

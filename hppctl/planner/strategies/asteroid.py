@@ -77,7 +77,13 @@ def plan_asteroid(cm: CostModel) -> Candidate | None:
     if not candidates:
         return None
     best = min(candidates, key=lambda stages: cm.evaluate(stages).round_latency_s)
-    return Candidate(refine_cuts(cm, best))
+    return Candidate(refine_cuts(cm, drop_idle_devices(best)))
+
+
+def drop_idle_devices(stages: list[StageChoice]) -> list[StageChoice]:
+    """Remove devices that Algorithm 1 gave no samples: they only slow the group's AllReduce."""
+    return [StageChoice(s.start, s.end, tuple(d for d, y in zip(s.devices, s.samples) if y),
+                        tuple(y for y in s.samples if y)) for s in stages]
 
 
 @strategy("asteroid-paper", "Asteroid's planner exactly as published (Alg. 1 + Alg. 2, all devices)")

@@ -71,7 +71,9 @@ def plan_asteroid(cm: CostModel) -> Candidate | None:
     candidates += [r.stages for r in (paper, by_memory.best()) if r]
     by_speed = speed_order(cm)
     if by_speed != order:
-        result = AsteroidDP(cm, by_speed, bound).best()
+        # only a plan better than the best so far matters here, so prune with that
+        best_so_far = min(cm.evaluate(c).round_latency_s for c in candidates) if candidates else bound
+        result = AsteroidDP(cm, by_speed, min(bound, best_so_far)).best()
         if result:
             candidates.append(result.stages)
     if not candidates:

@@ -73,9 +73,9 @@ def plan_asteroid(cm: CostModel) -> Candidate | None:
     if by_speed != order:
         # only a plan better than the best so far matters here, so prune with that
         best_so_far = min(cm.evaluate(c).round_latency_s for c in candidates) if candidates else bound
-        result = AsteroidDP(cm, by_speed, min(bound, best_so_far)).best()
-        if result:
-            candidates.append(result.stages)
+        stages = second_order_plan(cm, by_speed, min(bound, best_so_far))
+        if stages:
+            candidates.append(stages)
     if not candidates:
         return None
     best = min(candidates, key=lambda stages: cm.evaluate(stages).round_latency_s)
@@ -93,6 +93,24 @@ def plan_asteroid_paper(cm: CostModel) -> Candidate | None:
     order = memory_order(cm)
     _, result = solve(cm, order, in_space_bound(cm, order))
     return Candidate(result.stages) if result else None
+
+
+FINE_SECOND_ORDER_LAYERS = 400
+
+
+def second_order_plan(cm: CostModel, order: list[int], bound: float) -> list[StageChoice] | None:
+    """The DP on another device order: on the fine layers when that is cheap, else on ~48
+    super-layers mapped back to fine layers (the local search then polishes the cuts)."""
+    if cm.num_layers <= FINE_SECOND_ORDER_LAYERS:
+        result = AsteroidDP(cm, order, bound).best()
+        return result.stages if result else None
+    coarse_profile, starts = coarsen(cm.profile, -(-cm.num_layers // COARSE_LAYERS))
+    coarse = CostModel(coarse_profile, micro_batch=cm.B, num_micro_batches=cm.M)
+    result = AsteroidDP(coarse, order).best()
+    if result is None:
+        return None
+    stages = refine_stages(cm, result.stages, starts)
+    return stages if stages and cm.evaluate(stages).feasible else None
 
 
 def refine_cuts(cm: CostModel, stages: list[StageChoice], max_rounds: int = 50) -> list[StageChoice]:

@@ -1,0 +1,251 @@
+"""Rendezvous and process groups: the run's store, worker authentication, gloo groups.
+
+The launcher (the run's coordinator) hosts a `torch.distributed.TCPStore` on one chosen address:
+it binds the listening socket itself and hands the descriptor to the store, because a TCPStore
+given a port alone listens on every interface. Workers connect to it, prove they hold the run's
+token, and build their gloo process group through it.
+
+Authentication: the launcher makes a random 32-byte token per run and gives it to each worker
+on its standard input (never on a command line, which `ps` shows). Every key of the run lives
+under a prefix derived from the token, and a worker joins by writing
+`join/<device> = HMAC(token, nonce | device)` for a nonce the launcher published; the launcher
+starts the run only when every device has joined with a valid proof. A process without the token
+cannot find the run's keys nor forge a join. Limits: the store protocol itself is unauthenticated
+and gloo traffic is not encrypted — run on networks you trust (the lab, a home LAN), as with
+torchrun.
+
+Worker side, in pairs (style rule 15): `init_process_groups` ... `destroy_process_groups` in a
+`finally`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import hashlib
+import hmac
+import os
+import secrets
+import socket
+import struct
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from hppctl.errors import RuntimeFailure
+
+CHUNK_BYTES = 4 * 2**20
+"""The libuv TCPStore refuses values over 8 MiB; large values (state dicts) travel in chunks."""
+
+
+def new_token() -> str:
+    return secrets.token_hex(32)
+
+
+def key_prefix(token: str) -> str:
+    return "hppctl/" + hmac.new(token.encode(), b"hppctl-run-prefix", hashlib.sha256).hexdigest()[:32] + "/"
+
+
+def join_proof(token: str, nonce: str, device: str) -> str:
+    return hmac.new(token.encode(), f"{nonce}|{device}".encode(), hashlib.sha256).hexdigest()
+
+
+# --- the host side ---------------------------------------------------------------------------------
+
+def listen_socket(host: str, port: int = 0) -> socket.socket:
+    """A listening TCP socket bound to `host` only (never 0.0.0.0 unless asked for)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise RuntimeFailure(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    sock.listen(512)
+    return sock
+
+
+def route_source(remote_host: str) -> str:
+    """The local address this machine uses to reach `remote_host` (no packet is sent)."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((remote_host, 9))
+        return probe.getsockname()[0]
+    except OSError as e:
+        raise RuntimeFailure(f"no route to {remote_host}: {e.strerror}") from None
+    finally:
+        probe.close()
+
+
+@dataclass
+class RunStore:
+    """The launcher's end: a TCPStore on one address, with the run's key prefix."""
+
+    host: str
+    port: int
+    token: str
+    store: object
+    raw: object
+
+    @classmethod
+    def start(cls, host: str, port: int = 0, *, token: str | None = None, timeout_s: float = 300.0) -> "RunStore":
+        import torch.distributed as dist
+
+        sock = listen_socket(host, port)
+        port = sock.getsockname()[1]
+        token = token or new_token()
+        # The store takes the descriptor over (and closes it when it is destroyed).
+        raw = dist.TCPStore(host, port, None, True, timeout=datetime.timedelta(seconds=timeout_s),
+                            wait_for_workers=False, master_listen_fd=sock.detach())
+        return cls(host, port, token, dist.PrefixStore(key_prefix(token), raw), raw)
+
+    def close(self) -> None:
+        self.store = self.raw = None
+
+    def publish_nonce(self) -> str:
+        nonce = secrets.token_hex(16)
+        self.store.set("nonce", nonce)
+        return nonce
+
+    def joined(self, device: str, nonce: str) -> bool | None:
+        """None: not yet; True: joined with a valid proof; False: a wrong proof (logged by the caller)."""
+        key = f"join/{device}"
+        if not self.store.check([key]):
+            return None
+        proof = self.store.get(key).decode()
+        return hmac.compare_digest(proof, join_proof(self.token, nonce, device))
+
+
+# --- the worker side -------------------------------------------------------------------------------
+
+def connect_store(host: str, port: int, token: str, *, timeout_s: float = 300.0):
+    import torch.distributed as dist
+
+    raw = dist.TCPStore(host, port, None, False, timeout=datetime.timedelta(seconds=timeout_s))
+    return dist.PrefixStore(key_prefix(token), raw)
+
+
+def join(store, token: str, device: str, *, timeout_s: float) -> None:
+    """Prove the token, then wait until the launcher starts the run."""
+    store.wait(["nonce"], datetime.timedelta(seconds=timeout_s))
+    nonce = store.get("nonce").decode()
+    store.set(f"join/{device}", join_proof(token, nonce, device))
+    store.wait(["start"], datetime.timedelta(seconds=timeout_s))
+
+
+def interface_for(address: str) -> str | None:
+    """Name of the local network interface that carries `address` (for GLOO_SOCKET_IFNAME)."""
+    if address.startswith("127."):
+        return "lo"
+    SIOCGIFADDR = 0x8915
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+            if socket.inet_ntoa(packed[20:24]) == address:
+                return name
+    finally:
+        probe.close()
+    return None
+
+
+@dataclass
+class Groups:
+    """The default group over all devices plus one AllReduce group per multi-device stage."""
+
+    rank: int
+    world_size: int
+    stage_group: object | None
+
+
+def init_process_groups(store, rank: int, world_size: int, stage_ranks: list[list[int]], my_stage: int,
+                        *, store_host: str, timeout_s: float) -> Groups:
+    """gloo over the interface that reaches the store; `new_group` for every replicated stage, in
+    the same order on every rank (torch requires it)."""
+    import torch.distributed as dist
+
+    if "GLOO_SOCKET_IFNAME" not in os.environ:
+        ifname = interface_for(route_source(store_host))
+        if ifname:
+            os.environ["GLOO_SOCKET_IFNAME"] = ifname
+
+    pg_store = dist.PrefixStore("pg/", store)
+    dist.init_process_group("gloo", store=pg_store, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    mine = None
+    for p, ranks in enumerate(stage_ranks):
+        if len(ranks) > 1:
+            group = dist.new_group(ranks, backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+            if p == my_stage:
+                mine = group
+    return Groups(rank, world_size, mine)
+
+
+def destroy_process_groups() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class DistComm:
+    """`executor.Comm` over torch.distributed: point-to-point by device name, AllReduce in the stage group."""
+
+    def __init__(self, ranks: dict[str, int], groups: Groups) -> None:
+        self.ranks, self.groups = ranks, groups
+
+    def isend(self, tensor, peer: str, tag: int):
+        import torch.distributed as dist
+
+        return dist.isend(tensor, self.ranks[peer], tag=tag)
+
+    def irecv(self, tensor, peer: str, tag: int):
+        import torch.distributed as dist
+
+        return dist.irecv(tensor, self.ranks[peer], tag=tag)
+
+    def allreduce_sum(self, tensor) -> None:
+        import torch.distributed as dist
+
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.groups.stage_group)
+
+    def allreduce_max(self, tensor) -> None:
+        import torch.distributed as dist
+
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.groups.stage_group)
+
+
+# --- large values through the store ----------------------------------------------------------------
+
+def put_blob(store, key: str, data: bytes) -> None:
+    """Chunks first, then the count: a reader that sees `key/n` finds every chunk."""
+    chunks = [data[i:i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)] or [b""]
+    for i, chunk in enumerate(chunks):
+        store.set(f"{key}/{i}", chunk)
+    store.set(f"{key}/n", str(len(chunks)))
+
+
+def has_blob(store, key: str) -> bool:
+    return store.check([f"{key}/n"])
+
+
+def get_blob(store, key: str, *, delete: bool = False) -> bytes:
+    n = int(store.get(f"{key}/n").decode())
+    parts = [store.get(f"{key}/{i}") for i in range(n)]
+    if delete:
+        for i in range(n):
+            store.delete_key(f"{key}/{i}")
+        store.delete_key(f"{key}/n")
+    return b"".join(parts)
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeFailure(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(poll_s)

@@ -1,0 +1,132 @@
+"""Checkpoint directories: per-stage files written atomically, complete rounds marked last, one run at a time.
+
+Layout (the launcher writes it; workers send their stage state through the run's store, so it
+works the same for local and SSH workers):
+
+    DIR/LOCK                        held (flock) by the run using DIR; names its pid, host and start
+    DIR/round-00000010/stage-0.pt   {"round", "stage", "layers", "model", "optimizer"} (torch.save)
+    DIR/round-00000010/stage-1.pt
+    DIR/round-00000010/COMPLETE.json  written last: the round counts only once it exists
+
+Every file is written to a temporary name, fsynced and renamed, so a run killed at any moment
+leaves either a complete round or an incomplete one that `--resume` ignores. The newest
+`KEEP` complete rounds are kept. `COMPLETE.json` records what a resumed run must agree on
+(plan, dataset, seed, optimizer, …): resuming with anything else is refused, naming the field.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+
+from hppctl.errors import BadInput, RuntimeFailure
+from hppctl.store import write_text_atomic
+
+KEEP = 2
+COMPLETE = "COMPLETE.json"
+
+
+class CheckpointLocked(RuntimeFailure):
+    """Another run holds the checkpoint directory."""
+
+
+def _round_dir(root: Path, round_index: int) -> Path:
+    return root / f"round-{round_index:08d}"
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+class CheckpointDir:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._lock_fd: int | None = None
+
+    # --- the lock ---------------------------------------------------------------------------------
+    def lock(self) -> None:
+        """Take the directory's lock or raise `CheckpointLocked` naming the holder."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise CheckpointLocked(f"--checkpoint-dir {self.path}: in use by another run ({holder}); "
+                                   f"two runs must not share a checkpoint directory") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.ftruncate(self._lock_fd, 0)
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # --- rounds -----------------------------------------------------------------------------------
+    def write_round(self, round_index: int, stages: dict[int, bytes], meta: dict) -> Path:
+        """Write every stage file, then the marker; prune old rounds."""
+        where = _round_dir(self.path, round_index)
+        where.mkdir(parents=True, exist_ok=True)
+        for p, blob in sorted(stages.items()):
+            write_bytes_atomic(where / f"stage-{p}.pt", blob)
+        write_text_atomic(where / COMPLETE, json.dumps({**meta, "round": round_index, "stages": sorted(stages),
+                                                        "written_at": time.time()}, indent=2) + "\n")
+        self._prune()
+        return where
+
+    def complete_rounds(self) -> list[int]:
+        rounds = []
+        if not self.path.is_dir():
+            return rounds
+        for child in self.path.iterdir():
+            if child.name.startswith("round-") and (child / COMPLETE).exists():
+                try:
+                    rounds.append(int(child.name.removeprefix("round-")))
+                except ValueError:
+                    continue
+        return sorted(rounds)
+
+    def _prune(self) -> None:
+        complete = self.complete_rounds()
+        for r in complete[:-KEEP]:
+            shutil.rmtree(_round_dir(self.path, r), ignore_errors=True)
+        newest = complete[-1] if complete else -1
+        for child in self.path.iterdir():  # leftovers of a run killed while writing
+            if child.name.startswith("round-") and not (child / COMPLETE).exists():
+                try:
+                    if int(child.name.removeprefix("round-")) < newest:
+                        shutil.rmtree(child, ignore_errors=True)
+                except ValueError:
+                    continue
+
+    def latest(self, expected: dict) -> tuple[int, dict[int, bytes]] | None:
+        """The newest complete round (its number and stage files), refusing one made by another setup."""
+        rounds = self.complete_rounds()
+        if not rounds:
+            return None
+        where = _round_dir(self.path, rounds[-1])
+        meta = json.loads((where / COMPLETE).read_text())
+        for key, value in expected.items():
+            if meta.get(key) != value:
+                raise BadInput(f"--resume: {where / COMPLETE}: {key} is {meta.get(key)!r}, this run has {value!r}; "
+                               f"resume with the same settings or use another --checkpoint-dir")
+        return rounds[-1], {p: (where / f"stage-{p}.pt").read_bytes() for p in meta["stages"]}

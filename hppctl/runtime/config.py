@@ -1,0 +1,53 @@
+"""What a worker is told: the run's options and its own device. Crosses the launcher → worker boundary
+as one JSON line on the worker's standard input (with the run's token beside it, never in a file)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from hppctl.models.base import FrozenModel
+from hppctl.models.schedule import Schedule
+
+PosInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+PosFloat = Annotated[float, Field(gt=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+
+
+class TrainOptions(FrozenModel):
+    """Training hyper-parameters and bookkeeping, identical on every worker."""
+
+    dataset: str = "synthetic"
+    """`synthetic`, `digits` or `package.module:factory` (runtime/data.py)."""
+    seed: int = 0
+    """Model weights, sample order (with the epoch) and dropout masks (with the round and device)."""
+    rounds: PosInt = 1
+    """Rounds to run in total, counting those a resumed checkpoint already holds."""
+    start_round: NonNegInt = 0
+    """First round to run (the checkpoint's round when resuming)."""
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    lr: PosFloat = 0.05
+    momentum: NonNegFloat = 0.9
+    """SGD momentum (0: plain SGD); ignored by Adam."""
+    weight_decay: NonNegFloat = 0.0
+    checkpoint_every: NonNegInt = 0
+    """Send the stage state to the launcher every K rounds (0: never)."""
+    threads: NonNegInt = 0
+    """torch intra-op threads per worker (0: torch's default, which follows OMP_NUM_THREADS)."""
+    trace: bool = False
+    timeout_s: PosFloat = 300.0
+    """How long a worker waits for the rendezvous and for any collective before failing."""
+
+
+class WorkerConfig(FrozenModel):
+    device: str
+    store_host: str
+    store_port: Annotated[int, Field(ge=1, le=65535)]
+    model: str
+    granularity: Literal["fine", "block"]
+    schedule: Schedule
+    options: TrainOptions
+    resume: bool = False
+    """Load the stage's state from the launcher (`init/<stage>`) before the first round."""

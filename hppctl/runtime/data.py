@@ -1,0 +1,190 @@
+"""Training data and the sample order every worker derives on its own.
+
+`--dataset` is one of:
+
+- `synthetic`: 2048 random inputs of the model's shape (token ids for text models) with labels
+  from a fixed random linear rule, so a model can learn them; the same for every seed.
+- `digits`: scikit-learn's bundled handwritten digits (1797 8×8 grey images, 10 classes, no
+  download), scaled to [-1, 1] and resized to the model's input: bilinear to H×W and repeated over
+  C channels for image models, linearly interpolated over the 64 pixels for feature models. A fixed
+  20% (359 images, independent of `--seed`) is held out as the test split.
+- `package.module:factory`: `factory()` returns a torch `Dataset` of `(input, label)` pairs, or a
+  `(train, test)` pair of them.
+
+The order of the training samples is a permutation drawn from (seed, epoch). Round r covers
+positions [r·G, (r+1)·G) of its epoch's permutation (G the global batch; an epoch has
+⌊N/G⌋ rounds and drops the remainder), and micro-batch m's sample i is position r·G + m·B + i.
+So the head stage reads inputs and the tail stage reads labels for the same samples without any
+labels being shipped, and a resumed run continues with exactly the samples it would have seen.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Sequence
+
+import torch
+
+from hppctl.errors import BadInput
+
+SYNTHETIC_SAMPLES = 2048
+DIGITS_TEST_FRACTION = 0.2
+_DATA_SEED = 1234
+"""Fixed: synthetic samples and the digits split do not change with --seed (only the order does)."""
+
+
+@dataclass(frozen=True)
+class Split:
+    """Inputs and integer labels held in memory, or a user Dataset read sample by sample."""
+
+    inputs: torch.Tensor | None
+    labels: torch.Tensor | None
+    dataset: Any = None
+
+    def __len__(self) -> int:
+        return len(self.dataset) if self.dataset is not None else int(self.labels.shape[0])
+
+    def take(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.dataset is None:
+            return self.inputs[indices], self.labels[indices]
+        pairs = [self.dataset[int(i)] for i in indices]
+        xs = torch.stack([torch.as_tensor(x) for x, _ in pairs])
+        ys = torch.as_tensor([int(y) for _, y in pairs], dtype=torch.long)
+        return xs, ys
+
+
+@dataclass(frozen=True)
+class Data:
+    name: str
+    train: Split
+    test: Split | None
+    num_classes: int
+
+
+def model_io(model: str) -> tuple[tuple[int, ...], torch.dtype, int]:
+    """Per-sample input shape, input dtype and number of classes (the logits' last dimension)."""
+    from hppctl.zoo import get_model, trace
+
+    spec = get_model(model)
+    traced = trace(model, "train")
+    output = next(n for n in traced.nodes if n.op == "output")
+    logits = traced.values1[output.args[0]] if not isinstance(output.args[0], (tuple, list)) else None
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        raise BadInput(f"model {model!r}: its output is not (batch, classes) logits; `hppctl run` trains classifiers")
+    dtype = torch.long if spec.input_kind == "tokens" else torch.float32
+    return tuple(spec.input_shape), dtype, int(logits.shape[-1])
+
+
+def load_data(dataset: str, model: str) -> Data:
+    """The dataset named by `--dataset`, shaped for `model`; `BadInput` if it cannot be."""
+    shape, dtype, classes = model_io(model)
+    if dataset == "synthetic":
+        train = _synthetic(shape, dtype, classes)
+        return Data("synthetic", train, None, classes)
+    if dataset == "digits":
+        train, test = _digits(shape, dtype, model)
+        return Data("digits", train, test, classes)
+    if ":" in dataset:
+        return _user(dataset, shape, classes)
+    raise BadInput(f"--dataset: unknown dataset {dataset!r} (synthetic, digits, or package.module:factory)")
+
+
+def _synthetic(shape: tuple[int, ...], dtype: torch.dtype, classes: int) -> Split:
+    gen = torch.Generator().manual_seed(_DATA_SEED)
+    if dtype == torch.long:
+        x = torch.randint(0, 1000, (SYNTHETIC_SAMPLES, *shape), generator=gen)
+        features = x.float() / 1000.0
+    else:
+        x = torch.randn((SYNTHETIC_SAMPLES, *shape), generator=gen)
+        features = x
+    flat = features.reshape(SYNTHETIC_SAMPLES, -1)
+    rule = torch.randn(flat.shape[1], classes, generator=gen)
+    y = (flat @ rule).argmax(dim=1)
+    return Split(x, y)
+
+
+@lru_cache(maxsize=1)
+def _digits_raw() -> tuple[torch.Tensor, torch.Tensor]:
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    images = torch.tensor(bunch.images, dtype=torch.float32) / 16.0 * 2.0 - 1.0
+    return images, torch.tensor(bunch.target, dtype=torch.long)
+
+
+def _digits(shape: tuple[int, ...], dtype: torch.dtype, model: str) -> tuple[Split, Split]:
+    if dtype != torch.float32:
+        raise BadInput(f"--dataset digits: model {model!r} takes token ids; digits needs an image or feature model")
+    images, labels = _digits_raw()
+    x = resize_images(images, shape)
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(_DATA_SEED))
+    n_test = int(round(len(labels) * DIGITS_TEST_FRACTION))
+    test, train = order[:n_test], order[n_test:]
+    return Split(x[train], labels[train]), Split(x[test], labels[test])
+
+
+def resize_images(images: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """(N, 8, 8) grey images to (N, *shape): (C, H, W) images or (D,) feature vectors."""
+    import torch.nn.functional as F
+
+    n = images.shape[0]
+    if len(shape) == 3:
+        c, h, w = shape
+        x = images[:, None]
+        if (h, w) != tuple(images.shape[1:]):
+            x = F.interpolate(x, size=(h, w), mode="bilinear", align_corners=False)
+        return x.expand(n, c, h, w).contiguous()
+    if len(shape) == 1:
+        flat = images.reshape(n, 1, -1)
+        if flat.shape[-1] != shape[0]:
+            flat = F.interpolate(flat, size=shape[0], mode="linear", align_corners=False)
+        return flat.reshape(n, shape[0]).contiguous()
+    raise BadInput(f"--dataset digits: cannot shape 8x8 images into the model input {tuple(shape)}")
+
+
+def _user(path: str, shape: tuple[int, ...], classes: int) -> Data:
+    module_name, _, attr = path.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise BadInput(f"--dataset: cannot import {path!r} ({e.__class__.__name__}: {e})") from None
+    made = factory()
+    train, test = made if isinstance(made, tuple) else (made, None)
+    for split in (train, test):
+        if split is not None and not (hasattr(split, "__len__") and hasattr(split, "__getitem__")):
+            raise BadInput(f"--dataset {path}: factory must return a Dataset or a (train, test) pair of them")
+    data = Data(path, Split(None, None, train), Split(None, None, test) if test is not None else None, classes)
+    x, y = data.train.take(torch.tensor([0]))
+    if tuple(x.shape[1:]) != tuple(shape):
+        raise BadInput(f"--dataset {path}: samples have shape {tuple(x.shape[1:])}, the model takes {tuple(shape)}")
+    if not 0 <= int(y[0]) < classes:
+        raise BadInput(f"--dataset {path}: label {int(y[0])} is outside the model's {classes} classes")
+    return data
+
+
+class SampleOrder:
+    """Which training sample sits at each (round, micro-batch, index) position; see the module docstring."""
+
+    def __init__(self, num_samples: int, global_batch: int, micro_batch: int, seed: int) -> None:
+        if num_samples < global_batch:
+            raise BadInput(f"the dataset has {num_samples} training samples, fewer than the global batch {global_batch}")
+        self.num_samples, self.global_batch, self.micro_batch, self.seed = num_samples, global_batch, micro_batch, seed
+        self.rounds_per_epoch = num_samples // global_batch
+        self._cache: tuple[int, torch.Tensor] | None = None
+
+    def epoch_of(self, round_index: int) -> int:
+        return round_index // self.rounds_per_epoch
+
+    def permutation(self, epoch: int) -> torch.Tensor:
+        if self._cache is None or self._cache[0] != epoch:
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._cache = (epoch, torch.randperm(self.num_samples, generator=gen))
+        return self._cache[1]
+
+    def indices(self, round_index: int, micro_batch: int, lo: int, hi: int) -> torch.Tensor:
+        """Dataset indices of samples [lo, hi) of micro-batch `micro_batch` in round `round_index`."""
+        perm = self.permutation(self.epoch_of(round_index))
+        base = (round_index % self.rounds_per_epoch) * self.global_batch + micro_batch * self.micro_batch
+        return perm[base + lo:base + hi]

@@ -1,0 +1,337 @@
+"""Interpret one device's schedule: a dispatch table from action kind to handler, nothing more.
+
+The schedule (`hppctl.schedule`, docs/schedule.md) already decided every order; the executor runs
+the device's list action by action:
+
+| kind | handler |
+|---|---|
+| `F`    | inputs for the device's samples (the data for the head stage, else the received pieces joined in sample order), run the stage; the tail stage computes the loss |
+| `B`    | the tail back-propagates its loss; other stages wait for the gradient pieces and back-propagate them through their outputs |
+| `SA`   | post a non-blocking send of the activations of the named samples to the peer |
+| `RA`   | post a non-blocking receive; the `F` of that micro-batch waits for it |
+| `SG`   | post a non-blocking send of the input gradients of the named samples back to the peer |
+| `RG`   | post a non-blocking receive; the `B` of that micro-batch waits for it |
+| `AR`   | wait for this device's sends, sum the stage's weight gradients over its group, and average its BatchNorm statistics |
+| `STEP` | wait for this device's sends, optimizer step, clear the gradients |
+
+Gradients: the tail's loss for its samples is the summed cross-entropy divided by the *global*
+batch G = M·B, so the gradients every device accumulates over its micro-batches, summed over the
+stage's group by `AR`, are exactly the gradient of the mean loss over the global batch, whatever
+the split (notes/asteroid.md §4: weighting by y_d).
+
+Every message carries a tag from (micro-batch, channel, tensor index); the schedule guarantees that
+sends and receives between two devices come in the same order, and the tags check it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from hppctl.errors import RuntimeFailure
+from hppctl.models.schedule import Action
+from hppctl.runtime.stage import Stage, TensorSpec, join
+from hppctl.runtime.topology import Topology
+
+ACTIVATIONS, GRADIENTS = 0, 1
+MAX_TENSORS_PER_CUT = 64
+
+
+def tag(micro_batch: int, channel: int, index: int) -> int:
+    return (micro_batch * 2 + channel) * MAX_TENSORS_PER_CUT + index
+
+
+class Work(Protocol):
+    def wait(self) -> object: ...
+    def is_completed(self) -> bool: ...
+
+
+class Comm(Protocol):
+    """What the executor needs from torch.distributed (bootstrap.DistComm implements it)."""
+
+    def isend(self, tensor: torch.Tensor, peer: str, tag: int) -> Work: ...
+    def irecv(self, tensor: torch.Tensor, peer: str, tag: int) -> Work: ...
+    def allreduce_sum(self, tensor: torch.Tensor) -> None: ...
+    def allreduce_max(self, tensor: torch.Tensor) -> None: ...
+
+
+class Feed(Protocol):
+    """Inputs for the head stage and labels for the tail stage (data.SampleOrder behind it)."""
+
+    def inputs(self, round_index: int, micro_batch: int, lo: int, hi: int) -> torch.Tensor: ...
+    def labels(self, round_index: int, micro_batch: int, lo: int, hi: int) -> torch.Tensor: ...
+
+
+class ExecutionError(RuntimeFailure):
+    """An action failed; the message names the device, position and action, and shows the list around it."""
+
+
+@dataclass
+class Span:
+    name: str
+    category: str
+    track: str
+    start_s: float
+    duration_s: float
+    args: dict = field(default_factory=dict)
+
+
+@dataclass
+class RoundStats:
+    round: int
+    started_at: float = 0.0
+    """Wall-clock time (time.time()) at the start of the round."""
+    duration_s: float = 0.0
+    compute_s: float = 0.0
+    wait_s: float = 0.0
+    allreduce_s: float = 0.0
+    step_s: float = 0.0
+    bytes_sent: int = 0
+    loss: float = 0.0
+    """Tail stage: this device's share of the mean loss over the global batch."""
+    correct: int = 0
+    samples: int = 0
+    spans: list[Span] = field(default_factory=list)
+
+    def as_json(self) -> dict:
+        return {k: getattr(self, k) for k in ("round", "started_at", "duration_s", "compute_s", "wait_s",
+                                              "allreduce_s", "step_s", "bytes_sent", "loss", "correct", "samples")}
+
+
+@dataclass
+class _Pending:
+    first: int
+    samples: int
+    tensors: list[torch.Tensor]
+    works: list[Work]
+    peer: str
+    posted: float
+
+
+class Executor:
+    """Runs rounds of one device's action list on its stage."""
+
+    def __init__(self, device: str, actions: Sequence[Action], topology: Topology, stage: Stage,
+                 optimizer: torch.optim.Optimizer, comm: Comm, feed: Feed, *, trace: bool = False) -> None:
+        self.device, self.actions, self.topo, self.stage = device, list(actions), topology, stage
+        self.optimizer, self.comm, self.feed, self.trace = optimizer, comm, feed, trace
+        self.lo, self.hi = topology.owned[device]
+        self.head, self.tail = topology.is_head(device), topology.is_tail(device)
+        self.grad_inputs = [s for s in stage.inputs if s.carries_grad]
+        self.grad_outputs = [s for s in stage.outputs if s.carries_grad]
+        self.handlers: dict[str, Callable[[Action], None]] = {
+            "F": self._forward, "B": self._backward,
+            "SA": self._send_activations, "RA": self._receive_activations,
+            "SG": self._send_gradients, "RG": self._receive_gradients,
+            "AR": self._allreduce, "STEP": self._step,
+        }
+        unknown = sorted({a.kind for a in self.actions} - set(self.handlers))
+        if unknown:
+            raise ExecutionError(f"{device}: the schedule has actions of unknown kind {unknown}")
+
+    # --- the loop -------------------------------------------------------------------------------
+    def run_round(self, round_index: int) -> RoundStats:
+        self.round = round_index
+        self.stats = RoundStats(round_index, started_at=time.time())
+        self._t0 = time.perf_counter()
+        self._inputs: dict[int, list[torch.Tensor]] = {}
+        self._outputs: dict[int, tuple[torch.Tensor, ...]] = {}
+        self._losses: dict[int, torch.Tensor] = {}
+        self._input_grads: dict[int, list[torch.Tensor]] = {}
+        self._recv_act: dict[int, list[_Pending]] = {}
+        self._recv_grad: dict[int, list[_Pending]] = {}
+        self._sends: list[tuple[Work, torch.Tensor]] = []
+        for position, action in enumerate(self.actions):
+            try:
+                self.handlers[action.kind](action)
+            except ExecutionError:
+                raise
+            except Exception as e:
+                raise ExecutionError(self._failure(position, e)) from e
+        self._wait_sends()
+        self.stats.duration_s = time.perf_counter() - self._t0
+        return self.stats
+
+    def _failure(self, position: int, error: Exception) -> str:
+        window = range(max(0, position - 3), min(len(self.actions), position + 4))
+        listing = " ".join(f"[{self.actions[i]}]" if i == position else str(self.actions[i]) for i in window)
+        return (f"{self.device} (rank {self.topo.rank(self.device)}), round {self.round}, action {position} "
+                f"{self.actions[position]}: {error.__class__.__name__}: {error} | actions: … {listing} …")
+
+    # --- compute ------------------------------------------------------------------------------
+    def _forward(self, a: Action) -> None:
+        m = a.micro_batch
+        self._check_range(a)
+        if self.head:
+            values = [self.feed.inputs(self.round, m, self.lo, self.hi)]
+        else:
+            pieces = self._collect(self._recv_act.pop(m, []), a, "activations")
+            values = join(self.stage.inputs, pieces)
+            for v, spec in zip(values, self.stage.inputs):
+                if spec.carries_grad:
+                    v.requires_grad_(True)
+        begin = time.perf_counter()
+        outputs = self.stage(*values)
+        if self.tail:
+            logits = outputs[0]
+            labels = self.feed.labels(self.round, m, self.lo, self.hi)
+            self._losses[m] = F.cross_entropy(logits, labels, reduction="sum") / self.topo.global_batch
+            self.stats.loss += float(self._losses[m].detach())
+            self.stats.correct += int((logits.detach().argmax(dim=1) == labels).sum())
+            self.stats.samples += int(labels.shape[0])
+        else:
+            self._outputs[m] = outputs
+        self._inputs[m] = values
+        self._compute_span(a, begin)
+
+    def _backward(self, a: Action) -> None:
+        m = a.micro_batch
+        self._check_range(a)
+        if self.tail:
+            begin = time.perf_counter()
+            self._losses.pop(m).backward()
+        else:
+            pieces = self._collect(self._recv_grad.pop(m, []), a, "gradients")
+            grads = join(self.grad_outputs, pieces)
+            outputs = [o for o, s in zip(self._outputs.pop(m), self.stage.outputs) if s.carries_grad]
+            pairs = [(o, g) for o, g in zip(outputs, grads) if o.requires_grad]
+            begin = time.perf_counter()
+            if pairs:
+                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        values = self._inputs.pop(m)
+        if not self.head:
+            self._input_grads[m] = [v.grad if v.grad is not None else torch.zeros_like(v)
+                                    for v, s in zip(values, self.stage.inputs) if s.carries_grad]
+        self._compute_span(a, begin)
+
+    def _check_range(self, a: Action) -> None:
+        if (a.start, a.end) != (self.lo, self.hi):
+            raise ExecutionError(f"{self.device}: {a} does not cover the device's samples [{self.lo}:{self.hi})")
+
+    def _compute_span(self, a: Action, begin: float) -> None:
+        now = time.perf_counter()
+        self.stats.compute_s += now - begin
+        self._span(str(a), "forward" if a.kind == "F" else "backward", self.device, begin, now,
+                   {"micro_batch": a.micro_batch})
+
+    # --- transfers ----------------------------------------------------------------------------
+    def _send_activations(self, a: Action) -> None:
+        outputs = self._outputs[a.micro_batch]
+        tensors = [s.rows_of(o.detach(), a.start - self.lo, a.end - self.lo).contiguous()
+                   for o, s in zip(outputs, self.stage.outputs)]
+        self._send(a, tensors, ACTIVATIONS)
+
+    def _send_gradients(self, a: Action) -> None:
+        grads = self._input_grads[a.micro_batch]
+        tensors = [s.rows_of(g, a.start - self.lo, a.end - self.lo).contiguous()
+                   for g, s in zip(grads, self.grad_inputs)]
+        self._send(a, tensors, GRADIENTS)
+
+    def _send(self, a: Action, tensors: list[torch.Tensor], channel: int) -> None:
+        for i, t in enumerate(tensors):
+            self._sends.append((self.comm.isend(t, a.peer, tag(a.micro_batch, channel, i)), t))
+            self.stats.bytes_sent += t.numel() * t.element_size()
+        self._sends = [(w, t) for w, t in self._sends if not w.is_completed()]
+
+    def _receive_activations(self, a: Action) -> None:
+        specs = self.stage.inputs
+        self._recv_act.setdefault(a.micro_batch, []).append(self._receive(a, specs, ACTIVATIONS))
+
+    def _receive_gradients(self, a: Action) -> None:
+        self._recv_grad.setdefault(a.micro_batch, []).append(self._receive(a, self.grad_outputs, GRADIENTS))
+
+    def _receive(self, a: Action, specs: Sequence[TensorSpec], channel: int) -> _Pending:
+        tensors = [s.empty(a.end - a.start) for s in specs]
+        works = [self.comm.irecv(t, a.peer, tag(a.micro_batch, channel, i)) for i, t in enumerate(tensors)]
+        return _Pending(a.start, a.end - a.start, tensors, works, a.peer, time.perf_counter())
+
+    def _collect(self, pending: list[_Pending], a: Action, what: str) -> list[tuple[int, list[torch.Tensor]]]:
+        """Wait for the pieces of micro-batch `a.micro_batch`; they must tile the device's samples."""
+        covered = sorted((p.first, p.first + p.samples) for p in pending)
+        position = self.lo
+        for lo, hi in covered:
+            if lo != position:
+                break
+            position = hi
+        if position != self.hi or not covered:
+            raise ExecutionError(f"{self.device}: {a} found {what} for {covered}, needs [{self.lo}:{self.hi})")
+        begin = time.perf_counter()
+        for p in pending:
+            for w in p.works:
+                w.wait()
+            done = time.perf_counter()
+            self._span(f"{a.micro_batch}{'A' if what == 'activations' else 'G'}[{p.first}:{p.first + p.samples}]",
+                       what, f"{p.peer}->{self.device}", p.posted, done, {"micro_batch": a.micro_batch})
+        now = time.perf_counter()
+        self.stats.wait_s += now - begin
+        if now - begin > 1e-4:
+            self._span(f"wait {a}", "wait", self.device, begin, now)
+        return [(p.first, p.tensors) for p in pending]
+
+    # --- group ----------------------------------------------------------------------------------
+    def _wait_sends(self) -> None:
+        begin = time.perf_counter()
+        for w, _ in self._sends:
+            w.wait()
+        self._sends = []
+        self.stats.wait_s += time.perf_counter() - begin
+
+    def _allreduce(self, a: Action) -> None:
+        self._wait_sends()
+        begin = time.perf_counter()
+        params = self.stage.parameters()
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        if grads:
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            self.comm.allreduce_sum(flat)
+            offset = 0
+            for p, g in zip(params, grads):
+                n = g.numel()
+                p.grad = flat[offset:offset + n].view_as(p).clone()
+                offset += n
+        self._average_buffers()
+        now = time.perf_counter()
+        self.stats.allreduce_s += now - begin
+        self._span(str(a), "allreduce", self.device, begin, now)
+
+    def _average_buffers(self) -> None:
+        """BatchNorm running statistics: each replica saw only its own samples; after the round the
+        group keeps their average weighted by samples (y_d / B), and the largest batch counter."""
+        buffers = [b for b in self.stage.module.buffers()]
+        floats = [b for b in buffers if b.dtype.is_floating_point]
+        ints = [b for b in buffers if not b.dtype.is_floating_point]
+        weight = self.topo.samples[self.device] / self.topo.micro_batch
+        if floats:
+            flat = torch.cat([b.reshape(-1) for b in floats]) * weight
+            self.comm.allreduce_sum(flat)
+            _unflatten_into(flat, floats)
+        if ints:
+            flat = torch.cat([b.reshape(-1) for b in ints])
+            self.comm.allreduce_max(flat)
+            _unflatten_into(flat, ints)
+
+    def _step(self, a: Action) -> None:
+        self._wait_sends()
+        begin = time.perf_counter()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        now = time.perf_counter()
+        self.stats.step_s += now - begin
+        self._span(str(a), "step", self.device, begin, now)
+
+    def _span(self, name: str, category: str, track: str, begin: float, end: float, args: dict | None = None) -> None:
+        if self.trace:
+            self.stats.spans.append(Span(name, category, track, begin - self._t0, end - begin, args or {}))
+
+
+def _unflatten_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            n = t.numel()
+            t.copy_(flat[offset:offset + n].view_as(t))
+            offset += n

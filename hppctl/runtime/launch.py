@@ -1,0 +1,147 @@
+"""Starting worker processes: local subprocesses, or over SSH with fabric (host-key checking on).
+
+A launched worker is a `WorkerProcess`: `poll()` gives its exit code once it ended, `tail()` its
+last output lines, `stop()` ends it. Each worker reads one JSON line on its standard input
+(`{"token", "config"}`), so the token never appears on a command line.
+
+Over SSH the command is `<python> -m hppctl.runtime.worker` with the device's `python:` (default
+`python3`); hppctl must be installed there. On the edge lab every SSH session already runs in the
+host's network namespace and cgroup, so the worker gets the host's CPU quota, memory limit and
+links.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import os
+import subprocess
+import sys
+import threading
+from typing import Protocol
+
+from hppctl.models.cluster import ClusterSpec, DeviceSpec
+
+TAIL_LINES = 40
+WORKER_MODULE = "hppctl.runtime.worker"
+
+
+class WorkerProcess(Protocol):
+    device: str
+
+    def poll(self) -> int | None: ...
+    def tail(self) -> list[str]: ...
+    def stop(self) -> None: ...
+
+
+class _Tail:
+    """A file-like sink keeping the last lines (and optionally echoing them to a log file)."""
+
+    def __init__(self, device: str, log=None) -> None:
+        self.device, self.log = device, log
+        self.lines: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._partial = ""
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            text = self._partial + text
+            *complete, self._partial = text.split("\n")
+            self.lines.extend(complete)
+            if self.log is not None:
+                self.log.write("".join(f"[{self.device}] {line}\n" for line in complete))
+                self.log.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def snapshot(self) -> list[str]:
+        with self._lock:
+            return list(self.lines) + ([self._partial] if self._partial else [])
+
+
+class LocalWorker:
+    def __init__(self, device: str, payload: str, *, env: dict[str, str] | None = None, log=None) -> None:
+        self.device = device
+        self._tail = _Tail(device, log)
+        self.proc = subprocess.Popen([sys.executable, "-m", WORKER_MODULE], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env={**os.environ, **(env or {})}, start_new_session=True)
+        self.proc.stdin.write(payload + "\n")
+        self.proc.stdin.close()
+        self._reader = threading.Thread(target=self._read, daemon=True, name=f"tail-{device}")
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self._tail.write(line)
+
+    def poll(self) -> int | None:
+        code = self.proc.poll()
+        if code is not None:
+            self._reader.join(timeout=2)
+        return code
+
+    def tail(self) -> list[str]:
+        return self._tail.snapshot()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class SshWorker:
+    """A worker started with fabric on an SSH device. `pid_of()` (from the run's store) lets `stop`
+    signal the remote process over a second connection."""
+
+    def __init__(self, device: DeviceSpec, cluster: ClusterSpec, payload: str, *, pid_of=None, log=None,
+                 env: dict[str, str] | None = None) -> None:
+        from hppctl.lab.connect import connect
+
+        self.device, self.spec, self.cluster, self._pid_of = device.name, device, cluster, pid_of
+        self._tail = _Tail(device.name, log)
+        self.conn = connect(cluster, device.name)
+        python = device.python or "python3"
+        prefix = " ".join(f"{k}={v}" for k, v in (env or {}).items())
+        command = f"{'env ' + prefix + ' ' if prefix else ''}{python} -m {WORKER_MODULE}"
+        self.promise = self.conn.run(command, in_stream=io.StringIO(payload + "\n"), asynchronous=True,
+                                     hide=False, warn=True, out_stream=self._tail, err_stream=self._tail,
+                                     pty=False)
+        self._code: int | None = None
+
+    def poll(self) -> int | None:
+        if self._code is None and self.promise.runner.process_is_finished:
+            try:
+                result = self.promise.join()
+                self._code = result.exited if result.exited is not None else 255
+            except Exception as e:  # the connection dropped
+                self._tail.write(f"ssh: {e}\n")
+                self._code = 255
+        return self._code
+
+    def tail(self) -> list[str]:
+        return self._tail.snapshot()
+
+    def stop(self) -> None:
+        if self.poll() is not None:
+            return
+        pid = self._pid_of(self.device) if self._pid_of else None
+        if pid:
+            try:
+                from hppctl.lab.connect import connect
+
+                with connect(self.cluster, self.device) as c:
+                    c.run(f"kill -TERM {int(pid)} 2>/dev/null; sleep 2; kill -KILL {int(pid)} 2>/dev/null; true",
+                          hide=True, warn=True, in_stream=False)
+            except Exception:
+                pass
+        try:
+            self.conn.close()
+        except Exception:
+            pass

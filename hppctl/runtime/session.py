@@ -1,0 +1,259 @@
+"""The launcher's side of a run (the embedded coordinator): store, workers, rounds, checkpoints, result.
+
+    session = Session(RunRequest(plan, cluster, options, checkpoint_dir=…, resume=True))
+    result = session.run(on_round=print)          # RunResult: metrics rows, final stage states
+
+`Session.run` hosts the store, starts one worker per device of the plan (local subprocesses or
+fabric over SSH), admits them when their join proofs check, then watches: per-round reports become
+metrics rows, stage states become checkpoint rounds, a worker that exits with an error (or reports
+one) fails the run naming the device and its last output lines. The fault-tolerance issue replaces
+that last rule with recovery; the hooks are `_watch` (liveness) and `_fail`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from hppctl.errors import RuntimeFailure
+from hppctl.models.cluster import ClusterSpec
+from hppctl.models.plan import HppPlan
+from hppctl.runtime import bootstrap
+from hppctl.runtime.checkpoint import CheckpointDir
+from hppctl.runtime.config import TrainOptions, WorkerConfig
+from hppctl.runtime.launch import LocalWorker, SshWorker, WorkerProcess
+from hppctl.runtime.metrics import TraceBuilder, aggregate
+from hppctl.runtime.topology import Topology
+
+
+class WorkerFailed(RuntimeFailure):
+    """A worker exited with an error or reported one."""
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    plan: HppPlan
+    cluster: ClusterSpec
+    options: TrainOptions
+    checkpoint_dir: Path | None = None
+    resume: bool = False
+    listen: str | None = None
+    """HOST or HOST:PORT for the store; default: 127.0.0.1 when every device is local, else the
+    address this machine uses to reach the first SSH device."""
+    log: object = None
+    """A text file receiving every worker's output lines, prefixed with the device name."""
+    env: dict = field(default_factory=dict)
+    """Extra environment for the workers (e.g. OMP_NUM_THREADS)."""
+
+
+@dataclass
+class RunResult:
+    start_round: int
+    rounds: list[dict]
+    stage_states: dict[int, dict]
+    """Per stage: {"model": state dict (model names), "optimizer": state dict, …}."""
+    wall_s: float
+    trace: dict | None = None
+    workers: dict[str, dict] = field(default_factory=dict)
+    """Per device: the last report's memory figures."""
+
+    def model_state(self) -> dict:
+        """The whole model's state dict (ZooModule names: `model.…`), joined from the stages."""
+        merged: dict = {}
+        for p in sorted(self.stage_states):
+            merged.update(self.stage_states[p]["model"])
+        return merged
+
+
+def run_fingerprint(plan: HppPlan, options: TrainOptions) -> dict:
+    """What a checkpoint must share with a run that resumes from it."""
+    keep = ("dataset", "seed", "optimizer", "lr", "momentum", "weight_decay")
+    return {"plan": plan.model_dump(mode="json", exclude={"planning_time_s"}),
+            **{k: getattr(options, k) for k in keep}}
+
+
+class Session:
+    def __init__(self, request: RunRequest) -> None:
+        from hppctl.schedule import check_schedule, schedule_for_plan
+
+        self.request = request
+        self.schedule = schedule_for_plan(request.plan)
+        check_schedule(self.schedule)
+        self.topo = Topology.of(self.schedule)
+        self.ckpt = CheckpointDir(request.checkpoint_dir) if request.checkpoint_dir else None
+        self.workers: dict[str, WorkerProcess] = {}
+        self.store: bootstrap.RunStore | None = None
+
+    # --- the run ------------------------------------------------------------------------------
+    def run(self, *, on_round: Callable[[dict], None] | None = None,
+            on_event: Callable[[str], None] | None = None) -> RunResult:
+        started = time.perf_counter()
+        notify = on_event or (lambda message: None)
+        if self.ckpt:
+            self.ckpt.lock()
+        try:
+            start_round, init = self._resume_point()
+            options = self.request.options.model_copy(update={"start_round": start_round})
+            if start_round >= options.rounds:
+                raise RuntimeFailure(f"--resume: the checkpoint already holds round {start_round} of "
+                                     f"{options.rounds}; nothing to run (raise --rounds to train further)")
+            self.store = self._host_store(options.timeout_s)
+            try:
+                for p, blob in init.items():
+                    bootstrap.put_blob(self.store.store, f"init/{p}", blob)
+                nonce = self.store.publish_nonce()
+                self._launch(options, resume=bool(init))
+                notify(f"started {len(self.workers)} workers; store on {self.store.host}:{self.store.port}")
+                self._admit(nonce, options.timeout_s)
+                notify("all workers joined")
+                rounds, trace, memory = self._watch(options, start_round, on_round)
+                states = self._final_states(options)
+            finally:
+                self._stop_all()
+                self.store.close()
+        finally:
+            if self.ckpt:
+                self.ckpt.unlock()
+        return RunResult(start_round, rounds, states, time.perf_counter() - started, trace, memory)
+
+    def _resume_point(self) -> tuple[int, dict[int, bytes]]:
+        if not (self.ckpt and self.request.resume):
+            return 0, {}
+        found = self.ckpt.latest(run_fingerprint(self.request.plan, self.request.options))
+        if found is None:
+            return 0, {}
+        return found
+
+    def _host_store(self, timeout_s: float) -> bootstrap.RunStore:
+        host, port = "127.0.0.1", 0
+        if self.request.listen:
+            host, _, port_text = self.request.listen.rpartition(":") if self.request.listen.count(":") == 1 \
+                else (self.request.listen, "", "")
+            port = int(port_text) if port_text else 0
+        else:
+            remote = [d for d in self.topo.devices if self.request.cluster.device(d).host is not None]
+            if remote:
+                host = bootstrap.route_source(self.request.cluster.device(remote[0]).host)
+        return bootstrap.RunStore.start(host, port, timeout_s=timeout_s)
+
+    def _launch(self, options: TrainOptions, *, resume: bool) -> None:
+        plan = self.request.plan
+        for device in self.topo.devices:
+            config = WorkerConfig(device=device, store_host=self.store.host, store_port=self.store.port,
+                                  model=plan.model, granularity=plan.granularity, schedule=self.schedule,
+                                  options=options, resume=resume)
+            payload = json.dumps({"token": self.store.token, "config": config.model_dump(mode="json")})
+            spec = self.request.cluster.device(device)
+            if spec.host is not None:
+                self.workers[device] = SshWorker(spec, self.request.cluster, payload, pid_of=self._pid_of,
+                                                 log=self.request.log, env=self.request.env)
+            else:
+                self.workers[device] = LocalWorker(device, payload, env=self.request.env, log=self.request.log)
+
+    def _pid_of(self, device: str) -> int | None:
+        key = f"pid/{device}"
+        if self.store is None or not self.store.store.check([key]):
+            return None
+        return int(self.store.store.get(key).decode().split()[-1])
+
+    def _admit(self, nonce: str, timeout_s: float) -> None:
+        waiting = set(self.topo.devices)
+        deadline = time.monotonic() + timeout_s
+        while waiting:
+            self._check_alive()
+            for device in sorted(waiting):
+                ok = self.store.joined(device, nonce)
+                if ok is False:
+                    raise WorkerFailed(f"{device}: join refused (wrong run token)")
+                if ok:
+                    waiting.discard(device)
+            if time.monotonic() > deadline:
+                raise WorkerFailed(f"timed out after {timeout_s:.0f} s waiting for {', '.join(sorted(waiting))} to join")
+            time.sleep(0.05)
+        self.store.store.set("start", "1")
+
+    def _watch(self, options: TrainOptions, start_round: int, on_round) -> tuple[list[dict], dict | None, dict]:
+        store, devices = self.store.store, list(self.topo.devices)
+        rounds_per_epoch = self._rounds_per_epoch(options)
+        primaries = {p: group[0] for p, group in enumerate(self.topo.groups)}
+        due = {r for r in range(start_round + 1, options.rounds)
+               if options.checkpoint_every and r % options.checkpoint_every == 0} if self.ckpt else set()
+        trace = TraceBuilder(self.topo, f"hppctl run: {self.request.plan.model}") if options.trace else None
+        rows, memory, previous_end, next_round = [], {}, None, start_round
+        while True:
+            self._check_alive()
+            while next_round < options.rounds and store.check([f"metrics/{next_round}/{d}" for d in devices]):
+                reports = {}
+                for d in devices:
+                    key = f"metrics/{next_round}/{d}"
+                    reports[d] = json.loads(store.get(key))
+                    store.delete_key(key)
+                    if trace:
+                        trace.add(reports[d])
+                    memory[d] = {k: reports[d][k] for k in ("rss_bytes", "peak_rss_bytes", "baseline_rss_bytes")}
+                row = aggregate(next_round, reports, self.topo, previous_end, rounds_per_epoch)
+                previous_end = row["ended_at"]
+                rows.append(row)
+                if on_round:
+                    on_round(row)
+                next_round += 1
+            for r in sorted(due):
+                if all(bootstrap.has_blob(store, f"ckpt/{r}/{p}") for p in primaries):
+                    blobs = {p: bootstrap.get_blob(store, f"ckpt/{r}/{p}", delete=True) for p in primaries}
+                    self.ckpt.write_round(r, blobs, run_fingerprint(self.request.plan, options))
+                    due.discard(r)
+            if store.check([f"done/{d}" for d in devices]) and next_round >= options.rounds:
+                break
+            time.sleep(0.02)
+        doc = trace.document({"rounds": len(rows)}) if trace else None
+        return rows, doc, memory
+
+    def _rounds_per_epoch(self, options: TrainOptions) -> int:
+        from hppctl.runtime.data import load_data
+
+        return max(1, len(load_data(options.dataset, self.request.plan.model).train) // self.topo.global_batch)
+
+    def _final_states(self, options: TrainOptions) -> dict[int, dict]:
+        import torch
+
+        store = self.store.store
+        states = {}
+        for p in range(self.topo.num_stages):
+            blob = bootstrap.get_blob(store, f"final/{p}", delete=True)
+            if self.ckpt:
+                states[p] = blob
+            else:
+                states[p] = torch.load(io.BytesIO(blob), weights_only=True)
+        if self.ckpt:
+            self.ckpt.write_round(options.rounds, states, run_fingerprint(self.request.plan, options))
+            states = {p: torch.load(io.BytesIO(b), weights_only=True) for p, b in states.items()}
+        return states
+
+    # --- liveness -------------------------------------------------------------------------------
+    def _check_alive(self) -> None:
+        for device, worker in self.workers.items():
+            code = worker.poll()
+            if code not in (None, 0):
+                self._fail(device, code)
+
+    def _fail(self, device: str, code: int) -> None:
+        message = ""
+        key = f"failed/{device}"
+        if self.store is not None and self.store.store.check([key]):
+            message = self.store.store.get(key).decode()
+        lines = [line for line in self.workers[device].tail() if line.strip()][-12:]
+        detail = "\n".join(f"    {line}" for line in lines)
+        raise WorkerFailed(f"worker on device {device} failed (exit {code})"
+                           + (f": {message}" if message else "") + (f"\n  last lines:\n{detail}" if detail else ""))
+
+    def _stop_all(self) -> None:
+        for worker in self.workers.values():
+            try:
+                worker.stop()
+            except Exception as e:  # stopping is best effort; the run's own error matters more
+                print(f"warning: could not stop worker {worker.device}: {e}", file=sys.stderr)

@@ -1,0 +1,114 @@
+"""One worker's stage: the layer range cut out of the model, and the tensors that cross its two cuts.
+
+Every worker builds the whole model from the run's seed (so every stage starts from the same
+weights a single process would have), cuts its layer range out with `hppctl.zoo.build_stage`, and
+drops the rest: the stage module keeps only the submodules its layers use. Parameter and buffer
+names are the model's own (`model.blocks.0.conv1.weight`), so stage state dicts join into the
+whole model's.
+
+A `TensorSpec` describes one tensor crossing a cut, per sample: tensors with the batch in
+dimension 0 are split by sample index (a sample owns `rows` consecutive rows: 1 for (B, …),
+S for OPT's flattened (B·S, …)); tensors shared by the whole batch (position ids) travel whole on
+every route. Gradients travel back for every batched floating tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from hppctl.errors import BadInput
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    rows: int | None
+    """Rows of dimension 0 per sample; None for a tensor shared by the whole batch."""
+    shape: tuple[int, ...]
+    """Batched: the dimensions after dimension 0. Shared: the whole shape."""
+    dtype: torch.dtype
+
+    @property
+    def batched(self) -> bool:
+        return self.rows is not None
+
+    @property
+    def carries_grad(self) -> bool:
+        return self.batched and self.dtype.is_floating_point
+
+    def empty(self, samples: int) -> torch.Tensor:
+        if self.rows is None:
+            return torch.empty(self.shape, dtype=self.dtype)
+        return torch.empty((self.rows * samples, *self.shape), dtype=self.dtype)
+
+    def rows_of(self, tensor: torch.Tensor, first: int, last: int) -> torch.Tensor:
+        """Samples [first, last) counted from the tensor's first sample (shared tensors whole)."""
+        if self.rows is None:
+            return tensor
+        return tensor[first * self.rows:last * self.rows]
+
+    def nbytes(self, samples: int) -> int:
+        count = 1
+        for n in self.shape:
+            count *= n
+        if self.rows is not None:
+            count *= self.rows * samples
+        return count * self.dtype.itemsize
+
+
+def _spec(name: str, value: torch.Tensor, batch_dim: int | None) -> TensorSpec:
+    if batch_dim is None:
+        return TensorSpec(name, None, tuple(value.shape), value.dtype)
+    return TensorSpec(name, int(value.shape[0]), tuple(value.shape[1:]), value.dtype)
+
+
+class Stage:
+    """The stage module of layers [start, end) with the specs of its inputs and outputs."""
+
+    def __init__(self, model: str, granularity: str, start: int, end: int, *, seed: int) -> None:
+        from hppctl.zoo import build_stage, get_model, trace
+
+        spec = get_model(model)
+        if spec.task != "train":
+            raise BadInput(f"model {model!r} is an inference model; `hppctl run` trains ({spec.task})")
+        whole = spec.build(seed=seed)
+        whole.train()
+        self.module = build_stage(whole, granularity, start, end, mode="train")
+        del whole
+        self.start, self.end = start, end
+        traced = trace(model, "train")
+        by_name = {n.name: n for n in traced.nodes}
+        mod = self.module
+        self.inputs = [_spec(n, traced.values1[by_name[n]], d) for n, d in zip(mod.input_names, mod.input_batch_dims)]
+        self.outputs = [_spec(n, traced.values1[by_name[n]], d) for n, d in zip(mod.output_names, mod.output_batch_dims)]
+        for s in (*self.inputs, *self.outputs):
+            if not s.batched and s.dtype.is_floating_point:
+                # A float tensor shared by the batch would need its gradient summed over routes; no
+                # built-in training model has one at any cut.
+                raise BadInput(f"{model}: tensor {s.name} crossing a cut of [{start}, {end}) has no batch "
+                               f"dimension; choose other cut points")
+
+    def __call__(self, *values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.module(*values)
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return list(self.module.parameters())
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+
+
+def join(specs: Sequence[TensorSpec], pieces: Sequence[tuple[int, Sequence[torch.Tensor]]]) -> list[torch.Tensor]:
+    """Concatenate pieces `(first sample, tensors)` in sample order; shared tensors come from the first."""
+    ordered = [tensors for _, tensors in sorted(pieces, key=lambda p: p[0])]
+    out = []
+    for i, spec in enumerate(specs):
+        if spec.batched:
+            parts = [t[i] for t in ordered]
+            out.append(parts[0] if len(parts) == 1 else torch.cat(parts))
+        else:
+            out.append(ordered[0][i])
+    return out

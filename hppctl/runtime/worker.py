@@ -1,0 +1,178 @@
+"""A worker process: one device of a run. Started by the launcher (`hppctl run`), never by hand.
+
+    python -m hppctl.runtime.worker      # reads one JSON line on stdin: {"token": …, "config": WorkerConfig}
+
+It connects to the launcher's store, joins with the token, builds its stage, creates the gloo
+groups, runs its action list for every round, and reports through the store: per-round metrics
+(`metrics/<round>/<device>`), stage state for checkpoints (`ckpt/<round>/<stage>`, replica 0 of each
+stage) and at the end (`final/<stage>`), then `done/<device>`. Any exception is reported as
+`failed/<device>` with the traceback on stderr, and the exit code is 1.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import resource
+import socket
+import sys
+import time
+import traceback
+
+from hppctl.runtime.config import WorkerConfig
+
+
+def rss_bytes() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class Worker:
+    def __init__(self, config: WorkerConfig, store) -> None:
+        import torch
+
+        from hppctl.runtime.data import SampleOrder, load_data
+        from hppctl.runtime.stage import Stage
+        from hppctl.runtime.topology import Topology
+
+        self.config, self.store, self.device = config, store, config.device
+        opts = config.options
+        self.baseline_rss = rss_bytes()
+        self.topo = Topology.of(config.schedule)
+        self.rank = self.topo.rank(self.device)
+        self.stage_index = self.topo.stage_of[self.device]
+        layers = config.schedule.stages[self.stage_index].layers
+        self.stage = Stage(config.model, config.granularity, layers[0], layers[1], seed=opts.seed)
+        self.optimizer = make_optimizer(self.stage.parameters(), opts)
+        self.feed = None
+        if self.topo.is_head(self.device) or self.topo.is_tail(self.device):
+            data = load_data(opts.dataset, config.model)
+            order = SampleOrder(len(data.train), self.topo.global_batch, self.topo.micro_batch, opts.seed)
+            self.feed = DataFeed(data, order)
+        if config.resume:
+            self.load_state(torch.load(io.BytesIO(self._get_blob(f"init/{self.stage_index}")), weights_only=True))
+
+    def _get_blob(self, key: str) -> bytes:
+        from hppctl.runtime.bootstrap import get_blob
+
+        return get_blob(self.store, key)
+
+    def load_state(self, state: dict) -> None:
+        self.stage.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def state_blob(self, completed_rounds: int) -> bytes:
+        import torch
+
+        buf = io.BytesIO()
+        torch.save({"round": completed_rounds, "stage": self.stage_index,
+                    "layers": [self.stage.start, self.stage.end],
+                    "model": self.stage.state_dict(), "optimizer": self.optimizer.state_dict()}, buf)
+        return buf.getvalue()
+
+    def train(self, comm) -> None:
+        import torch
+
+        from hppctl.runtime.bootstrap import put_blob
+        from hppctl.runtime.executor import Executor
+
+        opts = self.config.options
+        executor = Executor(self.device, self.config.schedule.actions[self.device], self.topo, self.stage,
+                            self.optimizer, comm, self.feed, trace=opts.trace)
+        primary = self.topo.replica_index(self.device) == 0
+        for r in range(opts.start_round, opts.rounds):
+            torch.manual_seed(opts.seed * 1_000_003 + r * 1_009 + self.rank)  # dropout masks, reproducible on resume
+            stats = executor.run_round(r)
+            report = stats.as_json()
+            report.update(device=self.device, stage=self.stage_index, rss_bytes=rss_bytes(),
+                          peak_rss_bytes=peak_rss_bytes(), baseline_rss_bytes=self.baseline_rss)
+            if opts.trace:
+                report["spans"] = [s.__dict__ for s in stats.spans]
+            self.store.set(f"metrics/{r}/{self.device}", json.dumps(report))
+            due = opts.checkpoint_every and (r + 1) % opts.checkpoint_every == 0 and r + 1 < opts.rounds
+            if primary and due:
+                put_blob(self.store, f"ckpt/{r + 1}/{self.stage_index}", self.state_blob(r + 1))
+        if primary:
+            put_blob(self.store, f"final/{self.stage_index}", self.state_blob(opts.rounds))
+
+
+class DataFeed:
+    """`executor.Feed` over a dataset and its sample order."""
+
+    def __init__(self, data, order) -> None:
+        self.data, self.order = data, order
+
+    def inputs(self, round_index: int, micro_batch: int, lo: int, hi: int):
+        return self.data.train.take(self.order.indices(round_index, micro_batch, lo, hi))[0]
+
+    def labels(self, round_index: int, micro_batch: int, lo: int, hi: int):
+        return self.data.train.take(self.order.indices(round_index, micro_batch, lo, hi))[1]
+
+
+def make_optimizer(params, opts):
+    import torch
+
+    if opts.optimizer == "adam":
+        return torch.optim.Adam(params, lr=opts.lr, weight_decay=opts.weight_decay)
+    return torch.optim.SGD(params, lr=opts.lr, momentum=opts.momentum, weight_decay=opts.weight_decay)
+
+
+def run_worker(config: WorkerConfig, token: str) -> int:
+    """Join, train, report; returns the exit code."""
+    import torch
+
+    from hppctl.runtime import bootstrap
+
+    opts = config.options
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    store = bootstrap.connect_store(config.store_host, config.store_port, token, timeout_s=opts.timeout_s)
+    store.set(f"pid/{config.device}", f"{socket.gethostname()} {os.getpid()}")
+    try:
+        bootstrap.join(store, token, config.device, timeout_s=opts.timeout_s)
+        worker = Worker(config, store)
+        topo = worker.topo
+        groups = bootstrap.init_process_groups(
+            store, worker.rank, topo.world_size, [topo.group_ranks(p) for p in range(topo.num_stages)],
+            worker.stage_index, store_host=config.store_host, timeout_s=opts.timeout_s)
+        try:
+            comm = bootstrap.DistComm({d: topo.rank(d) for d in topo.devices}, groups)
+            worker.train(comm)
+        finally:
+            bootstrap.destroy_process_groups()
+        store.set(f"done/{config.device}", str(time.time()))
+        return 0
+    except BaseException as e:
+        traceback.print_exc()
+        try:
+            store.set(f"failed/{config.device}", f"{e.__class__.__name__}: {e}"[:2000])
+        except Exception:
+            pass
+        return 1
+
+
+def main() -> None:
+    line = sys.stdin.readline()
+    try:
+        doc = json.loads(line)
+        token = doc["token"]
+        config = WorkerConfig.model_validate_json(json.dumps(doc["config"]))
+    except (ValueError, KeyError) as e:
+        print(f"error: worker needs one JSON line {{token, config}} on stdin ({e})", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(run_worker(config, token))
+
+
+if __name__ == "__main__":
+    main()

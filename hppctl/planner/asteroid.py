@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hppctl.planner.cost import CostModel, StageChoice
-from hppctl.planner.vector_alloc import GroupAllocator, LayerTables
+from hppctl.planner.vector_alloc import GroupAllocator, tables_for
 
 
 def memory_order(cm: CostModel) -> list[int]:
@@ -70,7 +70,7 @@ class AsteroidDP:
 
     def __init__(self, cm: CostModel, order: list[int], bound: float = np.inf):
         self.cm, self.order, self.bound = cm, order, bound
-        self.tables = LayerTables(cm)
+        self.tables = tables_for(cm)
         self.L, self.N = cm.num_layers, len(order)
         self.max_stages = min(self.L, self.N)
         i, j = np.triu_indices(self.L, k=1)

@@ -92,6 +92,14 @@ class LayerTables:
         return np.where(spare < 0, -1, fit).astype(np.int64)
 
 
+def tables_for(cm: CostModel) -> LayerTables:
+    """One LayerTables per cost model (building it converts every timing to numpy)."""
+    tables = cm.__dict__.get("_layer_tables")
+    if tables is None:
+        tables = cm.__dict__["_layer_tables"] = LayerTables(cm)
+    return tables
+
+
 def allocate_many(tables: LayerTables, devices: list[int], start: np.ndarray, end: np.ndarray,
                   caps: np.ndarray) -> Allocation:
     """Algorithm 1 on every column (pair) at once. `caps`: (devices, pairs) largest y per device."""

@@ -14,7 +14,7 @@ import numpy as np
 from hppctl.planner.cost import CostModel, StageChoice, asteroid_warmup
 from hppctl.planner.registry import Candidate, strategy
 from hppctl.planner.strategies.dp import fastest_first
-from hppctl.planner.vector_alloc import LayerTables
+from hppctl.planner.vector_alloc import tables_for
 
 
 def balanced_partition(cm: CostModel, devices: list[int]) -> list[StageChoice] | None:
@@ -45,16 +45,15 @@ def balanced_partition(cm: CostModel, devices: list[int]) -> list[StageChoice] |
 def _stage_costs(cm: CostModel, d: int, warmup: int) -> np.ndarray:
     """cost[i, j] = forward + backward of layers [i, j) on device d at batch B; inf if it does not fit."""
     L = cm.num_layers
-    tables = LayerTables(cm)
-    i, j = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
-    valid = j > i
-    start, end = i[valid], j[valid]
-    dev = np.full(start.shape, d)
-    fwd, bwd = tables.times(dev, start, end, np.full(start.shape, float(cm.B)))
-    time = fwd + bwd
-    fits = tables.caps(np.array([d]), start, end, warmup)[0] >= cm.B
+    tables = tables_for(cm)
+    i, j = np.triu_indices(L + 1, k=1)
+    key = ("pp_stage_time", d)
+    if key not in cm.__dict__:  # pp tries many depths: the time of each device's ranges is reused
+        fwd, bwd = tables.times(np.full(i.shape, d), i, j, np.full(i.shape, float(cm.B)))
+        cm.__dict__[key] = fwd + bwd
+    fits = tables.caps(np.array([d]), i, j, warmup)[0] >= cm.B
     cost = np.full((L + 1, L + 1), np.inf)
-    cost[i[valid], j[valid]] = np.where(fits, time, np.inf)
+    cost[i, j] = np.where(fits, cm.__dict__[key], np.inf)
     return cost
 
 

@@ -120,9 +120,28 @@ class DataFeed:
         return self.data.train.take(self.order.indices(round_index, micro_batch, lo, hi))[1]
 
 
+class NoParameters:
+    """The optimizer of a stage without parameters (say, a lone activation layer)."""
+
+    def step(self) -> None:
+        pass
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
 def make_optimizer(params, opts):
     import torch
 
+    params = list(params)
+    if not params:
+        return NoParameters()
     if opts.optimizer == "adam":
         return torch.optim.Adam(params, lr=opts.lr, weight_decay=opts.weight_decay)
     return torch.optim.SGD(params, lr=opts.lr, momentum=opts.momentum, weight_decay=opts.weight_decay)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Annotated, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, model_serializer, model_validator
 
 from hppctl.models.base import FrozenModel
 from hppctl.models.cluster import DeviceName
@@ -20,6 +20,22 @@ Granularity = Literal["fine", "block"]
 NonNegInt = Annotated[int, Field(ge=0)]
 PosInt = Annotated[int, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
+Source = Literal["preset", "measured", "synthetic"]
+
+
+class _OmitsUnset(FrozenModel):
+    """Optional fields added after format 1 was published are left out of files (and so of the
+    digest) while they hold their default, so older files and digests stay byte-identical."""
+
+    _omit_when_default: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _omit_defaults(self, handler) -> dict[str, Any]:
+        data = handler(self)
+        for key in self._omit_when_default:
+            if key in data and data[key] in (None, []):
+                del data[key]
+        return data
 
 
 class LayerCost(FrozenModel):
@@ -38,8 +54,43 @@ class LayerCost(FrozenModel):
     forward_flops_per_sample: NonNegInt
 
 
-class DeviceProfile(FrozenModel):
+class MeasurementInfo(FrozenModel):
+    """How a measured device was measured (docs/profiling.md); for people and for cache checks."""
+
+    hostname: str
+    cpu_model: str
+    cpus: PosInt
+    """CPUs in the probe's affinity mask."""
+    cpu_quota_cores: NonNegFloat | None
+    """CPU quota (cores) or None when unlimited."""
+    cpu_quota_source: str
+    threads: PosInt
+    """torch intra-op threads the layers were timed with (ceil of the quota)."""
+    clock: Literal["cpu", "wall"]
+    """What each repeat was timed with: process CPU time (one thread) or wall time."""
+    repeats: PosInt
+    warmup: NonNegInt
+    sustained_factor: list[NonNegFloat]
+    """Per batch size: sustained wall time of a whole step / its time on `clock` (>= 1 on a throttled device)."""
+    step_clock_s: list[NonNegFloat]
+    """Per batch size: median time of a whole training step on `clock` (to check the layer sum)."""
+    optimizer_step_s: NonNegFloat | None = None
+    """One SGD-with-momentum update of every parameter."""
+    memory_budget_source: str
+    memory_measured_bytes: NonNegInt | None = None
+    """The cgroup limit, or MemAvailable when there is none."""
+    fingerprint: str
+    python: str
+    torch: str | None = None
+    hppctl: str
+    notes: list[str] = []
+
+
+class DeviceProfile(_OmitsUnset):
     """Timings of every layer on one device, on a grid of batch sizes."""
+
+    _omit_when_default = ("source", "forward_spread", "backward_spread", "train_step_s", "train_peak_bytes",
+                          "runtime_bytes", "measurement")
 
     name: DeviceName
     kind: str
@@ -53,33 +104,70 @@ class DeviceProfile(FrozenModel):
     backward_s: list[list[NonNegFloat]]
     peak_flops: NonNegFloat | None = None
     """Peak FLOP/s if known (presets); used only for reporting."""
+    source: Source | None = None
+    """`measured` or `preset` (a cluster may mix them); absent in files written before measurement."""
+    forward_spread: list[list[NonNegFloat]] | None = None
+    """Measured only: (q3 - q1) / median of the repeated forward times, per layer and batch size."""
+    backward_spread: list[list[NonNegFloat]] | None = None
+    train_step_s: list[NonNegFloat] | None = None
+    """Measured only: wall seconds of one whole training step (forward, loss, backward), sustained."""
+    train_peak_bytes: list[NonNegInt] | None = None
+    """Measured only: peak memory of one training step above the process holding the model."""
+    runtime_bytes: NonNegInt | None = None
+    """Measured only: memory of a worker process before any tensor (interpreter, torch, libraries)."""
+    measurement: MeasurementInfo | None = None
 
     @model_validator(mode="after")
     def _grid_shapes(self) -> "DeviceProfile":
         if sorted(set(self.batch_sizes)) != self.batch_sizes:
             raise ValueError(f"device {self.name}: batch_sizes must be strictly increasing, got {self.batch_sizes}")
         width = len(self.batch_sizes)
-        for field in ("forward_s", "backward_s"):
-            for i, row in enumerate(getattr(self, field)):
+        for field in ("forward_s", "backward_s", "forward_spread", "backward_spread"):
+            for i, row in enumerate(getattr(self, field) or []):
                 if len(row) != width:
                     raise ValueError(f"device {self.name}: {field}[{i}] has {len(row)} values, batch_sizes has {width}")
         if len(self.forward_s) != len(self.backward_s):
             raise ValueError(f"device {self.name}: forward_s and backward_s list different layer counts")
+        for field in ("forward_spread", "backward_spread"):
+            rows = getattr(self, field)
+            if rows is not None and len(rows) != len(self.forward_s):
+                raise ValueError(f"device {self.name}: {field} has {len(rows)} layers, forward_s has {len(self.forward_s)}")
+        for field in ("train_step_s", "train_peak_bytes"):
+            row = getattr(self, field)
+            if row is not None and len(row) != width:
+                raise ValueError(f"device {self.name}: {field} has {len(row)} values, batch_sizes has {width}")
         return self
 
 
-class LinkProfile(FrozenModel):
+class LinkProfile(_OmitsUnset):
     """Measured or configured bandwidth between two devices (symmetric)."""
+
+    _omit_when_default = ("directed_bytes_per_s", "rtt_s", "source")
 
     between: Annotated[list[DeviceName], Field(min_length=2, max_length=2)]
     bytes_per_s: Annotated[float, Field(gt=0)]
+    """What the planner uses: for a measured link, the slower of the two directions."""
+    directed_bytes_per_s: Annotated[list[NonNegFloat], Field(min_length=2, max_length=2)] | None = None
+    """Measured: goodput from between[0] to between[1], and back."""
+    rtt_s: NonNegFloat | None = None
+    """Measured: median round trip of one byte over TCP."""
+    source: Literal["measured", "inventory"] | None = None
 
 
-class Profile(FrozenModel):
+class MissingDevice(FrozenModel):
+    """A device of the cluster that could not be profiled, and why."""
+
+    name: DeviceName
+    reason: str
+
+
+class Profile(_OmitsUnset):
     """Everything the planner needs; see docs/formats.md."""
 
+    _omit_when_default = ("missing_devices",)
+
     format_version: Literal[1] = 1
-    source: Literal["preset", "measured", "synthetic"]
+    source: Source
     cluster: str
     model: str
     granularity: Granularity
@@ -90,12 +178,17 @@ class Profile(FrozenModel):
     devices: Annotated[list[DeviceProfile], Field(min_length=1)]
     default_bytes_per_s: Annotated[float, Field(gt=0)]
     links: list[LinkProfile] = []
+    missing_devices: list[MissingDevice] = []
+    """Devices of the cluster that could not be profiled (`hppctl profile` exits 1); not in `devices`."""
 
     @model_validator(mode="after")
     def _consistent(self) -> "Profile":
         names = [d.name for d in self.devices]
         if len(set(names)) != len(names):
             raise ValueError("duplicate device names in profile")
+        for missing in self.missing_devices:
+            if missing.name in names:
+                raise ValueError(f"device {missing.name!r} is both profiled and missing")
         for d in self.devices:
             if len(d.forward_s) != len(self.layers):
                 raise ValueError(f"device {d.name} has timings for {len(d.forward_s)} layers, model has {len(self.layers)}")

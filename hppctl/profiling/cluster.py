@@ -1,0 +1,474 @@
+"""Profile a whole cluster: every device in parallel, then every link one pair at a time.
+
+The function API (`hppctl profile` is a thin shell around it; `hppctl demo` calls it directly):
+
+    from hppctl.profiling.cluster import ProbeSettings, profile_cluster
+
+    run = profile_cluster(cluster, "mobilenetv2", granularity="fine", batch_sizes=[1, 2, 4, 8],
+                          settings=ProbeSettings(repeats=5), force=False, install=False)
+    run.profile        # Profile (None only if no device could be profiled)
+    run.failures       # {device or "a-b link": reason}; the profile lists failed devices as missing
+
+`preset:` devices get timings from their device model (docs/presets.md), `local:` devices run the
+probe as a subprocess of this interpreter, `host:` devices over SSH (remote.py). Devices are
+measured in parallel, except that `local:` devices share this machine and so run one after the
+other. Each device's batch records go to the measurement cache (cache.py) as they arrive.
+Links between measured devices are measured after the devices, one pair at a time and one
+direction at a time, so that no two measurements share a CPU or a wire.
+
+Library code: it reports progress to an `Observer` (the CLI draws rich progress bars) and never
+prints.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hppctl import __version__
+from hppctl.errors import BadInput
+from hppctl.models.cluster import ClusterSpec, DeviceSpec
+from hppctl.models.profile import DeviceProfile, LayerCost, LinkProfile, MissingDevice, Profile
+from hppctl.profiling import parse
+from hppctl.profiling.cache import MeasurementCache, default_root
+from hppctl.profiling.from_presets import (DEFAULT_BATCH_SIZES, layer_times, pair_links, validate_batch_sizes)
+from hppctl.profiling.presets import get_preset
+from hppctl.profiling.probe import PROBE_VERSION
+from hppctl.profiling.records import Identity
+from hppctl.profiling.remote import DeviceFailure, endpoint_for
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeSettings:
+    """How hard to measure. Every field that changes a number is part of the cache key."""
+
+    repeats: int = 7
+    """Timed passes per batch size (medians over these)."""
+    warmup: int = 2
+    """Untimed passes first (allocator, caches, lazy initialisation)."""
+    window_s: float = 1.0
+    """Whole steps run back to back for at least this long (wall) for the sustained factor."""
+    min_steps: int = 3
+    threads: int | None = None
+    """torch threads; None: ceil of the device's CPU quota (device.py)."""
+    timeout_s: float = 3600.0
+    """Limit on one device's training probe."""
+    link_seconds: float = 2.0
+    """Length of each one-way transfer."""
+    ping_count: int = 20
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1 or self.warmup < 0 or self.min_steps < 1:
+            raise BadInput(f"probe settings: repeats >= 1, warmup >= 0, min_steps >= 1 (got {self.repeats}, "
+                           f"{self.warmup}, {self.min_steps})")
+        if self.window_s < 0 or self.timeout_s <= 0 or self.link_seconds <= 0 or self.ping_count < 1:
+            raise BadInput("probe settings: window_s >= 0, timeout_s > 0, link_seconds > 0, ping_count >= 1")
+        if self.threads is not None and self.threads < 1:
+            raise BadInput(f"--threads: {self.threads} is not a positive number of threads")
+
+    def key(self) -> dict[str, Any]:
+        return {"repeats": self.repeats, "warmup": self.warmup, "window_s": self.window_s,
+                "min_steps": self.min_steps, "threads": self.threads}
+
+
+class Observer:
+    """Progress callbacks (called from worker threads). The default does nothing."""
+
+    def device_phase(self, name: str, text: str, done: float | None = None, total: float | None = None) -> None: ...
+
+    def device_done(self, name: str, text: str) -> None: ...
+
+    def device_failed(self, name: str, reason: str) -> None: ...
+
+    def link(self, a: str, b: str, text: str) -> None: ...
+
+    def note(self, text: str) -> None: ...
+
+
+@dataclass
+class ProfileRun:
+    profile: Profile | None
+    failures: dict[str, str] = field(default_factory=dict)
+    measured: dict[str, list[int]] = field(default_factory=dict)
+    """Batch sizes measured in this run, per device."""
+    cached: dict[str, list[int]] = field(default_factory=dict)
+    """Batch sizes taken from the cache, per device."""
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+EndpointFactory = Callable[[DeviceSpec, ClusterSpec], Any]
+
+
+@dataclass
+class _Context:
+    cluster: ClusterSpec
+    model: str
+    granularity: str
+    layers: list[LayerCost]
+    grid: list[int]
+    settings: ProbeSettings
+    force: bool
+    cache_root: Path
+    observer: Observer
+    wheel: Path | None
+    model_fingerprint: str | None
+    run: ProfileRun
+    parts: list[list[LayerCost]] | None = None
+    """For presets at block granularity: the fine layers of each block (a block is timed as their sum)."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def profile_cluster(cluster: ClusterSpec, model: str, *, granularity: str = "fine",
+                    batch_sizes: Sequence[int] | None = None, optimizer_state_factor: float = 1.0,
+                    settings: ProbeSettings = ProbeSettings(), force: bool = False, install: bool = False,
+                    measure_links: bool = True, cache_root: Path | None = None, observer: Observer | None = None,
+                    layers: list[LayerCost] | None = None, endpoint_factory: EndpointFactory = endpoint_for,
+                    source: str | None = None) -> ProfileRun:
+    """Profile every device and link of `cluster` for `model` (module docstring). Raises `BadInput` for
+    a bad cluster or model before connecting anywhere; device failures are collected, not raised."""
+    started = time.perf_counter()
+    grid = validate_batch_sizes(list(DEFAULT_BATCH_SIZES) if batch_sizes is None else list(batch_sizes))
+    where = f"{source}: " if source else ""
+    presets = {d.name: get_preset(d.preset, device=d.name, source=f"{where}devices.{i}.preset")
+               for i, d in enumerate(cluster.devices) if d.preset is not None}
+    if layers is None:
+        from hppctl.zoo import layer_costs
+
+        layers = layer_costs(model, granularity)
+    observer = observer or Observer()
+    run = ProfileRun(profile=None)
+    wheel = None
+    measured_specs = [d for d in cluster.devices if d.preset is None]
+    if install and any(d.host is not None for d in measured_specs):
+        from hppctl.profiling.install import build_wheel
+
+        observer.note("building the hppctl wheel for --install")
+        wheel = build_wheel((cache_root or default_root()).parent / "wheels")
+    ctx = _Context(cluster, model, granularity, list(layers), grid, settings, force, cache_root or default_root(),
+                   observer, wheel, _model_fingerprint(model), run)
+    if presets and granularity == "block":
+        ctx.parts = _block_parts(model, ctx.layers)
+    endpoints: dict[str, Any] = {}
+    results = _measure_devices(ctx, measured_specs, endpoints, endpoint_factory)
+    try:
+        devices: list[DeviceProfile] = []
+        for spec in cluster.devices:
+            if spec.preset is not None:
+                devices.append(_preset_device(spec, presets[spec.name], ctx))
+            elif spec.name in results:
+                devices.append(results[spec.name])
+        links = pair_links(cluster)
+        ok = [d.name for d in measured_specs if d.name in results]
+        if measure_links and len(ok) > 1:
+            links = _merge_links(links, _measure_links(ctx, ok, endpoints))
+        run.profile = _assemble(ctx, devices, links, optimizer_state_factor) if devices else None
+    finally:
+        for endpoint in endpoints.values():
+            endpoint.close()
+    run.seconds = time.perf_counter() - started
+    return run
+
+
+def _block_parts(model: str, layers: list[LayerCost]) -> list[list[LayerCost]] | None:
+    from hppctl.profiling.from_presets import group_layers
+    from hppctl.zoo import layer_costs
+
+    return group_layers(layers, layer_costs(model, "fine"))
+
+
+def _model_fingerprint(model: str) -> str | None:
+    from hppctl.zoo import get_model
+
+    return get_model(model).fingerprint()
+
+
+# ---------------------------------------------------------------------------------------------
+# devices
+# ---------------------------------------------------------------------------------------------
+
+
+def _measure_devices(ctx: _Context, specs: list[DeviceSpec], endpoints: dict[str, Any],
+                     factory: EndpointFactory) -> dict[str, DeviceProfile]:
+    """Each remote device on its own thread; the local ones one after the other on one more."""
+    results: dict[str, DeviceProfile] = {}
+    remote = [[d] for d in specs if not d.local]
+    local = [d for d in specs if d.local]
+    lanes = remote + ([local] if local else [])
+    if not lanes:
+        return results
+
+    def lane(devices: list[DeviceSpec]) -> None:
+        for spec in devices:
+            try:
+                endpoint = factory(spec, ctx.cluster)
+                with ctx.lock:
+                    endpoints[spec.name] = endpoint
+                profile = _profile_device(ctx, spec, endpoint)
+            except DeviceFailure as e:
+                _fail(ctx, spec.name, e.reason)
+            except Exception as e:  # noqa: BLE001 - one device's bug must not lose the others' results
+                _fail(ctx, spec.name, f"{e.__class__.__name__}: {e}")
+            else:
+                with ctx.lock:
+                    results[spec.name] = profile
+
+    pool = ThreadPoolExecutor(max_workers=len(lanes), thread_name_prefix="hppctl-profile")
+    futures = [pool.submit(lane, devices) for devices in lanes]
+    try:
+        while wait(futures, timeout=0.5).not_done:
+            pass  # short waits keep the main thread responsive to Ctrl-C
+    except KeyboardInterrupt:
+        for endpoint in list(endpoints.values()):
+            endpoint.close()  # remote probes die on their next write; local ones are killed
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+    return results
+
+
+def _fail(ctx: _Context, name: str, reason: str) -> None:
+    with ctx.lock:
+        ctx.run.failures[name] = reason
+    ctx.observer.device_failed(name, reason)
+
+
+def _profile_device(ctx: _Context, spec: DeviceSpec, endpoint) -> DeviceProfile:
+    name, observer = spec.name, ctx.observer
+    observer.device_phase(name, "connecting")
+    endpoint.open()
+    if ctx.wheel is not None and spec.host is not None:
+        from hppctl.profiling.install import install
+
+        observer.device_phase(name, "installing hppctl")
+        install(endpoint, ctx.wheel)
+    if spec.host is not None or spec.python is not None:
+        observer.device_phase(name, "checking the hppctl version")
+        version = endpoint.version()
+        if version is None:
+            raise DeviceFailure(f"hppctl is not installed for {endpoint.python} on the device "
+                                f"(run with --install to put this hppctl {__version__} there)")
+        if version != __version__:
+            raise DeviceFailure(f"hppctl {version} on the device, {__version__} here: versions must match "
+                                f"(run with --install to put this one there)")
+    observer.device_phase(name, "identifying")
+    identity = parse.typed(_identity_record(endpoint, ctx.settings), Identity)
+    cache = MeasurementCache(ctx.cache_root, {
+        "model": ctx.model, "model_fingerprint": ctx.model_fingerprint, "granularity": ctx.granularity,
+        "hppctl": __version__, "probe": PROBE_VERSION, "device": parse.fingerprint(identity),
+        "settings": ctx.settings.key()})
+    if ctx.force:
+        cache.clear()
+    budget = spec.memory or identity.memory_limit_bytes or identity.memory_available_bytes
+    todo = [b for b in ctx.grid if cache.batch(b) is None and cache.skip(b, budget) is None]
+    if cache.setup() is None and not todo:
+        todo = [ctx.grid[0]]  # the setup record was lost: re-measure the smallest batch to get it back
+    with ctx.lock:
+        ctx.run.cached[name] = [b for b in ctx.grid if b not in todo and cache.batch(b) is not None]
+        ctx.run.measured[name] = []
+    if todo:
+        _run_train_probe(ctx, spec, endpoint, identity, cache, todo, budget)
+    return _device_from_cache(ctx, spec, identity, cache, budget)
+
+
+def _identity_record(endpoint, settings: ProbeSettings) -> dict[str, Any]:
+    found = endpoint.probe("identify", {"threads": settings.threads}, timeout=120)
+    record = parse.first(found, "identity")
+    if record is None:
+        raise DeviceFailure("the identify probe printed no identity")
+    return record
+
+
+def _run_train_probe(ctx: _Context, spec: DeviceSpec, endpoint, identity: Identity, cache: MeasurementCache,
+                     todo: list[int], budget: int | None) -> None:
+    name, observer = spec.name, ctx.observer
+    weights = {b: 1.0 + b for b in todo}  # work per batch size ~ a fixed part plus one per sample
+    total, finished = sum(weights.values()), {"work": 0.0}
+
+    def on_record(record: dict[str, Any]) -> None:
+        kind = record.get("type")
+        if kind == "setup":
+            cache.store_setup(record)
+            observer.device_phase(name, f"built {record.get('layers')} layers in {record.get('setup_s', 0):.1f} s",
+                                  finished["work"], total)
+        elif kind == "batch":
+            cache.store_batch(record)
+            finished["work"] += weights.get(record["batch_size"], 0)
+            with ctx.lock:
+                ctx.run.measured[name].append(record["batch_size"])
+            observer.device_phase(name, f"batch {record['batch_size']} done", finished["work"], total)
+        elif kind == "skip":
+            cache.store_skip(record["batch_size"], record["reason"], budget)
+            finished["work"] += weights.get(record["batch_size"], 0)
+        elif kind == "progress" and record.get("batch_size") in weights and record.get("total"):
+            part = weights[record["batch_size"]] * record["done"] / record["total"]
+            observer.device_phase(name, f"batch {record['batch_size']}: {record['phase']}",
+                                  finished["work"] + part, total)
+
+    observer.device_phase(name, f"starting the probe ({len(todo)} batch sizes)", 0, total)
+    args = {"model": ctx.model, "granularity": ctx.granularity, "batch_sizes": todo,
+            "threads": identity.threads, "repeats": ctx.settings.repeats, "warmup": ctx.settings.warmup,
+            "window_s": ctx.settings.window_s, "min_steps": ctx.settings.min_steps, "memory_budget_bytes": budget}
+    try:
+        endpoint.probe("train", args, on_record=on_record, timeout=ctx.settings.timeout_s)
+    except DeviceFailure as e:
+        killed_at = _killed_batch(e)
+        measured_any = any(cache.batch(b) is not None for b in ctx.grid)
+        if killed_at is None or not measured_any:
+            raise
+        # Killed while measuring one batch size (the kernel's OOM killer): keep the smaller ones.
+        for b in ctx.grid:
+            if b >= killed_at and cache.batch(b) is None:
+                cache.store_skip(b, f"killed at batch {killed_at}: {e.reason}", budget)
+        with ctx.lock:
+            ctx.run.notes.append(f"{name}: {e.reason}; keeping the batch sizes below {killed_at}")
+
+
+def _killed_batch(failure: DeviceFailure) -> int | None:
+    if "killed" not in failure.reason:
+        return None
+    progress = parse.last_progress(failure.records)
+    return int(progress["batch_size"]) if progress and progress.get("batch_size") else None
+
+
+def _device_from_cache(ctx: _Context, spec: DeviceSpec, identity: Identity, cache: MeasurementCache,
+                       budget: int | None) -> DeviceProfile:
+    setup_record = cache.setup()
+    if setup_record is None:
+        raise DeviceFailure("the training probe printed no setup record")
+    setup = parse.typed(setup_record, parse.Setup)
+    if setup.layers != len(ctx.layers):
+        raise DeviceFailure(f"the device cuts {ctx.model} into {setup.layers} layers, this machine into "
+                            f"{len(ctx.layers)} (different torch/transformers versions?)")
+    if setup.model_fingerprint and ctx.model_fingerprint and setup.model_fingerprint != ctx.model_fingerprint:
+        raise DeviceFailure(f"the device builds a different {ctx.model} (model fingerprint {setup.model_fingerprint}, "
+                            f"here {ctx.model_fingerprint}): different transformers versions?")
+    batches = [parse.typed(r, parse.Batch) for b in ctx.grid if (r := cache.batch(b)) is not None]
+    skipped = [(b, r["reason"]) for b in ctx.grid if cache.batch(b) is None and (r := cache.skip(b, budget))]
+    if not batches:
+        reason = skipped[0][1] if skipped else "no batch size could be measured"
+        raise DeviceFailure(f"out of memory: {reason}" if skipped else reason)
+    notes = [f"batch sizes {', '.join(str(b) for b, _ in skipped)} left out: {skipped[0][1]}"] if skipped else []
+    profile = parse.device_profile(spec.name, identity, setup, batches, memory_bytes=spec.memory,
+                                   repeats=ctx.settings.repeats, warmup=ctx.settings.warmup, notes=notes)
+    ctx.observer.device_done(spec.name, _summary(profile))
+    return profile
+
+
+def _summary(profile: DeviceProfile) -> str:
+    b = profile.batch_sizes[-1]
+    total = sum(f[-1] + bw[-1] for f, bw in zip(profile.forward_s, profile.backward_s))
+    return f"{total * 1e3 / b:.2f} ms/sample at batch {b}"
+
+
+def _preset_device(spec: DeviceSpec, preset, ctx: _Context) -> DeviceProfile:
+    forward, backward = layer_times(preset, ctx.layers, ctx.grid, parts=ctx.parts)
+    return DeviceProfile(name=spec.name, kind=preset.name, memory_bytes=spec.memory or preset.memory_budget_bytes,
+                         batch_sizes=list(ctx.grid), forward_s=forward, backward_s=backward,
+                         peak_flops=preset.peak_flops, source="preset")
+
+
+# ---------------------------------------------------------------------------------------------
+# links
+# ---------------------------------------------------------------------------------------------
+
+
+def _measure_links(ctx: _Context, names: list[str], endpoints: dict[str, Any]) -> list[LinkProfile]:
+    links = []
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            ctx.observer.link(a, b, "measuring")
+            try:
+                link = measure_link(endpoints[a], endpoints[b], ctx.settings)
+            except DeviceFailure as e:
+                with ctx.lock:
+                    ctx.run.failures[f"{a}-{b} link"] = e.reason
+                ctx.observer.link(a, b, f"failed: {e.reason}")
+                continue
+            links.append(link)
+            ctx.observer.link(a, b, _link_text(link))
+    return links
+
+
+def _link_text(link: LinkProfile) -> str:
+    from hppctl.models.units import format_rate
+
+    rates = " / ".join(format_rate(r) for r in link.directed_bytes_per_s or [link.bytes_per_s])
+    rtt = f", rtt {link.rtt_s * 1e3:.2f} ms" if link.rtt_s is not None else ""
+    return f"{rates}{rtt}"
+
+
+def measure_link(a, b, settings: ProbeSettings, attempts: int = 3) -> LinkProfile:
+    """Both directions' goodput and the round trip between endpoints `a` and `b`, one at a time."""
+    a_to_b = parse.received(_transfer(a, b, settings, attempts))
+    b_to_a = parse.received(_transfer(b, a, settings, attempts))
+    ping = parse.pinged(_ping(a, b, settings, attempts))
+    return parse.link_profile(a.name, b.name, a_to_b, b_to_a, ping)
+
+
+def _serve_and_call(server, client, server_kind: str, client_kind: str, server_args: dict, client_args: dict,
+                    attempts: int, timeout: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Start `server_kind` on `server` on a random port, then run `client_kind` on `client` against it;
+    (server records, client records). A taken port (or any failure) is retried on another port."""
+    last: DeviceFailure | None = None
+    for _ in range(attempts):
+        port = random.randint(20000, 59999)
+        running = server.start_probe(server_kind, {**server_args, "port": port, "timeout_s": timeout},
+                                     timeout=timeout + 10)
+        try:
+            client_records = client.probe(client_kind, {**client_args, "port": port}, timeout=timeout + 10)
+        except DeviceFailure as e:
+            last = e
+            try:
+                running.wait()
+            except DeviceFailure as server_error:
+                last = server_error  # e.g. the port was taken: the server's reason says so
+            continue
+        return running.wait(), client_records
+    raise last if last is not None else DeviceFailure("link measurement failed")
+
+
+def _transfer(src, dst, settings: ProbeSettings, attempts: int) -> list[dict[str, Any]]:
+    address = dst.address_for(src)
+    timeout = settings.link_seconds + 30
+    return _serve_and_call(dst, src, "recv", "send", {"bind": address}, {"to": address, "seconds": settings.link_seconds},
+                           attempts, timeout)[0]
+
+
+def _ping(a, b, settings: ProbeSettings, attempts: int) -> list[dict[str, Any]]:
+    address = b.address_for(a)
+    return _serve_and_call(b, a, "echo", "ping", {"bind": address}, {"to": address, "count": settings.ping_count},
+                           attempts, timeout=30)[1]
+
+
+def _merge_links(configured: list[LinkProfile], measured: list[LinkProfile]) -> list[LinkProfile]:
+    """Measured links replace configured ones for the same pair; configured ones stay marked `inventory`."""
+    pairs = {frozenset(link.between) for link in measured}
+    kept = [LinkProfile(between=l.between, bytes_per_s=l.bytes_per_s, source="inventory")
+            for l in configured if frozenset(l.between) not in pairs]
+    return measured + kept
+
+
+# ---------------------------------------------------------------------------------------------
+# the profile
+# ---------------------------------------------------------------------------------------------
+
+
+def _assemble(ctx: _Context, devices: list[DeviceProfile], links: list[LinkProfile],
+              optimizer_state_factor: float) -> Profile:
+    present = {d.name for d in devices}
+    missing = [MissingDevice(name=d.name, reason=ctx.run.failures[d.name])
+               for d in ctx.cluster.devices if d.name not in present and d.name in ctx.run.failures]
+    any_measured = any(d.source == "measured" for d in devices)
+    return Profile(
+        source="measured" if any_measured else "preset", cluster=ctx.cluster.name, model=ctx.model,
+        granularity=ctx.granularity, optimizer_state_factor=float(optimizer_state_factor), layers=ctx.layers,
+        devices=devices, default_bytes_per_s=ctx.cluster.bandwidth,
+        links=[l for l in links if set(l.between) <= present], missing_devices=missing,
+    )

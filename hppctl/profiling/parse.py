@@ -1,0 +1,255 @@
+"""Probe output -> profile pieces. PURE: text and records in, typed data out (no torch, no I/O).
+
+Tested on captured probe outputs in tests/data/profiling/. The numbers a measured profile
+carries, and how they are derived from the raw samples, are defined here:
+
+- a layer's time at a batch size = median of its repeats x the device's sustained factor at that
+  batch size; its spread = (q3 - q1) / median of the repeats;
+- sustained factor = (wall seconds of the back-to-back whole steps / their count) / the median
+  step time on the probe's clock. One thread: the clock is CPU time, and the factor is how much
+  longer than its CPU time work takes on this device (1/quota on a CFS-throttled one, plus the
+  cost of resuming with cold caches); several threads: the clock is wall time, and the factor
+  is mean over median;
+- a whole step's time (`train_step_s`) = sustained wall seconds per step;
+- a link's planner bandwidth = the slower direction's goodput (the pipeline sends activations
+  one way and gradients the other).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from hppctl.models.profile import DeviceProfile, LinkProfile, MeasurementInfo
+from hppctl.profiling.records import Batch, Identity, Ping, Received, Setup, Skip
+
+
+class ProbeOutputError(ValueError):
+    """A probe printed something this version cannot read."""
+
+
+def records(text: str) -> list[dict[str, Any]]:
+    """The JSON objects a probe printed, one per line; other lines (warnings) are ignored."""
+    found = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, dict) and "type" in value:
+            found.append(value)
+    return found
+
+
+def first(found: Iterable[dict[str, Any]], kind: str) -> dict[str, Any] | None:
+    return next((r for r in found if r.get("type") == kind), None)
+
+
+def error_of(found: Sequence[dict[str, Any]]) -> str | None:
+    record = first(found, "error")
+    return str(record.get("error")) if record else None
+
+
+def last_progress(found: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    progress = [r for r in found if r.get("type") == "progress"]
+    return progress[-1] if progress else None
+
+
+def typed(record: dict[str, Any], model):
+    """Validate one record; a mismatch is a ProbeOutputError naming the record type and field."""
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate(record)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise ProbeOutputError(f"probe record {record.get('type')!r}: {where}: {err['msg']}") from None
+
+
+def parse_version(text: str) -> str | None:
+    """'hppctl 0.1.0' -> '0.1.0' (None when the output is not hppctl's version line)."""
+    for line in text.strip().splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "hppctl":
+            return parts[1]
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# identity and fingerprint
+# ---------------------------------------------------------------------------------------------
+
+
+def quota_bucket(cores: float | None) -> str:
+    """A measured quota varies by a few percent between runs; a quarter-octave bucket does not
+    (0.229-0.272 is 0.25, 0.46-0.55 is 0.5, 0.92-1.09 is 1)."""
+    if cores is None:
+        return "unlimited"
+    if cores <= 0:
+        return "0"
+    return f"2^{round(math.log2(cores) * 4) / 4:g}"
+
+
+def fingerprint(identity: Identity) -> str:
+    """What makes measurements of this device reusable: same machine, share of it, and software."""
+    exact_quota = identity.cpu_quota_source.startswith("cgroup")
+    doc = {
+        "hostname": identity.hostname, "machine": identity.machine, "cpu_model": identity.cpu_model,
+        "cpus": identity.cpus, "threads": identity.threads,
+        "quota": identity.cpu_quota_cores if exact_quota else quota_bucket(identity.cpu_quota_cores),
+        "memory": identity.memory_limit_bytes or identity.memory_total_bytes,
+        "python": identity.python, "torch": identity.torch, "transformers": identity.transformers,
+        "hppctl": identity.hppctl,
+    }
+    text = json.dumps(doc, sort_keys=True)
+    return "dev-" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def memory_budget(identity: Identity, runtime_bytes: int, inventory_bytes: int | None) -> tuple[int, str, int | None]:
+    """(budget for training tensors, where it came from, the measured limit).
+
+    The inventory's `memory:` is the budget as given. Otherwise the cgroup limit (or
+    MemAvailable when there is none) minus what a worker process costs before any tensor.
+    """
+    measured = identity.memory_limit_bytes or identity.memory_available_bytes or identity.memory_total_bytes
+    if inventory_bytes is not None:
+        return inventory_bytes, "inventory", measured
+    if not measured:
+        raise ProbeOutputError("the device reported neither a memory limit nor MemAvailable")
+    source = "cgroup limit" if identity.memory_limit_bytes else "MemAvailable"
+    return max(1, measured - runtime_bytes), f"{source} minus the worker's runtime", measured
+
+
+# ---------------------------------------------------------------------------------------------
+# device profile
+# ---------------------------------------------------------------------------------------------
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else 0.0
+
+
+def spread(values: Sequence[float]) -> float:
+    """(q3 - q1) / median; 0 for fewer than two values or a zero median."""
+    if len(values) < 2:
+        return 0.0
+    mid = median(values)
+    if mid <= 0:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return (q3 - q1) / mid
+
+
+def sustained_factor(batch: Batch) -> float:
+    step_clock = median(batch.step.clock_s)
+    if step_clock <= 0:
+        return 1.0
+    return (batch.step.wall_s / batch.step.count) / step_clock
+
+
+def device_profile(name: str, identity: Identity, setup: Setup, batches: Sequence[Batch], *,
+                   memory_bytes: int | None, repeats: int, warmup: int, notes: Sequence[str] = ()) -> DeviceProfile:
+    """One measured device from its identity, its setup record and one `Batch` per batch size."""
+    if not batches:
+        raise ProbeOutputError(f"device {name}: no batch size was measured")
+    batches = sorted(batches, key=lambda b: b.batch_size)
+    for b in batches:
+        if len(b.forward) != setup.layers or len(b.backward) != setup.layers:
+            raise ProbeOutputError(f"device {name}: batch {b.batch_size} has {len(b.forward)} layers, "
+                                   f"setup says {setup.layers}")
+    factors = [sustained_factor(b) for b in batches]
+    forward = [[median(b.forward[i]) * f for b, f in zip(batches, factors)] for i in range(setup.layers)]
+    backward = [[median(b.backward[i]) * f for b, f in zip(batches, factors)] for i in range(setup.layers)]
+    budget, budget_source, measured = memory_budget(identity, setup.runtime_bytes, memory_bytes)
+    optimizer = [s for b in batches for s in b.optimizer_step_s]
+    all_notes = list(notes) + [n for b in batches for n in b.notes]
+    info = MeasurementInfo(
+        hostname=identity.hostname, cpu_model=identity.cpu_model, cpus=identity.cpus,
+        cpu_quota_cores=identity.cpu_quota_cores, cpu_quota_source=identity.cpu_quota_source,
+        threads=setup.threads, clock=setup.clock, repeats=repeats, warmup=warmup,
+        sustained_factor=factors, step_clock_s=[median(b.step.clock_s) for b in batches],
+        optimizer_step_s=median(optimizer) if optimizer else None,
+        memory_budget_source=budget_source, memory_measured_bytes=measured, fingerprint=fingerprint(identity),
+        python=identity.python, torch=identity.torch, hppctl=identity.hppctl, notes=all_notes,
+    )
+    return DeviceProfile(
+        name=name, kind=f"measured:{identity.hostname}", memory_bytes=budget,
+        batch_sizes=[b.batch_size for b in batches], forward_s=forward, backward_s=backward, source="measured",
+        forward_spread=[[spread(b.forward[i]) for b in batches] for i in range(setup.layers)],
+        backward_spread=[[spread(b.backward[i]) for b in batches] for i in range(setup.layers)],
+        train_step_s=[b.step.wall_s / b.step.count for b in batches],
+        train_peak_bytes=[b.peak_bytes for b in batches], runtime_bytes=setup.runtime_bytes, measurement=info,
+    )
+
+
+def train_output(found: Sequence[dict[str, Any]]) -> tuple[Setup | None, list[Batch], list[Skip]]:
+    """The setup, batch and skip records of a `train` probe's output."""
+    setup = first(found, "setup")
+    return (typed(setup, Setup) if setup else None,
+            [typed(r, Batch) for r in found if r.get("type") == "batch"],
+            [typed(r, Skip) for r in found if r.get("type") == "skip"])
+
+
+# ---------------------------------------------------------------------------------------------
+# links
+# ---------------------------------------------------------------------------------------------
+
+
+def link_profile(a: str, b: str, a_to_b: Received, b_to_a: Received, ping: Ping | None) -> LinkProfile:
+    """A measured link: both directions' goodput, the slower one for the planner, median RTT."""
+    rates = [a_to_b.bytes_per_s, b_to_a.bytes_per_s]
+    if min(rates) <= 0:
+        raise ProbeOutputError(f"link {a}-{b}: no bytes arrived ({a_to_b.bytes} and {b_to_a.bytes} bytes)")
+    return LinkProfile(between=[a, b], bytes_per_s=min(rates), directed_bytes_per_s=rates,
+                       rtt_s=median(ping.rtt_s) if ping else None, source="measured")
+
+
+def received(found: Sequence[dict[str, Any]]) -> Received:
+    record = first(found, "recv")
+    if record is None:
+        raise ProbeOutputError(error_of(found) or "the receiver printed no result")
+    return typed(record, Received)
+
+
+def pinged(found: Sequence[dict[str, Any]]) -> Ping:
+    record = first(found, "ping")
+    if record is None:
+        raise ProbeOutputError(error_of(found) or "the ping client printed no result")
+    return typed(record, Ping)
+
+
+# ---------------------------------------------------------------------------------------------
+# failures
+# ---------------------------------------------------------------------------------------------
+
+KILLED_EXITS = (137, -9)
+"""SIGKILL as a shell reports it (128 + 9), and as SSH reports a signal (fabric/invoke: -1 or -9)."""
+
+
+def exit_reason(kind: str, exit_code: int, stderr: str, found: Sequence[dict[str, Any]],
+                memory_limit: int | None = None) -> str:
+    """Why a probe run failed, in one line, from its exit code, stderr and the records it printed."""
+    error = error_of(found)
+    if error:
+        return error
+    tail = next((line.strip() for line in reversed(stderr.strip().splitlines()) if line.strip()), "")
+    progress = last_progress(found)
+    where = ""
+    if progress is not None and progress.get("batch_size"):
+        where = f" at batch {progress['batch_size']} ({progress.get('phase')})"
+    if exit_code in KILLED_EXITS or (exit_code == -1 and not tail):
+        limit = f", memory limit {memory_limit / 1e6:.0f} MB" if memory_limit else ""
+        return f"probe {kind!r} was killed{where} (SIGKILL: out of memory?{limit})"
+    if "No module named hppctl" in stderr or "No module named 'hppctl" in stderr:
+        return "hppctl is not installed for the device's python (use --install)"
+    if exit_code == 127:
+        return f"command not found on the device: {tail}"
+    return f"probe {kind!r} exited with {exit_code}{where}: {tail or 'no output'}"

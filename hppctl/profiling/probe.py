@@ -1,0 +1,119 @@
+"""The on-device probe: `python -m hppctl.profiling.probe KIND --args JSON [--import MODULE]`.
+
+Prints one JSON record per line on stdout (parse.py reads them), ending with
+`{"type": "done", "seconds": …}`; on a failure it prints `{"type": "error", "error": …}` and
+exits 1. Importing this module costs no torch: kinds are resolved lazily.
+
+Kinds are a registry, so other measurements plug in without touching this file:
+
+    from hppctl.profiling.probe import register_kind
+
+    @register_kind("inference-blocks")           # or register_kind("x", "package.module:function")
+    def blocks(args: dict) -> Iterator[dict]: ...
+
+and the orchestrator runs `python -m hppctl.profiling.probe inference-blocks --import package.module`
+(`run_probe(..., imports=[...])` in remote.py), which imports the module that registers the kind.
+
+Built-in kinds: `identify` (device.py), `train` (train_probe.py), `recv`/`send`/`echo`/`ping`
+(netprobe.py), `sleep` (tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+PROBE_VERSION = 1
+"""Bumped whenever a kind changes what or how it measures; part of every cache key."""
+
+Kind = Callable[[dict[str, Any]], Iterator[dict[str, Any]]]
+KINDS: dict[str, Kind | str] = {
+    "train": "hppctl.profiling.train_probe:measure",
+    "recv": "hppctl.profiling.netprobe:recv",
+    "send": "hppctl.profiling.netprobe:send",
+    "echo": "hppctl.profiling.netprobe:echo",
+    "ping": "hppctl.profiling.netprobe:ping",
+}
+
+
+def register_kind(name: str, target: Kind | str | None = None):
+    """Register a probe kind: `register_kind("k", fn)`, `register_kind("k", "mod:fn")`, or as a decorator."""
+    if target is not None:
+        KINDS[name] = target
+        return target
+
+    def decorate(fn: Kind) -> Kind:
+        KINDS[name] = fn
+        return fn
+
+    return decorate
+
+
+def resolve_kind(name: str) -> Kind:
+    target = KINDS.get(name)
+    if target is None:
+        raise KeyError(f"unknown probe kind {name!r} (known: {', '.join(sorted(KINDS))})")
+    if isinstance(target, str):
+        module, _, attribute = target.partition(":")
+        target = getattr(importlib.import_module(module), attribute)
+        KINDS[name] = target
+    return target
+
+
+@register_kind("identify")
+def _identify(args: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    from hppctl.profiling import device
+
+    yield device.identify(measure_quota=bool(args.get("measure_quota", True)), threads=args.get("threads"))
+
+
+@register_kind("sleep")
+def _sleep(args: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Prints a record, then sleeps: for tests of timeouts and interruption."""
+    yield {"type": "progress", "phase": "sleeping", "done": 0, "total": 1}
+    time.sleep(float(args.get("seconds", 1.0)))
+    yield {"type": "slept", "seconds": float(args.get("seconds", 1.0))}
+
+
+def emit(record: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(record, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hppctl.profiling.probe")
+    parser.add_argument("kind")
+    parser.add_argument("--args", default="{}", help="JSON object of the kind's arguments")
+    parser.add_argument("--import", dest="imports", action="append", default=[],
+                        help="module to import first (it registers more kinds)")
+    a = parser.parse_args(argv)
+    started = time.perf_counter()
+    try:
+        for module in a.imports:
+            importlib.import_module(module)
+        kind = resolve_kind(a.kind)
+        for record in kind(json.loads(a.args)):
+            emit(record)
+    except BrokenPipeError:  # the orchestrator went away: stop quietly
+        return 1
+    except MemoryError:
+        emit({"type": "error", "error": "out of memory (MemoryError)", "exception": "MemoryError"})
+        return 1
+    except Exception as e:  # noqa: BLE001 - the one place that turns any failure into a record
+        emit({"type": "error", "error": f"{e.__class__.__name__}: {e}", "exception": e.__class__.__name__})
+        return 1
+    emit({"type": "done", "seconds": time.perf_counter() - started})
+    return 0
+
+
+if __name__ == "__main__":
+    # Run the canonical module's main, so kinds registered by `--import`ed modules (which import
+    # `hppctl.profiling.probe`, not `__main__`) land in the registry main reads.
+    from hppctl.profiling.probe import main as canonical_main
+
+    sys.exit(canonical_main())

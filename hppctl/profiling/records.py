@@ -1,0 +1,113 @@
+"""The records a probe prints (one JSON object per line), as typed data. Pure: no torch, no I/O.
+
+They cross a process (and usually a network) boundary, so they are strict frozen models like
+every other file format; a probe of another version is refused before it runs (remote.py checks
+`hppctl --version`), and PROBE_VERSION is part of every cache key.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from hppctl.models.base import FrozenModel
+
+NonNegFloat = Annotated[float, Field(ge=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+PosInt = Annotated[int, Field(gt=0)]
+
+
+class Identity(FrozenModel):
+    """`identify`: what the device is and offers (device.identify)."""
+
+    type: Literal["identity"] = "identity"
+    hostname: str
+    machine: str
+    cpu_model: str
+    cpus: PosInt
+    cpu_quota_cores: NonNegFloat | None
+    cpu_quota_source: str
+    threads: PosInt
+    threads_source: str
+    memory_total_bytes: NonNegInt | None
+    memory_available_bytes: NonNegInt | None
+    memory_limit_bytes: NonNegInt | None
+    memory_limit_source: str
+    omp_num_threads: str | None
+    python: str
+    torch: str | None
+    transformers: str | None
+    hppctl: str
+    kernel: str
+
+
+class Setup(FrozenModel):
+    """`train`: the model is built and cut into one stage per layer."""
+
+    type: Literal["setup"] = "setup"
+    layers: PosInt
+    threads: PosInt
+    clock: Literal["cpu", "wall"]
+    runtime_bytes: NonNegInt
+    model_bytes: NonNegInt
+    param_bytes: NonNegInt
+    setup_s: NonNegFloat
+    model_fingerprint: str | None = None
+
+
+class Step(FrozenModel):
+    """Whole training steps run back to back at one batch size."""
+
+    count: PosInt
+    wall_s: NonNegFloat
+    cpu_s: NonNegFloat
+    clock_s: Annotated[list[NonNegFloat], Field(min_length=1)]
+    """Each step's time on the probe's clock."""
+
+
+class Batch(FrozenModel):
+    """`train`: everything measured at one batch size (raw samples; parse.py summarises)."""
+
+    type: Literal["batch"] = "batch"
+    batch_size: PosInt
+    clock: Literal["cpu", "wall"]
+    forward: list[list[NonNegFloat]]
+    """forward[layer] = the repeats' seconds, warm-up passes dropped."""
+    backward: list[list[NonNegFloat]]
+    step: Step
+    optimizer_step_s: list[NonNegFloat] = []
+    peak_bytes: NonNegInt
+    peak_method: str
+    notes: list[str] = []
+
+
+class Skip(FrozenModel):
+    """`train`: a batch size left out (it would not fit the memory budget)."""
+
+    type: Literal["skip"] = "skip"
+    batch_size: PosInt
+    reason: str
+
+
+class Progress(FrozenModel):
+    type: Literal["progress"] = "progress"
+    phase: str
+    done: NonNegInt
+    total: NonNegInt
+    batch_size: PosInt | None = None
+
+
+class Received(FrozenModel):
+    """`recv`: one TCP transfer, seen by the receiver."""
+
+    type: Literal["recv"] = "recv"
+    bound: str
+    bytes: NonNegInt
+    seconds: NonNegFloat
+    bytes_per_s: NonNegFloat
+
+
+class Ping(FrozenModel):
+    type: Literal["ping"] = "ping"
+    rtt_s: Annotated[list[NonNegFloat], Field(min_length=1)]

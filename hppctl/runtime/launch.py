@@ -61,13 +61,25 @@ class _Tail:
             return list(self.lines) + ([self._partial] if self._partial else [])
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the launcher dies (Linux), so a killed run leaves no workers."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 class LocalWorker:
     def __init__(self, device: str, payload: str, *, env: dict[str, str] | None = None, log=None) -> None:
         self.device = device
         self._tail = _Tail(device, log)
         self.proc = subprocess.Popen([sys.executable, "-m", WORKER_MODULE], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env={**os.environ, **(env or {})}, start_new_session=True)
+                                     env={**os.environ, **(env or {})}, start_new_session=True,
+                                     preexec_fn=_die_with_parent)
         self.proc.stdin.write(payload + "\n")
         self.proc.stdin.close()
         self._reader = threading.Thread(target=self._read, daemon=True, name=f"tail-{device}")

@@ -77,6 +77,12 @@ def run_fingerprint(plan: HppPlan, options: TrainOptions) -> dict:
             **{k: getattr(options, k) for k in keep}}
 
 
+def _load_states(blobs: dict[int, bytes]) -> dict[int, dict]:
+    import torch
+
+    return {p: torch.load(io.BytesIO(b), weights_only=True) for p, b in blobs.items()}
+
+
 class Session:
     def __init__(self, request: RunRequest) -> None:
         from hppctl.schedule import check_schedule, schedule_for_plan
@@ -100,8 +106,8 @@ class Session:
             start_round, init = self._resume_point()
             options = self.request.options.model_copy(update={"start_round": start_round})
             if start_round >= options.rounds:
-                raise RuntimeFailure(f"--resume: the checkpoint already holds round {start_round} of "
-                                     f"{options.rounds}; nothing to run (raise --rounds to train further)")
+                notify(f"the checkpoint already holds round {start_round} of {options.rounds}; nothing to run")
+                return RunResult(start_round, [], _load_states(init), time.perf_counter() - started)
             self.store = self._host_store(options.timeout_s)
             try:
                 for p, blob in init.items():
@@ -219,20 +225,12 @@ class Session:
         return max(1, len(load_data(options.dataset, self.request.plan.model).train) // self.topo.global_batch)
 
     def _final_states(self, options: TrainOptions) -> dict[int, dict]:
-        import torch
-
         store = self.store.store
         states = {}
-        for p in range(self.topo.num_stages):
-            blob = bootstrap.get_blob(store, f"final/{p}", delete=True)
-            if self.ckpt:
-                states[p] = blob
-            else:
-                states[p] = torch.load(io.BytesIO(blob), weights_only=True)
+        blobs = {p: bootstrap.get_blob(store, f"final/{p}", delete=True) for p in range(self.topo.num_stages)}
         if self.ckpt:
-            self.ckpt.write_round(options.rounds, states, run_fingerprint(self.request.plan, options))
-            states = {p: torch.load(io.BytesIO(b), weights_only=True) for p, b in states.items()}
-        return states
+            self.ckpt.write_round(options.rounds, blobs, run_fingerprint(self.request.plan, options))
+        return _load_states(blobs)
 
     # --- liveness -------------------------------------------------------------------------------
     def _check_alive(self) -> None:

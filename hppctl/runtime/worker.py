@@ -48,18 +48,23 @@ class Worker:
 
         self.config, self.store, self.device = config, store, config.device
         opts = config.options
-        self.baseline_rss = rss_bytes()
+        from hppctl.zoo import trace
+
+        trace(config.model, "train")  # imports the model's libraries; the stage reuses the trace
         self.topo = Topology.of(config.schedule)
         self.rank = self.topo.rank(self.device)
         self.stage_index = self.topo.stage_of[self.device]
-        layers = config.schedule.stages[self.stage_index].layers
-        self.stage = Stage(config.model, config.granularity, layers[0], layers[1], seed=opts.seed)
-        self.optimizer = make_optimizer(self.stage.parameters(), opts)
         self.feed = None
         if self.topo.is_head(self.device) or self.topo.is_tail(self.device):
             data = load_data(opts.dataset, config.model)
             order = SampleOrder(len(data.train), self.topo.global_batch, self.topo.micro_batch, opts.seed)
             self.feed = DataFeed(data, order)
+        self.baseline_rss = rss_bytes()
+        """Resident memory before any weight exists: interpreter, torch, the model's libraries and meta
+        trace, the dataset. Peak minus this is what the plan's memory prediction (Eq. 3) covers."""
+        layers = config.schedule.stages[self.stage_index].layers
+        self.stage = Stage(config.model, config.granularity, layers[0], layers[1], seed=opts.seed)
+        self.optimizer = make_optimizer(self.stage.parameters(), opts)
         if config.resume:
             self.load_state(torch.load(io.BytesIO(self._get_blob(f"init/{self.stage_index}")), weights_only=True))
 

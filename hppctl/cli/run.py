@@ -1,0 +1,203 @@
+"""`hppctl run`: train a plan on real worker processes, one per device (docs/runtime.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from hppctl.cli.output import emit_json, note, stderr, stdout
+from hppctl.errors import BadInput
+
+EXAMPLES = """
+Examples:
+
+\b
+  hppctl run --plan plans/local.yaml --cluster local.yaml --dataset digits --epochs 5
+  hppctl run --plan P.yaml --cluster C.yaml --rounds 200 --checkpoint-dir ckpt/ --resume --metrics m.jsonl
+  hppctl run --plan P.yaml --cluster lab.yaml --profile prof.json --trace run-trace.json --json
+  hppctl run --plan P.yaml --cluster C.yaml --dataset mypkg.data:make_dataset --save-model model.pt
+
+From cron, `--checkpoint-dir D --resume` continues from the newest complete round; a second run on
+the same directory is refused while the first holds its lock.
+"""
+
+
+def _positive(flag: str, value, allow_zero: bool = False):
+    if value is not None and (value < 0 or (value == 0 and not allow_zero)):
+        raise BadInput(f"{flag}: must be {'non-negative' if allow_zero else 'positive'} (got {value})")
+    return value
+
+
+def run_command(
+    plan: Annotated[Optional[Path], typer.Option("--plan", help="Plan file from `hppctl plan`. Required.")] = None,
+    cluster: Annotated[Optional[Path], typer.Option("--cluster", help="Cluster inventory naming the plan's devices (local: or host:). Required.")] = None,
+    profile: Annotated[Optional[Path], typer.Option("--profile", help="The profile the plan was made from: its digest must match.")] = None,
+    rounds: Annotated[Optional[int], typer.Option("--rounds", help="Rounds (global batches) to train in total.")] = None,
+    epochs: Annotated[Optional[int], typer.Option("--epochs", help="Epochs to train (rounds = epochs x floor(samples / global batch)). Default 1.")] = None,
+    dataset: Annotated[str, typer.Option("--dataset", help="synthetic, digits, or package.module:factory.")] = "synthetic",
+    seed: Annotated[int, typer.Option("--seed", help="Weights, sample order and dropout derive from it.")] = 0,
+    optimizer: Annotated[str, typer.Option("--optimizer", help="sgd (with --momentum) or adam.")] = "sgd",
+    lr: Annotated[float, typer.Option("--lr", help="Learning rate.")] = 0.05,
+    momentum: Annotated[float, typer.Option("--momentum", help="SGD momentum.")] = 0.9,
+    weight_decay: Annotated[float, typer.Option("--weight-decay", help="L2 weight decay.")] = 0.0,
+    checkpoint_dir: Annotated[Optional[Path], typer.Option("--checkpoint-dir", help="Per-stage checkpoints, written atomically; locked while the run lasts.")] = None,
+    checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Checkpoint every K rounds (and at the end).")] = 1,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from the newest complete round in --checkpoint-dir.")] = False,
+    metrics: Annotated[Optional[Path], typer.Option("--metrics", help="Per-round metrics, one JSON object per line.")] = None,
+    trace: Annotated[Optional[Path], typer.Option("--trace", help="Chrome/Perfetto trace of the run (the simulator's layout).")] = None,
+    save_model: Annotated[Optional[Path], typer.Option("--save-model", help="Write the trained model as one state dict (the model's own parameter names).")] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads per worker (default: cores / local workers; SSH workers follow OMP_NUM_THREADS).")] = None,
+    listen: Annotated[Optional[str], typer.Option("--listen", help="HOST[:PORT] for the run's store (default 127.0.0.1, or the address that reaches the SSH devices).")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for workers to join and for any transfer.")] = 300.0,
+    log: Annotated[Optional[Path], typer.Option("--log", help="Append every worker's output here, prefixed by device.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON summary on stdout.")] = False,
+) -> None:
+    """Train an HPP plan: one worker process per device, gloo for tensors, the plan's schedule on every device."""
+    from hppctl.models.cluster import ClusterSpec
+    from hppctl.models.plan import HppPlan
+    from hppctl.models.profile import Profile
+    from hppctl.runtime.config import TrainOptions
+    from hppctl.runtime.preflight import preflight
+    from hppctl.store import load
+
+    if plan is None:
+        raise BadInput("--plan: required (a plan file from `hppctl plan`)")
+    if cluster is None:
+        raise BadInput("--cluster: required (the inventory naming the plan's devices)")
+    if rounds is not None and epochs is not None:
+        raise BadInput("--rounds and --epochs: give one of them")
+    for flag, value in (("--rounds", rounds), ("--epochs", epochs), ("--checkpoint-every", checkpoint_every),
+                        ("--threads", threads)):
+        _positive(flag, value)
+    if optimizer not in ("sgd", "adam"):
+        raise BadInput(f"--optimizer: unknown value {optimizer!r} (sgd or adam)")
+    if resume and checkpoint_dir is None:
+        raise BadInput("--resume: needs --checkpoint-dir")
+    if lr <= 0:
+        raise BadInput(f"--lr: must be positive (got {lr})")
+    for flag, path, suffixes in (("--metrics", metrics, (".jsonl", ".json")), ("--trace", trace, (".json",))):
+        if path is not None and path.suffix.lower() not in suffixes:
+            raise BadInput(f"{flag}: {path}: use a {' or '.join(suffixes)} file")
+
+    hpp = load(plan, HppPlan)
+    inventory = load(cluster, ClusterSpec)
+    prof = load(profile, Profile) if profile is not None else None
+    data = preflight(hpp, inventory, dataset, profile=prof, plan_source=str(plan), cluster_source=str(cluster),
+                     profile_source=str(profile))
+    per_epoch = len(data.train) // hpp.global_batch
+    total = rounds if rounds is not None else (epochs or 1) * per_epoch
+    local = [d for d in hpp.devices() if inventory.device(d).local]
+    if threads is None:
+        threads = max(1, (os.cpu_count() or 1) // len(local)) if len(local) == len(hpp.devices()) else 0
+    options = TrainOptions(dataset=dataset, seed=seed, rounds=total, optimizer=optimizer, lr=lr, momentum=momentum,
+                           weight_decay=weight_decay, checkpoint_every=checkpoint_every if checkpoint_dir else 0,
+                           threads=threads, trace=trace is not None, timeout_s=timeout)
+    summary = train(hpp, inventory, options, data, checkpoint_dir=checkpoint_dir, resume=resume, metrics=metrics,
+                    trace=trace, save_model=save_model, listen=listen, log=log, plan_source=str(plan))
+    if as_json:
+        emit_json(summary)
+    else:
+        render(summary)
+
+
+def train(plan, cluster, options, data, *, checkpoint_dir=None, resume=False, metrics=None, trace=None,
+          save_model=None, listen=None, log=None, plan_source="plan", quiet=False) -> dict:
+    """Run the session with progress on stderr; write metrics, trace and model; return the summary."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from hppctl.runtime.results import accuracy, save_model as write_model
+    from hppctl.runtime.session import RunRequest, Session
+    from hppctl.store import write_text_atomic
+
+    log_file = open(log, "a") if log else None
+    metrics_file = None
+    try:
+        session = Session(RunRequest(plan, cluster, options, checkpoint_dir=checkpoint_dir, resume=resume,
+                                     listen=listen, log=log_file))
+        progress = Progress(TextColumn("[bold]training[/]"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=stderr,
+                            disable=quiet, transient=False)
+        if metrics is not None:
+            metrics.parent.mkdir(parents=True, exist_ok=True)
+            metrics_file = open(metrics, "a" if resume else "w")
+        with progress:
+            task = progress.add_task("rounds", total=options.rounds, status="starting workers")
+
+            def on_round(row: dict) -> None:
+                if metrics_file is not None:
+                    metrics_file.write(json.dumps(row) + "\n")
+                    metrics_file.flush()
+                progress.update(task, completed=row["round"] + 1,
+                                status=f"loss {row['loss']:.4f}  {row['samples_per_s']:.1f} samples/s")
+
+            def on_event(message: str) -> None:
+                progress.update(task, status=message)
+
+            result = session.run(on_round=on_round, on_event=on_event)
+            progress.update(task, completed=options.rounds)
+    finally:
+        if metrics_file is not None:
+            metrics_file.close()
+        if log_file is not None:
+            log_file.close()
+    state = result.model_state()
+    if save_model is not None:
+        write_model(state, save_model)
+    if trace is not None and result.trace is not None:
+        write_text_atomic(trace, json.dumps(result.trace) + "\n")
+    test_accuracy = accuracy(plan.model, state, data.test) if data.test is not None else None
+    return summarize(plan, options, result, test_accuracy, plan_source=plan_source, checkpoint_dir=checkpoint_dir,
+                     metrics=metrics, trace=trace, save_model=save_model)
+
+
+def summarize(plan, options, result, test_accuracy, *, plan_source, checkpoint_dir, metrics, trace, save_model) -> dict:
+    rows = result.rounds
+    steady = [r["samples_per_s"] for r in rows[1:]] or [r["samples_per_s"] for r in rows]
+    predicted = {d: m for s in plan.stages for d, m in zip(s.devices, s.memory_bytes)}
+    last = rows[-1] if rows else {}
+    return {
+        "plan": plan_source, "model": plan.model, "strategy": plan.strategy, "dataset": options.dataset,
+        "stages": [{"layers": s.layers, "devices": s.devices, "samples": s.samples} for s in plan.stages],
+        "global_batch": plan.global_batch, "micro_batch": plan.micro_batch,
+        "start_round": result.start_round, "rounds": options.rounds, "rounds_run": len(rows),
+        "loss": last.get("loss"), "train_accuracy": last.get("train_accuracy"), "test_accuracy": test_accuracy,
+        "samples_per_s": statistics.median(steady) if steady else None,
+        "predicted_samples_per_s": plan.prediction.throughput_samples_per_s,
+        "wall_s": result.wall_s,
+        "memory": {d: {**m, "predicted_bytes": predicted.get(d)} for d, m in result.workers.items()},
+        "checkpoint_dir": str(checkpoint_dir) if checkpoint_dir else None,
+        "metrics": str(metrics) if metrics else None, "trace": str(trace) if trace else None,
+        "saved_model": str(save_model) if save_model else None,
+    }
+
+
+def render(summary: dict) -> None:
+    from hppctl.models.units import format_bytes
+
+    shape = " | ".join(f"[{s['layers'][0]}, {s['layers'][1]}) on " + ", ".join(f"{d}:{y}" for d, y in zip(s["devices"], s["samples"]))
+                       for s in summary["stages"])
+    stdout.print(f"{summary['model']} ({summary['strategy']}): {shape}")
+    acc = summary["test_accuracy"]
+    parts = [f"rounds {summary['start_round']}..{summary['rounds']} ({summary['rounds_run']} run) in {summary['wall_s']:.1f} s"]
+    if summary["loss"] is not None:
+        parts.append(f"loss {summary['loss']:.4f}")
+    if summary["samples_per_s"] is not None:
+        parts.append(f"{summary['samples_per_s']:.1f} samples/s (plan predicted {summary['predicted_samples_per_s']:.1f})")
+    if acc is not None:
+        parts.append(f"test accuracy {acc:.1%}")
+    stdout.print("; ".join(parts))
+    for d, m in summary["memory"].items():
+        stdout.print(f"  {d}: peak RSS {format_bytes(m['peak_rss_bytes'])} "
+                     f"(process baseline {format_bytes(m['baseline_rss_bytes'])})")
+    for key in ("saved_model", "checkpoint_dir", "metrics", "trace"):
+        if summary[key]:
+            note(f"{key.replace('_', ' ')}: {summary[key]}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run", help=(run_command.__doc__ or "") + "\n" + EXAMPLES)(run_command)

@@ -1,0 +1,139 @@
+"""`hppctl run`: pre-flight refusals (exit 2), outputs, lock, resume, worker failures."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hppctl.models.cluster import ClusterSpec, DeviceSpec
+from hppctl.runtime.checkpoint import CheckpointDir
+from hppctl.store import save
+from hppctl.zoo.tiny import TinyMLP
+from tests.runtime.factories import local_cluster, make_plan
+
+TWO_STAGES = [((0, 2), ["a", "b"], [3, 1]), ((2, 5), ["c"], [4])]
+
+
+@pytest.fixture
+def files(tmp_path):
+    def write(plan=None, cluster=None):
+        plan = plan or make_plan("tiny-mlp", TWO_STAGES, global_batch=16, micro_batch=4)
+        cluster = cluster or local_cluster("a", "b", "c")
+        save(tmp_path / "plan.yaml", plan)
+        save(tmp_path / "cluster.yaml", cluster)
+        return tmp_path / "plan.yaml", tmp_path / "cluster.yaml"
+    return write
+
+
+# --- pre-flight: nothing starts, exit 2 ------------------------------------------------------------
+
+def test_device_missing_from_cluster(cli, files):
+    plan, cluster = files(cluster=local_cluster("a", "b"))
+    code, out, err = cli("run", "--plan", plan, "--cluster", cluster)
+    assert code == 2 and "device 'c' is not in" in err and out == ""
+
+
+def test_preset_device_cannot_run(cli, files):
+    inventory = ClusterSpec(name="x", devices=[DeviceSpec(name="a", local=True), DeviceSpec(name="b", local=True),
+                                               DeviceSpec(name="c", preset="jetson-nano")])
+    plan, cluster = files(cluster=inventory)
+    code, _, err = cli("run", "--plan", plan, "--cluster", cluster)
+    assert code == 2 and "'c' is a preset" in err
+
+
+def test_layer_count_must_match_the_model(cli, files):
+    plan, cluster = files(make_plan("tiny-mlp", [((0, 2), ["a"], [4]), ((2, 4), ["b"], [4])],
+                                    global_batch=16, micro_batch=4))
+    code, _, err = cli("run", "--plan", plan, "--cluster", cluster)
+    assert code == 2 and "covers 4 layers of tiny-mlp" in err and "has 5" in err
+
+
+def test_profile_digest_must_match(cli, files, tmp_path):
+    from tests.conftest import make_profile
+
+    plan, cluster = files()
+    save(tmp_path / "profile.json", make_profile(layers=5, speeds=(1.0,)))
+    code, _, err = cli("run", "--plan", plan, "--cluster", cluster, "--profile", tmp_path / "profile.json")
+    assert code == 2 and "model" in err
+
+
+@pytest.mark.parametrize("dataset, message", [
+    ("imagenet", "unknown dataset"),
+    ("no_such_module:f", "cannot import"),
+    ("tests.runtime.userdata:wrong_shape", "shape (7,)"),
+])
+def test_dataset_must_load(cli, files, dataset, message):
+    plan, cluster = files()
+    code, _, err = cli("run", "--plan", plan, "--cluster", cluster, "--dataset", dataset)
+    assert code == 2 and message in err
+
+
+def test_dataset_smaller_than_a_global_batch(cli, files):
+    plan, cluster = files(make_plan("tiny-mlp", TWO_STAGES, global_batch=4096, micro_batch=4))
+    code, _, err = cli("run", "--plan", plan, "--cluster", cluster, "--dataset", "synthetic")
+    assert code == 2 and "fewer than the plan's global batch 4096" in err
+
+
+def test_digits_needs_an_image_or_feature_model(cli, files):
+    plan, cluster = files(make_plan("tiny-bert", [((0, 31), ["a"], [4])], global_batch=16, micro_batch=4))
+    code, _, err = cli("run", "--plan", plan, "--cluster", cluster, "--dataset", "digits")
+    assert code == 2 and "token ids" in err
+
+
+def test_resume_needs_a_checkpoint_dir(cli, files):
+    plan, cluster = files()
+    code, _, err = cli("run", "--plan", plan, "--cluster", cluster, "--resume")
+    assert code == 2 and "--resume: needs --checkpoint-dir" in err
+
+
+# --- real runs (gloo) ----------------------------------------------------------------------------
+
+@pytest.mark.gloo
+@pytest.mark.timeout(300)
+def test_outputs(cli, files, tmp_path):
+    plan, cluster = files()
+    code, out, err = cli("run", "--plan", plan, "--cluster", cluster, "--dataset", "tests.runtime.userdata:features",
+                         "--rounds", "6", "--metrics", tmp_path / "m.jsonl", "--trace", tmp_path / "t.json",
+                         "--save-model", tmp_path / "model.pt", "--checkpoint-dir", tmp_path / "ck",
+                         "--checkpoint-every", "2", "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["rounds_run"] == 6 and summary["test_accuracy"] is not None
+    rows = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == list(range(6))
+    assert {"loss", "samples_per_s", "bytes_sent", "stages", "devices"} <= set(rows[0])
+    assert rows[0]["stages"][0]["devices"] == ["a", "b"] and rows[0]["bytes_sent"] > 0
+    trace = json.loads((tmp_path / "t.json").read_text())
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert {"forward", "backward", "allreduce", "step", "activations", "gradients"} <= {e["cat"] for e in spans}
+    assert any(e["name"] == "0F0[0:3]" for e in spans)
+    # The saved model loads into the plain model class, no hppctl wrapper names.
+    net = TinyMLP()
+    net.load_state_dict(torch.load(tmp_path / "model.pt"))
+    assert CheckpointDir(tmp_path / "ck").complete_rounds() == [4, 6]
+
+
+@pytest.mark.gloo
+@pytest.mark.timeout(300)
+def test_lock_refuses_a_second_run(cli, files, tmp_path):
+    plan, cluster = files()
+    holder = CheckpointDir(tmp_path / "ck")
+    holder.lock()
+    try:
+        code, _, err = cli("run", "--plan", plan, "--cluster", cluster, "--checkpoint-dir", tmp_path / "ck")
+    finally:
+        holder.unlock()
+    assert code == 1 and "in use by another run" in err
+
+
+@pytest.mark.gloo
+@pytest.mark.timeout(300)
+def test_a_worker_that_fails_names_its_device(cli, files):
+    plan, cluster = files()
+    code, _, err = cli("run", "--plan", plan, "--cluster", cluster, "--rounds", "3",
+                       "--dataset", "tests.runtime.userdata:broken_in_workers")
+    assert code == 1
+    assert "worker on device" in err and "unreadable on this device" in err
+    assert "last lines" in err

@@ -1,0 +1,36 @@
+"""User datasets for `--dataset tests.runtime.userdata:…` in the runtime tests."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch.utils.data import Dataset
+
+
+class Features(Dataset):
+    """64 samples of 32 features; label = index mod 10. `fail_in_workers` makes every read inside a
+    worker process fail (the launcher's pre-flight read still succeeds)."""
+
+    def __init__(self, fail_in_workers: bool = False) -> None:
+        self.fail_in_workers = fail_in_workers
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int):
+        if self.fail_in_workers and sys.argv[0].endswith("worker.py"):
+            raise RuntimeError(f"sample {i} is unreadable on this device")
+        return torch.full((32,), float(i) / 64), i % 10
+
+
+def features():
+    return Features(), Features()
+
+
+def broken_in_workers():
+    return Features(fail_in_workers=True)
+
+
+def wrong_shape():
+    return [(torch.zeros(7), 0)]

@@ -34,3 +34,18 @@ def broken_in_workers():
 
 def wrong_shape():
     return [(torch.zeros(7), 0)]
+
+
+class SlowFeatures(Features):
+    """Reads take 5 ms inside workers, so a short run lasts long enough to be killed in the middle."""
+
+    def __getitem__(self, i: int):
+        if sys.argv[0].endswith("worker.py"):
+            import time
+
+            time.sleep(0.005)
+        return super().__getitem__(i)
+
+
+def slow_features():
+    return SlowFeatures()

@@ -27,9 +27,11 @@ Examples:
   hppctl simulate --plan plans/c.yaml --warmup 4,2,1 --write-schedule s.json     # explicit K_p, plan timings
   hppctl simulate --plan plans/c.yaml --schedule s.json --blocking               # replay a schedule file
 
+  hppctl simulate --plan plans/d.yaml --profile P.json --fail nano1@30            # recovery what-if
+
 Without --profile the simulator uses the plan's own per-stage figures (E_f, E_b, T_a, transfer
-times) and cannot report memory in bytes. --fail DEVICE@SECONDS (failure injection) belongs to
-the fault-tolerance issue and is refused for now (exit 2).
+times) and cannot report memory in bytes. --fail needs --profile: it predicts detection,
+re-planning, state movement and the first round after recovery for light and heavy re-planning.
 """
 
 
@@ -45,7 +47,9 @@ def simulate_command(
     step_time: Annotated[float, typer.Option("--step-time", help="Seconds of one optimizer step per device (the profile has none; default 0).")] = 0.0,
     trace: Annotated[Optional[Path], typer.Option("--trace", help="Write Chrome trace events (.json) for Perfetto / chrome://tracing.")] = None,
     png: Annotated[Optional[Path], typer.Option("--png", help="Render the timeline to a PNG (needs matplotlib: pip install 'hppctl[plot]').")] = None,
-    fail: Annotated[Optional[str], typer.Option("--fail", help="DEVICE@SECONDS: failure injection; not implemented yet (fault-tolerance issue), exits 2.")] = None,
+    fail: Annotated[Optional[str], typer.Option("--fail", help="DEVICE@SECONDS: predict recovery from this device failing at this time (needs --profile).")] = None,
+    replan: Annotated[str, typer.Option("--replan", help="With --fail: light, heavy or both (side by side).")] = "both",
+    timeout: Annotated[float, typer.Option("--timeout", help="With --fail: heartbeat silence before a device is suspect (s).")] = 3.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
 ) -> None:
     """Simulate one training round of a plan: latency, throughput, per-device busy/bubble and peak memory."""
@@ -54,7 +58,8 @@ def simulate_command(
     from hppctl.models.schedule import Schedule
 
     if fail is not None:
-        raise BadInput(f"--fail: {fail!r}: failure injection is not implemented yet (planned with fault tolerance)")
+        _simulate_failure(plan_file, profile_file, fail, replan, timeout, as_json)
+        return
     if step_time < 0:
         raise BadInput(f"--step-time: must not be negative (got {step_time})")
     if sum(x is not None for x in (policy, warmup, schedule_file)) > 1:
@@ -93,6 +98,41 @@ def simulate_command(
         for device, actions in schedule.actions.items():
             stdout.print(f"{device}: " + " ".join(str(a) for a in actions), soft_wrap=True)
     _render(plan, schedule, result, profile is not None)
+
+
+def _simulate_failure(plan_file, profile_file, fail: str, replan: str, timeout: float, as_json: bool) -> None:
+    from hppctl.planner.explain import check_plan_matches
+    from hppctl.schedule.failure import simulate_failure
+
+    device, _, when = fail.partition("@")
+    try:
+        at_s = float(when)
+    except ValueError:
+        raise BadInput(f"--fail: expected DEVICE@SECONDS like nano1@30, got {fail!r}") from None
+    if at_s < 0 or replan not in ("light", "heavy", "both") or timeout <= 0:
+        raise BadInput(f"--fail/--replan/--timeout: need SECONDS >= 0, light|heavy|both and a positive timeout "
+                       f"(got {fail!r}, {replan!r}, {timeout})")
+    if profile_file is None:
+        raise BadInput("--fail: needs --profile (re-planning uses the per-layer timings)")
+    plan, profile = load(plan_file, HppPlan), load(profile_file, Profile)
+    check_plan_matches(plan, profile, str(plan_file))
+    if device not in plan.devices():
+        raise BadInput(f"--fail: device {device!r} is not in the plan (devices: {', '.join(plan.devices())})")
+    methods = ["light", "heavy"] if replan == "both" else [replan]
+    runs = [simulate_failure(plan, profile, device, at_s, method=m, timeout_s=timeout) for m in methods]
+    if as_json:
+        emit_json([{**r.__dict__, "detection_s": r.detection_s, "recovery_s": r.recovery_s} for r in runs])
+        return
+    table = Table(box=None, pad_edge=False, title=f"{device} fails at {at_s:g} s")
+    for col in ("re-planning", "detected s", "replan s", "moved", "move s", "first round done s", "recovery s",
+                "throughput before", "throughput after", "stages after"):
+        table.add_column(col)
+    for r in runs:
+        label = r.method if r.method == r.requested else f"{r.requested} -> {r.method} (memory)"
+        table.add_row(label, f"{r.detected_at_s:.2f}", f"{r.replan_s:.3f}", format_bytes(r.moved_bytes),
+                      f"{r.move_s:.2f}", f"{r.first_round_done_at_s:.2f}", f"{r.recovery_s:.2f}",
+                      f"{r.throughput_before:.1f}", f"{r.throughput_after:.1f}", str(r.stages_after))
+    stdout.print(table)
 
 
 def _parse_warmup(text: str) -> list[int]:

@@ -3,8 +3,10 @@
 Light ("layer-wise lightweight pipeline re-planning"): keep the surviving stages and their
 device groups, drop the lost device, and move the partition points so that each remaining
 stage's share of the model's forward FLOPs is proportional to its compute capacity (FLOP/s
-of its devices on its current layers). Then re-run Algorithm 1 in every stage (K follows the
-new stage count) and check every memory budget; if anything does not fit, fall back to heavy.
+of its devices on its current layers) — the paper's rule. Then re-run Algorithm 1 in every
+stage (K follows the new stage count), polish the cuts one layer at a time on the profiled
+times (our addition: FLOPs alone misjudge depthwise layers and per-kernel overheads), and check
+every memory budget; if anything does not fit, fall back to heavy.
 
 Heavy ("straw-man rescheduling"): the full planner on the surviving devices, from scratch.
 
@@ -71,6 +73,12 @@ def replan_light(plan: HppPlan, profile: Profile, lost: str) -> Replan:
     capacities = [stage_capacity(cm, g, start, end) for g, (start, end) in kept]
     cuts = flops_proportional_cuts(survivors, capacities)
     stages = _allocate_stages(cm, [g for g, _ in kept], cuts)
+    if stages is not None and cm.evaluate(stages, plan.schedule).feasible:
+        # FLOPs are a rough proxy for time (depthwise convolutions, per-kernel overheads): polish
+        # the cuts on the profiled times, one layer at a time, still without regrouping devices
+        from hppctl.planner.strategies.asteroid import refine_cuts
+
+        stages = refine_cuts(cm, stages)
     if stages is None or not cm.evaluate(stages, plan.schedule).feasible:
         heavy = replan_heavy(plan, profile, lost)
         return Replan(heavy.plan, heavy.profile, heavy.migrations, "heavy",

@@ -103,7 +103,7 @@ def test_schedule_for_another_plan_is_refused(cli, files, tmp_path):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (("--fail", "dev0@3"), "not implemented yet"),
+    (("--fail", "dev0@3"), "needs --profile"),
     (("--warmup", "1,x"), "comma-separated positive integers"),
     (("--warmup", "0,1"), "at least 1"),
     (("--warmup", "1,2"), "must not increase"),
@@ -141,9 +141,9 @@ def test_show_schedule_prints_text_actions(cli, files):
     assert code == 0 and "STEP0" in out and "0F0[0:32]" in out
 
 
-def test_help_says_fail_is_for_later(cli):
+def test_help_explains_fail(cli):
     code, out, _ = cli("simulate", "--help")
-    assert code == 0 and "--fail" in out and "fault-tolerance" in out
+    assert code == 0 and "--fail" in out and "recovery" in out
 
 
 def test_schedule_and_simulate_modules_do_not_import_torch_or_fabric():

@@ -1,0 +1,118 @@
+"""What-if of a device failure (`hppctl simulate --fail DEVICE@SECONDS`): the recovery timeline.
+
+Training runs round after round at the plan's simulated round latency. At `at_s` the device
+dies. The model of what follows mirrors Asteroid's pipeline replay (§3.4) as hppctl runs it:
+
+1. detection: the coordinator hears nothing for `timeout_s` after the last heartbeat, then a
+   probe waits `probe_s` (heartbeats every `heartbeat_s`);
+2. re-planning: the light or heavy planner runs (its real time on this machine is measured);
+3. state movement: light — every device fetches only the layers that change owner, all
+   migrations concurrently, each at its link's bandwidth (the slowest one decides), the lost
+   stage's layers from its backup holder; heavy — every survivor sends its stage's weights and
+   optimizer state to the coordinator (the first survivor) and receives its new stage back;
+4. the survivors rebuild their process group (`regroup_s`);
+5. the interrupted round is replayed from its start on the new plan: the first round after the
+   failure completes one (new) round latency later.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from hppctl.models.plan import HppPlan
+from hppctl.models.profile import Profile
+
+
+@dataclass(frozen=True)
+class Recovery:
+    method: str  # light, or heavy (also when light fell back to heavy)
+    requested: str
+    failed_device: str
+    fail_at_s: float
+    detected_at_s: float
+    replan_s: float
+    moved_bytes: int
+    move_s: float
+    resumed_at_s: float
+    first_round_done_at_s: float
+    round_latency_before_s: float
+    round_latency_after_s: float
+    throughput_before: float
+    throughput_after: float
+    lost_work_s: float
+    stages_after: int
+    devices_after: list[str]
+
+    @property
+    def detection_s(self) -> float:
+        return self.detected_at_s - self.fail_at_s
+
+    @property
+    def recovery_s(self) -> float:
+        """Failure to the first round completed afterwards."""
+        return self.first_round_done_at_s - self.fail_at_s
+
+
+def optimizer_factor(profile: Profile) -> float:
+    """Bytes moved per parameter byte: the weights plus the optimizer state."""
+    return 1.0 + profile.optimizer_state_factor
+
+
+def simulate_failure(plan: HppPlan, profile: Profile, device: str, at_s: float, *, method: str = "light",
+                     heartbeat_s: float = 1.0, timeout_s: float = 3.0, probe_s: float = 2.0,
+                     regroup_s: float = 1.0) -> Recovery:
+    from hppctl.planner.replan import replan_heavy, replan_light
+    from hppctl.schedule import simulate_plan
+
+    before = simulate_plan(plan, profile)[1].round_latency_s
+    last_beat = math.floor(at_s / heartbeat_s) * heartbeat_s
+    detected = max(at_s, last_beat + timeout_s) + probe_s
+    started = time.perf_counter()
+    result = (replan_light if method == "light" else replan_heavy)(plan, profile, device)
+    replan_s = time.perf_counter() - started
+    moved, move_s = _movement(plan, profile, result, device)
+    resumed = detected + replan_s + move_s + regroup_s
+    after = simulate_plan(result.plan, result.profile)[1].round_latency_s
+    round_start = math.floor(at_s / before) * before
+    return Recovery(
+        method=result.method, requested=method, failed_device=device, fail_at_s=at_s, detected_at_s=detected,
+        replan_s=replan_s, moved_bytes=moved, move_s=move_s, resumed_at_s=resumed,
+        first_round_done_at_s=resumed + after, round_latency_before_s=before, round_latency_after_s=after,
+        throughput_before=plan.global_batch / before, throughput_after=plan.global_batch / after,
+        lost_work_s=at_s - round_start, stages_after=len(result.plan.stages), devices_after=result.plan.devices(),
+    )
+
+
+def _movement(plan: HppPlan, profile: Profile, result, lost: str) -> tuple[int, float]:
+    layers = profile.layers
+    factor = optimizer_factor(profile)
+
+    def layer_bytes(start: int, end: int) -> int:
+        return int(factor * sum(layer.param_bytes for layer in layers[start:end]))
+
+    if result.method == "light":
+        backups = _backup_holders(plan)
+        moved, slowest = 0, 0.0
+        for m in result.migrations:
+            source = m.source or backups.get(lost)
+            size = layer_bytes(m.start, m.end)
+            moved += size
+            if source and source != m.device:
+                slowest = max(slowest, size / profile.bandwidth_between(source, m.device))
+        return moved, slowest
+    coordinator = result.plan.devices()[0]
+    gather = sum(layer_bytes(s.start, s.end) / profile.bandwidth_between(d, coordinator)
+                 for s in plan.stages for d in s.devices[:1] if d not in (lost, coordinator))
+    scatter = sum(layer_bytes(s.start, s.end) / profile.bandwidth_between(coordinator, d)
+                  for s in result.plan.stages for d in s.devices if d != coordinator)
+    total = sum(layer_bytes(s.start, s.end) * len(s.devices) for s in result.plan.stages)
+    # the coordinator's one link carries every transfer in turn
+    return total, gather + scatter
+
+
+def _backup_holders(plan: HppPlan) -> dict[str, str | None]:
+    from hppctl.planner.replan import backup_targets
+
+    return backup_targets(plan)

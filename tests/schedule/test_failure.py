@@ -1,0 +1,50 @@
+"""`hppctl simulate --fail`: the predicted recovery timeline, light against heavy."""
+
+import json
+
+import pytest
+
+from hppctl.models.plan import PlanRequest
+from hppctl.planner import make_plan
+from hppctl.schedule.failure import simulate_failure
+from hppctl.store import save
+from tests.conftest import make_profile
+
+
+@pytest.fixture
+def chain():
+    profile = make_profile(layers=10, speeds=(2, 1, 1, 1), memory_gb=(8, 4, 4, 4))
+    return profile, make_plan(profile, PlanRequest(global_batch=256, micro_batch=32), "pp")
+
+
+def test_timeline_is_ordered_and_detection_follows_the_timeout(chain):
+    profile, plan = chain
+    lost = plan.stages[1].devices[0]
+    r = simulate_failure(plan, profile, lost, 10.2, method="light", heartbeat_s=1, timeout_s=3, probe_s=2)
+    assert r.detected_at_s == pytest.approx(10 + 3 + 2)  # last heartbeat at 10 s
+    assert r.fail_at_s < r.detected_at_s < r.resumed_at_s < r.first_round_done_at_s
+    assert lost not in r.devices_after and r.stages_after == len(plan.stages) - 1
+    assert r.recovery_s == pytest.approx(r.first_round_done_at_s - 10.2)
+
+
+def test_light_moves_less_than_heavy(chain):
+    profile, plan = chain
+    lost = plan.stages[-1].devices[0]
+    light = simulate_failure(plan, profile, lost, 5.0, method="light")
+    heavy = simulate_failure(plan, profile, lost, 5.0, method="heavy")
+    assert light.moved_bytes < heavy.moved_bytes and light.move_s <= heavy.move_s
+
+
+def test_cli_fail_json_and_bad_input(cli, chain, tmp_path):
+    profile, plan = chain
+    save(tmp_path / "p.json", profile)
+    save(tmp_path / "plan.json", plan)
+    lost = plan.stages[1].devices[0]
+    code, out, _ = cli("simulate", "--plan", tmp_path / "plan.json", "--profile", tmp_path / "p.json",
+                       "--fail", f"{lost}@12", "--json")
+    assert code == 0 and [r["requested"] for r in json.loads(out)] == ["light", "heavy"]
+    for bad in ("ghost@3", f"{lost}@soon", f"{lost}@-1"):
+        code, _, err = cli("simulate", "--plan", tmp_path / "plan.json", "--profile", tmp_path / "p.json", "--fail", bad)
+        assert code == 2 and err.startswith("error: --fail") and len(err.strip().splitlines()) == 1
+    code, _, err = cli("simulate", "--plan", tmp_path / "plan.json", "--fail", f"{lost}@3")
+    assert code == 2 and "needs --profile" in err

@@ -104,6 +104,7 @@ def _build(q: Instance, ub: int, lb: int) -> tuple[Model, _Vars]:
             _pair_rows(m, q, i, j, y[i, j], phi[j], xs, xv, zs, zv)
     _slot_rows(m, slot_rows)
     _assignment_rows(m, q, y, phi, xi)
+    _valid_inequalities(m, q, y, phi, xi, z)
     return m, _Vars(y, phi, xi, x, z)
 
 
@@ -153,6 +154,33 @@ def _assignment_rows(m: Model, q: Instance, y: np.ndarray, phi: np.ndarray, xi: 
     m.add_rows(np.concatenate([rows, rows, np.tile(rows, I)]),
                np.concatenate([np.full(J, xi), phi, y.reshape(-1)]),
                np.concatenate([np.ones(J), -np.ones(J), -q.rp.reshape(-1).astype(float)]), 0.0, np.inf, J)
+
+
+def _valid_inequalities(m: Model, q: Instance, y: np.ndarray, phi: np.ndarray, xi: int, z: dict) -> None:
+    """Cuts that tighten the LP relaxation without removing any integer solution.
+
+    - a client cannot beat its path: φ_j >= Σ_i y_ij (r + p + l + l′ + p′)_ij;
+    - the last of p′ distinct slots lies at least (p′-1)/2 after their mean:
+      φ_j >= Σ_i [Σ_t (t+1) z_ijt / p′_ij + (p′_ij - 1)/2 · y_ij];
+    - a helper's work runs after its earliest release and before its smallest tail:
+      ξ >= min_j r_ij + Σ_j (p + p′)_ij y_ij + min_j r′_ij.
+    """
+    I, J = y.shape
+    rows = np.arange(J)
+    before = (q.r + q.p + q.l + q.lp + q.pp).astype(float)
+    m.add_rows(np.concatenate([rows, np.tile(rows, I)]), np.concatenate([phi, y.reshape(-1)]),
+               np.concatenate([np.ones(J), -before.reshape(-1)]), 0.0, np.inf, J)
+    r_rows, r_cols, r_vals = [np.arange(J)], [phi], [np.ones(J)]
+    for (i, j), (first, zv) in z.items():
+        pp = float(q.pp[i, j])
+        r_rows += [np.full(len(zv) + 1, j)]
+        r_cols += [np.append(zv, y[i, j])]
+        r_vals += [np.append(-(first + np.arange(len(zv)) + 1.0) / pp, -(pp - 1) / 2)]
+    m.add_rows(np.concatenate(r_rows), np.concatenate(r_cols), np.concatenate(r_vals), 0.0, np.inf, J)
+    rows = np.arange(I)
+    m.add_rows(np.concatenate([rows, np.repeat(rows, J)]), np.concatenate([np.full(I, xi), y.reshape(-1)]),
+               np.concatenate([np.ones(I), -(q.p + q.pp).reshape(-1).astype(float)]),
+               (q.r.min(axis=1) + q.rp.min(axis=1)).astype(float), np.inf, I)
 
 
 def _timeline(q: Instance, sol: np.ndarray, v: _Vars, ub: int) -> Timeline:

@@ -1,0 +1,253 @@
+"""`hppctl psl plan|simulate`: parallel split learning — many data-owning clients, a few helpers.
+
+Pure planning and simulation (the runtime that executes a PSL plan is a later issue).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from hppctl.cli.output import emit_json, note, stdout
+from hppctl.errors import BadInput
+from hppctl.models.psl import METHODS, OPTIMIZERS, PslPlan, PslRequest, PslSpec
+from hppctl.models.units import format_bytes, parse_duration
+from hppctl.store import load, save, write_text_atomic
+
+EXAMPLES = """
+Examples:
+
+\b
+  hppctl psl plan --spec examples/psl/scenario1.yaml --out plans/psl.yaml
+  hppctl psl plan --spec S.yaml --method exact --slot 50ms --time-limit 120
+  hppctl psl plan --spec S.yaml --compare                      # every method side by side
+  hppctl psl plan --profile P.json --clients pi0,pi1,nano0 --helpers lap0,nx0 --cut 3,15 --batch 32
+  hppctl psl simulate --plan plans/psl.yaml --trace psl-trace.json   # open in ui.perfetto.dev
+  hppctl psl simulate --plan plans/psl.yaml --policy ltf --slow nx0=2 --json
+"""
+
+AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+
+
+def plan_command(
+    spec_file: Annotated[Optional[Path], typer.Option("--spec", help="PSL spec (.yaml/.json): model, cut, clients, helpers (docs/psl.md).")] = None,
+    profile_file: Annotated[Optional[Path], typer.Option("--profile", help="Instead of --spec: a profile from `hppctl profile` holding the clients and helpers.")] = None,
+    clients: Annotated[Optional[str], typer.Option("--clients", help="With --profile: comma-separated client devices.")] = None,
+    helpers: Annotated[Optional[str], typer.Option("--helpers", help="With --profile: comma-separated helper devices.")] = None,
+    cut: Annotated[Optional[str], typer.Option("--cut", help="With --profile: cut layers σ1,σ2 (parts [0,σ1), [σ1,σ2), [σ2,L)).")] = None,
+    batch: Annotated[int, typer.Option("--batch", help="With --profile: samples per batch.")] = 32,
+    method: Annotated[str, typer.Option("--method", help=f"{', '.join(METHODS)}.")] = "auto",
+    slot: Annotated[Optional[str], typer.Option("--slot", help="Slot length of admm/exact, e.g. 50ms (default: the spec's, else sized to --target-slots).")] = None,
+    target_slots: Annotated[int, typer.Option("--target-slots", help="Automatic slot: forward horizon T_f in slots.")] = 100,
+    seed: Annotated[int, typer.Option("--seed", help="random-fcfs: seed of the random assignment.")] = 0,
+    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds each solver (HiGHS) may take.")] = 60.0,
+    compare: Annotated[bool, typer.Option("--compare", help="Run every method on the same instance; nothing is written.")] = False,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write the plan here (.json or .yaml).")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """Assign clients to helpers under helper memory and order each helper's tasks; predict the batch makespan."""
+    from hppctl.planner.psl import pair_times, plan_times
+    from hppctl.schedule.psl_sim import simulate_psl
+
+    profile, request, spec_slot = _problem(spec_file, profile_file, clients, helpers, cut, batch)
+    if target_slots <= 0:
+        raise BadInput(f"--target-slots: must be positive (got {target_slots})")
+    if time_limit <= 0:
+        raise BadInput(f"--time-limit: must be positive (got {time_limit})")
+    slot_s = _parse_slot(slot) if slot is not None else spec_slot
+    times = pair_times(profile, request)
+    options = dict(model=profile.model, granularity=profile.granularity, slot_s=slot_s, target_slots=target_slots,
+                   seed=seed, time_limit_s=time_limit)
+    if compare:
+        rows = _compare(times, request, options, simulate_psl)
+        emit_json(rows) if as_json else _render_compare(rows)
+        return
+    plan = plan_times(times, request, method, evaluate=lambda p: simulate_psl(p).makespan_s, **options)
+    if out is not None:
+        save(out, plan)
+        note(f"wrote {out}")
+    simulated = simulate_psl(plan).makespan_s
+    if as_json:
+        emit_json({"plan": plan.model_dump(mode="json"), "simulated_makespan_s": simulated})
+        return
+    _render_plan(plan, simulated)
+
+
+def _problem(spec_file, profile_file, clients, helpers, cut, batch):
+    """(profile, request, slot from the spec) from --spec, or from --profile + --clients/--helpers/--cut."""
+    if (spec_file is None) == (profile_file is None):
+        raise BadInput("give exactly one of --spec FILE or --profile FILE (with --clients, --helpers, --cut)")
+    if spec_file is not None:
+        if any(v is not None for v in (clients, helpers, cut)):
+            raise BadInput("--clients, --helpers and --cut go with --profile; a --spec file lists its own")
+        spec = load(spec_file, PslSpec)
+        return spec_profile(spec, str(spec_file)), spec.request(), None if spec.slot == "auto" else spec.slot
+    from hppctl.models.profile import Profile
+    from pydantic import ValidationError
+
+    profile = load(profile_file, Profile)
+    for flag, value in (("--clients", clients), ("--helpers", helpers), ("--cut", cut)):
+        if not value:
+            raise BadInput(f"{flag}: required with --profile")
+    names = [n.strip() for n in clients.split(",") if n.strip()]
+    try:
+        cuts = [int(v) for v in cut.split(",")]
+        if len(cuts) != 2:
+            raise ValueError
+    except ValueError:
+        raise BadInput(f"--cut: expected two layer indices like 3,15, got {cut!r}") from None
+    try:
+        request = PslRequest(clients=names, helpers=[n.strip() for n in helpers.split(",") if n.strip()],
+                             cuts=[cuts] * len(names), batch=batch)
+    except ValidationError as e:
+        from hppctl.store import describe_validation_error
+        raise BadInput(describe_validation_error("--clients/--helpers/--cut/--batch", e)) from None
+    return profile, request, None
+
+
+def spec_profile(spec: PslSpec, source: str):
+    """A preset profile of the spec's clients and helpers at the spec's batch size."""
+    from hppctl.profiling.from_presets import build_preset_profile
+    from hppctl.zoo import layer_costs
+
+    try:
+        layers = layer_costs(spec.model, spec.granularity)
+    except BadInput as e:
+        raise BadInput(f"{source}: model: {e}") from None
+    return build_preset_profile(spec.cluster_spec(), layers, model=spec.model, granularity=spec.granularity,
+                                batch_sizes=[spec.batch], optimizer_state_factor=OPTIMIZERS[spec.optimizer],
+                                source=source)
+
+
+def _parse_slot(text: str) -> float:
+    try:
+        value = parse_duration(text)
+    except ValueError as e:
+        raise BadInput(f"--slot: {e}") from None
+    if value <= 0:
+        raise BadInput(f"--slot: must be positive (got {text!r})")
+    return value
+
+
+def _compare(times, request, options, simulate_psl) -> list[dict]:
+    from hppctl.errors import Infeasible
+    from hppctl.planner.psl import plan_times
+
+    rows = []
+    for method in METHODS:
+        try:
+            plan = plan_times(times, request, method, evaluate=lambda p: simulate_psl(p).makespan_s, **options)
+        except Infeasible as e:
+            rows.append({"method": method, "feasible": False, "error": str(e)})
+            continue
+        rows.append({"method": method, "chosen": plan.method, "feasible": True,
+                     "predicted_makespan_s": plan.prediction.makespan_s,
+                     "simulated_makespan_s": simulate_psl(plan).makespan_s,
+                     "makespan_slots": plan.prediction.makespan_slots, "slot_s": plan.slot_s,
+                     "solver_time_s": plan.solver_time_s, "lower_bound_s": plan.prediction.lower_bound_s})
+    base = next((r["simulated_makespan_s"] for r in rows if r["method"] == "random-fcfs" and r["feasible"]), None)
+    for r in rows:
+        if r["feasible"] and base:
+            r["vs_random_fcfs"] = r["simulated_makespan_s"] / base - 1
+    return rows
+
+
+def _render_plan(plan: PslPlan, simulated: float) -> None:
+    pred = plan.prediction
+    chosen = plan.method if plan.method == plan.requested_method else f"{plan.method} (chosen by {plan.requested_method})"
+    stdout.print(f"psl plan for {plan.model} ({plan.granularity}), batch {plan.batch}: {len(plan.clients)} clients, "
+                 f"{len(plan.helpers)} helpers, method {chosen}")
+    table = Table(box=None, pad_edge=False)
+    for col in ("helper", "clients", "memory / budget", "order (first 12 pieces)"):
+        table.add_column(col)
+    for h in plan.helper_plans:
+        order = " ".join(str(p) for p in h.sequence[:12]) + (" …" if len(h.sequence) > 12 else "")
+        table.add_row(h.helper, str(len(h.clients)), f"{format_bytes(h.memory_bytes)} / {format_bytes(h.memory_budget_bytes)}",
+                      order)
+    stdout.print(table)
+    slots = f" ({pred.makespan_slots} slots of {plan.slot_s * 1e3:.1f} ms)" if plan.slot_s else ""
+    worst = max(pred.clients, key=lambda c: c.completion_s)
+    stdout.print(f"predicted batch makespan {pred.makespan_s:.3f} s{slots}; simulated (plan order, unrounded times) "
+                 f"{simulated:.3f} s; lower bound {pred.lower_bound_s:.3f} s; last client {worst.client} on "
+                 f"{worst.helper} (queued {worst.queueing_s:.3f} s); solver {plan.solver_time_s:.2f} s")
+    for n in plan.notes:
+        stdout.print(f"note: {n}")
+
+
+def _render_compare(rows: list[dict]) -> None:
+    table = Table(box=None, pad_edge=False, title="methods on the same instance (simulated = plan replayed with unrounded times)")
+    for col in ("method", "simulated makespan s", "predicted s", "slots", "vs random+FCFS", "solver s"):
+        table.add_column(col)
+    for r in rows:
+        if not r["feasible"]:
+            table.add_row(r["method"], "infeasible", "-", "-", "-", "-")
+            continue
+        name = r["method"] if r["chosen"] == r["method"] else f"{r['method']} ({r['chosen']})"
+        table.add_row(name, f"{r['simulated_makespan_s']:.3f}", f"{r['predicted_makespan_s']:.3f}",
+                      str(r["makespan_slots"] or "-"), f"{r.get('vs_random_fcfs', 0):+.1%}", f"{r['solver_time_s']:.2f}")
+    stdout.print(table)
+
+
+def simulate_command(
+    plan_file: Annotated[Path, typer.Option("--plan", help="PSL plan (.json/.yaml) from `hppctl psl plan`.")],
+    policy: Annotated[str, typer.Option("--policy", help="plan (the plan's order), fcfs or ltf (what-ifs on the same assignment).")] = "plan",
+    slow: Annotated[Optional[list[str]], typer.Option("--slow", help="HELPER=FACTOR: multiply a helper's task times (repeatable).")] = None,
+    trace: Annotated[Optional[Path], typer.Option("--trace", help="Write Chrome trace events (.json) for Perfetto.")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """Replay a PSL plan event by event: batch makespan, per-client completion and queueing, helper load."""
+    from hppctl.schedule.psl_sim import POLICIES, psl_trace, simulate_psl
+
+    plan = load(plan_file, PslPlan)
+    if policy not in POLICIES:
+        raise BadInput(f"--policy: unknown policy {policy!r} (use one of: {', '.join(POLICIES)})")
+    slowdown = _parse_slow(slow or [], plan)
+    result = simulate_psl(plan, policy=policy, slowdown=slowdown, trace=trace is not None)
+    if trace is not None:
+        write_text_atomic(trace, json.dumps(psl_trace(result, title=str(plan_file))))
+        note(f"wrote {trace} (open in https://ui.perfetto.dev)")
+    if as_json:
+        emit_json({"policy": policy, "makespan_s": result.makespan_s, "predicted_makespan_s": plan.prediction.makespan_s,
+                   "clients": [vars(c) for c in result.clients], "helpers": [vars(h) for h in result.helpers]})
+        return
+    stdout.print(f"{plan.method} plan, policy {policy}: simulated batch makespan {result.makespan_s:.3f} s "
+                 f"(plan's prediction {plan.prediction.makespan_s:.3f} s)")
+    table = Table(box=None, pad_edge=False)
+    for col in ("helper", "clients", "busy s", "busy", "finish s", "pieces"):
+        table.add_column(col)
+    for h in result.helpers:
+        table.add_row(h.helper, str(h.clients), f"{h.busy_s:.3f}", f"{h.busy_s / result.makespan_s:.0%}",
+                      f"{h.finish_s:.3f}", str(h.pieces))
+    stdout.print(table)
+    last = result.critical_client
+    stdout.print(f"last client {last.client} on {last.helper}: done at {last.completion_s:.3f} s, "
+                 f"queued {last.queueing_s:.3f} s")
+
+
+def _parse_slow(items: list[str], plan: PslPlan) -> dict[str, float]:
+    out = {}
+    for item in items:
+        name, _, factor = item.partition("=")
+        if name not in plan.helpers:
+            raise BadInput(f"--slow: {name!r} is not a helper of the plan (helpers: {', '.join(plan.helpers)})")
+        try:
+            value = float(factor)
+        except ValueError:
+            raise BadInput(f"--slow: expected HELPER=FACTOR like nx0=2, got {item!r}") from None
+        if not value > 0:
+            raise BadInput(f"--slow: factor must be positive, got {item!r}")
+        out[name] = value
+    return out
+
+
+def register(app: typer.Typer) -> None:
+    psl = typer.Typer(name="psl", help="Parallel split learning: clients own data and run parts 1 and 3, helpers run "
+                      "part 2 for several clients.\n" + EXAMPLES, no_args_is_help=True, add_completion=False,
+                      rich_markup_mode=None)
+    psl.command("plan", help=(plan_command.__doc__ or "") + "\n" + EXAMPLES)(plan_command)
+    psl.command("simulate", help=(simulate_command.__doc__ or "") + "\n" + EXAMPLES)(simulate_command)
+    app.add_typer(psl, name="psl")

@@ -112,8 +112,12 @@ def _problem(spec_file, profile_file, clients, helpers, cut, batch):
 def spec_profile(spec: PslSpec, source: str):
     """A preset profile of the spec's clients and helpers at the spec's batch size."""
     from hppctl.profiling.from_presets import build_preset_profile
+    from hppctl.profiling.presets import get_preset
     from hppctl.zoo import layer_costs
 
+    for role, group in (("clients", spec.clients), ("helpers", spec.helpers)):
+        for k, d in enumerate(group):
+            get_preset(d.preset, device=d.name, source=f"{source}: {role}.{k}.preset")
     try:
         layers = layer_costs(spec.model, spec.granularity)
     except BadInput as e:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from hppctl.models.base import FrozenModel
 from hppctl.models.cluster import ClusterSpec, DeviceName, DeviceSpec, LinkSpec
@@ -27,7 +27,15 @@ from hppctl.models.units import Bytes, BytesPerSecond, Seconds
 PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
-Cut = Annotated[list[PosInt], Field(min_length=2, max_length=2)]
+
+
+def _ordered(cut: list[int]) -> list[int]:
+    if cut[0] >= cut[1]:
+        raise ValueError(f"σ1 must be below σ2, got {cut}")
+    return cut
+
+
+Cut = Annotated[list[PosInt], Field(min_length=2, max_length=2), AfterValidator(_ordered)]
 """[σ1, σ2]: part 1 is layers [0, σ1), part 2 [σ1, σ2), part 3 [σ2, L); 0 < σ1 < σ2 < L."""
 Matrix = list[list[NonNegFloat]]
 
@@ -81,14 +89,9 @@ class PslSpec(FrozenModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> "PslSpec":
-        if self.cut[0] >= self.cut[1]:
-            raise ValueError(f"cut: σ1 must be below σ2, got {self.cut}")
         for k, h in enumerate(self.helpers):
             if h.cut is not None or h.bandwidth is not None:
                 raise ValueError(f"helpers.{k}: `cut` and `bandwidth` belong to clients (helper {h.name!r})")
-        for k, c in enumerate(self.clients):
-            if c.cut is not None and c.cut[0] >= c.cut[1]:
-                raise ValueError(f"clients.{k}.cut: σ1 must be below σ2, got {c.cut}")
         names = self.client_names() + self.helper_names()
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

@@ -51,7 +51,7 @@ def test_admm_is_within_table_ii_gaps_on_the_papers_scenarios(kind, seed):
     assert e <= a <= (1 + TABLE_II_WORST_GAP) * e
 
 
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("seed", range(5))
 def test_nothing_beats_exact_on_random_instances(seed):
     """On arbitrary tiny instances admm can be far off (it ignores p′ when assigning, paper §VI) but
     never below the optimum, and neither can the FCFS heuristics."""
@@ -66,7 +66,7 @@ def test_nothing_beats_exact_on_random_instances(seed):
         assert plan_times(times, request, method).prediction.makespan_s >= e
 
 
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("seed", range(6))
 def test_w_step_without_time_indices_is_the_papers_w_step(seed):
     rng = np.random.default_rng(seed)
     q = Instance.from_times(random_times(200 + seed, clients=3, helpers=2))

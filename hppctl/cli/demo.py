@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from hppctl.cli.output import emit_json, note, stdout
+from hppctl.cli.output import emit_json, note, stderr, stdout
 from hppctl.errors import BadInput
 
 EXAMPLES = """
@@ -82,7 +82,7 @@ def demo_command(
         except Exception as e:  # a baseline that cannot plan is only missing from the comparison
             note(f"  ({strategy}: {e})")
     note(f"[3/4] plan (asteroid) -> {where / 'plan.yaml'}")
-    _print_plan(plan, baselines)
+    _print_plan(plan, baselines, stderr if as_json else stdout)
 
     options = TrainOptions(dataset="digits", seed=seed, rounds=1, optimizer="adam", lr=0.002, threads=threads)
     data = preflight(plan, cluster, "digits", profile=profile)
@@ -126,7 +126,7 @@ def _profile(cluster, model: str, granularity: str, micro_batch: int, threads: i
         "quick in-process measurement"
 
 
-def _print_plan(plan, baselines: dict) -> None:
+def _print_plan(plan, baselines: dict, console) -> None:
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False)
@@ -135,9 +135,9 @@ def _print_plan(plan, baselines: dict) -> None:
     for p, s in enumerate(plan.stages):
         table.add_row(str(p), f"[{s.start}, {s.end})", ", ".join(f"{d} ({y})" for d, y in zip(s.devices, s.samples)),
                       str(s.warmup))
-    stdout.print(table)
+    console.print(table)
     others = ", ".join(f"{k} {v:.1f}" for k, v in baselines.items())
-    stdout.print(f"predicted: {plan.prediction.throughput_samples_per_s:.1f} samples/s (asteroid)"
+    console.print(f"predicted: {plan.prediction.throughput_samples_per_s:.1f} samples/s (asteroid)"
                  + (f"; {others} for the baselines" if others else ""))
 
 

@@ -1,7 +1,11 @@
 """`hppctl profile`: cluster inventory + model -> profile file (per-layer times on a batch grid).
 
-Today every device must be a `preset:` (modelled from published specifications, docs/presets.md);
-measuring `host:`/`local:` devices is a later issue and will write the same format.
+`preset:` devices are modelled from published specifications (docs/presets.md); `host:` devices
+are measured over SSH and `local:` devices in a subprocess (docs/profiling.md), in parallel, with
+a progress bar per device on stderr, and then the links between them one pair at a time. A
+cluster of presets only writes `"source": "preset"`, anything measured `"source": "measured"`.
+A device that fails is named with the reason on stderr, listed in the profile's
+`missing_devices`, and the command exits 1 after writing the others.
 
 Output: `--out F` writes the profile atomically (.json/.yaml by extension) and prints a summary
 (`--json`: the summary as one JSON document). Without `--out`, `--json` prints the profile
@@ -16,7 +20,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from hppctl.cli.output import emit_json, note, stdout
+from hppctl.cli.output import emit_json, note, stderr, stdout
 from hppctl.errors import BadInput, RuntimeFailure
 from hppctl.models.cluster import ClusterSpec
 from hppctl.models.profile import Profile
@@ -27,11 +31,16 @@ Examples:
 
 \b
   hppctl profile --cluster profiles/env-c.yaml --model efficientnet-b1 --out out/env-c-efficientnet-b1.json
+  hppctl profile --cluster lab.yaml --model mobilenetv2 --batch-sizes 1,2,4,8,16,32,64 --out out/lab.json
+  hppctl profile --cluster lab.yaml --model mobilenetv2 --out out/lab.json --force --repeats 9
+  hppctl profile --cluster pis.yaml --model tiny-cnn --install --out out/pis.json
   hppctl profile --cluster profiles/env-b.yaml --model resnet50 --batch-sizes 1,2,4,8,16,32 --out out/b-r50.yaml
   hppctl profile --cluster profiles/example.yaml --model bert-small --granularity block --optimizer adam --json > p.json
   hppctl profile --cluster profiles/example.yaml --model hf:./my-checkpoint --out out/mine.json
 
 Without --out, --json prints the profile itself on stdout; give one of the two.
+Measured devices are cached per batch size ($HPPCTL_CACHE_DIR or ~/.cache/hppctl): a rerun
+measures only what is missing (--force: everything), and an interrupted run resumes.
 """
 
 GRANULARITIES = ("fine", "block")
@@ -90,13 +99,22 @@ def profile_command(
     cluster: Annotated[Optional[Path], typer.Option("--cluster", help="Cluster inventory (.yaml/.json). Required.")] = None,
     model: Annotated[Optional[str], typer.Option("--model", help="Built-in model (see `hppctl models`) or hf:PATH. Required.")] = None,
     granularity: Annotated[str, typer.Option("--granularity", help="Layer sequence: fine (modules) or block (residual/transformer blocks).")] = "fine",
-    batch_sizes: Annotated[Optional[str], typer.Option("--batch-sizes", help="Comma-separated batch grid (default 1,2,4,...,256).")] = None,
+    batch_sizes: Annotated[Optional[str], typer.Option("--batch-sizes", help="Comma-separated batch grid (default 1,2,4,...,256; measured devices stop at the largest that fits).")] = None,
     optimizer: Annotated[str, typer.Option("--optimizer", help="Sizes the optimizer state: sgd (0x params), momentum (1x), adam (2x).")] = "momentum",
     out: Annotated[Optional[Path], typer.Option("--out", help="Write the profile here (.json or .yaml), atomically.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout: the summary with --out, else the profile itself.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Measure again even what the cache holds.")] = False,
+    install: Annotated[bool, typer.Option("--install", help="Build this hppctl's wheel and install it into a venv on every host: device.")] = False,
+    links: Annotated[bool, typer.Option("--links/--no-links", help="Measure the links between measured devices (else: the inventory's bandwidths).")] = True,
+    repeats: Annotated[int, typer.Option("--repeats", help="Timed passes per batch size on measured devices (medians over these).")] = 7,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed passes before them.")] = 2,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads on measured devices (default: ceil of each device's CPU quota).")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds allowed for one device's measurement.")] = 3600.0,
+    link_seconds: Annotated[float, typer.Option("--link-seconds", help="Length of each one-way link transfer.")] = 2.0,
 ) -> None:
-    """Profile every device of a cluster for a model: per-layer forward/backward time on a batch grid, memory budgets and link bandwidths. Devices must be presets for now (docs/presets.md)."""
-    from hppctl.profiling.from_presets import DEFAULT_BATCH_SIZES, OPTIMIZER_STATE_FACTORS, build_preset_profile, resolve_presets
+    """Profile every device of a cluster for a model: per-layer forward/backward time on a batch grid, memory budgets and link bandwidths. Presets are modelled (docs/presets.md); host: and local: devices are measured (docs/profiling.md)."""
+    from hppctl.profiling.from_presets import (DEFAULT_BATCH_SIZES, OPTIMIZER_STATE_FACTORS, build_preset_profile,
+                                               preset_devices)
     from hppctl.store import load, save
 
     if cluster is None:
@@ -113,19 +131,103 @@ def profile_command(
                        "or --json to print it on stdout")
 
     spec = load(cluster, ClusterSpec)
-    resolve_presets(spec, str(cluster))  # fail on a bad device before paying for the model
+    preset_devices(spec, str(cluster))  # fail on a bad device before paying for the model
     layers, parts = model_layers(model, granularity)
-    note(f"{model} ({granularity}): {len(layers)} layers x {len(spec.devices)} preset devices x {len(grid)} batch sizes")
-    profile = build_preset_profile(spec, layers, model=model, granularity=granularity, batch_sizes=grid,
-                                   optimizer_state_factor=OPTIMIZER_STATE_FACTORS[optimizer], parts=parts,
-                                   source=str(cluster))
+    measured = [d for d in spec.devices if d.preset is None]
+    failures: dict[str, str] = {}
+    if not measured:
+        note(f"{model} ({granularity}): {len(layers)} layers x {len(spec.devices)} preset devices x {len(grid)} batch sizes")
+        profile = build_preset_profile(spec, layers, model=model, granularity=granularity, batch_sizes=grid,
+                                       optimizer_state_factor=OPTIMIZER_STATE_FACTORS[optimizer], parts=parts,
+                                       source=str(cluster))
+    else:
+        from hppctl.profiling.cluster import ProbeSettings
+
+        settings = ProbeSettings(repeats=repeats, warmup=warmup, threads=threads, timeout_s=timeout,
+                                 link_seconds=link_seconds)
+        note(f"{model} ({granularity}): {len(layers)} layers; measuring {len(measured)} of {len(spec.devices)} "
+             f"devices at batch sizes {','.join(map(str, grid))}")
+        run = measure(spec, model, granularity, grid, layers, settings, OPTIMIZER_STATE_FACTORS[optimizer],
+                      force=force, install=install, links=links, source=str(cluster))
+        profile, failures = run.profile, run.failures
+        for text in run.notes:
+            note(f"note: {text}")
+        if profile is None:
+            raise RuntimeFailure("no device could be profiled: " + "; ".join(f"{k}: {v}" for k, v in failures.items()))
     if out is None:
         emit_json(profile.model_dump(mode="json"))
-        return
-    save(out, profile)
-    note(f"wrote {out}")
-    summary = summarize(profile, out)
-    emit_json(summary) if as_json else _render(profile, summary)
+    else:
+        save(out, profile)
+        note(f"wrote {out}")
+        summary = summarize(profile, out)
+        summary["failures"] = failures
+        emit_json(summary) if as_json else _render(profile, summary)
+    if failures:
+        raise RuntimeFailure(failure_line(failures, out if profile.missing_devices else None))
+
+
+def failure_line(failures: dict[str, str], out: Path | None) -> str:
+    """One line naming every device (and link) that failed, with its reason."""
+    devices = {k: v for k, v in failures.items() if not k.endswith(" link")}
+    links = {k: v for k, v in failures.items() if k.endswith(" link")}
+    parts = []
+    if devices:
+        noun = "device" if len(devices) == 1 else "devices"
+        parts.append(f"{len(devices)} {noun} could not be profiled: " + "; ".join(f"{k}: {v}" for k, v in devices.items()))
+    if links:
+        parts.append("; ".join(f"{k}: {v} (the inventory's bandwidth is used)" for k, v in links.items()))
+    written = f" (wrote {out} without {'it' if len(devices) == 1 else 'them'})" if out is not None and devices else ""
+    return "; ".join(parts) + written
+
+
+def measure(spec: ClusterSpec, model: str, granularity: str, grid: list[int], layers, settings, optimizer_state_factor: float,
+            *, force: bool, install: bool, links: bool, source: str):
+    """`profile_cluster` with a rich progress bar per device on stderr."""
+    from hppctl.profiling.cluster import profile_cluster
+
+    with ProgressObserver([d.name for d in spec.devices if d.preset is None]) as observer:
+        return profile_cluster(spec, model, granularity=granularity, batch_sizes=grid, layers=layers,
+                               optimizer_state_factor=optimizer_state_factor, settings=settings, force=force,
+                               install=install, measure_links=links, observer=observer, source=source)
+
+
+class ProgressObserver:
+    """Draws one rich progress bar per measured device on stderr (profile_cluster's Observer)."""
+
+    def __init__(self, names: list[str]) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn("{task.fields[device]:<12}"), BarColumn(bar_width=30),
+                                 TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn(),
+                                 TextColumn("{task.fields[status]}"), console=stderr, transient=False)
+        self.tasks = {n: self.progress.add_task("", total=1.0, device=n, status="waiting") for n in names}
+
+    def __enter__(self) -> "ProgressObserver":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def device_phase(self, name: str, text: str, done: float | None = None, total: float | None = None) -> None:
+        fields = {"status": text}
+        if done is not None and total:
+            fields["completed"] = min(1.0, done / total)
+        self.progress.update(self.tasks[name], **fields)
+
+    def device_done(self, name: str, text: str) -> None:
+        self.progress.update(self.tasks[name], completed=1.0, status=f"done: {text}")
+
+    def device_failed(self, name: str, reason: str) -> None:
+        self.progress.update(self.tasks[name], status=f"[red]failed[/red]: {reason}")
+        self.progress.console.print(f"{name}: failed: {reason}")
+
+    def link(self, a: str, b: str, text: str) -> None:
+        if text != "measuring":
+            self.progress.console.print(f"link {a} <-> {b}: {text}")
+
+    def note(self, text: str) -> None:
+        self.progress.console.print(text)
 
 
 def _per_sample_train_s(profile: Profile, device_index: int, batch_index: int) -> float:
@@ -138,10 +240,16 @@ def summarize(profile: Profile, out: Path | None) -> dict:
     """What `--json` prints after writing: where, what, and each device's training speed."""
     devices = []
     for i, d in enumerate(profile.devices):
-        devices.append({
-            "name": d.name, "kind": d.kind, "memory_bytes": d.memory_bytes, "peak_flops": d.peak_flops,
+        entry = {
+            "name": d.name, "kind": d.kind, "source": d.source or profile.source, "memory_bytes": d.memory_bytes,
+            "peak_flops": d.peak_flops, "batch_sizes": d.batch_sizes,
             "train_s_per_sample": {str(b): _per_sample_train_s(profile, i, j) for j, b in enumerate(d.batch_sizes)},
-        })
+        }
+        if d.measurement is not None:
+            entry.update(cpu_quota_cores=d.measurement.cpu_quota_cores, threads=d.measurement.threads,
+                         train_step_s=dict(zip(map(str, d.batch_sizes), d.train_step_s or [])),
+                         train_peak_bytes=dict(zip(map(str, d.batch_sizes), d.train_peak_bytes or [])))
+        devices.append(entry)
     return {
         "out": str(out) if out is not None else None, "source": profile.source, "cluster": profile.cluster,
         "model": profile.model, "granularity": profile.granularity, "layers": len(profile.layers),
@@ -149,7 +257,9 @@ def summarize(profile: Profile, out: Path | None) -> dict:
         "forward_flops_per_sample": sum(l.forward_flops_per_sample for l in profile.layers),
         "batch_sizes": profile.devices[0].batch_sizes, "optimizer_state_factor": profile.optimizer_state_factor,
         "default_bytes_per_s": profile.default_bytes_per_s,
-        "links": [{"between": l.between, "bytes_per_s": l.bytes_per_s} for l in profile.links],
+        "links": [{"between": l.between, "bytes_per_s": l.bytes_per_s, "directed_bytes_per_s": l.directed_bytes_per_s,
+                   "rtt_s": l.rtt_s, "source": l.source} for l in profile.links],
+        "missing_devices": [m.model_dump(mode="json") for m in profile.missing_devices],
         "digest": profile.digest(), "devices": devices,
     }
 
@@ -159,16 +269,37 @@ def _render(profile: Profile, summary: dict) -> None:
                  f"{format_bytes(summary['parameters_bytes'])} of parameters, "
                  f"{summary['forward_flops_per_sample'] / 1e6:.1f} MFLOP forward per sample) on {profile.cluster}, "
                  f"source: {profile.source}")
-    grid = profile.devices[0].batch_sizes
+    grid = sorted({b for d in profile.devices for b in d.batch_sizes})
     shown = sorted({grid[0], grid[len(grid) // 2], grid[-1]})
     table = Table(box=None, pad_edge=False)
-    for col in ("device", "preset", "memory budget", "peak FP32", *[f"train ms/sample @{b}" for b in shown]):
+    for col in ("device", "kind", "memory budget", "cpu", *[f"train ms/sample @{b}" for b in shown]):
         table.add_column(col)
-    for d in summary["devices"]:
-        peak = f"{d['peak_flops'] / 1e9:.0f} GFLOP/s" if d["peak_flops"] else "-"
-        table.add_row(d["name"], d["kind"], format_bytes(d["memory_bytes"]), peak,
-                      *[f"{d['train_s_per_sample'][str(b)] * 1e3:.3f}" for b in shown])
+    for d, entry in zip(profile.devices, summary["devices"]):
+        if d.measurement is not None:
+            quota = d.measurement.cpu_quota_cores
+            cpu = f"{quota:.2f} cores, {d.measurement.threads} thr" if quota else f"{d.measurement.cpus} cpus"
+        else:
+            cpu = f"{d.peak_flops / 1e9:.0f} GFLOP/s peak" if d.peak_flops else "-"
+        per_sample = entry["train_s_per_sample"]
+        table.add_row(d.name, d.kind, format_bytes(d.memory_bytes), cpu,
+                      *[f"{per_sample[str(b)] * 1e3:.3f}" if str(b) in per_sample else "-" for b in shown])
     stdout.print(table)
+    measured = [l for l in profile.links if l.source == "measured"]
+    if measured:
+        links = Table(box=None, pad_edge=False)
+        for col in ("link", "a->b", "b->a", "rtt"):
+            links.add_column(col)
+        for l in measured:
+            ab, ba = l.directed_bytes_per_s or [l.bytes_per_s, l.bytes_per_s]
+            rtt = f"{l.rtt_s * 1e3:.2f} ms" if l.rtt_s is not None else "-"
+            links.add_row(f"{l.between[0]} <-> {l.between[1]}", _mbit(ab), _mbit(ba), rtt)
+        stdout.print(links)
+    for m in profile.missing_devices:
+        stdout.print(f"missing: {m.name}: {m.reason}")
+
+
+def _mbit(bytes_per_s: float) -> str:
+    return f"{bytes_per_s * 8 / 1e6:.1f} Mbit/s"
 
 
 def register(app: typer.Typer) -> None:

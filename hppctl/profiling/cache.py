@@ -1,10 +1,12 @@
-"""Measurement cache: one directory per (model, granularity, settings, versions, device), one file per
-batch size, so a rerun measures only the batch sizes it lacks and an interrupted run resumes.
+"""Measurement cache: one directory per (model, granularity, settings, versions, device), files per
+batch size, so a rerun measures only what it lacks and an interrupted run resumes from the last
+timed pass.
 
-    $HPPCTL_CACHE_DIR/measurements/<key>/key.json        what the key is made of (for people)
-                                        /setup.json      the probe's setup record
-                                        /batch-<b>.json  one `Batch` record per batch size
-                                        /skip-<b>.json   a batch size that did not fit, with the budget then
+    $HPPCTL_CACHE_DIR/measurements/<key>/key.json         what the key is made of (for people)
+                                        /setup.json       the probe's setup record
+                                        /memory-<b>.json  the `memory` record of batch size b
+                                        /passes-<b>.json  the timed `pass` records of b so far (a list)
+                                        /skip-<b>.json    a batch size that did not fit, with the budget then
 
 (`$HPPCTL_CACHE_DIR`, else `$XDG_CACHE_HOME/hppctl`, else `~/.cache/hppctl`, as for the zoo.)
 Every file is written atomically as soon as its record arrives. Links are not cached: a network
@@ -40,12 +42,12 @@ class MeasurementCache:
         self.parts = parts
         self.dir = Path(root) / cache_key(parts)
 
-    def _write(self, name: str, record: dict[str, Any]) -> None:
+    def _write(self, name: str, record: Any) -> None:
         if not (self.dir / "key.json").exists():
             write_text_atomic(self.dir / "key.json", json.dumps(self.parts, indent=2, sort_keys=True) + "\n")
         write_text_atomic(self.dir / name, json.dumps(record) + "\n")
 
-    def _read(self, name: str) -> dict[str, Any] | None:
+    def _read(self, name: str) -> Any:
         try:
             return json.loads((self.dir / name).read_text())
         except (OSError, ValueError):
@@ -57,11 +59,22 @@ class MeasurementCache:
     def store_setup(self, record: dict[str, Any]) -> None:
         self._write("setup.json", record)
 
-    def batch(self, size: int) -> dict[str, Any] | None:
-        return self._read(f"batch-{size}.json")
+    def memory(self, size: int) -> dict[str, Any] | None:
+        return self._read(f"memory-{size}.json")
 
-    def store_batch(self, record: dict[str, Any]) -> None:
-        self._write(f"batch-{int(record['batch_size'])}.json", record)
+    def store_memory(self, record: dict[str, Any]) -> None:
+        self._write(f"memory-{int(record['batch_size'])}.json", record)
+
+    def passes(self, size: int) -> list[dict[str, Any]]:
+        found = self._read(f"passes-{size}.json")
+        return found if isinstance(found, list) else []
+
+    def add_pass(self, record: dict[str, Any]) -> None:
+        size = int(record["batch_size"])
+        self._write(f"passes-{size}.json", self.passes(size) + [record])
+
+    def complete(self, size: int, repeats: int) -> bool:
+        return self.memory(size) is not None and len(self.passes(size)) >= repeats
 
     def skip(self, size: int, budget: int | None) -> dict[str, Any] | None:
         """A cached skip still holds when today's budget is no larger than the one it was decided with."""

@@ -40,7 +40,7 @@ from hppctl.profiling.cache import MeasurementCache, default_root
 from hppctl.profiling.from_presets import (DEFAULT_BATCH_SIZES, layer_times, pair_links, validate_batch_sizes)
 from hppctl.profiling.presets import get_preset
 from hppctl.profiling.probe import PROBE_VERSION
-from hppctl.profiling.records import Identity
+from hppctl.profiling.records import Identity, Memory, Pass
 from hppctl.profiling.remote import DeviceFailure, endpoint_for
 
 
@@ -266,11 +266,12 @@ def _profile_device(ctx: _Context, spec: DeviceSpec, endpoint) -> DeviceProfile:
     if ctx.force:
         cache.clear()
     budget = spec.memory or identity.memory_limit_bytes or identity.memory_available_bytes
-    todo = [b for b in ctx.grid if cache.batch(b) is None and cache.skip(b, budget) is None]
+    repeats = ctx.settings.repeats
+    todo = [b for b in ctx.grid if not cache.complete(b, repeats) and cache.skip(b, budget) is None]
     if cache.setup() is None and not todo:
-        todo = [ctx.grid[0]]  # the setup record was lost: re-measure the smallest batch to get it back
+        todo = [ctx.grid[0]]  # the setup record was lost: run the smallest batch again to get it back
     with ctx.lock:
-        ctx.run.cached[name] = [b for b in ctx.grid if b not in todo and cache.batch(b) is not None]
+        ctx.run.cached[name] = [b for b in ctx.grid if b not in todo and cache.complete(b, repeats)]
         ctx.run.measured[name] = []
     if todo:
         _run_train_probe(ctx, spec, endpoint, identity, cache, todo, budget)
@@ -287,54 +288,66 @@ def _identity_record(endpoint, settings: ProbeSettings) -> dict[str, Any]:
 
 def _run_train_probe(ctx: _Context, spec: DeviceSpec, endpoint, identity: Identity, cache: MeasurementCache,
                      todo: list[int], budget: int | None) -> None:
-    name, observer = spec.name, ctx.observer
-    weights = {b: 1.0 + b for b in todo}  # work per batch size ~ a fixed part plus one per sample
-    total, finished = sum(weights.values()), {"work": 0.0}
+    name, observer, settings = spec.name, ctx.observer, ctx.settings
+    passes = {b: max(0, settings.repeats - len(cache.passes(b))) for b in todo}
+    weight = {b: 1.0 + b for b in todo}  # work per pass ~ a fixed part plus one per sample
+    total = sum(weight[b] * (settings.warmup + passes[b] + 1) for b in todo)
+    state = {"work": 0.0}
+
+    def advance(b: int, text: str) -> None:
+        state["work"] += weight.get(b, 0.0)
+        observer.device_phase(name, text, state["work"], total)
 
     def on_record(record: dict[str, Any]) -> None:
-        kind = record.get("type")
+        kind, b = record.get("type"), record.get("batch_size")
         if kind == "setup":
             cache.store_setup(record)
             observer.device_phase(name, f"built {record.get('layers')} layers in {record.get('setup_s', 0):.1f} s",
-                                  finished["work"], total)
-        elif kind == "batch":
-            cache.store_batch(record)
-            finished["work"] += weights.get(record["batch_size"], 0)
-            with ctx.lock:
-                ctx.run.measured[name].append(record["batch_size"])
-            observer.device_phase(name, f"batch {record['batch_size']} done", finished["work"], total)
+                                  state["work"], total)
+        elif kind == "memory":
+            cache.store_memory(record)
+            advance(b, f"batch {b}: peak {record['peak_bytes'] / 1e6:.0f} MB")
+        elif kind == "pass":
+            cache.add_pass(record)
+            if cache.complete(b, settings.repeats):
+                with ctx.lock:
+                    ctx.run.measured[name].append(b)
         elif kind == "skip":
-            cache.store_skip(record["batch_size"], record["reason"], budget)
-            finished["work"] += weights.get(record["batch_size"], 0)
-        elif kind == "progress" and record.get("batch_size") in weights and record.get("total"):
-            part = weights[record["batch_size"]] * record["done"] / record["total"]
-            observer.device_phase(name, f"batch {record['batch_size']}: {record['phase']}",
-                                  finished["work"] + part, total)
+            cache.store_skip(b, record["reason"], budget)
+            state["work"] += weight.get(b, 0.0) * (settings.warmup + passes.get(b, 0) + 1)
+        elif kind == "progress" and record.get("phase") != "memory":
+            advance(b, f"batch {b}: {record['phase']}")
 
     observer.device_phase(name, f"starting the probe ({len(todo)} batch sizes)", 0, total)
     args = {"model": ctx.model, "granularity": ctx.granularity, "batch_sizes": todo,
-            "threads": identity.threads, "repeats": ctx.settings.repeats, "warmup": ctx.settings.warmup,
-            "window_s": ctx.settings.window_s, "min_steps": ctx.settings.min_steps, "memory_budget_bytes": budget}
+            "passes": {str(b): n for b, n in passes.items()}, "threads": identity.threads,
+            "repeats": settings.repeats, "warmup": settings.warmup, "window_s": settings.window_s,
+            "memory_budget_bytes": budget}
     try:
-        endpoint.probe("train", args, on_record=on_record, timeout=ctx.settings.timeout_s)
+        endpoint.probe("train", args, on_record=on_record, timeout=settings.timeout_s)
     except DeviceFailure as e:
-        killed_at = _killed_batch(e)
-        measured_any = any(cache.batch(b) is not None for b in ctx.grid)
-        if killed_at is None or not measured_any:
+        killed_at = _killed_in_memory_phase(e)
+        if killed_at is None or killed_at == min(todo) and not any(cache.memory(b) for b in ctx.grid):
             raise
-        # Killed while measuring one batch size (the kernel's OOM killer): keep the smaller ones.
+        # The kernel killed the probe while it tried one step at `killed_at` (out of memory): keep the
+        # smaller batch sizes and measure them again without it.
         for b in ctx.grid:
-            if b >= killed_at and cache.batch(b) is None:
+            if b >= killed_at:
                 cache.store_skip(b, f"killed at batch {killed_at}: {e.reason}", budget)
         with ctx.lock:
-            ctx.run.notes.append(f"{name}: {e.reason}; keeping the batch sizes below {killed_at}")
+            ctx.run.notes.append(f"{name}: {e.reason}; measuring the batch sizes below {killed_at} only")
+        smaller = [b for b in todo if b < killed_at]
+        if smaller:
+            _run_train_probe(ctx, spec, endpoint, identity, cache, smaller, budget)
 
 
-def _killed_batch(failure: DeviceFailure) -> int | None:
+def _killed_in_memory_phase(failure: DeviceFailure) -> int | None:
     if "killed" not in failure.reason:
         return None
     progress = parse.last_progress(failure.records)
-    return int(progress["batch_size"]) if progress and progress.get("batch_size") else None
+    if progress and progress.get("phase") == "memory" and progress.get("batch_size"):
+        return int(progress["batch_size"])
+    return None
 
 
 def _device_from_cache(ctx: _Context, spec: DeviceSpec, identity: Identity, cache: MeasurementCache,
@@ -349,8 +362,15 @@ def _device_from_cache(ctx: _Context, spec: DeviceSpec, identity: Identity, cach
     if setup.model_fingerprint and ctx.model_fingerprint and setup.model_fingerprint != ctx.model_fingerprint:
         raise DeviceFailure(f"the device builds a different {ctx.model} (model fingerprint {setup.model_fingerprint}, "
                             f"here {ctx.model_fingerprint}): different transformers versions?")
-    batches = [parse.typed(r, parse.Batch) for b in ctx.grid if (r := cache.batch(b)) is not None]
-    skipped = [(b, r["reason"]) for b in ctx.grid if cache.batch(b) is None and (r := cache.skip(b, budget))]
+    repeats = ctx.settings.repeats
+    batches = [parse.assemble_batch(setup, parse.typed(cache.memory(b), Memory),
+                                    [parse.typed(p, Pass) for p in cache.passes(b)[:repeats]])
+               for b in ctx.grid if cache.complete(b, repeats)]
+    skipped = [(b, r["reason"]) for b in ctx.grid
+               if not cache.complete(b, repeats) and (r := cache.skip(b, budget))]
+    unfinished = [b for b in ctx.grid if not cache.complete(b, repeats) and not cache.skip(b, budget)]
+    if unfinished:
+        raise DeviceFailure(f"the training probe ended without measuring batch sizes {unfinished}")
     if not batches:
         reason = skipped[0][1] if skipped else "no batch size could be measured"
         raise DeviceFailure(f"out of memory: {reason}" if skipped else reason)
@@ -397,9 +417,7 @@ def _measure_links(ctx: _Context, names: list[str], endpoints: dict[str, Any]) -
 
 
 def _link_text(link: LinkProfile) -> str:
-    from hppctl.models.units import format_rate
-
-    rates = " / ".join(format_rate(r) for r in link.directed_bytes_per_s or [link.bytes_per_s])
+    rates = " / ".join(f"{r * 8 / 1e6:.1f} Mbit/s" for r in link.directed_bytes_per_s or [link.bytes_per_s])
     rtt = f", rtt {link.rtt_s * 1e3:.2f} ms" if link.rtt_s is not None else ""
     return f"{rates}{rtt}"
 

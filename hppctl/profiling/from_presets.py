@@ -1,8 +1,9 @@
 """Profiles from device presets: a cluster inventory + a model's layer sequence -> `Profile`.
 
 Pure (no torch, no I/O): `hppctl profile` calls it once the zoo has turned the model into
-layers, and tests call it with hand-made layers. Measuring real devices (`host:` / `local:`
-entries) is a later issue; `check_all_presets` is the one place that refuses them today.
+layers, and tests call it with hand-made layers. Clusters with `host:` / `local:` devices are
+profiled by `hppctl.profiling.cluster.profile_cluster`, which measures those devices and uses
+`layer_times` here for the preset ones.
 """
 
 from __future__ import annotations
@@ -23,24 +24,28 @@ OPTIMIZER_STATE_FACTORS = {"sgd": 0.0, "momentum": 1.0, "adam": 2.0}
 """Optimizer state in units of the parameter bytes (`Profile.optimizer_state_factor`)."""
 
 
-def check_all_presets(cluster: ClusterSpec, source: str | None = None) -> None:
-    """Refuse devices that would have to be measured. The later measurement issue replaces this."""
+def preset_devices(cluster: ClusterSpec, source: str | None = None) -> dict[str, DevicePreset]:
+    """The preset of every `preset:` device, by name (`UnknownPreset` naming the device and field for a
+    bad name). `host:` and `local:` devices are measured instead (`hppctl.profiling.cluster`)."""
+    where = f"{source}: " if source else ""
+    return {spec.name: get_preset(spec.preset, device=spec.name, source=f"{where}devices.{i}.preset")
+            for i, spec in enumerate(cluster.devices) if spec.preset is not None}
+
+
+def resolve_presets(cluster: ClusterSpec, source: str | None = None) -> list[DevicePreset]:
+    """Each device's preset, in order, for a cluster of presets only (what `build_preset_profile` models).
+
+    `BadInput` for a `host:`/`local:` device: those are measured, by `profile_cluster` (which models
+    the preset devices of a mixed cluster itself); `UnknownPreset` for a bad name.
+    """
     where = f"{source}: " if source else ""
     for i, device in enumerate(cluster.devices):
         if device.preset is None:
             how = f"host {device.host!r}" if device.host is not None else "local: true"
-            raise BadInput(
-                f"{where}devices.{i}: device {device.name!r} ({how}) is not a preset; measuring real devices "
-                f"(`hppctl profile` over SSH or locally) is not implemented yet, so this cluster file can only "
-                f"list `preset:` devices for now")
-
-
-def resolve_presets(cluster: ClusterSpec, source: str | None = None) -> list[DevicePreset]:
-    """Each device's preset, in order; `BadInput` for a non-preset device, `UnknownPreset` for a bad name."""
-    check_all_presets(cluster, source)
-    where = f"{source}: " if source else ""
-    return [get_preset(spec.preset, device=spec.name, source=f"{where}devices.{i}.preset")
-            for i, spec in enumerate(cluster.devices)]
+            raise BadInput(f"{where}devices.{i}: device {device.name!r} ({how}) is not a preset: it is measured "
+                           f"(hppctl.profiling.cluster.profile_cluster), not modelled")
+    presets = preset_devices(cluster, source)
+    return [presets[spec.name] for spec in cluster.devices]
 
 
 def validate_batch_sizes(batch_sizes: Sequence[int]) -> list[int]:

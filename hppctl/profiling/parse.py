@@ -5,11 +5,10 @@ carries, and how they are derived from the raw samples, are defined here:
 
 - a layer's time at a batch size = median of its repeats x the device's sustained factor at that
   batch size; its spread = (q3 - q1) / median of the repeats;
-- sustained factor = (wall seconds of the back-to-back whole steps / their count) / the median
-  step time on the probe's clock. One thread: the clock is CPU time, and the factor is how much
-  longer than its CPU time work takes on this device (1/quota on a CFS-throttled one, plus the
-  cost of resuming with cold caches); several threads: the clock is wall time, and the factor
-  is mean over median;
+- sustained factor, from the whole steps run back to back: one thread, where the clock is CPU
+  time: their wall seconds / their CPU seconds, how much longer than its CPU time work takes on
+  this device (1/quota on a CFS-throttled one, more when other processes compete for the core);
+  several threads, where the clock is wall time: mean step wall time / median;
 - a whole step's time (`train_step_s`) = sustained wall seconds per step;
 - a link's planner bandwidth = the slower direction's goodput (the pipeline sends activations
   one way and gradients the other).
@@ -25,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from hppctl.models.profile import DeviceProfile, LinkProfile, MeasurementInfo
-from hppctl.profiling.records import Batch, Identity, Ping, Received, Setup, Skip
+from hppctl.profiling.records import Batch, Identity, Memory, Pass, Ping, Received, Setup, Skip, Step
 
 
 class ProbeOutputError(ValueError):
@@ -89,13 +88,13 @@ def parse_version(text: str) -> str | None:
 
 
 def quota_bucket(cores: float | None) -> str:
-    """A measured quota varies by a few percent between runs; a quarter-octave bucket does not
-    (0.229-0.272 is 0.25, 0.46-0.55 is 0.5, 0.92-1.09 is 1)."""
+    """A measured quota varies by a few percent between runs, and a busy machine pulls it down; a
+    half-octave bucket does not move (0.84-1.19 is 1 core, 0.42-0.59 is 0.5, 0.21-0.30 is 0.25)."""
     if cores is None:
         return "unlimited"
     if cores <= 0:
         return "0"
-    return f"2^{round(math.log2(cores) * 4) / 4:g}"
+    return f"2^{round(math.log2(cores) * 2) / 2:g}"
 
 
 def fingerprint(identity: Identity) -> str:
@@ -149,10 +148,11 @@ def spread(values: Sequence[float]) -> float:
 
 
 def sustained_factor(batch: Batch) -> float:
+    """Wall time / clock time of the whole steps (module docstring)."""
+    if batch.clock == "cpu":
+        return batch.step.wall_s / batch.step.cpu_s if batch.step.cpu_s > 0 else 1.0
     step_clock = median(batch.step.clock_s)
-    if step_clock <= 0:
-        return 1.0
-    return (batch.step.wall_s / batch.step.count) / step_clock
+    return (batch.step.wall_s / batch.step.count) / step_clock if step_clock > 0 else 1.0
 
 
 def device_profile(name: str, identity: Identity, setup: Setup, batches: Sequence[Batch], *,
@@ -190,12 +190,43 @@ def device_profile(name: str, identity: Identity, setup: Setup, batches: Sequenc
     )
 
 
-def train_output(found: Sequence[dict[str, Any]]) -> tuple[Setup | None, list[Batch], list[Skip]]:
-    """The setup, batch and skip records of a `train` probe's output."""
+def train_output(found: Sequence[dict[str, Any]]) -> tuple[Setup | None, list[Memory], list[Pass], list[Skip]]:
+    """The setup, memory, pass and skip records of a `train` probe's output."""
     setup = first(found, "setup")
     return (typed(setup, Setup) if setup else None,
-            [typed(r, Batch) for r in found if r.get("type") == "batch"],
+            [typed(r, Memory) for r in found if r.get("type") == "memory"],
+            [typed(r, Pass) for r in found if r.get("type") == "pass"],
             [typed(r, Skip) for r in found if r.get("type") == "skip"])
+
+
+def assemble_batch(setup: Setup, memory: Memory, passes: Sequence[Pass]) -> Batch:
+    """One batch size's `Batch` from its memory record and its timed passes."""
+    if not passes:
+        raise ProbeOutputError(f"batch {memory.batch_size}: no timed pass")
+    for p in passes:
+        if p.batch_size != memory.batch_size or len(p.forward) != setup.layers or len(p.backward) != setup.layers:
+            raise ProbeOutputError(f"batch {memory.batch_size}: a pass for batch {p.batch_size} with "
+                                   f"{len(p.forward)} layers (setup says {setup.layers})")
+    step = Step(count=sum(p.step.count for p in passes), wall_s=sum(p.step.wall_s for p in passes),
+                cpu_s=sum(p.step.cpu_s for p in passes), clock_s=[s for p in passes for s in p.step.clock_s])
+    return Batch(batch_size=memory.batch_size, clock=setup.clock,
+                 forward=[[p.forward[i] for p in passes] for i in range(setup.layers)],
+                 backward=[[p.backward[i] for p in passes] for i in range(setup.layers)],
+                 step=step, optimizer_step_s=memory.optimizer_step_s, peak_bytes=memory.peak_bytes,
+                 peak_method=memory.peak_method, notes=memory.notes)
+
+
+def batches_from_output(found: Sequence[dict[str, Any]]) -> tuple[Setup, list[Batch], list[Skip]]:
+    """A whole `train` output (e.g. a captured one) as batches, one per batch size with passes."""
+    setup, memories, passes, skips = train_output(found)
+    if setup is None:
+        raise ProbeOutputError(error_of(found) or "the training probe printed no setup record")
+    batches = []
+    for memory in memories:
+        mine = [p for p in passes if p.batch_size == memory.batch_size]
+        if mine:
+            batches.append(assemble_batch(setup, memory, mine))
+    return setup, batches, skips
 
 
 # ---------------------------------------------------------------------------------------------

@@ -66,16 +66,37 @@ class Step(FrozenModel):
     """Each step's time on the probe's clock."""
 
 
-class Batch(FrozenModel):
-    """`train`: everything measured at one batch size (raw samples; parse.py summarises)."""
+class Memory(FrozenModel):
+    """`train`: the peak memory of one training step at a batch size (and what else the first steps showed)."""
 
-    type: Literal["batch"] = "batch"
+    type: Literal["memory"] = "memory"
+    batch_size: PosInt
+    peak_bytes: NonNegInt
+    peak_method: str
+    notes: list[str] = []
+    optimizer_step_s: list[NonNegFloat] = []
+
+
+class Pass(FrozenModel):
+    """`train`: one timed round at a batch size: every layer's forward and backward, then whole steps."""
+
+    type: Literal["pass"] = "pass"
+    batch_size: PosInt
+    forward: list[NonNegFloat]
+    backward: list[NonNegFloat]
+    step: Step
+
+
+class Batch(FrozenModel):
+    """Everything measured at one batch size, assembled from its `Memory` and `Pass` records (parse.py)."""
+
     batch_size: PosInt
     clock: Literal["cpu", "wall"]
     forward: list[list[NonNegFloat]]
-    """forward[layer] = the repeats' seconds, warm-up passes dropped."""
+    """forward[layer] = one value per pass."""
     backward: list[list[NonNegFloat]]
     step: Step
+    """The passes' step windows together."""
     optimizer_step_s: list[NonNegFloat] = []
     peak_bytes: NonNegInt
     peak_method: str

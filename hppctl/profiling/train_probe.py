@@ -4,20 +4,23 @@ Run by `python -m hppctl.profiling.probe train --args JSON` (probe.py), which pr
 record this module yields as one JSON line. Records (parse.py turns them into a DeviceProfile):
 
     {"type": "setup", "layers": L, "threads": n, "clock": "cpu"|"wall", "runtime_bytes": …, "model_bytes": …}
-    {"type": "progress", "batch_size": b, "phase": "…", "done": k, "total": n}
-    {"type": "batch", "batch_size": b, "forward": [[s, …] per layer], "backward": …, "step": {…}, …}
+    {"type": "memory", "batch_size": b, "peak_bytes": …, "notes": […], "optimizer_step_s": […]}
+    {"type": "pass", "batch_size": b, "forward": [s per layer], "backward": […], "step": {count, wall_s, cpu_s, clock_s}}
     {"type": "skip", "batch_size": b, "reason": "…"}
+    {"type": "progress", "batch_size": b, "phase": "…", "done": k, "total": n}
 
-How one batch size is measured (docs/profiling.md has the why):
+What is measured (docs/profiling.md has the why):
 
-1. one whole training step (forward, loss, backward) of the model, with the process's peak RSS
-   reset before it: its peak minus the RSS after the model was built is `peak_bytes`;
-2. whole steps back to back for at least `window_s` of wall time (and `min_steps` steps): the
-   sustained wall time per step, and each step's time on the probe's clock;
-3. `warmup + repeats` passes through the model cut into one fx stage per layer
-   (`hppctl.zoo.build_stage`), chained as a pipeline would run them: each layer's forward is
-   timed, then each layer's backward in reverse order, with the gradient arriving from the next
-   layer. The first `warmup` passes are dropped.
+1. per batch size, ascending: one whole training step (forward, loss, backward) of the model,
+   then one more with the process's peak RSS reset before it: its peak minus the RSS after the
+   model was built is `peak_bytes`. A batch size whose predicted peak would not fit the memory
+   budget is skipped, with every larger one;
+2. `warmup + repeats` rounds; in each, for every batch size: one pass through the model cut into
+   one fx stage per layer (`hppctl.zoo.build_stage`), chained as a pipeline would run them: each
+   layer's forward is timed, then each layer's backward in reverse order with the gradient
+   arriving from the next layer; then whole steps back to back for `window_s / repeats` of wall
+   time (at least one). The warm-up rounds are not reported; every other round is one `pass`
+   record, so an interrupted measurement resumes from the passes the cache holds.
 
 The clock is the process CPU time when torch runs one thread, wall time otherwise. A CFS quota
 stops a process for the rest of a period once its budget is spent: a 1 ms layer on a 0.25-core
@@ -79,7 +82,8 @@ class Measurement:
         self.clock = _clock(threads)
         self.clock_name = "cpu" if threads == 1 else "wall"
         self.norms_in_eval = False
-        self.last_peak = 0
+        self.eval_norms: dict[int, bool] = {}
+        """Batch sizes at which BatchNorm must run in eval mode (first_step)."""
         device.release_free_memory()
         self.model_rss = device.rss_bytes()[0]
         tensors = list(self.model.parameters()) + list(self.model.buffers())
@@ -152,66 +156,77 @@ class Measurement:
 
     # -- layer by layer --------------------------------------------------------------------
 
-    def _leaf(self, value):
-        torch = self.torch
-        if isinstance(value, torch.Tensor):
-            leaf = value.detach()
-            if leaf.is_floating_point():
-                leaf.requires_grad_(True)
-            return leaf
-        return value
-
     def layer_pass(self, x, labels) -> tuple[list[float], list[float]]:
-        """One pipelined pass, one stage per layer: (forward seconds, backward seconds) per layer."""
+        """One training step through the one-layer stages: (forward seconds, backward seconds) per layer.
+
+        The stages are chained on the live autograd graph, so backward is ONE engine run, as in a
+        real step; it is split by layer with a hook on the first tensor each layer produces. The CPU
+        engine runs ready nodes newest first, i.e. layer by layer from the last one, and a tensor's
+        hook fires as its producing node starts: layer i's backward is the time from its hook to the
+        next hook of an earlier layer (to the end of the run for the first layer). A layer that makes
+        no new autograd node (a pass-through) gets 0 and its successor in backward order the time.
+        """
         torch, clock, count = self.torch, self.clock, len(self.stages)
         self.model.zero_grad(set_to_none=True)
-        forward, backward = [0.0] * count, [0.0] * count
-        inputs: list[tuple] = []
-        outputs: list[tuple] = []
+        forward = [0.0] * count
+        starts: list[float | None] = [None] * count
+        seen: set[int] = set()
         values: tuple = (x,)
         for i, stage in enumerate(self.stages):
-            if i > 0:
-                values = tuple(self._leaf(v) for v in values)
-            inputs.append(values)
             t = clock()
             out = stage(*values)
             if i == count - 1:
                 out = (_loss(torch, out[0], labels),)
             forward[i] = clock() - t
-            outputs.append(out)
+            new = [o for o in out if isinstance(o, torch.Tensor) and o.grad_fn is not None and id(o.grad_fn) not in seen]
+            seen.update(id(o.grad_fn) for o in new)
+            if new and i < count - 1:
+                def stamp(_grad, i=i):
+                    if starts[i] is None:
+                        starts[i] = clock()
+                for o in new:
+                    o.register_hook(stamp)
             values = out
-        for i in reversed(range(count)):
-            if i == count - 1:
-                tensors, grads = [outputs[i][0]], [None]
-            else:
-                pairs = [(o, leaf.grad) for o, leaf in zip(outputs[i], inputs[i + 1])
-                         if isinstance(leaf, torch.Tensor) and leaf.requires_grad and leaf.grad is not None
-                         and isinstance(o, torch.Tensor) and o.requires_grad]
-                tensors, grads = [p[0] for p in pairs], [p[1] for p in pairs]
-            t = clock()
-            if tensors:
-                torch.autograd.backward(tensors, grads)
-            backward[i] = clock() - t
-            outputs[i] = ()
-            if i + 1 < count:
-                inputs[i + 1] = ()
+        starts[count - 1] = clock()
+        values[0].backward()
+        end = clock()
+        backward = [0.0] * count
+        for i in range(count):
+            if starts[i] is None:
+                continue
+            later = [starts[j] for j in range(i) if starts[j] is not None]
+            backward[i] = (later[-1] if later else end) - starts[i]
         return forward, backward
 
 
 def measure(args: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """The `train` probe kind: records for every batch size in `args["batch_sizes"]` (ascending)."""
+    """The `train` probe kind (module docstring). `args`: model, granularity, batch_sizes, threads,
+    repeats, warmup, window_s, memory_budget_bytes, and `passes` {batch size: timed passes still
+    needed} when resuming (default: `repeats` for every batch size)."""
     threads = int(args["threads"])
     repeats, warmup = int(args.get("repeats", 7)), int(args.get("warmup", 2))
-    window_s, min_steps = float(args.get("window_s", 1.0)), int(args.get("min_steps", 3))
+    window_s = float(args.get("window_s", 1.0))
     budget = args.get("memory_budget_bytes")
+    sizes = sorted(int(b) for b in args["batch_sizes"])
+    needed = {b: int(args.get("passes", {}).get(str(b), repeats)) for b in sizes}
     started = time.perf_counter()
     m = Measurement(args["model"], args["granularity"], threads, int(args.get("seed", 0)))
     yield {"type": "setup", "layers": len(m.stages), "threads": threads, "clock": m.clock_name,
            "runtime_bytes": m.runtime_bytes, "model_bytes": m.model_bytes,
            "param_bytes": sum(p.numel() * p.element_size() for p in m.model.parameters()),
            "setup_s": time.perf_counter() - started, "model_fingerprint": m.spec.fingerprint()}
+    fitting: list[int] = []
+    for record in _memory_phase(m, sizes, budget):
+        yield record
+        if record["type"] == "memory":
+            fitting.append(record["batch_size"])
+    yield from _rounds(m, fitting, needed, warmup, window_s / max(1, repeats))
+
+
+def _memory_phase(m: Measurement, sizes: list[int], budget: int | None) -> Iterator[dict[str, Any]]:
+    """Ascending batch sizes: the first step (and the BatchNorm fallback), then the peak memory of one
+    step; stops before a batch size whose predicted peak would not fit 90% of the budget."""
     previous: tuple[int, int] | None = None  # (batch, peak bytes)
-    sizes = sorted(int(b) for b in args["batch_sizes"])
     for k, b in enumerate(sizes):
         if budget and previous is not None:
             predicted = m.model_rss + previous[1] * b / previous[0]
@@ -221,30 +236,38 @@ def measure(args: dict[str, Any]) -> Iterator[dict[str, Any]]:
                            "reason": f"predicted peak {predicted / 1e6:.0f} MB at batch {b} exceeds 90% of the "
                                      f"{budget / 1e6:.0f} MB budget"}
                 return
-        yield from _one_batch(m, b, repeats, warmup, window_s, min_steps)
-        previous = (b, m.last_peak)
+        yield {"type": "progress", "batch_size": b, "phase": "memory", "done": k, "total": len(sizes)}
+        x, labels = m.batch(b)
+        notes = m.first_step(x, labels)
+        m.eval_norms[b] = m.norms_in_eval
+        peak, method = m.peak_step(x, labels)
+        m.set_norms_eval(False)
+        previous = (b, peak)
+        yield {"type": "memory", "batch_size": b, "peak_bytes": peak, "peak_method": method, "notes": notes,
+               "optimizer_step_s": m.optimizer_step()}
 
 
-def _one_batch(m: Measurement, b: int, repeats: int, warmup: int, window_s: float, min_steps: int):
-    total = 3 + warmup + repeats
-    yield {"type": "progress", "batch_size": b, "phase": "memory", "done": 0, "total": total}
-    x, labels = m.batch(b)
-    notes = m.first_step(x, labels)
-    peak, peak_method = m.peak_step(x, labels)
-    m.last_peak = peak
-    yield {"type": "progress", "batch_size": b, "phase": "whole steps", "done": 2, "total": total}
-    step = m.sustained(x, labels, window_s, min_steps)
-    optimizer = m.optimizer_step()
-    forward: list[list[float]] = [[] for _ in m.stages]
-    backward: list[list[float]] = [[] for _ in m.stages]
-    for r in range(warmup + repeats):
-        yield {"type": "progress", "batch_size": b, "phase": "layers", "done": 3 + r, "total": total}
-        f, bw = m.layer_pass(x, labels)
-        if r >= warmup:
-            for i in range(len(m.stages)):
-                forward[i].append(f[i])
-                backward[i].append(bw[i])
-    m.set_norms_eval(False)
-    yield {"type": "batch", "batch_size": b, "clock": m.clock_name, "forward": forward, "backward": backward,
-           "step": step, "optimizer_step_s": optimizer, "peak_bytes": peak, "peak_method": peak_method,
-           "notes": notes}
+def _rounds(m: Measurement, sizes: list[int], needed: dict[int, int], warmup: int,
+            window_s: float) -> Iterator[dict[str, Any]]:
+    """Round-robin over the batch sizes: each round runs one layer pass and a short window of whole
+    steps at every batch size that still needs passes. A burst of load from elsewhere then slows
+    one pass of every batch size instead of every pass of one, and the medians ignore it."""
+    inputs = {b: m.batch(b) for b in sizes}
+    rounds = warmup + max((needed[b] for b in sizes), default=0)
+    total = sum(warmup + needed[b] for b in sizes)
+    done = 0
+    for r in range(rounds):
+        for b in sizes:
+            if r >= warmup + needed[b]:
+                continue
+            x, labels = inputs[b]
+            m.set_norms_eval(m.eval_norms.get(b, False))
+            forward, backward = m.layer_pass(x, labels)
+            timed = r >= warmup
+            step = m.sustained(x, labels, window_s, 1) if timed else None
+            m.set_norms_eval(False)
+            done += 1
+            if timed:
+                yield {"type": "pass", "batch_size": b, "forward": forward, "backward": backward, "step": step}
+            yield {"type": "progress", "batch_size": b, "phase": "warm-up" if not timed else f"pass {r - warmup + 1}",
+                   "done": done, "total": total}

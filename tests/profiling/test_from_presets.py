@@ -5,8 +5,8 @@ import pytest
 from hppctl.errors import BadInput, UnknownPreset
 from hppctl.models.cluster import ClusterSpec
 from hppctl.models.profile import Profile
-from hppctl.profiling.from_presets import (DEFAULT_BATCH_SIZES, build_preset_profile, check_all_presets,
-                                           group_layers, layer_times)
+from hppctl.profiling.from_presets import (DEFAULT_BATCH_SIZES, build_preset_profile, group_layers, layer_times,
+                                           preset_devices, resolve_presets)
 from hppctl.profiling.presets import PRESETS, classify
 from hppctl.store import load, save
 from tests.profiling.layers import block_of, small_cnn
@@ -123,15 +123,24 @@ def test_unknown_preset_names_device_field_and_known_presets():
 
 @pytest.mark.parametrize("device, shown", [({"name": "pi", "host": "10.0.0.5"}, "host '10.0.0.5'"),
                                            ({"name": "me", "local": True}, "local: true")])
-def test_real_devices_are_refused_until_measurement_lands(device, shown):
+def test_the_preset_builder_refuses_measured_devices_and_names_them(device, shown):
     c = cluster(devices=[{"name": "a", "preset": "jetson-nano"}, device], links=[])
     with pytest.raises(BadInput) as e:
-        check_all_presets(c, "c.yaml")
+        resolve_presets(c, "c.yaml")
     msg = str(e.value)
     assert msg.startswith("c.yaml: devices.1: ") and repr(device["name"]) in msg and shown in msg
-    assert "not a preset" in msg and "SSH" in msg
+    assert "not a preset" in msg and "measured" in msg
     with pytest.raises(BadInput, match="not a preset"):
         build(c)
+
+
+def test_preset_devices_of_a_mixed_cluster():
+    c = cluster(devices=[{"name": "a", "preset": "jetson-nano"}, {"name": "pi", "host": "10.0.0.5"},
+                         {"name": "me", "local": True}], links=[])
+    assert {k: v.name for k, v in preset_devices(c).items()} == {"a": "jetson-nano"}
+    bad = cluster(devices=[{"name": "pi", "host": "10.0.0.5"}, {"name": "x", "preset": "jetson-agx"}], links=[])
+    with pytest.raises(UnknownPreset, match="c.yaml: devices.1.preset: device 'x'"):
+        preset_devices(bad, "c.yaml")
 
 
 @pytest.mark.parametrize("suffix", [".json", ".yaml"])

@@ -1,0 +1,164 @@
+"""parse.py on captured probe outputs: records, batches, device profiles, links, fingerprints, failure reasons."""
+
+import json
+import statistics
+
+import pytest
+
+from hppctl.models.profile import DeviceProfile
+from hppctl.profiling import parse
+from hppctl.profiling.records import Identity
+from tests.profiling.captured import found, text
+
+
+def identity(name: str = "identify-lab-h3.jsonl", **changes) -> Identity:
+    record = parse.first(found(name), "identity")
+    return Identity.model_validate({**record, **changes})
+
+
+def test_records_skip_noise_and_partial_lines():
+    noisy = 'warning: something\n{"type": "a", "x": 1}\nnot json {\n{"no_type": 1}\n{"type": "b"'
+    assert parse.records(noisy) == [{"type": "a", "x": 1}]
+
+
+def test_identity_of_a_lab_host_reads_the_hidden_quota_from_the_duty_cycle():
+    ident = identity()
+    assert ident.hostname == "h3" and ident.threads == 1
+    assert ident.cpu_quota_source.startswith("measured duty cycle")
+    assert 0.21 <= ident.cpu_quota_cores <= 0.30
+    local = identity("identify-local.jsonl")
+    assert local.cpu_quota_cores is None and local.threads == local.cpus
+
+
+def test_train_output_of_tiny_cnn_becomes_one_batch_per_size():
+    setup, batches, skips = parse.batches_from_output(found("train-tiny-cnn-lab-h2.jsonl"))
+    assert setup.layers == 11 and setup.clock == "cpu" and setup.threads == 1 and skips == []
+    assert [b.batch_size for b in batches] == [1, 4, 16]
+    for b in batches:
+        assert len(b.forward) == len(b.backward) == 11
+        assert all(len(samples) == 5 for samples in b.forward + b.backward)
+        assert b.step.count >= 5 and len(b.step.clock_s) == b.step.count  # at least one step per pass
+        assert b.peak_bytes > 0 and b.optimizer_step_s
+
+
+def test_device_profile_is_medians_times_the_sustained_factor():
+    setup, batches, _ = parse.batches_from_output(found("train-tiny-cnn-lab-h2.jsonl"))
+    ident = identity(hostname="h2")
+    p = parse.device_profile("h2", ident, setup, batches, memory_bytes=None, repeats=5, warmup=1)
+    assert isinstance(p, DeviceProfile) and p.source == "measured" and p.kind == "measured:h2"
+    assert p.batch_sizes == [1, 4, 16]
+    for k, b in enumerate(batches):
+        factor = b.step.wall_s / b.step.cpu_s
+        assert p.measurement.sustained_factor[k] == pytest.approx(factor)
+        for layer in range(11):
+            assert p.forward_s[layer][k] == pytest.approx(statistics.median(b.forward[layer]) * factor)
+            assert p.backward_s[layer][k] == pytest.approx(statistics.median(b.backward[layer]) * factor)
+        assert p.train_step_s[k] == pytest.approx(b.step.wall_s / b.step.count)
+        assert p.train_peak_bytes[k] == b.peak_bytes
+    # a 0.5-core host: every wall second holds about half a CPU second
+    assert all(1.6 < f < 2.6 for f in p.measurement.sustained_factor)
+    assert p.measurement.threads == 1 and p.measurement.clock == "cpu" and p.runtime_bytes == setup.runtime_bytes
+
+
+def test_spread_is_the_interquartile_range_over_the_median():
+    assert parse.spread([1.0]) == 0.0
+    assert parse.spread([2.0, 2.0, 2.0]) == 0.0
+    assert parse.spread([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx((4.0 - 2.0) / 3.0)
+    assert parse.spread([0.0, 0.0, 0.0]) == 0.0
+
+
+def test_mobilenetv2_batch_one_keeps_the_batchnorm_note_and_the_layer_count():
+    setup, batches, _ = parse.batches_from_output(found("train-mobilenetv2-lab-h1.jsonl"))
+    assert setup.layers == 142 and [b.batch_size for b in batches] == [1, 8]
+    p = parse.device_profile("h1", identity(hostname="h1"), setup, batches, memory_bytes=2 * 10**9, repeats=3,
+                             warmup=1)
+    assert any("BatchNorm" in n and "batch 1" in n for n in p.measurement.notes)
+    assert p.memory_bytes == 2 * 10**9 and p.measurement.memory_budget_source == "inventory"
+    # the layers compose into the whole step (same engine run, split by hooks): loosely, the probe's clock
+    for k, b in enumerate(batches):
+        layers = sum(statistics.median(f) + statistics.median(bw) for f, bw in zip(b.forward, b.backward))
+        assert 0.7 < layers / statistics.median(b.step.clock_s) < 1.4
+
+
+def test_memory_budget_without_inventory_subtracts_the_worker_runtime():
+    ident = identity(memory_limit_bytes=10**9, memory_limit_source="cgroup v1")
+    assert parse.memory_budget(ident, 4 * 10**8, None) == (6 * 10**8, "cgroup limit minus the worker's runtime", 10**9)
+    no_limit = identity(memory_limit_bytes=None, memory_available_bytes=8 * 10**9)
+    assert parse.memory_budget(no_limit, 10**9, None)[0] == 7 * 10**9
+    assert parse.memory_budget(no_limit, 10**9, 3 * 10**9)[:2] == (3 * 10**9, "inventory")
+
+
+def test_a_batch_from_another_layer_count_is_refused():
+    setup, batches, _ = parse.batches_from_output(found("train-tiny-cnn-lab-h2.jsonl"))
+    _, memories, passes, _ = parse.train_output(found("train-tiny-cnn-lab-h2.jsonl"))
+    wrong = setup.model_copy(update={"layers": 12})
+    with pytest.raises(parse.ProbeOutputError, match="12"):
+        parse.assemble_batch(wrong, memories[0], [p for p in passes if p.batch_size == 1])
+    with pytest.raises(parse.ProbeOutputError, match="no timed pass"):
+        parse.assemble_batch(setup, memories[0], [])
+
+
+def test_a_malformed_record_names_its_type_and_field():
+    record = parse.first(found("train-tiny-cnn-lab-h2.jsonl"), "setup")
+    with pytest.raises(parse.ProbeOutputError, match="'setup'.*layers"):
+        parse.typed({**record, "layers": "many"}, parse.Setup)
+
+
+def test_fingerprint_ignores_quota_noise_but_not_the_share():
+    base = identity()
+    assert parse.fingerprint(base) == parse.fingerprint(identity(cpu_quota_cores=0.24))
+    assert parse.fingerprint(base) == parse.fingerprint(identity(cpu_quota_cores=0.27))
+    assert parse.fingerprint(base) != parse.fingerprint(identity(cpu_quota_cores=0.5))
+    assert parse.fingerprint(base) != parse.fingerprint(identity(hostname="h2"))
+    assert parse.fingerprint(base) != parse.fingerprint(identity(torch="2.0.0"))
+    exact = identity(cpu_quota_cores=0.25, cpu_quota_source="cgroup v2")
+    assert parse.fingerprint(exact) != parse.fingerprint(identity(cpu_quota_cores=0.26, cpu_quota_source="cgroup v2"))
+
+
+@pytest.mark.parametrize("cores, bucket", [(None, "unlimited"), (1.0, "2^0"), (0.9, "2^0"), (1.15, "2^0"),
+                                           (0.5, "2^-1"), (0.45, "2^-1"), (0.25, "2^-2"), (2.0, "2^1")])
+def test_quota_buckets(cores, bucket):
+    assert parse.quota_bucket(cores) == bucket
+
+
+def test_link_from_captured_transfer_and_ping():
+    recv = parse.received(found("recv-lab-h1-to-h2.jsonl"))
+    ping = parse.pinged(found("ping-lab-h1-to-h2.jsonl"))
+    slower = recv.model_copy(update={"bytes_per_s": recv.bytes_per_s * 0.9})
+    link = parse.link_profile("h1", "h2", recv, slower, ping)
+    assert link.between == ["h1", "h2"] and link.source == "measured"
+    assert link.directed_bytes_per_s == [recv.bytes_per_s, slower.bytes_per_s]
+    assert link.bytes_per_s == slower.bytes_per_s  # the slower direction
+    assert link.rtt_s == pytest.approx(statistics.median(ping.rtt_s))
+    assert 0.9 * 12.5e6 < recv.bytes_per_s < 12.5e6  # a 100 Mbit/s lab link, TCP goodput
+
+
+def test_a_link_without_bytes_is_an_error():
+    recv = parse.received(found("recv-lab-h1-to-h2.jsonl")).model_copy(update={"bytes_per_s": 0.0, "bytes": 0})
+    with pytest.raises(parse.ProbeOutputError, match="no bytes"):
+        parse.link_profile("a", "b", recv, recv, None)
+    with pytest.raises(parse.ProbeOutputError, match="printed no result"):
+        parse.received([])
+
+
+@pytest.mark.parametrize("text, version", [("hppctl 0.1.0\n", "0.1.0"), ("Python 3.11\n", None), ("", None),
+                                           ("warning: x\nhppctl 2.0\n", "2.0")])
+def test_parse_version(text, version):
+    assert parse.parse_version(text) == version
+
+
+def test_exit_reasons():
+    killed = found("train-killed-lab-h1.jsonl")
+    reason = parse.exit_reason("train", -1, "", killed, memory_limit=10**9)
+    assert "killed at batch 1024 (memory)" in reason and "out of memory" in reason and "1000 MB" in reason
+    assert parse.exit_reason("train", 137, "", killed).startswith("probe 'train' was killed at batch 1024")
+    error = parse.exit_reason("train", 1, "", found("train-error.jsonl"))
+    assert "no-such-model" in error
+    assert "not installed" in parse.exit_reason("identify", 1, "/usr/bin/python3: No module named hppctl\n", [])
+    assert parse.exit_reason("identify", 127, "bash: python9: command not found\n", []).startswith("command not found")
+    assert parse.exit_reason("x", 3, "Traceback...\nValueError: bad\n", []) == "probe 'x' exited with 3: ValueError: bad"
+
+
+def test_captured_files_are_json_lines():
+    for name in ("train-tiny-cnn-lab-h2.jsonl", "identify-local.jsonl", "ping-lab-h1-to-h2.jsonl"):
+        assert all(json.loads(line) for line in text(name).splitlines())

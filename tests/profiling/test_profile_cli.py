@@ -99,7 +99,8 @@ def test_help_has_examples(cli):
 BAD_CLUSTERS = [
     ("name: x\ndevices: [ {name: a, preset: jetson-nano\n", "malformed YAML"),
     ("name: x\ndevices:\n  - {name: a, preset: jetson-agx}\n", "devices.0.preset: device 'a': unknown preset 'jetson-agx'"),
-    ("name: x\ndevices:\n  - {name: a, host: 10.0.0.9}\n", "devices.0: device 'a' (host '10.0.0.9') is not a preset"),
+    ("name: x\ndevices:\n  - {name: a, host: 10.0.0.9}\n  - {name: b, preset: jetson-agx}\n",
+     "devices.1.preset: device 'b': unknown preset 'jetson-agx'"),
     ("name: x\nbandwidth: fast\ndevices:\n  - {name: a, preset: rpi4}\n", "bandwidth"),
     ("name: x\ndevices:\n  - {name: a, preset: rpi4, memory: -3GB}\n", "devices.0.memory"),
     ("name: x\ndevices:\n  - {name: a, preset: rpi4, colour: red}\n", "devices.0.colour"),

@@ -1,0 +1,43 @@
+"""cache.py: per-batch-size files, completeness, skips that depend on the budget, torn files."""
+
+from hppctl.profiling.cache import MeasurementCache, cache_key
+
+
+def cache(tmp_path, **parts) -> MeasurementCache:
+    return MeasurementCache(tmp_path, {"model": "m", "device": "dev-1", **parts})
+
+
+def test_key_depends_on_every_part(tmp_path):
+    assert cache_key({"a": 1, "b": 2}) == cache_key({"b": 2, "a": 1})
+    assert cache(tmp_path).dir != cache(tmp_path, device="dev-2").dir
+    assert cache(tmp_path).dir == cache(tmp_path).dir
+
+
+def test_a_batch_is_complete_with_its_memory_and_enough_passes(tmp_path):
+    c = cache(tmp_path)
+    assert not c.complete(4, repeats=2) and c.passes(4) == [] and c.setup() is None
+    c.store_memory({"type": "memory", "batch_size": 4, "peak_bytes": 1})
+    c.add_pass({"type": "pass", "batch_size": 4, "n": 1})
+    assert not c.complete(4, repeats=2)
+    c.add_pass({"type": "pass", "batch_size": 4, "n": 2})
+    assert c.complete(4, repeats=2) and [p["n"] for p in c.passes(4)] == [1, 2]
+    assert (c.dir / "key.json").exists()
+    again = cache(tmp_path)
+    assert again.complete(4, repeats=2)
+    again.clear()
+    assert not again.complete(4, repeats=2)
+
+
+def test_a_skip_holds_only_for_a_budget_no_larger(tmp_path):
+    c = cache(tmp_path)
+    c.store_skip(64, "too big", budget=10**9)
+    assert c.skip(64, 10**9)["reason"] == "too big"
+    assert c.skip(64, 5 * 10**8) is not None
+    assert c.skip(64, 2 * 10**9) is None  # more memory now: try again
+
+
+def test_a_torn_file_reads_as_missing(tmp_path):
+    c = cache(tmp_path)
+    c.store_memory({"type": "memory", "batch_size": 2})
+    (c.dir / "memory-2.json").write_text('{"type": "mem')
+    assert c.memory(2) is None

@@ -1,0 +1,87 @@
+"""The training probe for real, on this machine: in-process on tiny models, and end to end through
+profile_cluster with a `local: true` device (a subprocess). No wall-clock assertions: only shapes,
+signs and the structure of what is measured."""
+
+import json
+
+import pytest
+
+from hppctl.models.cluster import ClusterSpec
+from hppctl.profiling import parse, probe
+
+
+@pytest.fixture(scope="module")
+def measurement():
+    from hppctl.profiling.train_probe import Measurement
+
+    return Measurement("tiny-cnn", "fine", threads=1)
+
+
+def test_layer_pass_times_every_layer_in_one_backward(measurement):
+    x, labels = measurement.batch(4)
+    forward, backward = measurement.layer_pass(x, labels)
+    count = len(measurement.stages)
+    assert len(forward) == len(backward) == count == 11
+    assert all(t > 0 for t in forward)
+    # layers that hold weights (convolutions, batch norms, the classifier) all have backward work
+    from hppctl.zoo import layer_costs
+
+    weighted = [i for i, layer in enumerate(layer_costs("tiny-cnn", "fine")) if layer.param_bytes > 0]
+    assert weighted and all(backward[i] > 0 for i in weighted)
+    # and the pass left gradients on every parameter, as a training step does
+    assert all(p.grad is not None for p in measurement.model.parameters())
+
+
+def test_batchnorm_falls_back_to_eval_mode_only_where_training_refuses(measurement):
+    x, labels = measurement.batch(2)
+    assert measurement.first_step(x, labels) == [] and not measurement.norms_in_eval
+
+
+def test_probe_records_for_a_tiny_model(capsys):
+    args = {"model": "tiny-mlp", "granularity": "fine", "batch_sizes": [2, 1], "threads": 1, "repeats": 2,
+            "warmup": 1, "window_s": 0.01, "passes": {"2": 1}}
+    assert probe.main(["train", "--args", json.dumps(args)]) == 0
+    found = parse.records(capsys.readouterr().out)
+    kinds = [r["type"] for r in found]
+    assert kinds[0] == "setup" and kinds[-1] == "done"
+    memory = [r["batch_size"] for r in found if r["type"] == "memory"]
+    passes = [r["batch_size"] for r in found if r["type"] == "pass"]
+    assert memory == [1, 2]  # ascending
+    assert sorted(passes) == [1, 1, 2]  # batch 2 needed one more pass only (resume)
+    assert passes == [1, 2, 1]  # round-robin
+    setup, batches, _ = parse.batches_from_output(found)
+    assert setup.layers == 5 and setup.model_fingerprint
+
+
+def test_memory_budget_skips_what_would_not_fit(capsys):
+    args = {"model": "tiny-mlp", "granularity": "fine", "batch_sizes": [1, 1 << 20], "threads": 1, "repeats": 1,
+            "warmup": 0, "window_s": 0.0, "memory_budget_bytes": 1}
+    assert probe.main(["train", "--args", json.dumps(args)]) == 0
+    found = parse.records(capsys.readouterr().out)
+    [skip] = [r for r in found if r["type"] == "skip"]
+    assert skip["batch_size"] == 1 << 20 and "exceeds 90%" in skip["reason"]
+
+
+def test_registered_kinds_run_and_unknown_ones_are_errors(capsys):
+    @probe.register_kind("test-echo-args")
+    def echo_args(args):
+        yield {"type": "args", **args}
+
+    assert probe.main(["test-echo-args", "--args", '{"a": 1}']) == 0
+    assert parse.records(capsys.readouterr().out)[0] == {"type": "args", "a": 1}
+    assert probe.main(["no-such-kind"]) == 1
+    assert "unknown probe kind" in parse.error_of(parse.records(capsys.readouterr().out))
+    probe.KINDS.pop("test-echo-args")
+
+
+def test_a_local_device_end_to_end(tmp_path):
+    from hppctl.profiling.cluster import ProbeSettings, profile_cluster
+
+    cluster = ClusterSpec.model_validate({"name": "here", "devices": [{"name": "me", "local": True}]})
+    run = profile_cluster(cluster, "tiny-cnn", batch_sizes=[1, 2], cache_root=tmp_path,
+                          settings=ProbeSettings(repeats=2, warmup=1, window_s=0.05))
+    assert run.failures == {}
+    [device] = run.profile.devices
+    assert device.source == "measured" and device.batch_sizes == [1, 2] and len(device.forward_s) == 11
+    assert device.measurement.clock in ("cpu", "wall") and device.runtime_bytes > 0
+    assert all(p > 0 for p in device.train_peak_bytes)

@@ -1,0 +1,97 @@
+"""`hppctl profile` on clusters with measured devices, through the error boundary: the devices are
+fake endpoints (tests/profiling/fakes.py), everything else is the real command."""
+
+import functools
+import json
+
+import pytest
+
+import hppctl.profiling.cluster as cluster_module
+from hppctl.models.profile import Profile
+from hppctl.store import load
+from tests.profiling.fakes import FakeDevice, factory
+
+CLUSTER = """\
+name: mixed
+bandwidth: 100mbit
+devices:
+  - {name: fast, host: 10.0.0.2}
+  - {name: slow, host: 10.0.0.3}
+  - {name: nano0, preset: jetson-nano}
+"""
+
+
+@pytest.fixture
+def devices(monkeypatch, tmp_path):
+    found = {"fast": FakeDevice(quota=1.0), "slow": FakeDevice(quota=0.25)}
+    calls = []
+    original = cluster_module.profile_cluster
+
+    def patched(*args, **kwargs):
+        calls.append(kwargs)
+        return original(*args, **{**kwargs, "endpoint_factory": factory(found), "cache_root": tmp_path / "cache"})
+
+    monkeypatch.setattr(cluster_module, "profile_cluster", patched)
+    found["calls"] = calls
+    return found
+
+
+@pytest.fixture
+def cluster_file(tmp_path):
+    path = tmp_path / "mixed.yaml"
+    path.write_text(CLUSTER)
+    return path
+
+
+def test_measures_hosts_and_models_presets(cli, devices, cluster_file, tmp_path):
+    out = tmp_path / "p.json"
+    code, stdout, stderr = cli("profile", "--cluster", cluster_file, "--model", "tiny-mlp", "--batch-sizes", "1,4",
+                               "--repeats", "2", "--warmup", "0", "--out", out)
+    assert code == 0, stderr
+    p = load(out, Profile)
+    assert p.source == "measured" and [d.source for d in p.devices] == ["measured", "measured", "preset"]
+    assert "measuring 2 of 3 devices" in stderr and "wrote" in stderr
+    assert "measured:fast" in stdout and "fast <-> slow" in stdout and "jetson-nano" in stdout
+    settings = devices["calls"][0]["settings"]
+    assert (settings.repeats, settings.warmup, settings.threads) == (2, 0, None)
+    assert devices["calls"][0]["measure_links"] is True and devices["calls"][0]["force"] is False
+
+
+def test_a_failed_device_is_named_exit_1_and_the_profile_keeps_the_others(cli, devices, cluster_file, tmp_path):
+    devices["slow"].refuse = "unreachable: nothing accepts SSH connections at 10.0.0.3:22 (connection refused)"
+    out = tmp_path / "p.json"
+    code, stdout, stderr = cli("profile", "--cluster", cluster_file, "--model", "tiny-mlp", "--batch-sizes", "1,4",
+                               "--repeats", "2", "--out", out, "--json")
+    assert code == 1
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("error: 1 device could not be profiled: slow: unreachable") and str(out) in last
+    summary = json.loads(stdout)
+    assert summary["failures"] == {"slow": devices["slow"].refuse}
+    assert summary["missing_devices"] == [{"name": "slow", "reason": devices["slow"].refuse}]
+    p = load(out, Profile)
+    assert [d.name for d in p.devices] == ["fast", "nano0"] and p.missing_devices[0].name == "slow"
+
+
+def test_no_device_profiled_is_exit_1_without_a_file(cli, devices, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("name: c\ndevices:\n  - {name: fast, host: 10.0.0.2}\n")
+    devices["fast"].refuse = "authentication refused at 10.0.0.2:22"
+    out = tmp_path / "p.json"
+    code, _, stderr = cli("profile", "--cluster", path, "--model", "tiny-mlp", "--batch-sizes", "1", "--out", out)
+    assert code == 1 and "no device could be profiled: fast: authentication refused" in stderr
+    assert not out.exists()
+
+
+def test_json_without_out_prints_the_measured_profile(cli, devices, cluster_file):
+    code, stdout, _ = cli("profile", "--cluster", cluster_file, "--model", "tiny-mlp", "--batch-sizes", "2",
+                          "--repeats", "1", "--no-links", "--json", "--force", "--threads", "2")
+    assert code == 0
+    p = Profile.model_validate(json.loads(stdout))
+    assert p.devices[0].measurement.threads == 2 and all(l.source != "measured" for l in p.links)
+    assert devices["calls"][0]["force"] is True and devices["calls"][0]["measure_links"] is False
+
+
+@pytest.mark.parametrize("args, needle", [(["--repeats", "0"], "repeats"), (["--threads", "0"], "--threads")])
+def test_bad_probe_settings_exit_2(cli, devices, cluster_file, args, needle):
+    code, _, stderr = cli("profile", "--cluster", cluster_file, "--model", "tiny-mlp", "--json", *args)
+    assert code == 2 and needle in stderr

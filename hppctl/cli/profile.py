@@ -135,6 +135,7 @@ def profile_command(
     layers, parts = model_layers(model, granularity)
     measured = [d for d in spec.devices if d.preset is None]
     failures: dict[str, str] = {}
+    cache_use: dict[str, dict[str, list[int]]] = {}
     if not measured:
         note(f"{model} ({granularity}): {len(layers)} layers x {len(spec.devices)} preset devices x {len(grid)} batch sizes")
         profile = build_preset_profile(spec, layers, model=model, granularity=granularity, batch_sizes=grid,
@@ -150,8 +151,13 @@ def profile_command(
         run = measure(spec, model, granularity, grid, layers, settings, OPTIMIZER_STATE_FACTORS[optimizer],
                       force=force, install=install, links=links, source=str(cluster))
         profile, failures = run.profile, run.failures
+        cache_use = {"measured": run.measured, "cached": run.cached}
         for text in run.notes:
             note(f"note: {text}")
+        reused = {n: b for n, b in run.cached.items() if b}
+        if reused:
+            note("from the cache (--force measures again): " + "; ".join(
+                f"{n} batch {','.join(map(str, b))}" for n, b in reused.items()))
         if profile is None:
             raise RuntimeFailure("no device could be profiled: " + "; ".join(f"{k}: {v}" for k, v in failures.items()))
     if out is None:
@@ -161,6 +167,7 @@ def profile_command(
         note(f"wrote {out}")
         summary = summarize(profile, out)
         summary["failures"] = failures
+        summary.update(cache_use)
         emit_json(summary) if as_json else _render(profile, summary)
     if failures:
         raise RuntimeFailure(failure_line(failures, out if profile.missing_devices else None))

@@ -5,8 +5,8 @@ import pytest
 
 from hppctl.errors import Infeasible
 from hppctl.planner.psl import plan_times
-from hppctl.planner.psl.admm import w_step, w_step_time_indexed
-from hppctl.planner.psl.instance import Instance, auto_slot
+from hppctl.planner.psl.admm import solve_admm, w_step, w_step_time_indexed
+from hppctl.planner.psl.instance import Instance, auto_slot, check_slot_timeline
 from hppctl.planner.psl.milp import solve_exact
 from tests.psl.brute import optimum
 from tests.psl.factories import GB, make_times, preset_times, random_times, request_for
@@ -14,12 +14,13 @@ from tests.psl.factories import GB, make_times, preset_times, random_times, requ
 TABLE_II_WORST_GAP = 0.149
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_exact_matches_brute_force(seed):
-    times = random_times(seed, clients=3, helpers=2)
+@pytest.mark.parametrize("seed,clients", [(s, 3) for s in range(8)] + [(0, 4)])
+def test_exact_matches_brute_force(seed, clients):
+    times = random_times(seed, clients=clients, helpers=2)
     q = Instance.from_times(times)
     result = solve_exact(q, request_for(times).clients)
     assert result.status == "optimal"
+    check_slot_timeline(q, result.timeline)
     assert result.timeline.makespan == optimum(q)
 
 
@@ -57,11 +58,13 @@ def test_nothing_beats_exact_on_random_instances(seed):
     never below the optimum, and neither can the FCFS heuristics."""
     times = random_times(100 + seed, clients=5, helpers=2)
     request = request_for(times)
-    exact = plan_times(times, request, "exact", slot_s=1.0)
-    e = exact.prediction.makespan_slots
-    assert exact.notes[0].startswith("exact: optimal")
-    assert Instance.from_times(times).lower_bound() <= e
-    assert plan_times(times, request, "admm", slot_s=1.0).prediction.makespan_slots >= e
+    q = Instance.from_times(times)
+    exact, admm = solve_exact(q, request.clients), solve_admm(q)
+    e = exact.timeline.makespan
+    assert exact.status == "optimal"
+    assert q.lower_bound() <= e <= admm.timeline.makespan
+    check_slot_timeline(q, exact.timeline)
+    check_slot_timeline(q, admm.timeline)
     for method in ("balanced-greedy", "random-fcfs"):  # FCFS plans are feasible plans of P too
         assert plan_times(times, request, method).prediction.makespan_s >= e
 

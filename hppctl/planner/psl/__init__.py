@@ -12,6 +12,7 @@ and the better of the two when both run. Imports numpy; scipy only when admm/exa
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 from hppctl.errors import BadInput
@@ -19,6 +20,7 @@ from hppctl.models.profile import Profile
 from hppctl.models.psl import METHODS, PslPlan, PslRequest, PslTimes
 from hppctl.planner.psl.build import to_plan
 from hppctl.planner.psl.fcfs import fcfs_timeline
+from hppctl.planner.psl.admm import RHO
 from hppctl.planner.psl.instance import Instance, auto_slot
 from hppctl.planner.psl.memory import check_memory
 from hppctl.planner.psl.times import pair_times
@@ -42,29 +44,41 @@ def plan_psl(profile: Profile, request: PslRequest, method: str = "auto", **opti
 def plan_times(times: PslTimes, request: PslRequest, method: str = "auto", *, model: str = "?",
                granularity: str = "block", slot_s: float | None = None,
                target_slots: int = DEFAULT_TARGET_SLOTS, seed: int = 0,
-               time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+               time_limit_s: float = DEFAULT_TIME_LIMIT_S, rho: float = RHO,
                evaluate: Callable[[PslPlan], float] | None = None) -> PslPlan:
     """Solve an instance with one method.
 
     `slot_s` fixes the slot of admm/exact (default: sized from `target_slots`); `seed` drives
-    random-fcfs; `time_limit_s` bounds each solver; `evaluate` (e.g. the simulator's makespan)
-    is how `auto` compares its candidates — without it they are compared on the slot grid.
+    random-fcfs; `time_limit_s` bounds each solver; `rho` is admm's penalty; `evaluate` (e.g. the
+    simulator's makespan) is how `auto` compares its candidates — without it they are compared on
+    the slot grid.
     """
     if method not in METHODS:
         raise BadInput(f"--method: unknown method {method!r} (use one of: {', '.join(METHODS)})")
     if slot_s is not None and slot_s <= 0:
         raise BadInput(f"--slot: must be positive (got {slot_s})")
+    if rho <= 0:
+        raise BadInput(f"--rho: must be positive (got {rho})")
     instance = Instance.from_times(times)
     check_memory(instance, request.clients, request.helpers)
     common = dict(request=request, times=times, model=model, granularity=granularity, requested=method)
     slot = slot_s or auto_slot(instance, target_slots)
+    options = _Options(seed, time_limit_s, rho)
     if method == "auto":
-        return _auto(instance, slot, common, seed, time_limit_s, evaluate)
-    return _solve(method, instance, slot, common, seed, time_limit_s)
+        return _auto(instance, slot, common, options, evaluate)
+    return _solve(method, instance, slot, common, options)
 
 
-def _solve(method: str, instance: Instance, slot: float, common: dict, seed: int, time_limit_s: float) -> PslPlan:
+@dataclass(frozen=True)
+class _Options:
+    seed: int
+    time_limit_s: float
+    rho: float
+
+
+def _solve(method: str, instance: Instance, slot: float, common: dict, options: _Options) -> PslPlan:
     started = time.perf_counter()
+    seed = options.seed
     notes: list[str] = []
     if method == "balanced-greedy":
         from hppctl.planner.psl.greedy import balanced_greedy
@@ -75,16 +89,17 @@ def _solve(method: str, instance: Instance, slot: float, common: dict, seed: int
         notes.append(f"random assignment seed {seed}")
     else:
         solved, used_slot = instance.quantize(slot), slot
-        timeline = _slot_method(method, solved, common["request"].clients, time_limit_s, notes)
+        timeline = _slot_method(method, solved, common["request"].clients, options, notes)
     return to_plan(timeline, method=method, instance=solved, slot_s=used_slot,
                    solver_time_s=time.perf_counter() - started, notes=notes, **common)
 
 
-def _slot_method(method: str, q: Instance, clients, time_limit_s: float, notes: list[str]):
+def _slot_method(method: str, q: Instance, clients, options: _Options, notes: list[str]):
+    time_limit_s = options.time_limit_s
     if method == "admm":
         from hppctl.planner.psl.admm import solve_admm
-        result = solve_admm(q, time_limit_s=time_limit_s)
-        notes += result.notes + [f"admm: {result.iterations} iteration(s), "
+        result = solve_admm(q, rho=options.rho, time_limit_s=time_limit_s)
+        notes += result.notes + [f"admm: rho {options.rho:g}, {result.iterations} iteration(s), "
                                  f"{'converged' if result.converged else 'stopped at the iteration limit'}"]
         return result.timeline
     from hppctl.planner.psl.milp import solve_exact
@@ -94,13 +109,13 @@ def _slot_method(method: str, q: Instance, clients, time_limit_s: float, notes: 
     return result.timeline
 
 
-def _auto(instance: Instance, slot: float, common: dict, seed: int, time_limit_s: float,
+def _auto(instance: Instance, slot: float, common: dict, options: _Options,
           evaluate: Callable[[PslPlan], float] | None) -> PslPlan:
-    greedy = _solve("balanced-greedy", instance, slot, common, seed, time_limit_s)
+    greedy = _solve("balanced-greedy", instance, slot, common, options)
     if instance.num_clients > AUTO_ADMM_MAX_CLIENTS:
         return greedy.model_copy(update={"notes": greedy.notes + [
             f"auto: {instance.num_clients} clients > {AUTO_ADMM_MAX_CLIENTS}: balanced-greedy (paper §VII)"]})
-    admm = _solve("admm", instance, slot, common, seed, time_limit_s)
+    admm = _solve("admm", instance, slot, common, options)
     if evaluate is not None:
         scores, how = (evaluate(greedy), evaluate(admm)), "simulated"
     else:  # the same yardstick for both: FCFS on the slot grid admm solved on

@@ -9,8 +9,12 @@ on a quantized instance:
     y-step  min_y  max_j c^f_j + ρ/2 Σ_ij |Σ_t x_ijt - y_ij p_ij + μ_ij|   s.t. (4), (5)
     dual    μ_ij += Σ_t x_ijt - y_ij p_ij
 
-in the scaled form of the released code (ρ = 350, at most 5 iterations, stop when y and the
-forward makespan are stationary). The y-step keeps the l-term of (13) in its objective, since
+in the scaled form of the released code (at most 5 iterations, stop when y and the forward
+makespan are stationary). ρ: the code's 350 is in its own slot units; on a slot grid with
+T_f ≈ 100 it makes one slot of penalty worth 175 slots of makespan, so the first w-step puts
+every client on its fastest helper and the assignment never moves (measured, bench/psl.py:
+7 of 32 Table II-style instances above the paper's worst gap of 14.9 %). hppctl uses ρ = 2,
+one slot of penalty per slot of makespan (1 of 32 above 14.9 %; mean gap 4.3 % against 9.0 %). The y-step keeps the l-term of (13) in its objective, since
 c^f depends on y through it. The final step (19) re-solves the forward schedule for the final
 assignment with (6) enforced; per helper that is 1|r_j,pmtn|max(C_j + l_j), solved exactly by
 largest-tail-first (backward.py) instead of another integer program. The backward schedule
@@ -30,7 +34,9 @@ from hppctl.planner.psl.backward import FREE, decomposed_timeline, largest_tail_
 from hppctl.planner.psl.instance import Instance, Timeline
 from hppctl.planner.psl.lp import Model
 
-RHO = 350.0
+RHO = 2.0
+"""ADMM penalty in slots (the released code: 350; see the module docstring)."""
+CODE_RHO = 350.0
 MAX_ITERATIONS = 5
 
 

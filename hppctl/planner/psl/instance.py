@@ -138,6 +138,28 @@ def slot_pieces(owner: np.ndarray, work: dict[tuple[str, int], int]) -> list[Pie
     return pieces
 
 
+def check_slot_timeline(q: Instance, timeline: Timeline) -> None:
+    """Raise `ValueError` unless `timeline` obeys P on the slot instance `q`: one task per helper slot,
+    release (1), precedence (2), all work done (6, 7) and c_j = φ_j + r′ (9)."""
+    for i, pieces in enumerate(timeline.pieces):
+        taken: set[int] = set()
+        slots: dict[tuple[str, int], list[int]] = {}
+        for pc in pieces:
+            span = set(range(int(pc.start), int(pc.end)))
+            if span & taken:
+                raise ValueError(f"helper {i}: two tasks in slot {min(span & taken)}")
+            taken |= span
+            slots.setdefault((pc.kind, pc.client), []).extend(sorted(span))
+        for j in np.flatnonzero(timeline.assignment == i):
+            f, b = sorted(slots.get((F, j), [])), sorted(slots.get((B, j), []))
+            if len(f) != q.p[i, j] or len(b) != q.pp[i, j]:
+                raise ValueError(f"helper {i}, client {j}: {len(f)}/{q.p[i, j]} F and {len(b)}/{q.pp[i, j]} B slots")
+            if f[0] < q.r[i, j] or b[0] < f[-1] + 1 + q.l[i, j] + q.lp[i, j]:
+                raise ValueError(f"helper {i}, client {j}: F before its release or B before its gradients arrive")
+            if timeline.completion[j] != b[-1] + 1 + q.rp[i, j]:
+                raise ValueError(f"client {j}: completion {timeline.completion[j]} is not φ + r′")
+
+
 def task_code(kind: str, client: int) -> int:
     return 2 * client + (0 if kind == F else 1)
 

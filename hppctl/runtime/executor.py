@@ -90,6 +90,8 @@ class RoundStats:
     wait_s: float = 0.0
     allreduce_s: float = 0.0
     step_s: float = 0.0
+    cpu_s: float = 0.0
+    """CPU seconds of the whole worker process over the round (all threads; set by the worker)."""
     bytes_sent: int = 0
     loss: float = 0.0
     """Tail stage: this device's share of the mean loss over the global batch."""
@@ -99,7 +101,7 @@ class RoundStats:
 
     def as_json(self) -> dict:
         return {k: getattr(self, k) for k in ("round", "started_at", "duration_s", "compute_s", "wait_s",
-                                              "allreduce_s", "step_s", "bytes_sent", "loss", "correct", "samples")}
+                                              "allreduce_s", "step_s", "cpu_s", "bytes_sent", "loss", "correct", "samples")}
 
 
 @dataclass

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from hppctl.runtime.topology import Topology
 
-DEVICE_FIELDS = ("compute_s", "wait_s", "allreduce_s", "step_s", "bytes_sent", "rss_bytes", "peak_rss_bytes")
+DEVICE_FIELDS = ("duration_s", "cpu_s", "compute_s", "wait_s", "allreduce_s", "step_s", "bytes_sent", "rss_bytes", "peak_rss_bytes")
 
 
 def aggregate(round_index: int, reports: dict[str, dict], topo: Topology, previous_end: float | None,

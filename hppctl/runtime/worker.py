@@ -97,8 +97,10 @@ class Worker:
                             self.optimizer, comm, self.feed, trace=opts.trace)
         primary = self.topo.replica_index(self.device) == 0
         for r in range(opts.start_round, opts.rounds):
+            cpu = time.process_time()
             torch.manual_seed(opts.seed * 1_000_003 + r * 1_009 + self.rank)  # dropout masks, reproducible on resume
             stats = executor.run_round(r)
+            stats.cpu_s = time.process_time() - cpu
             report = stats.as_json()
             report.update(device=self.device, stage=self.stage_index, rss_bytes=rss_bytes(),
                           peak_rss_bytes=peak_rss_bytes(), baseline_rss_bytes=self.baseline_rss)

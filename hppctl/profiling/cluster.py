@@ -22,11 +22,9 @@ prints.
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +39,8 @@ from hppctl.profiling.from_presets import (DEFAULT_BATCH_SIZES, layer_times, pai
 from hppctl.profiling.presets import get_preset
 from hppctl.profiling.probe import PROBE_VERSION
 from hppctl.profiling.records import Identity, Memory, Pass
+from hppctl.profiling.fleet import prepare, run_lanes
+from hppctl.profiling.links import link_text, measure_link, merge_links
 from hppctl.profiling.remote import DeviceFailure, endpoint_for
 
 
@@ -127,13 +127,14 @@ class _Context:
 
 def profile_cluster(cluster: ClusterSpec, model: str, *, granularity: str = "fine",
                     batch_sizes: Sequence[int] | None = None, optimizer_state_factor: float = 1.0,
-                    settings: ProbeSettings = ProbeSettings(), force: bool = False, install: bool = False,
+                    settings: ProbeSettings | None = None, force: bool = False, install: bool = False,
                     measure_links: bool = True, cache_root: Path | None = None, observer: Observer | None = None,
                     layers: list[LayerCost] | None = None, endpoint_factory: EndpointFactory = endpoint_for,
                     source: str | None = None) -> ProfileRun:
     """Profile every device and link of `cluster` for `model` (module docstring). Raises `BadInput` for
     a bad cluster or model before connecting anywhere; device failures are collected, not raised."""
     started = time.perf_counter()
+    settings = settings or ProbeSettings()
     grid = validate_batch_sizes(list(DEFAULT_BATCH_SIZES) if batch_sizes is None else list(batch_sizes))
     where = f"{source}: " if source else ""
     presets = {d.name: get_preset(d.preset, device=d.name, source=f"{where}devices.{i}.preset")
@@ -167,7 +168,7 @@ def profile_cluster(cluster: ClusterSpec, model: str, *, granularity: str = "fin
         links = pair_links(cluster)
         ok = [d.name for d in measured_specs if d.name in results]
         if measure_links and len(ok) > 1:
-            links = _merge_links(links, _measure_links(ctx, ok, endpoints))
+            links = merge_links(links, _measure_links(ctx, ok, endpoints))
         run.profile = _assemble(ctx, devices, links, optimizer_state_factor) if devices else None
     finally:
         for endpoint in endpoints.values():
@@ -196,40 +197,28 @@ def _model_fingerprint(model: str) -> str | None:
 
 def _measure_devices(ctx: _Context, specs: list[DeviceSpec], endpoints: dict[str, Any],
                      factory: EndpointFactory) -> dict[str, DeviceProfile]:
-    """Each remote device on its own thread; the local ones one after the other on one more."""
+    """Every measured device through `_profile_device`, in parallel lanes (fleet.run_lanes)."""
     results: dict[str, DeviceProfile] = {}
-    remote = [[d] for d in specs if not d.local]
-    local = [d for d in specs if d.local]
-    lanes = remote + ([local] if local else [])
-    if not lanes:
-        return results
 
-    def lane(devices: list[DeviceSpec]) -> None:
-        for spec in devices:
-            try:
-                endpoint = factory(spec, ctx.cluster)
-                with ctx.lock:
-                    endpoints[spec.name] = endpoint
-                profile = _profile_device(ctx, spec, endpoint)
-            except DeviceFailure as e:
-                _fail(ctx, spec.name, e.reason)
-            except Exception as e:  # noqa: BLE001 - one device's bug must not lose the others' results
-                _fail(ctx, spec.name, f"{e.__class__.__name__}: {e}")
-            else:
-                with ctx.lock:
-                    results[spec.name] = profile
+    def work(spec: DeviceSpec) -> None:
+        try:
+            endpoint = factory(spec, ctx.cluster)
+            with ctx.lock:
+                endpoints[spec.name] = endpoint
+            profile = _profile_device(ctx, spec, endpoint)
+        except DeviceFailure as e:
+            _fail(ctx, spec.name, e.reason)
+        except Exception as e:  # noqa: BLE001 - one device's bug must not lose the others' results
+            _fail(ctx, spec.name, f"{e.__class__.__name__}: {e}")
+        else:
+            with ctx.lock:
+                results[spec.name] = profile
 
-    pool = ThreadPoolExecutor(max_workers=len(lanes), thread_name_prefix="hppctl-profile")
-    futures = [pool.submit(lane, devices) for devices in lanes]
-    try:
-        while wait(futures, timeout=0.5).not_done:
-            pass  # short waits keep the main thread responsive to Ctrl-C
-    except KeyboardInterrupt:
+    def close_all() -> None:
         for endpoint in list(endpoints.values()):
             endpoint.close()  # remote probes die on their next write; local ones are killed
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown(wait=True)
+
+    run_lanes(specs, work, close_all)
     return results
 
 
@@ -241,22 +230,7 @@ def _fail(ctx: _Context, name: str, reason: str) -> None:
 
 def _profile_device(ctx: _Context, spec: DeviceSpec, endpoint) -> DeviceProfile:
     name, observer = spec.name, ctx.observer
-    observer.device_phase(name, "connecting")
-    endpoint.open()
-    if ctx.wheel is not None and spec.host is not None:
-        from hppctl.profiling.install import install
-
-        observer.device_phase(name, "installing hppctl")
-        install(endpoint, ctx.wheel)
-    if spec.host is not None or spec.python is not None:
-        observer.device_phase(name, "checking the hppctl version")
-        version = endpoint.version()
-        if version is None:
-            raise DeviceFailure(f"hppctl is not installed for {endpoint.python} on the device "
-                                f"(run with --install to put this hppctl {__version__} there)")
-        if version != __version__:
-            raise DeviceFailure(f"hppctl {version} on the device, {__version__} here: versions must match "
-                                f"(run with --install to put this one there)")
+    prepare(spec, endpoint, wheel=ctx.wheel, phase=observer.device_phase)
     observer.device_phase(name, "identifying")
     identity = parse.typed(_identity_record(endpoint, ctx.settings), Identity)
     cache = MeasurementCache(ctx.cache_root, {
@@ -412,65 +386,8 @@ def _measure_links(ctx: _Context, names: list[str], endpoints: dict[str, Any]) -
                 ctx.observer.link(a, b, f"failed: {e.reason}")
                 continue
             links.append(link)
-            ctx.observer.link(a, b, _link_text(link))
+            ctx.observer.link(a, b, link_text(link))
     return links
-
-
-def _link_text(link: LinkProfile) -> str:
-    rates = " / ".join(f"{r * 8 / 1e6:.1f} Mbit/s" for r in link.directed_bytes_per_s or [link.bytes_per_s])
-    rtt = f", rtt {link.rtt_s * 1e3:.2f} ms" if link.rtt_s is not None else ""
-    return f"{rates}{rtt}"
-
-
-def measure_link(a, b, settings: ProbeSettings, attempts: int = 3) -> LinkProfile:
-    """Both directions' goodput and the round trip between endpoints `a` and `b`, one at a time."""
-    a_to_b = parse.received(_transfer(a, b, settings, attempts))
-    b_to_a = parse.received(_transfer(b, a, settings, attempts))
-    ping = parse.pinged(_ping(a, b, settings, attempts))
-    return parse.link_profile(a.name, b.name, a_to_b, b_to_a, ping)
-
-
-def _serve_and_call(server, client, server_kind: str, client_kind: str, server_args: dict, client_args: dict,
-                    attempts: int, timeout: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Start `server_kind` on `server` on a random port, then run `client_kind` on `client` against it;
-    (server records, client records). A taken port (or any failure) is retried on another port."""
-    last: DeviceFailure | None = None
-    for _ in range(attempts):
-        port = random.randint(20000, 59999)
-        running = server.start_probe(server_kind, {**server_args, "port": port, "timeout_s": timeout},
-                                     timeout=timeout + 10)
-        try:
-            client_records = client.probe(client_kind, {**client_args, "port": port}, timeout=timeout + 10)
-        except DeviceFailure as e:
-            last = e
-            try:
-                running.wait()
-            except DeviceFailure as server_error:
-                last = server_error  # e.g. the port was taken: the server's reason says so
-            continue
-        return running.wait(), client_records
-    raise last if last is not None else DeviceFailure("link measurement failed")
-
-
-def _transfer(src, dst, settings: ProbeSettings, attempts: int) -> list[dict[str, Any]]:
-    address = dst.address_for(src)
-    timeout = settings.link_seconds + 30
-    return _serve_and_call(dst, src, "recv", "send", {"bind": address}, {"to": address, "seconds": settings.link_seconds},
-                           attempts, timeout)[0]
-
-
-def _ping(a, b, settings: ProbeSettings, attempts: int) -> list[dict[str, Any]]:
-    address = b.address_for(a)
-    return _serve_and_call(b, a, "echo", "ping", {"bind": address}, {"to": address, "count": settings.ping_count},
-                           attempts, timeout=30)[1]
-
-
-def _merge_links(configured: list[LinkProfile], measured: list[LinkProfile]) -> list[LinkProfile]:
-    """Measured links replace configured ones for the same pair; configured ones stay marked `inventory`."""
-    pairs = {frozenset(link.between) for link in measured}
-    kept = [LinkProfile(between=l.between, bytes_per_s=l.bytes_per_s, source="inventory")
-            for l in configured if frozenset(l.between) not in pairs]
-    return measured + kept
 
 
 # ---------------------------------------------------------------------------------------------

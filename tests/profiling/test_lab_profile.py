@@ -26,7 +26,7 @@ NAME = "pytest-prof"
 SPEC = f"""\
 name: {NAME}
 bandwidth: 100mbit
-subnet: 10.213.9.0/24
+subnet: 10.213.11.0/24
 hosts:
   - {{name: pfast, cpu: 1.0, memory: 1GB}}
   - {{name: pmid, cpu: 0.5, memory: 1GB}}

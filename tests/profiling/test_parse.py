@@ -75,7 +75,7 @@ def test_mobilenetv2_batch_one_keeps_the_batchnorm_note_and_the_layer_count():
     assert any("BatchNorm" in n and "batch 1" in n for n in p.measurement.notes)
     assert p.memory_bytes == 2 * 10**9 and p.measurement.memory_budget_source == "inventory"
     # the layers compose into the whole step (same engine run, split by hooks): loosely, the probe's clock
-    for k, b in enumerate(batches):
+    for b in batches:
         layers = sum(statistics.median(f) + statistics.median(bw) for f, bw in zip(b.forward, b.backward))
         assert 0.7 < layers / statistics.median(b.step.clock_s) < 1.4
 

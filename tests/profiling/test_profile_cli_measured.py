@@ -1,7 +1,6 @@
 """`hppctl profile` on clusters with measured devices, through the error boundary: the devices are
 fake endpoints (tests/profiling/fakes.py), everything else is the real command."""
 
-import functools
 import json
 
 import pytest

@@ -1,0 +1,256 @@
+"""`hppctl profile` on a 3-host edge lab, measured against issue 5's acceptance figures.
+
+    python bench/profile_speed.py                       # builds the lab below (needs root), ~6-8 minutes
+    python bench/profile_speed.py --cluster C.yaml      # a cluster that is already up (skips the sshd test)
+    python bench/profile_speed.py --runs 1 --json
+
+Default lab: hosts `fast`, `mid`, `slow` with CPU quotas 1.0, 0.5, 0.25 core, 1 GB each, 100 Mbit/s.
+Everything runs as a user would run it: `hppctl profile` and `hppctl plan` as subprocesses, over
+SSH with host-key checking, with an empty measurement cache ($HPPCTL_CACHE_DIR in a temp dir).
+
+Printed figures:
+- time: wall seconds of each `hppctl profile` run of mobilenetv2 over batch sizes 1-64 on the three
+  hosts (in parallel), links included; target 5 minutes;
+- capacity: training samples/s of the whole model (sum of every layer's forward + backward, at
+  each batch size) of each host relative to the 1-core host, against the quota ratio; target 20%;
+- bandwidth: each direction's measured goodput against the configured rate; target 10%. (TCP/IP
+  headers take ~4.4% of a 1500-byte frame: an exact shaper reads ~95.6%);
+- layer sum vs step: the profile's per-layer sum at each batch size against a whole training step
+  measured independently: a separate process per host that builds the model and times training
+  steps (forward, loss, backward) back to back for a few seconds with the wall clock, all hosts at
+  once as during profiling; target 15%;
+- repeatability: for every layer time of at least 1 ms (per host, layer, direction, batch size),
+  the difference between two runs relative to the smaller; target 10% on every one;
+- failure: one host's sshd killed: exit code, the error line, the devices left in the profile;
+- plan: `hppctl plan --compare` on the measured profile: exit code and the best strategy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hppctl.models.cluster import ClusterSpec  # noqa: E402
+from hppctl.models.profile import Profile  # noqa: E402
+from hppctl.store import load  # noqa: E402
+
+LAB = """\
+name: prof-bench
+bandwidth: 100mbit
+subnet: 10.213.12.0/24
+hosts:
+  - {name: fast, cpu: 1.0, memory: 1GB}
+  - {name: mid, cpu: 0.5, memory: 1GB}
+  - {name: slow, cpu: 0.25, memory: 1GB}
+"""
+QUOTAS = {"fast": 1.0, "mid": 0.5, "slow": 0.25}
+
+STEP_SCRIPT = """
+import json, sys, time
+import torch
+torch.set_num_threads(1)
+from hppctl.zoo import get_model
+spec = get_model(sys.argv[1]); model = spec.build(); model.train()
+out = {}
+for b in [int(x) for x in sys.argv[2].split(",")]:
+    x = spec.example_input(b); y = torch.randint(0, 10, (b,))
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    for m in norms: m.train(b > 1)  # batch 1 with 1x1 maps: eval-mode BatchNorm, as the profiler does
+    def step():
+        model.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    step(); step()
+    n, t = 0, time.perf_counter()
+    while n < 3 or time.perf_counter() - t < float(sys.argv[3]):
+        step(); n += 1
+    out[b] = (time.perf_counter() - t) / n
+print(json.dumps(out))
+"""
+
+
+def sh(argv: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, env=env)
+
+
+def profile_run(cluster: Path, out: Path, model: str, grid: str, repeats: int, env: dict, force: bool = True):
+    argv = ["hppctl", "profile", "--cluster", str(cluster), "--model", model, "--batch-sizes", grid,
+            "--repeats", str(repeats), "--out", str(out), "--json"] + (["--force"] if force else [])
+    start = time.perf_counter()
+    result = sh(argv, env)
+    return time.perf_counter() - start, result
+
+
+def capacity(profile: Profile) -> dict[str, dict[int, float]]:
+    """Samples/s of one training pass (all layers forward + backward) per device and batch size."""
+    return {d.name: {b: b / sum(f[k] + bw[k] for f, bw in zip(d.forward_s, d.backward_s))
+                     for k, b in enumerate(d.batch_sizes)} for d in profile.devices}
+
+
+def independent_steps(cluster: ClusterSpec, model: str, grid: str, seconds: float) -> dict[str, dict[int, float]]:
+    """Whole training steps timed by a separate plain-torch process on every host at once."""
+    from hppctl.profiling.remote import SshEndpoint
+
+    script = STEP_SCRIPT.replace("'", "'\"'\"'")
+    running = {}
+    for device in cluster.devices:
+        ep = SshEndpoint(device, cluster)
+        command = f"cd /tmp && {ep.python} -c '{script}' {model} {grid} {seconds}"
+        running[device.name] = (ep, ep.conn.run(command, hide=True, warn=True, asynchronous=True, in_stream=False))
+    steps = {}
+    for name, (ep, promise) in running.items():
+        result = promise.join()
+        steps[name] = {int(k): v for k, v in json.loads(result.stdout.strip().splitlines()[-1]).items()}
+        ep.close()
+    return steps
+
+
+def repeatability(a: Profile, b: Profile) -> dict[str, dict]:
+    report = {}
+    for da, db in zip(a.devices, b.devices):
+        diffs = []
+        for field in ("forward_s", "backward_s"):
+            for ra, rb in zip(getattr(da, field), getattr(db, field)):
+                diffs += [abs(x - y) / min(x, y) for x, y in zip(ra, rb) if min(x, y) >= 1e-3]
+        report[da.name] = {"count": len(diffs), "over_10pct": sum(d > 0.10 for d in diffs),
+                           "median": statistics.median(diffs) if diffs else 0.0,
+                           "p90": sorted(diffs)[int(0.9 * (len(diffs) - 1))] if diffs else 0.0,
+                           "max": max(diffs, default=0.0)}
+    return report
+
+
+def kill_sshd(state_dir: Path, lab: str, host: str) -> None:
+    state = json.loads((state_dir / lab / "state.json").read_text())
+    [pid] = [h["sshd_pid"] for h in state["hosts"] if h["name"] == host]
+    os.kill(pid, 15)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--cluster", type=Path, help="use this cluster (already up) instead of building the lab")
+    p.add_argument("--model", default="mobilenetv2")
+    p.add_argument("--batch-sizes", default="1,2,4,8,16,32,64")
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--runs", type=int, default=2, help="profile runs (2 for the repeatability figure)")
+    p.add_argument("--step-seconds", type=float, default=4.0)
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="profile-speed-"))
+    env = {**os.environ, "HPPCTL_CACHE_DIR": str(work / "cache")}
+    state_dir = work / "state"
+    cluster_file = a.cluster
+    if cluster_file is None:
+        (work / "lab.yaml").write_text(LAB)
+        cluster_file = work / "cluster.yaml"
+        up = sh(["hppctl", "lab", "up", "--spec", str(work / "lab.yaml"), "--out", str(cluster_file),
+                 "--state-dir", str(state_dir)])
+        if up.returncode != 0:
+            print(up.stderr, file=sys.stderr)
+            return up.returncode
+    report: dict = {"model": a.model, "batch_sizes": a.batch_sizes, "repeats": a.repeats, "runs": []}
+    try:
+        cluster = load(cluster_file, ClusterSpec)
+        profiles = []
+        for r in range(a.runs):
+            seconds, result = profile_run(cluster_file, work / f"run{r}.json", a.model, a.batch_sizes, a.repeats, env)
+            report["runs"].append({"seconds": seconds, "exit": result.returncode,
+                                   "error": result.stderr.strip().splitlines()[-1] if result.returncode else None})
+            if result.returncode == 0:
+                profiles.append(load(work / f"run{r}.json", Profile))
+        if not profiles:
+            print(json.dumps(report, indent=2))
+            return 1
+        first = profiles[0]
+        report["capacity"] = capacity(first)
+        report["bandwidth"] = [{"between": l.between, "directed_bytes_per_s": l.directed_bytes_per_s,
+                                "configured_bytes_per_s": cluster.bandwidth_between(*l.between), "rtt_s": l.rtt_s}
+                               for l in first.links]
+        report["steps"] = independent_steps(cluster, a.model, a.batch_sizes, a.step_seconds)
+        report["layer_sum"] = {d.name: {b: sum(f[k] + bw[k] for f, bw in zip(d.forward_s, d.backward_s))
+                                        for k, b in enumerate(d.batch_sizes)} for d in first.devices}
+        report["profile_steps"] = {d.name: dict(zip(d.batch_sizes, d.train_step_s)) for d in first.devices}
+        report["quota_measured"] = {d.name: d.measurement.cpu_quota_cores for d in first.devices}
+        report["factors"] = {d.name: d.measurement.sustained_factor for d in first.devices}
+        if len(profiles) > 1:
+            report["repeatability"] = repeatability(profiles[0], profiles[1])
+        plan = sh(["hppctl", "plan", "--profile", str(work / "run0.json"), "--global-batch", "256",
+                   "--micro-batch", "32", "--compare", "--json"], env)
+        rows = json.loads(plan.stdout) if plan.returncode == 0 else []
+        report["plan"] = {"exit": plan.returncode, "best": rows[0]["strategy"] if rows else None,
+                          "samples_per_s": rows[0]["simulated_throughput"] if rows else None}
+        if a.cluster is None:
+            kill_sshd(state_dir, "prof-bench", "slow")
+            seconds, result = profile_run(cluster_file, work / "failed.json", a.model, a.batch_sizes, a.repeats,
+                                          env, force=False)
+            kept = load(work / "failed.json", Profile) if (work / "failed.json").exists() else None
+            report["failure"] = {"exit": result.returncode, "seconds": seconds,
+                                 "error": (result.stderr.strip().splitlines() or [""])[-1],
+                                 "devices": [d.name for d in kept.devices] if kept else None,
+                                 "missing": [m.name for m in kept.missing_devices] if kept else None}
+    finally:
+        if a.cluster is None:
+            sh(["hppctl", "lab", "down", "--name", "prof-bench", "--state-dir", str(state_dir)])
+    if a.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        render(report, cluster)
+    return 0
+
+
+def render(r: dict, cluster: ClusterSpec) -> None:
+    print(f"hppctl profile: {r['model']}, batch sizes {r['batch_sizes']}, {r['repeats']} repeats, "
+          f"{len(cluster.devices)} hosts in parallel, links one pair at a time, empty cache")
+    for i, run in enumerate(r["runs"]):
+        status = "ok" if run["exit"] == 0 else f"exit {run['exit']}: {run['error']}"
+        print(f"  run {i + 1}: {run['seconds']:.1f} s ({run['seconds'] / 60:.2f} min; target 5 min)  {status}")
+    names = list(r["capacity"])
+    ref = names[0]
+    grid = sorted(r["capacity"][ref])
+    print(f"\ncapacity: samples/s of all layers' forward + backward, relative to {ref} (quota ratio in brackets)")
+    print("  host   quota(measured)  " + "  ".join(f"b={b:<5}" for b in grid) + "  worst error")
+    for n in names:
+        quota = QUOTAS.get(n)
+        expected = quota / QUOTAS[ref] if quota and ref in QUOTAS else None
+        ratios = [r["capacity"][n][b] / r["capacity"][ref][b] for b in grid]
+        worst = max(abs(x / expected - 1) for x in ratios) if expected else float("nan")
+        print(f"  {n:<6} {str(quota):<5}({r['quota_measured'][n]:.3f})   " + "  ".join(f"{x:<7.3f}" for x in ratios)
+              + f"  {worst:.1%} [{expected}]")
+    print("\nbandwidth (goodput, each direction) against the configured rate")
+    for link in r["bandwidth"]:
+        ab, ba = link["directed_bytes_per_s"]
+        conf = link["configured_bytes_per_s"]
+        print(f"  {link['between'][0]}->{link['between'][1]}: {ab * 8 / 1e6:.1f} Mbit/s ({ab / conf:.3f})   "
+              f"{link['between'][1]}->{link['between'][0]}: {ba * 8 / 1e6:.1f} Mbit/s ({ba / conf:.3f})   "
+              f"rtt {link['rtt_s'] * 1e3:.3f} ms")
+    print("\nlayer sum vs an independently measured whole training step (wall ms; ratio)")
+    print("  host   " + "  ".join(f"b={b:<16}" for b in grid))
+    for n in names:
+        cells = []
+        for b in grid:
+            layers, step = r["layer_sum"][n][b], r["steps"][n][b]
+            cells.append(f"{layers * 1e3:6.1f}/{step * 1e3:6.1f} {layers / step:.2f}")
+        print(f"  {n:<6} " + "  ".join(cells))
+    if "repeatability" in r:
+        print("\nrepeatability: layer times >= 1 ms, |run1 - run2| / smaller")
+        for n, s in r["repeatability"].items():
+            print(f"  {n:<6} {s['count']:4d} values, {s['over_10pct']:4d} over 10% "
+                  f"({s['over_10pct'] / max(1, s['count']):.0%}); median {s['median']:.1%}, p90 {s['p90']:.1%}, "
+                  f"max {s['max']:.1%}")
+    print(f"\nplan --compare on the measured profile: exit {r['plan']['exit']}, best {r['plan']['best']} "
+          f"({r['plan']['samples_per_s']:.1f} samples/s simulated)" if r['plan']['best'] else "")
+    if "failure" in r:
+        f = r["failure"]
+        print(f"one host's sshd killed: exit {f['exit']} after {f['seconds']:.1f} s; profile holds {f['devices']}, "
+              f"missing {f['missing']}\n  {f['error']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

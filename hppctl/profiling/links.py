@@ -1,0 +1,77 @@
+"""Measuring the links between devices: both directions' goodput and the round trip, one pair at a time.
+
+    link = measure_link(endpoint_a, endpoint_b, settings)     # a LinkProfile with source "measured"
+
+For each direction a `recv` server starts on the receiving device, bound to the address the
+sender reaches it at, on a random port, and a `send` client on the other device streams for
+`settings.link_seconds`; the receiver's goodput is the figure. Then an `echo` server and a `ping`
+client give the median one-byte round trip. A port that is taken (or any failure) is retried on
+another port. The caller runs pairs one after the other, so no two measurements share a wire or
+a CPU. netprobe.py is the device side.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from hppctl.models.profile import LinkProfile
+from hppctl.profiling import parse
+from hppctl.profiling.remote import DeviceFailure
+
+
+def link_text(link: LinkProfile) -> str:
+    rates = " / ".join(f"{r * 8 / 1e6:.1f} Mbit/s" for r in link.directed_bytes_per_s or [link.bytes_per_s])
+    rtt = f", rtt {link.rtt_s * 1e3:.2f} ms" if link.rtt_s is not None else ""
+    return f"{rates}{rtt}"
+
+
+def measure_link(a, b, settings, attempts: int = 3) -> LinkProfile:
+    """Both directions' goodput and the round trip between endpoints `a` and `b`, one at a time."""
+    a_to_b = parse.received(_transfer(a, b, settings, attempts))
+    b_to_a = parse.received(_transfer(b, a, settings, attempts))
+    ping = parse.pinged(_ping(a, b, settings, attempts))
+    return parse.link_profile(a.name, b.name, a_to_b, b_to_a, ping)
+
+
+def _serve_and_call(server, client, server_kind: str, client_kind: str, server_args: dict, client_args: dict,
+                    attempts: int, timeout: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Start `server_kind` on `server` on a random port, then run `client_kind` on `client` against it;
+    (server records, client records). A taken port (or any failure) is retried on another port."""
+    last: DeviceFailure | None = None
+    for _ in range(attempts):
+        port = random.randint(20000, 59999)
+        running = server.start_probe(server_kind, {**server_args, "port": port, "timeout_s": timeout},
+                                     timeout=timeout + 10)
+        try:
+            client_records = client.probe(client_kind, {**client_args, "port": port}, timeout=timeout + 10)
+        except DeviceFailure as e:
+            last = e
+            try:
+                running.wait()
+            except DeviceFailure as server_error:
+                last = server_error  # e.g. the port was taken: the server's reason says so
+            continue
+        return running.wait(), client_records
+    raise last if last is not None else DeviceFailure("link measurement failed")
+
+
+def _transfer(src, dst, settings, attempts: int) -> list[dict[str, Any]]:
+    address = dst.address_for(src)
+    timeout = settings.link_seconds + 30
+    return _serve_and_call(dst, src, "recv", "send", {"bind": address}, {"to": address, "seconds": settings.link_seconds},
+                           attempts, timeout)[0]
+
+
+def _ping(a, b, settings, attempts: int) -> list[dict[str, Any]]:
+    address = b.address_for(a)
+    return _serve_and_call(b, a, "echo", "ping", {"bind": address}, {"to": address, "count": settings.ping_count},
+                           attempts, timeout=30)[1]
+
+
+def merge_links(configured: list[LinkProfile], measured: list[LinkProfile]) -> list[LinkProfile]:
+    """Measured links replace configured ones for the same pair; configured ones stay marked `inventory`."""
+    pairs = {frozenset(link.between) for link in measured}
+    kept = [LinkProfile(between=l.between, bytes_per_s=l.bytes_per_s, source="inventory")
+            for l in configured if frozenset(l.between) not in pairs]
+    return measured + kept

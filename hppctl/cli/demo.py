@@ -11,13 +11,14 @@ from typing import Annotated, Optional
 import typer
 
 from hppctl.cli.output import emit_json, note, stderr, stdout
-from hppctl.errors import BadInput
+from hppctl.errors import BadInput, RuntimeFailure
 
 EXAMPLES = """
 Examples:
 
 \b
   hppctl demo                                  # 3 local workers, mobilenetv2 on digits, about a minute
+  hppctl demo --profiler measured              # profile with `hppctl profile`'s measurement (slower)
   hppctl demo --epochs 8 --workdir demo/       # keep the files; train longer (≈ 95% test accuracy)
   hppctl demo --json
 
@@ -39,7 +40,7 @@ def demo_command(
     global_batch: Annotated[int, typer.Option("--global-batch", help="Samples per round.")] = 64,
     micro_batch: Annotated[int, typer.Option("--micro-batch", help="Samples per micro-batch.")] = 16,
     epochs: Annotated[int, typer.Option("--epochs", help="Epochs of digits to train.")] = 3,
-    profiler: Annotated[str, typer.Option("--profiler", help="measured (hppctl profile's), quick (in-process, this machine), or auto.")] = "auto",
+    profiler: Annotated[str, typer.Option("--profiler", help="quick (one in-process measurement of this machine, ~10 s) or measured (`hppctl profile`'s full per-device measurement, minutes).")] = "quick",
     seed: Annotated[int, typer.Option("--seed", help="Weights and sample order.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON summary on stdout.")] = False,
 ) -> None:
@@ -53,8 +54,8 @@ def demo_command(
 
     from hppctl.cli.run import train
 
-    if profiler not in ("auto", "measured", "quick"):
-        raise BadInput(f"--profiler: unknown value {profiler!r} (auto, measured or quick)")
+    if profiler not in ("measured", "quick"):
+        raise BadInput(f"--profiler: unknown value {profiler!r} (quick or measured)")
     if epochs <= 0:
         raise BadInput(f"--epochs: must be positive (got {epochs})")
     started = time.perf_counter()
@@ -106,20 +107,13 @@ def demo_command(
 def _profile(cluster, model: str, granularity: str, micro_batch: int, threads: int, profiler: str):
     # From 2: BatchNorm cannot train on one sample once a feature map is 1x1.
     grid = sorted({b for b in (2, 4, 8, 16, 32, 64) if b <= micro_batch} | {micro_batch})
-    measured = None
-    if profiler in ("auto", "measured"):
-        try:
-            from hppctl.profiling.cluster import profile_cluster
-        except ImportError:
-            if profiler == "measured":
-                raise BadInput("--profiler measured: this build has no measured profiler (hppctl.profiling.cluster)") from None
-        else:
-            run = profile_cluster(cluster, model, granularity=granularity, batch_sizes=grid)
-            if run.profile is None or run.failures:
-                raise BadInput(f"profiling the demo cluster failed: {run.failures}")
-            measured = run.profile
-    if measured is not None:
-        return measured, "measured by hppctl profile"
+    if profiler == "measured":
+        from hppctl.profiling.cluster import profile_cluster
+
+        run = profile_cluster(cluster, model, granularity=granularity, batch_sizes=grid)
+        if run.profile is None or run.failures:
+            raise RuntimeFailure(f"profiling the demo cluster failed: {run.failures}")
+        return run.profile, "measured by hppctl profile"
     from hppctl.runtime.quickprofile import quick_profile
 
     return quick_profile(cluster, model, granularity=granularity, batch_sizes=grid, threads=threads), \

@@ -45,7 +45,7 @@ def plan_command(
     target_slots: Annotated[int, typer.Option("--target-slots", help="Automatic slot: forward horizon T_f in slots.")] = 100,
     seed: Annotated[int, typer.Option("--seed", help="random-fcfs: seed of the random assignment.")] = 0,
     time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds each solver (HiGHS) may take.")] = 60.0,
-    rho: Annotated[float, typer.Option("--rho", help="admm: ADMM penalty per slot (the paper's code used 350; docs/psl.md).")] = 2.0,
+    rho: Annotated[Optional[float], typer.Option("--rho", help="admm: ADMM penalty per slot (default 2; the paper's code used 350; docs/psl.md).")] = None,
     compare: Annotated[bool, typer.Option("--compare", help="Run every method on the same instance; nothing is written.")] = False,
     out: Annotated[Optional[Path], typer.Option("--out", help="Write the plan here (.json or .yaml).")] = None,
     as_json: AsJson = False,
@@ -62,7 +62,7 @@ def plan_command(
     slot_s = _parse_slot(slot) if slot is not None else spec_slot
     times = pair_times(profile, request)
     options = dict(model=profile.model, granularity=profile.granularity, slot_s=slot_s, target_slots=target_slots,
-                   seed=seed, time_limit_s=time_limit, rho=rho)
+                   seed=seed, time_limit_s=time_limit, **({} if rho is None else {"rho": rho}))
     if compare:
         rows = _compare(times, request, options, simulate_psl)
         emit_json(rows) if as_json else _render_compare(rows)

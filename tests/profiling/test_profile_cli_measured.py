@@ -94,3 +94,21 @@ def test_json_without_out_prints_the_measured_profile(cli, devices, cluster_file
 def test_bad_probe_settings_exit_2(cli, devices, cluster_file, args, needle):
     code, _, stderr = cli("profile", "--cluster", cluster_file, "--model", "tiny-mlp", "--json", *args)
     assert code == 2 and needle in stderr
+
+
+def test_plan_and_simulate_read_a_measured_profile_unchanged(cli, devices, cluster_file, tmp_path):
+    devices["slow"].killed_at = 16  # a shorter grid on one device, as when memory runs out
+    out = tmp_path / "p.json"
+    code, _, stderr = cli("profile", "--cluster", cluster_file, "--model", "tiny-mlp", "--batch-sizes", "1,4,16",
+                          "--repeats", "2", "--out", out)
+    assert code == 0, stderr
+    p = load(out, Profile)
+    assert [d.batch_sizes for d in p.devices] == [[1, 4, 16], [1, 4], [1, 4, 16]]
+    plan = tmp_path / "plan.yaml"
+    code, stdout, stderr = cli("plan", "--profile", out, "--global-batch", "32", "--micro-batch", "8", "--out", plan)
+    assert code == 0, stderr
+    code, stdout, stderr = cli("plan", "--profile", out, "--global-batch", "32", "--micro-batch", "8", "--compare",
+                               "--json")
+    assert code == 0 and json.loads(stdout)
+    code, _, stderr = cli("simulate", "--plan", plan, "--profile", out, "--json")
+    assert code == 0, stderr

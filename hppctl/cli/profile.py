@@ -192,10 +192,20 @@ def measure(spec: ClusterSpec, model: str, granularity: str, grid: list[int], la
     """`profile_cluster` with a rich progress bar per device on stderr."""
     from hppctl.profiling.cluster import profile_cluster
 
-    with ProgressObserver([d.name for d in spec.devices if d.preset is None]) as observer:
-        return profile_cluster(spec, model, granularity=granularity, batch_sizes=grid, layers=layers,
-                               optimizer_state_factor=optimizer_state_factor, settings=settings, force=force,
-                               install=install, measure_links=links, observer=observer, source=source)
+    try:
+        with ProgressObserver([d.name for d in spec.devices if d.preset is None]) as observer:
+            return profile_cluster(spec, model, granularity=granularity, batch_sizes=grid, layers=layers,
+                                   optimizer_state_factor=optimizer_state_factor, settings=settings, force=force,
+                                   install=install, measure_links=links, observer=observer, source=source)
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted: the measurements made so far are cached; run the same command again "
+                          "to resume") from None
+
+
+class Interrupted(RuntimeFailure):
+    """Ctrl-C during measurement (exit 130, as for any interrupted command)."""
+
+    exit_code = 130
 
 
 class ProgressObserver:

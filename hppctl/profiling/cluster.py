@@ -120,6 +120,7 @@ class _Context:
     wheel: Path | None
     model_fingerprint: str | None
     run: ProfileRun
+    interrupted: bool = False
     parts: list[list[LayerCost]] | None = None
     """For presets at block granularity: the fine layers of each block (a block is timed as their sum)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -215,6 +216,7 @@ def _measure_devices(ctx: _Context, specs: list[DeviceSpec], endpoints: dict[str
                 results[spec.name] = profile
 
     def close_all() -> None:
+        ctx.interrupted = True
         for endpoint in list(endpoints.values()):
             endpoint.close()  # remote probes die on their next write; local ones are killed
 
@@ -225,7 +227,8 @@ def _measure_devices(ctx: _Context, specs: list[DeviceSpec], endpoints: dict[str
 def _fail(ctx: _Context, name: str, reason: str) -> None:
     with ctx.lock:
         ctx.run.failures[name] = reason
-    ctx.observer.device_failed(name, reason)
+    if not ctx.interrupted:  # after Ctrl-C the probes die because we killed them: not news
+        ctx.observer.device_failed(name, reason)
 
 
 def _profile_device(ctx: _Context, spec: DeviceSpec, endpoint) -> DeviceProfile:

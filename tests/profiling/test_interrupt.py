@@ -1,0 +1,45 @@
+"""Ctrl-C during `hppctl profile` of a local device: exit 130, the passes measured so far stay in the
+cache, and the next run measures only the rest (a real subprocess; ~30 s, marked slow)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_an_interrupted_run_resumes(tmp_path):
+    cluster = tmp_path / "here.yaml"
+    cluster.write_text("name: here\ndevices:\n  - {name: me, local: true}\n")
+    env = {**os.environ, "HPPCTL_CACHE_DIR": str(tmp_path / "cache")}
+    argv = [sys.executable, "-m", "hppctl", "profile", "--cluster", str(cluster), "--model", "tiny-cnn",
+            "--batch-sizes", "1,2", "--repeats", "40", "--warmup", "0", "--out", str(tmp_path / "p.json"), "--json"]
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    passes = []
+    while time.monotonic() < deadline and not passes:
+        passes = list((tmp_path / "cache").glob("measurements/*/passes-*.json"))
+        time.sleep(0.05)
+    assert passes, "no pass was cached within 2 minutes"
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("error: interrupted") and "resume" in last, stderr
+    assert "failed" not in stderr and not (tmp_path / "p.json").exists()
+    kept = {p.name: len(json.loads(p.read_text())) for p in passes}
+    assert 0 < sum(kept.values()) < 80
+
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["measured"] == {"me": [1, 2]}  # finished now ...
+    for name, count in kept.items():  # ... starting from what the first run left
+        size = int(name.split("-")[1].split(".")[0])
+        path = next((tmp_path / "cache").glob(f"measurements/*/{name}"))
+        assert len(json.loads(path.read_text())) == 40 and count <= 40, size

@@ -50,4 +50,4 @@ class WorkerConfig(FrozenModel):
     schedule: Schedule
     options: TrainOptions
     resume: bool = False
-    """Load the stage's state from the launcher (`init/<stage>`) before the first round."""
+    """Load the checkpointed stage state (`resume/<stage>`) over the initial one (`init/<stage>`)."""

@@ -110,8 +110,10 @@ class Session:
                 return RunResult(start_round, [], _load_states(init), time.perf_counter() - started)
             self.store = self._host_store(options.timeout_s)
             try:
-                for p, blob in init.items():
+                for p, blob in enumerate(self._initial_blobs(options.seed)):
                     bootstrap.put_blob(self.store.store, f"init/{p}", blob)
+                for p, blob in init.items():
+                    bootstrap.put_blob(self.store.store, f"resume/{p}", blob)
                 nonce = self.store.publish_nonce()
                 self._launch(options, resume=bool(init))
                 notify(f"started {len(self.workers)} workers; store on {self.store.host}:{self.store.port}")
@@ -134,6 +136,20 @@ class Session:
         if found is None:
             return 0, {}
         return found
+
+    def _initial_blobs(self, seed: int) -> list[bytes]:
+        import torch
+
+        from hppctl.runtime.stage import initial_stage_tensors
+
+        plan = self.request.plan
+        blobs = []
+        for tensors in initial_stage_tensors(plan.model, plan.granularity, [(s.start, s.end) for s in plan.stages],
+                                             seed=seed):
+            buf = io.BytesIO()
+            torch.save(tensors, buf)
+            blobs.append(buf.getvalue())
+        return blobs
 
     def _host_store(self, timeout_s: float) -> bootstrap.RunStore:
         host, port = "127.0.0.1", 0

@@ -65,19 +65,46 @@ def _spec(name: str, value: torch.Tensor, batch_dim: int | None) -> TensorSpec:
     return TensorSpec(name, int(value.shape[0]), tuple(value.shape[1:]), value.dtype)
 
 
-class Stage:
-    """The stage module of layers [start, end) with the specs of its inputs and outputs."""
+def stage_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer by name, non-persistent buffers included (a state dict omits those)."""
+    tensors = {k: v.detach().clone() for k, v in module.named_parameters()}
+    tensors.update({k: v.detach().clone() for k, v in module.named_buffers()})
+    return tensors
 
-    def __init__(self, model: str, granularity: str, start: int, end: int, *, seed: int) -> None:
+
+def initial_stage_tensors(model: str, granularity: str, layers: Sequence[tuple[int, int]], *,
+                          seed: int) -> list[dict[str, torch.Tensor]]:
+    """What each stage starts from: the whole model built from `seed` (as a single process would),
+    cut into the plan's layer ranges. The launcher builds it once and ships each stage its part, so
+    no worker ever holds the whole model."""
+    from hppctl.zoo import build_stage, get_model
+
+    whole = get_model(model).build(seed=seed).train()
+    return [stage_tensors(build_stage(whole, granularity, a, b, mode="train")) for a, b in layers]
+
+
+class Stage:
+    """The stage module of layers [start, end) with the specs of its inputs and outputs.
+
+    With `tensors` (from `initial_stage_tensors`), the module is cut out of a model on the meta
+    device and only its own tensors are allocated; without, the whole model is built from `seed`
+    and cut (tests and references)."""
+
+    def __init__(self, model: str, granularity: str, start: int, end: int, *, seed: int = 0,
+                 tensors: dict[str, torch.Tensor] | None = None) -> None:
         from hppctl.zoo import build_stage, get_model, trace
 
         spec = get_model(model)
         if spec.task != "train":
             raise BadInput(f"model {model!r} is an inference model; `hppctl run` trains ({spec.task})")
-        whole = spec.build(seed=seed)
-        whole.train()
-        self.module = build_stage(whole, granularity, start, end, mode="train")
-        del whole
+        if tensors is None:
+            whole = spec.build(seed=seed).train()
+            self.module = build_stage(whole, granularity, start, end, mode="train")
+            del whole
+        else:
+            whole = spec.build(device="meta").train()
+            self.module = build_stage(whole, granularity, start, end, mode="train").to_empty(device="cpu")
+            _assign(self.module, tensors)
         self.start, self.end = start, end
         traced = trace(model, "train")
         by_name = {n.name: n for n in traced.nodes}
@@ -112,3 +139,14 @@ def join(specs: Sequence[TensorSpec], pieces: Sequence[tuple[int, Sequence[torch
         else:
             out.append(ordered[0][i])
     return out
+
+
+def _assign(module: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    own = dict(module.named_parameters())
+    own.update(dict(module.named_buffers()))
+    missing = sorted(set(own) - set(tensors))
+    if missing:
+        raise ValueError(f"initial state lacks {missing[:5]}{' …' if len(missing) > 5 else ''}")
+    with torch.no_grad():
+        for name, t in own.items():
+            t.copy_(tensors[name])

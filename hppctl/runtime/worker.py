@@ -63,10 +63,12 @@ class Worker:
         """Resident memory before any weight exists: interpreter, torch, the model's libraries and meta
         trace, the dataset. Peak minus this is what the plan's memory prediction (Eq. 3) covers."""
         layers = config.schedule.stages[self.stage_index].layers
-        self.stage = Stage(config.model, config.granularity, layers[0], layers[1], seed=opts.seed)
+        initial = torch.load(io.BytesIO(self._get_blob(f"init/{self.stage_index}")), weights_only=True)
+        self.stage = Stage(config.model, config.granularity, layers[0], layers[1], tensors=initial)
+        del initial
         self.optimizer = make_optimizer(self.stage.parameters(), opts)
         if config.resume:
-            self.load_state(torch.load(io.BytesIO(self._get_blob(f"init/{self.stage_index}")), weights_only=True))
+            self.load_state(torch.load(io.BytesIO(self._get_blob(f"resume/{self.stage_index}")), weights_only=True))
 
     def _get_blob(self, key: str) -> bytes:
         from hppctl.runtime.bootstrap import get_blob

@@ -103,7 +103,7 @@ class Stage:
             del whole
         else:
             whole = spec.build(device="meta").train()
-            self.module = build_stage(whole, granularity, start, end, mode="train").to_empty(device="cpu")
+            self.module = build_stage(whole, granularity, start, end, mode="train")
             _assign(self.module, tensors)
         self.start, self.end = start, end
         traced = trace(model, "train")
@@ -142,11 +142,16 @@ def join(specs: Sequence[TensorSpec], pieces: Sequence[tuple[int, Sequence[torch
 
 
 def _assign(module: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
-    own = dict(module.named_parameters())
-    own.update(dict(module.named_buffers()))
-    missing = sorted(set(own) - set(tensors))
+    """Put the given tensors in place of the meta ones (no copy: the stage owns them from now on)."""
+    names = [k for k, _ in module.named_parameters()] + [k for k, _ in module.named_buffers()]
+    missing = sorted(set(names) - set(tensors))
     if missing:
         raise ValueError(f"initial state lacks {missing[:5]}{' …' if len(missing) > 5 else ''}")
-    with torch.no_grad():
-        for name, t in own.items():
-            t.copy_(tensors[name])
+    params = dict(module.named_parameters())
+    for name in names:
+        owner_name, _, attr = name.rpartition(".")
+        owner = module.get_submodule(owner_name)
+        if name in params:
+            setattr(owner, attr, torch.nn.Parameter(tensors[name], requires_grad=params[name].requires_grad))
+        else:
+            owner._buffers[attr] = tensors[name]

@@ -63,7 +63,9 @@ class Worker:
         """Resident memory before any weight exists: interpreter, torch, the model's libraries and meta
         trace, the dataset. Peak minus this is what the plan's memory prediction (Eq. 3) covers."""
         layers = config.schedule.stages[self.stage_index].layers
-        initial = torch.load(io.BytesIO(self._get_blob(f"init/{self.stage_index}")), weights_only=True)
+        blob = self._get_blob(f"init/{self.stage_index}")
+        initial = torch.load(io.BytesIO(blob), weights_only=True)
+        del blob
         self.stage = Stage(config.model, config.granularity, layers[0], layers[1], tensors=initial)
         del initial
         self.optimizer = make_optimizer(self.stage.parameters(), opts)

@@ -118,13 +118,18 @@ def independent_steps(cluster: ClusterSpec, model: str, grid: str, seconds: floa
     return steps
 
 
-def repeatability(a: Profile, b: Profile) -> dict[str, dict]:
+def repeatability(a: Profile, b: Profile, raw: bool = False) -> dict[str, dict]:
+    """|a - b| / min(a, b) over every layer time of at least 1 ms. `raw`: the probe's clock (CPU seconds on
+    one thread) before the sustained factor, i.e. without what other processes took of the core."""
     report = {}
     for da, db in zip(a.devices, b.devices):
         diffs = []
+        fa = da.measurement.sustained_factor if raw else [1.0] * len(da.batch_sizes)
+        fb = db.measurement.sustained_factor if raw else [1.0] * len(db.batch_sizes)
         for field in ("forward_s", "backward_s"):
             for ra, rb in zip(getattr(da, field), getattr(db, field)):
-                diffs += [abs(x - y) / min(x, y) for x, y in zip(ra, rb) if min(x, y) >= 1e-3]
+                pairs = [(x / f, y / g) for x, y, f, g in zip(ra, rb, fa, fb)]
+                diffs += [abs(x - y) / min(x, y) for x, y in pairs if min(x, y) >= 1e-3]
         report[da.name] = {"count": len(diffs), "over_10pct": sum(d > 0.10 for d in diffs),
                            "median": statistics.median(diffs) if diffs else 0.0,
                            "p90": sorted(diffs)[int(0.9 * (len(diffs) - 1))] if diffs else 0.0,
@@ -165,11 +170,16 @@ def main(argv: list[str] | None = None) -> int:
         cluster = load(cluster_file, ClusterSpec)
         profiles = []
         for r in range(a.runs):
+            load_before = os.getloadavg()[0]
             seconds, result = profile_run(cluster_file, work / f"run{r}.json", a.model, a.batch_sizes, a.repeats, env)
-            report["runs"].append({"seconds": seconds, "exit": result.returncode,
-                                   "error": result.stderr.strip().splitlines()[-1] if result.returncode else None})
+            entry = {"seconds": seconds, "exit": result.returncode, "load_before": load_before,
+                     "load_after": os.getloadavg()[0],
+                     "error": result.stderr.strip().splitlines()[-1] if result.returncode else None}
             if result.returncode == 0:
                 profiles.append(load(work / f"run{r}.json", Profile))
+                entry["factors"] = {d.name: d.measurement.sustained_factor for d in profiles[-1].devices}
+                entry["quota_measured"] = {d.name: d.measurement.cpu_quota_cores for d in profiles[-1].devices}
+            report["runs"].append(entry)
         if not profiles:
             print(json.dumps(report, indent=2))
             return 1
@@ -186,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         report["factors"] = {d.name: d.measurement.sustained_factor for d in first.devices}
         if len(profiles) > 1:
             report["repeatability"] = repeatability(profiles[0], profiles[1])
+            report["repeatability_clock"] = repeatability(profiles[0], profiles[1], raw=True)
         plan = sh(["hppctl", "plan", "--profile", str(work / "run0.json"), "--global-batch", "256",
                    "--micro-batch", "32", "--compare", "--json"], env)
         rows = json.loads(plan.stdout) if plan.returncode == 0 else []
@@ -215,7 +226,11 @@ def render(r: dict, cluster: ClusterSpec) -> None:
           f"{len(cluster.devices)} hosts in parallel, links one pair at a time, empty cache")
     for i, run in enumerate(r["runs"]):
         status = "ok" if run["exit"] == 0 else f"exit {run['exit']}: {run['error']}"
-        print(f"  run {i + 1}: {run['seconds']:.1f} s ({run['seconds'] / 60:.2f} min; target 5 min)  {status}")
+        print(f"  run {i + 1}: {run['seconds']:.1f} s ({run['seconds'] / 60:.2f} min; target 5 min)  {status}; "
+              f"machine load average {run['load_before']:.1f} -> {run['load_after']:.1f}")
+        for name, factors in run.get("factors", {}).items():
+            print(f"      {name:<6} quota read {run['quota_measured'][name]:.3f}, sustained factor (wall/CPU) "
+                  f"{min(factors):.2f}-{max(factors):.2f}")
     names = list(r["capacity"])
     ref = names[0]
     grid = sorted(b for b in r["capacity"][ref] if b != "overall")
@@ -245,9 +260,12 @@ def render(r: dict, cluster: ClusterSpec) -> None:
             layers, step = r["layer_sum"][n][b], r["steps"][n][b]
             cells.append(f"{layers * 1e3:6.1f}/{step * 1e3:6.1f} {layers / step:.2f}")
         print(f"  {n:<6} " + "  ".join(cells))
-    if "repeatability" in r:
-        print("\nrepeatability: layer times >= 1 ms, |run1 - run2| / smaller")
-        for n, s in r["repeatability"].items():
+    for key, title in (("repeatability", "profile times"),
+                       ("repeatability_clock", "the probe's CPU clock, before the sustained factor")):
+        if key not in r:
+            continue
+        print(f"\nrepeatability ({title}): layer times >= 1 ms, |run1 - run2| / smaller")
+        for n, s in r[key].items():
             print(f"  {n:<6} {s['count']:4d} values, {s['over_10pct']:4d} over 10% "
                   f"({s['over_10pct'] / max(1, s['count']):.0%}); median {s['median']:.1%}, p90 {s['p90']:.1%}, "
                   f"max {s['max']:.1%}")

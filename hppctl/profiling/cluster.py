@@ -236,9 +236,11 @@ def _profile_device(ctx: _Context, spec: DeviceSpec, endpoint) -> DeviceProfile:
     prepare(spec, endpoint, wheel=ctx.wheel, phase=observer.device_phase)
     observer.device_phase(name, "identifying")
     identity = parse.typed(_identity_record(endpoint, ctx.settings), Identity)
+    host_key = endpoint.host_key() if hasattr(endpoint, "host_key") else None
+    device_fingerprint = parse.fingerprint(identity, host_key)
     cache = MeasurementCache(ctx.cache_root, {
         "model": ctx.model, "model_fingerprint": ctx.model_fingerprint, "granularity": ctx.granularity,
-        "hppctl": __version__, "probe": PROBE_VERSION, "device": parse.fingerprint(identity),
+        "hppctl": __version__, "probe": PROBE_VERSION, "device": device_fingerprint,
         "settings": ctx.settings.key()})
     if ctx.force:
         cache.clear()
@@ -252,7 +254,7 @@ def _profile_device(ctx: _Context, spec: DeviceSpec, endpoint) -> DeviceProfile:
         ctx.run.measured[name] = []
     if todo:
         _run_train_probe(ctx, spec, endpoint, identity, cache, todo, budget)
-    return _device_from_cache(ctx, spec, identity, cache, budget)
+    return _device_from_cache(ctx, spec, identity, cache, budget, device_fingerprint)
 
 
 def _identity_record(endpoint, settings: ProbeSettings) -> dict[str, Any]:
@@ -328,7 +330,7 @@ def _killed_in_memory_phase(failure: DeviceFailure) -> int | None:
 
 
 def _device_from_cache(ctx: _Context, spec: DeviceSpec, identity: Identity, cache: MeasurementCache,
-                       budget: int | None) -> DeviceProfile:
+                       budget: int | None, device_fingerprint: str) -> DeviceProfile:
     setup_record = cache.setup()
     if setup_record is None:
         raise DeviceFailure("the training probe printed no setup record")
@@ -353,7 +355,8 @@ def _device_from_cache(ctx: _Context, spec: DeviceSpec, identity: Identity, cach
         raise DeviceFailure(f"out of memory: {reason}" if skipped else reason)
     notes = [f"batch sizes {', '.join(str(b) for b, _ in skipped)} left out: {skipped[0][1]}"] if skipped else []
     profile = parse.device_profile(spec.name, identity, setup, batches, memory_bytes=spec.memory,
-                                   repeats=ctx.settings.repeats, warmup=ctx.settings.warmup, notes=notes)
+                                   repeats=ctx.settings.repeats, warmup=ctx.settings.warmup, notes=notes,
+                                   device_fingerprint=device_fingerprint)
     ctx.observer.device_done(spec.name, _summary(profile))
     return profile
 

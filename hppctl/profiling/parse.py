@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -87,26 +86,20 @@ def parse_version(text: str) -> str | None:
 # ---------------------------------------------------------------------------------------------
 
 
-def quota_bucket(cores: float | None) -> str:
-    """A measured quota varies by a few percent between runs, and a busy machine pulls it down; a
-    half-octave bucket does not move (0.84-1.19 is 1 core, 0.42-0.59 is 0.5, 0.21-0.30 is 0.25)."""
-    if cores is None:
-        return "unlimited"
-    if cores <= 0:
-        return "0"
-    return f"2^{round(math.log2(cores) * 2) / 2:g}"
-
-
-def fingerprint(identity: Identity) -> str:
-    """What makes measurements of this device reusable: same machine, share of it, and software."""
+def fingerprint(identity: Identity, host_key: str | None = None) -> str:
+    """What makes measurements of this device reusable: the same machine, the same share of it, the
+    same software. A quota read from cgroup files is exact and included; a measured one is not (a busy
+    machine pulls it down: a 1-core lab host has read 0.40 while other labs ran), only the threads it
+    implies. `host_key` (the SSH host key) tells a re-created device from the old one of the same name:
+    an edge lab built again may give its hosts other quotas."""
     exact_quota = identity.cpu_quota_source.startswith("cgroup")
     doc = {
         "hostname": identity.hostname, "machine": identity.machine, "cpu_model": identity.cpu_model,
         "cpus": identity.cpus, "threads": identity.threads,
-        "quota": identity.cpu_quota_cores if exact_quota else quota_bucket(identity.cpu_quota_cores),
+        "quota": identity.cpu_quota_cores if exact_quota else None,
         "memory": identity.memory_limit_bytes or identity.memory_total_bytes,
         "python": identity.python, "torch": identity.torch, "transformers": identity.transformers,
-        "hppctl": identity.hppctl,
+        "hppctl": identity.hppctl, "host_key": host_key,
     }
     text = json.dumps(doc, sort_keys=True)
     return "dev-" + hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -156,7 +149,8 @@ def sustained_factor(batch: Batch) -> float:
 
 
 def device_profile(name: str, identity: Identity, setup: Setup, batches: Sequence[Batch], *,
-                   memory_bytes: int | None, repeats: int, warmup: int, notes: Sequence[str] = ()) -> DeviceProfile:
+                   memory_bytes: int | None, repeats: int, warmup: int, notes: Sequence[str] = (),
+                   device_fingerprint: str | None = None) -> DeviceProfile:
     """One measured device from its identity, its setup record and one `Batch` per batch size."""
     if not batches:
         raise ProbeOutputError(f"device {name}: no batch size was measured")
@@ -177,7 +171,8 @@ def device_profile(name: str, identity: Identity, setup: Setup, batches: Sequenc
         threads=setup.threads, clock=setup.clock, repeats=repeats, warmup=warmup,
         sustained_factor=factors, step_clock_s=[median(b.step.clock_s) for b in batches],
         optimizer_step_s=median(optimizer) if optimizer else None,
-        memory_budget_source=budget_source, memory_measured_bytes=measured, fingerprint=fingerprint(identity),
+        memory_budget_source=budget_source, memory_measured_bytes=measured,
+        fingerprint=device_fingerprint or fingerprint(identity),
         python=identity.python, torch=identity.torch, hppctl=identity.hppctl, notes=all_notes,
     )
     return DeviceProfile(

@@ -214,6 +214,14 @@ class SshEndpoint:
         except OSError:
             return host
 
+    def host_key(self) -> str | None:
+        """SHA-256 of the SSH host key the device presented (after `open`)."""
+        import hashlib
+
+        transport = self.conn.client.get_transport()
+        key = transport.get_remote_server_key() if transport is not None else None
+        return hashlib.sha256(key.asbytes()).hexdigest()[:16] if key is not None else None
+
     def home(self) -> str:
         result = self.run('printf %s "$HOME"', timeout=60)
         if result.exited != 0 or not result.stdout.strip():
@@ -277,6 +285,9 @@ class LocalEndpoint:
 
     def open(self) -> None:
         pass
+
+    def host_key(self) -> str | None:
+        return None
 
     def version(self) -> str | None:
         result = subprocess.run([self.python, "-m", "hppctl", "--version"], capture_output=True, text=True,

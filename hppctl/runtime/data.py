@@ -109,11 +109,26 @@ def _synthetic(shape: tuple[int, ...], dtype: torch.dtype, classes: int) -> Spli
 
 @lru_cache(maxsize=1)
 def _digits_raw() -> tuple[torch.Tensor, torch.Tensor]:
-    from sklearn.datasets import load_digits
+    """scikit-learn's digits, read straight from the CSV it ships (what `load_digits` parses): importing
+    sklearn.datasets would pull scipy and some 60 MB into every head and tail worker."""
+    import gzip
+    import importlib.util
 
-    bunch = load_digits()
-    images = torch.tensor(bunch.images, dtype=torch.float32) / 16.0 * 2.0 - 1.0
-    return images, torch.tensor(bunch.target, dtype=torch.long)
+    import numpy as np
+
+    spec = importlib.util.find_spec("sklearn")
+    path = os.path.join(os.path.dirname(spec.origin), "datasets", "data", "digits.csv.gz") if spec and spec.origin else ""
+    if os.path.exists(path):
+        with gzip.open(path) as f:
+            table = np.loadtxt(f, delimiter=",", dtype=np.float64)
+        pixels, target = table[:, :-1].reshape(-1, 8, 8), table[:, -1]
+    else:  # a scikit-learn that keeps the file elsewhere
+        from sklearn.datasets import load_digits
+
+        bunch = load_digits()
+        pixels, target = bunch.images, bunch.target
+    images = torch.tensor(pixels, dtype=torch.float32) / 16.0 * 2.0 - 1.0
+    return images, torch.tensor(target, dtype=torch.long)
 
 
 def _digits(shape: tuple[int, ...], dtype: torch.dtype, model: str) -> tuple[Split, Split]:

@@ -285,16 +285,13 @@ class Executor:
     def _allreduce(self, a: Action) -> None:
         self._wait_sends()
         begin = time.perf_counter()
-        params = self.stage.parameters()
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        if grads:
-            flat = torch.cat([g.reshape(-1) for g in grads])
+        for p in self.stage.parameters():
+            if p.grad is None:  # a device with no samples (or a parameter its samples did not reach)
+                p.grad = torch.zeros_like(p)
+        for bucket in _buckets([p.grad for p in self.stage.parameters()]):
+            flat = torch.cat([g.reshape(-1) for g in bucket])
             self.comm.allreduce_sum(flat)
-            offset = 0
-            for p, g in zip(params, grads):
-                n = g.numel()
-                p.grad = flat[offset:offset + n].view_as(p).clone()
-                offset += n
+            _unflatten_into(flat, bucket)
         self._average_buffers()
         now = time.perf_counter()
         self.stats.allreduce_s += now - begin
@@ -328,6 +325,24 @@ class Executor:
     def _span(self, name: str, category: str, track: str, begin: float, end: float, args: dict | None = None) -> None:
         if self.trace:
             self.stats.spans.append(Span(name, category, track, begin - self._t0, end - begin, args or {}))
+
+
+BUCKET_BYTES = 4 * 2**20
+"""AllReduce granularity: big enough to keep gloo's per-call cost small, small enough that the
+flattened copy adds little to a stage's peak memory."""
+
+
+def _buckets(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    out, current, size = [], [], 0
+    for t in tensors:
+        current.append(t)
+        size += t.numel() * t.element_size()
+        if size >= BUCKET_BYTES:
+            out.append(current)
+            current, size = [], 0
+    if current:
+        out.append(current)
+    return out
 
 
 def _unflatten_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:

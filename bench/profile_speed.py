@@ -3,10 +3,14 @@
     python bench/profile_speed.py                       # builds the lab below (needs root), ~6-8 minutes
     python bench/profile_speed.py --cluster C.yaml      # a cluster that is already up (skips the sshd test)
     python bench/profile_speed.py --runs 1 --json
+    python bench/profile_speed.py --quiet-load 99     # do not wait for a quiet machine
 
 Default lab: hosts `fast`, `mid`, `slow` with CPU quotas 1.0, 0.5, 0.25 core, 1 GB each, 100 Mbit/s.
 Everything runs as a user would run it: `hppctl profile` and `hppctl plan` as subprocesses, over
 SSH with host-key checking, with an empty measurement cache ($HPPCTL_CACHE_DIR in a temp dir).
+The lab's CPU quotas are caps: they hold only while the machine has the cores to give, so on a
+shared machine each measurement first waits (up to --max-wait) for the load average to fall below
+--quiet-load, and the output shows the load before and after each run.
 
 Printed figures:
 - time: wall seconds of each `hppctl profile` run of mobilenetv2 over batch sizes 1-64 on the three
@@ -137,6 +141,15 @@ def repeatability(a: Profile, b: Profile, raw: bool = False) -> dict[str, dict]:
     return report
 
 
+def wait_for_quiet(threshold: float, max_wait_s: float) -> float:
+    """Wait until the 1-minute load average is below `threshold` (other jobs on a shared machine take the
+    cores the lab's quotas promise); returns the seconds waited. Gives up after `max_wait_s`."""
+    start = time.monotonic()
+    while os.getloadavg()[0] >= threshold and time.monotonic() - start < max_wait_s:
+        time.sleep(5)
+    return time.monotonic() - start
+
+
 def kill_sshd(state_dir: Path, lab: str, host: str) -> None:
     state = json.loads((state_dir / lab / "state.json").read_text())
     [pid] = [h["sshd_pid"] for h in state["hosts"] if h["name"] == host]
@@ -151,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--runs", type=int, default=2, help="profile runs (2 for the repeatability figure)")
     p.add_argument("--step-seconds", type=float, default=4.0)
+    p.add_argument("--quiet-load", type=float, default=1.5,
+                   help="before each measurement, wait (up to --max-wait s) for the 1-minute load average to drop "
+                        "below this: the lab's CPU quotas only hold while the machine has cores to give")
+    p.add_argument("--max-wait", type=float, default=900.0)
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="profile-speed-"))
@@ -170,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster = load(cluster_file, ClusterSpec)
         profiles = []
         for r in range(a.runs):
+            wait_for_quiet(a.quiet_load, a.max_wait)
             load_before = os.getloadavg()[0]
             seconds, result = profile_run(cluster_file, work / f"run{r}.json", a.model, a.batch_sizes, a.repeats, env)
             entry = {"seconds": seconds, "exit": result.returncode, "load_before": load_before,
@@ -188,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         report["bandwidth"] = [{"between": l.between, "directed_bytes_per_s": l.directed_bytes_per_s,
                                 "configured_bytes_per_s": cluster.bandwidth_between(*l.between), "rtt_s": l.rtt_s}
                                for l in first.links]
+        wait_for_quiet(a.quiet_load, a.max_wait)
         report["steps"] = independent_steps(cluster, a.model, a.batch_sizes, a.step_seconds)
         report["layer_sum"] = {d.name: {b: sum(f[k] + bw[k] for f, bw in zip(d.forward_s, d.backward_s))
                                         for k, b in enumerate(d.batch_sizes)} for d in first.devices}

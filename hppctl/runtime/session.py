@@ -60,7 +60,7 @@ class RunResult:
     wall_s: float
     trace: dict | None = None
     workers: dict[str, dict] = field(default_factory=dict)
-    """Per device: the last report's memory figures."""
+    """Per device, from its last report: memory figures, host name and CPU cgroup."""
 
     def model_state(self) -> dict:
         """The whole model's state dict (ZooModule names: `model.…`), joined from the stages."""
@@ -217,7 +217,8 @@ class Session:
                     store.delete_key(key)
                     if trace:
                         trace.add(reports[d])
-                    memory[d] = {k: reports[d][k] for k in ("rss_bytes", "peak_rss_bytes", "baseline_rss_bytes")}
+                    memory[d] = {k: reports[d][k] for k in ("rss_bytes", "peak_rss_bytes", "baseline_rss_bytes",
+                                                            "host", "cgroup")}
                 row = aggregate(next_round, reports, self.topo, previous_end, rounds_per_epoch)
                 previous_end = row["ended_at"]
                 rows.append(row)

@@ -34,6 +34,19 @@ def rss_bytes() -> int:
     return 0
 
 
+def cpu_cgroup() -> str:
+    """The cgroup whose CPU controller holds this process (v1 `cpu`, else the v2 unified path)."""
+    try:
+        lines = open("/proc/self/cgroup").read().splitlines()
+    except OSError:
+        return ""
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return path
+    return next((line.split(":", 2)[2] for line in lines if line.startswith("0::")), "")
+
+
 def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
@@ -47,6 +60,7 @@ class Worker:
         from hppctl.runtime.topology import Topology
 
         self.config, self.store, self.device = config, store, config.device
+        self.cgroup = cpu_cgroup()
         opts = config.options
         from hppctl.zoo import trace
 
@@ -107,7 +121,8 @@ class Worker:
             stats.cpu_s = time.process_time() - cpu
             report = stats.as_json()
             report.update(device=self.device, stage=self.stage_index, rss_bytes=rss_bytes(),
-                          peak_rss_bytes=peak_rss_bytes(), baseline_rss_bytes=self.baseline_rss)
+                          peak_rss_bytes=peak_rss_bytes(), baseline_rss_bytes=self.baseline_rss,
+                          host=socket.gethostname(), cgroup=self.cgroup)
             if opts.trace:
                 report["spans"] = [s.__dict__ for s in stats.spans]
             self.store.set(f"metrics/{r}/{self.device}", json.dumps(report))

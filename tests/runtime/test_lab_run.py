@@ -1,0 +1,59 @@
+"""`hppctl run` over SSH on a real 3-host edge lab (fabric, host-key checking, workers in each host's
+namespaces and cgroup). Needs root; about a minute. Throughput and memory at the acceptance's scale:
+bench/hpp_vs_baselines.py and docs/benchmarks.md. No wall-clock assertions.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hppctl.models.cluster import ClusterSpec
+from hppctl.runtime.config import TrainOptions
+from hppctl.runtime.session import RunRequest, Session
+from hppctl.store import load
+from tests.runtime.factories import make_plan
+from tests.runtime.reference import train_reference
+from tests.runtime.test_equivalence import assert_same
+
+pytestmark = [pytest.mark.lab, pytest.mark.gloo, pytest.mark.timeout(600)]
+
+NAME = "pytest-run"
+SPEC = f"""\
+name: {NAME}
+bandwidth: 100mbit
+subnet: 10.213.12.0/24
+hosts:
+  - {{name: ra, cpu: 0.5, memory: 1GB}}
+  - {{name: rb, cpu: 0.5, memory: 1GB}}
+  - {{name: rc, cpu: 0.5, memory: 1GB}}
+"""
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    from hppctl.cli import run
+    from tests.lab.conftest import lab_unavailable_reason
+
+    reason = lab_unavailable_reason()
+    if reason:
+        pytest.skip(f"lab tests need root, tools and cgroups: {reason}")
+    root = tmp_path_factory.mktemp("run-lab")
+    (root / "lab.yaml").write_text(SPEC)
+    state_dir, cluster_file = root / "state", root / "cluster.yaml"
+    run(["lab", "down", "--name", NAME, "--state-dir", str(state_dir)])
+    assert run(["lab", "up", "--spec", str(root / "lab.yaml"), "--out", str(cluster_file),
+                "--state-dir", str(state_dir)]) == 0
+    yield load(cluster_file, ClusterSpec)
+    run(["lab", "down", "--name", NAME, "--state-dir", str(state_dir)])
+
+
+def test_training_over_ssh_equals_the_single_process_loop(lab):
+    plan = make_plan("tiny-mlp", [((0, 2), ["ra", "rb"], [3, 1]), ((2, 5), ["rc"], [4])],
+                     global_batch=16, micro_batch=4)
+    options = TrainOptions(rounds=5, dataset="digits", lr=0.1)
+    result = Session(RunRequest(plan, lab, options)).run()
+    assert_same(result.model_state(), train_reference(plan, options))
+    for device in ("ra", "rb", "rc"):
+        worker = result.workers[device]
+        assert worker["host"] == device  # the lab host's UTS namespace: the worker ran there
+        assert worker["cgroup"].endswith(f"hppctl-lab-{NAME}/{device}")  # under the host's CPU quota

@@ -25,6 +25,9 @@ Printed figures:
   once as during profiling; target 15%;
 - repeatability: for every layer time of at least 1 ms (per host, layer, direction, batch size),
   the difference between two runs relative to the smaller; target 10% on every one;
+- noise floor: the CPU time of one fixed training step, repeated for a minute on this machine outside
+  the lab, by 10-second window: how much the machine itself drifts (a shared VM's cores slow down
+  and speed up with work that is not ours), a bound on any repeatability figure;
 - failure: one host's sshd killed: exit code, the error line, the devices left in the profile;
 - plan: `hppctl plan --compare` on the measured profile: exit code and the best strategy.
 """
@@ -79,6 +82,37 @@ for b in [int(x) for x in sys.argv[2].split(",")]:
     out[b] = (time.perf_counter() - t) / n
 print(json.dumps(out))
 """
+
+
+NOISE_SCRIPT = """
+import json, sys, time
+import torch
+torch.set_num_threads(1)
+from hppctl.zoo import get_model
+spec = get_model(sys.argv[1]); model = spec.build(); model.train()
+x = spec.example_input(16); y = torch.randint(0, 10, (16,))
+def step():
+    model.zero_grad(set_to_none=True)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+step(); step()
+samples, start = [], time.perf_counter()
+while time.perf_counter() - start < float(sys.argv[2]):
+    c = time.process_time(); step(); samples.append((time.perf_counter() - start, time.process_time() - c))
+print(json.dumps(samples))
+"""
+
+
+def noise_floor(model: str, seconds: float) -> dict:
+    """The machine's own drift: CPU seconds of one fixed training step (batch 16, one thread), repeated on
+    this machine outside the lab for `seconds`; medians of 10-second windows, and their spread."""
+    result = sh([sys.executable, "-c", NOISE_SCRIPT, model, str(seconds)])
+    samples = json.loads(result.stdout.strip().splitlines()[-1])
+    windows: dict[int, list[float]] = {}
+    for t, cpu in samples:
+        windows.setdefault(int(t // 10), []).append(cpu)
+    medians = [statistics.median(v) for k, v in sorted(windows.items()) if len(v) >= 5]
+    return {"steps": len(samples), "window_medians_s": medians,
+            "spread": max(medians) / min(medians) - 1 if medians else 0.0}
 
 
 def sh(argv: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
@@ -168,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="before each measurement, wait (up to --max-wait s) for the 1-minute load average to drop "
                         "below this: the lab's CPU quotas only hold while the machine has cores to give")
     p.add_argument("--max-wait", type=float, default=900.0)
+    p.add_argument("--noise-seconds", type=float, default=60.0,
+                   help="how long to time one fixed step on this machine for the noise floor (0: skip)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="profile-speed-"))
@@ -213,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         report["profile_steps"] = {d.name: dict(zip(d.batch_sizes, d.train_step_s)) for d in first.devices}
         report["quota_measured"] = {d.name: d.measurement.cpu_quota_cores for d in first.devices}
         report["factors"] = {d.name: d.measurement.sustained_factor for d in first.devices}
+        report["noise_floor"] = noise_floor(a.model, a.noise_seconds) if a.noise_seconds > 0 else None
         if len(profiles) > 1:
             report["repeatability"] = repeatability(profiles[0], profiles[1])
             report["repeatability_clock"] = repeatability(profiles[0], profiles[1], raw=True)
@@ -288,6 +325,11 @@ def render(r: dict, cluster: ClusterSpec) -> None:
             print(f"  {n:<6} {s['count']:4d} values, {s['over_10pct']:4d} over 10% "
                   f"({s['over_10pct'] / max(1, s['count']):.0%}); median {s['median']:.1%}, p90 {s['p90']:.1%}, "
                   f"max {s['max']:.1%}")
+    if r.get("noise_floor"):
+        nf = r["noise_floor"]
+        print(f"\nnoise floor: one fixed training step (batch 16, one thread) on this machine, outside the lab: "
+              f"CPU ms per 10 s window {', '.join(f'{m * 1e3:.0f}' for m in nf['window_medians_s'])} "
+              f"(slowest/fastest - 1 = {nf['spread']:.1%})")
     print(f"\nplan --compare on the measured profile: exit {r['plan']['exit']}, best {r['plan']['best']} "
           f"({r['plan']['samples_per_s']:.1f} samples/s simulated)" if r['plan']['best'] else "")
     if "failure" in r:

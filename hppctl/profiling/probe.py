@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-PROBE_VERSION = 1
+PROBE_VERSION = 2
 """Bumped whenever a kind changes what or how it measures; part of every cache key."""
 
 Kind = Callable[[dict[str, Any]], Iterator[dict[str, Any]]]

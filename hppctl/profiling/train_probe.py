@@ -32,8 +32,10 @@ ratio, by which parse.py scales every layer (`sustained_factor`).
 
 from __future__ import annotations
 
+import gc
 import resource
 import time
+from contextlib import contextmanager
 from collections.abc import Iterator
 from typing import Any
 
@@ -247,6 +249,18 @@ def _memory_phase(m: Measurement, sizes: list[int], budget: int | None) -> Itera
                "optimizer_step_s": m.optimizer_step()}
 
 
+@contextmanager
+def _no_gc():
+    """The cyclic garbage collector off while timing (as timeit does): a collection of the interpreter's
+    heap, which torch and transformers make large, would land on whichever layer happened to allocate.
+    It runs as usual between passes; autograd graphs are freed by reference counting anyway."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def _rounds(m: Measurement, sizes: list[int], needed: dict[int, int], warmup: int,
             window_s: float) -> Iterator[dict[str, Any]]:
     """Round-robin over the batch sizes: each round runs one layer pass and a short window of whole
@@ -262,9 +276,10 @@ def _rounds(m: Measurement, sizes: list[int], needed: dict[int, int], warmup: in
                 continue
             x, labels = inputs[b]
             m.set_norms_eval(m.eval_norms.get(b, False))
-            forward, backward = m.layer_pass(x, labels)
             timed = r >= warmup
-            step = m.sustained(x, labels, window_s, 1) if timed else None
+            with _no_gc():
+                forward, backward = m.layer_pass(x, labels)
+                step = m.sustained(x, labels, window_s, 1) if timed else None
             m.set_norms_eval(False)
             done += 1
             if timed:

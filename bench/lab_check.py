@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hppctl.lab import manager, measure  # noqa: E402
+from hppctl.lab.network import free_subnet  # noqa: E402
 from hppctl.lab.layout import plan_lab  # noqa: E402
 from hppctl.models.cluster import ClusterSpec  # noqa: E402
 from hppctl.models.lab import LabSpec  # noqa: E402
@@ -39,7 +40,7 @@ from hppctl.store import load  # noqa: E402
 DEFAULT_SPEC = """\
 name: lab-check
 bandwidth: 100mbit
-subnet: 10.213.9.0/24
+subnet: {subnet}
 hosts:
   - {name: ref, cpu: 1.0, memory: 1GB}
   - {name: tx0, preset: jetson-tx2}
@@ -150,7 +151,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="lab-check-") as tmp:
         spec_path = args.spec or Path(tmp, "lab.yaml")
         if args.spec is None:
-            spec_path.write_text(DEFAULT_SPEC)
+            spec_path.write_text(DEFAULT_SPEC.replace("{subnet}", free_subnet(first=200)))
         spec = load(spec_path, LabSpec)
         state_root, cluster_file = Path(tmp, "state"), Path(tmp, "cluster.yaml")
         manager.up(spec, str(spec_path), state_root, cluster_file)

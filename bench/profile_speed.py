@@ -19,10 +19,11 @@ Printed figures:
   each batch size) of each host relative to the 1-core host, against the quota ratio; target 20%;
 - bandwidth: each direction's measured goodput against the configured rate; target 10%. (TCP/IP
   headers take ~4.4% of a 1500-byte frame: an exact shaper reads ~95.6%);
-- layer sum vs step: the profile's per-layer sum at each batch size against a whole training step
-  measured independently: a separate process per host that builds the model and times training
-  steps (forward, loss, backward) back to back for a few seconds with the wall clock, all hosts at
-  once as during profiling; target 15%;
+- layer sum vs step: the profile's per-layer sum at each batch size against (a) the whole training
+  steps the probe timed in the same rounds (`train_step_s`), and (b) a whole training step measured
+  independently, later: a separate plain-torch process per host that builds the model and times
+  training steps (forward, loss, backward) back to back for a few seconds with the wall clock, all
+  hosts at once as during profiling; target 15%;
 - repeatability: for every layer time of at least 1 ms (per host, layer, direction, batch size),
   the difference between two runs relative to the smaller; target 10% on every one;
 - noise floor: the CPU time of one fixed training step, repeated for a minute on this machine outside
@@ -49,11 +50,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hppctl.models.cluster import ClusterSpec  # noqa: E402
 from hppctl.models.profile import Profile  # noqa: E402
 from hppctl.store import load  # noqa: E402
+from hppctl.lab.network import free_subnet  # noqa: E402
 
 LAB = """\
 name: prof-bench
 bandwidth: 100mbit
-subnet: 10.213.12.0/24
+subnet: {subnet}
 hosts:
   - {name: fast, cpu: 1.0, memory: 1GB}
   - {name: mid, cpu: 0.5, memory: 1GB}
@@ -211,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     state_dir = work / "state"
     cluster_file = a.cluster
     if cluster_file is None:
-        (work / "lab.yaml").write_text(LAB)
+        (work / "lab.yaml").write_text(LAB.replace("{subnet}", free_subnet(first=200)))
         cluster_file = work / "cluster.yaml"
         up = sh(["hppctl", "lab", "up", "--spec", str(work / "lab.yaml"), "--out", str(cluster_file),
                  "--state-dir", str(state_dir)])
@@ -308,6 +310,11 @@ def render(r: dict, cluster: ClusterSpec) -> None:
         print(f"  {link['between'][0]}->{link['between'][1]}: {ab * 8 / 1e6:.1f} Mbit/s ({ab / conf:.3f})   "
               f"{link['between'][1]}->{link['between'][0]}: {ba * 8 / 1e6:.1f} Mbit/s ({ba / conf:.3f})   "
               f"rtt {link['rtt_s'] * 1e3:.3f} ms")
+    print("\nlayer sum vs the whole training steps the probe timed in the same rounds (train_step_s; ratio)")
+    print("  host   " + "  ".join(f"b={b:<5}" for b in grid) + "  worst")
+    for n in names:
+        ratios = [r["layer_sum"][n][b] / r["profile_steps"][n][b] for b in grid]
+        print(f"  {n:<6} " + "  ".join(f"{x:<7.3f}" for x in ratios) + f"  {max(abs(x - 1) for x in ratios):.1%}")
     print("\nlayer sum vs an independently measured whole training step (wall ms; ratio)")
     print("  host   " + "  ".join(f"b={b:<16}" for b in grid))
     for n in names:

@@ -55,6 +55,20 @@ def check_subnet_free(subnet: str) -> None:
                            f"choose another `subnet:` in the lab spec")
 
 
+def free_subnet(first: int = 100, base: str = "10.213") -> str:
+    """The first `base.N.0/24` (N from `first`) that overlaps none of this machine's routes.
+
+    Tests and benchmarks take their lab subnet from here: a fixed subnet collides with any other
+    lab running on the same machine (a benchmark beside the test suite, a second CI job)."""
+    lines = sh(["ip", "-4", "route", "show", "table", "all"]).stdout.splitlines()
+    taken = [net for net, _ in route_destinations(lines)]
+    for n in range(first, 256):
+        candidate = ipaddress.IPv4Network(f"{base}.{n}.0/24")
+        if not any(candidate.overlaps(t) for t in taken):
+            return str(candidate)
+    raise BadInput(f"no free /24 left in {base}.{first}-255.0: every one overlaps a route of this machine")
+
+
 def create_bridge(bridge: str, address: str, prefixlen: int) -> None:
     sh(["ip", "link", "add", bridge, "type", "bridge"])
     _disable_ipv6(bridge)

@@ -29,3 +29,10 @@ def lab_reason():
 def _skip_lab_tests_without_root(request, lab_reason):
     if request.node.get_closest_marker("lab") and lab_reason:
         pytest.skip(f"lab tests need root, tools and cgroups: {lab_reason}")
+
+
+def free_subnet() -> str:
+    """A lab subnet no other lab on this machine uses right now (benchmarks may run beside the suite)."""
+    from hppctl.lab import network
+
+    return network.free_subnet()

@@ -16,6 +16,7 @@ from hppctl.lab import cgroups, measure
 from hppctl.lab.manager import lab_down_leftovers
 from hppctl.models.cluster import ClusterSpec
 from hppctl.store import load
+from tests.lab.conftest import free_subnet
 
 pytestmark = pytest.mark.lab
 
@@ -23,7 +24,7 @@ NAME = "pytest-lab"
 SPEC = f"""\
 name: {NAME}
 bandwidth: 100mbit
-subnet: 10.213.7.0/24
+subnet: {{subnet}}
 hosts:
   - {{name: fast, cpu: 1.0, memory: 1GB}}
   - {{name: slow, cpu: 0.25, memory: 256MB, bandwidth: 50mbit, delay: 5ms}}
@@ -45,11 +46,12 @@ def lab(tmp_path_factory):
         pytest.skip(f"lab tests need root, tools and cgroups: {reason}")
     root = tmp_path_factory.mktemp("lab")
     spec = root / "lab.yaml"
-    spec.write_text(SPEC)
+    spec.write_text(SPEC.replace("{subnet}", free_subnet()))
     state_dir, cluster_file = root / "state", root / "cluster.yaml"
     run(["lab", "down", "--name", NAME, "--state-dir", str(state_dir)])  # a crashed earlier run's leftovers
     assert run(["lab", "up", "--spec", str(spec), "--out", str(cluster_file), "--state-dir", str(state_dir)]) == 0
-    yield {"cluster": load(cluster_file, ClusterSpec), "state_dir": state_dir, "cluster_file": cluster_file}
+    yield {"cluster": load(cluster_file, ClusterSpec), "state_dir": state_dir, "cluster_file": cluster_file,
+           "subnet": spec.read_text().split("subnet: ")[1].split()[0]}
     run(["lab", "down", "--name", NAME, "--state-dir", str(state_dir)])
 
 
@@ -63,7 +65,8 @@ def lab_status(cli, lab) -> dict:
 def test_cluster_file_lists_hosts_with_ssh_section(lab):
     cluster = lab["cluster"]
     assert [d.name for d in cluster.devices] == ["fast", "slow", "nano"]
-    assert [d.host for d in cluster.devices] == ["10.213.7.2", "10.213.7.3", "10.213.7.4"]
+    prefix = lab["subnet"].rsplit(".", 1)[0]
+    assert [d.host for d in cluster.devices] == [f"{prefix}.2", f"{prefix}.3", f"{prefix}.4"]
     assert all(d.user == "root" for d in cluster.devices)
     assert cluster.device("slow").memory == 256 * 10**6
     assert Path(cluster.ssh.known_hosts).exists() and Path(cluster.ssh.identity_file).exists()
@@ -102,7 +105,8 @@ def test_unknown_host_key_is_refused(lab, tmp_path):
 
     cluster = lab["cluster"]
     other = tmp_path / "known_hosts"
-    other.write_text(Path(cluster.ssh.known_hosts).read_text().replace(cluster.devices[0].host, "10.213.7.250"))
+    other.write_text(Path(cluster.ssh.known_hosts).read_text().replace(cluster.devices[0].host,
+                                                                          cluster.devices[0].host.rsplit(".", 1)[0] + ".250"))
     conn = fabric.Connection(cluster.devices[0].host, user="root",
                              connect_kwargs={"key_filename": cluster.ssh.identity_file})
     conn.client.load_host_keys(str(other))
@@ -166,7 +170,7 @@ def test_crashed_up_is_cleaned_by_down(tmp_path, monkeypatch, lab):
     from hppctl.lab import manager, sshd
 
     spec = tmp_path / "crash.yaml"
-    spec.write_text("name: pytest-crash\nsubnet: 10.213.8.0/24\nhosts:\n  - {name: a, cpu: 0.5, memory: 100MB}\n")
+    spec.write_text(f"name: pytest-crash\nsubnet: {free_subnet()}\nhosts:\n  - {{name: a, cpu: 0.5, memory: 100MB}}\n")
 
     def die(*args, **kwargs):
         raise RuntimeError("simulated crash")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from hppctl.errors import BadInput
 from hppctl.lab import cgroups, delayline, shaping
 from hppctl.lab.layout import Impairment, cluster_for, lab_tag, plan_lab, veth_name
 from hppctl.lab.presets import PRESETS, cfs_quota, preset_cpu, preset_memory
@@ -224,3 +225,18 @@ def test_subnet_overlap_parsing():
              "local 127.0.0.1 dev lo table local", "broadcast 127.255.255.255 dev lo table local"]
     found = [str(net) for net, _ in route_destinations(lines)]
     assert found == ["192.0.2.0/24", "127.0.0.1/32", "127.255.255.255/32"]
+
+
+def test_free_subnet_skips_every_subnet_a_route_overlaps(monkeypatch):
+    """Regression: the suite's labs had fixed subnets and failed in CI when a benchmark's lab held one."""
+    import subprocess
+
+    from hppctl.lab import network
+
+    routes = "10.213.100.0/24 dev hpb1 proto kernel\n10.213.101.7 dev hpb2\n10.213.96.0/20 dev vpn0\n"
+    monkeypatch.setattr(network, "sh", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, routes, ""))
+    assert network.free_subnet() == "10.213.112.0/24"  # the /20 covers 96-111
+    assert network.free_subnet(first=90) == "10.213.90.0/24"
+    monkeypatch.setattr(network, "sh", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, "10.213.0.0/16 dev x\n", ""))
+    with pytest.raises(BadInput, match="no free /24"):
+        network.free_subnet()

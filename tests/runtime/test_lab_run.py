@@ -21,7 +21,7 @@ NAME = "pytest-run"
 SPEC = f"""\
 name: {NAME}
 bandwidth: 100mbit
-subnet: 10.213.12.0/24
+subnet: {{subnet}}
 hosts:
   - {{name: ra, cpu: 0.5, memory: 1GB}}
   - {{name: rb, cpu: 0.5, memory: 1GB}}
@@ -32,13 +32,13 @@ hosts:
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     from hppctl.cli import run
-    from tests.lab.conftest import lab_unavailable_reason
+    from tests.lab.conftest import free_subnet, lab_unavailable_reason
 
     reason = lab_unavailable_reason()
     if reason:
         pytest.skip(f"lab tests need root, tools and cgroups: {reason}")
     root = tmp_path_factory.mktemp("run-lab")
-    (root / "lab.yaml").write_text(SPEC)
+    (root / "lab.yaml").write_text(SPEC.replace("{subnet}", free_subnet()))
     state_dir, cluster_file = root / "state", root / "cluster.yaml"
     run(["lab", "down", "--name", NAME, "--state-dir", str(state_dir)])
     assert run(["lab", "up", "--spec", str(root / "lab.yaml"), "--out", str(cluster_file),

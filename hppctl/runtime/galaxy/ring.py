@@ -1,0 +1,147 @@
+"""Ring collectives over torch.distributed point-to-point, fused with GEMMs tile by tile (§III-D).
+
+Tensors are `[rows, width]` with the sequence in dimension 0 (batch 1). Device i owns rows
+`offsets[i] : offsets[i] + sizes[i]` of the sequence; sizes may differ by one row (a sequence
+length not divisible by the number of devices), so every receive is sized by the tile it gets.
+
+- `allgather_gemm(x_i, f)`: the ring AllGather that enters a tensor-parallel block, fused with the
+  block's first GEMM `f`: in step k device i applies `f` to the tile it holds, tile (i - k) mod D,
+  while that tile travels on to its successor and tile (i - k - 1) mod D arrives (the last step
+  sends nothing). D GEMM rounds overlap D - 1 communication rounds.
+- `gemm_reducescatter(f, width)`: the last GEMM of a block fused with the ring ReduceScatter that
+  leaves it: in step k (1..D) device i computes `f` on rows of chunk (i - k) mod D while the partial
+  sum finished in step k - 1 travels to its successor; the partial sum arriving from the predecessor
+  is added to the fresh tile. After step D device i holds the sum over devices of its own chunk.
+
+With `overlap=False` the same ring runs with the GEMM done whole before (ReduceScatter) or after
+(AllGather) the communication: the ablation of the overlap alone, same bytes, same algorithm.
+`Stats` accumulates the time this device sat blocked on the network (exposed communication).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Stats:
+    exposed_comm_s: float = 0.0
+    """Wall time blocked waiting for a transfer or a collective."""
+    bytes_sent: int = 0
+    messages: int = 0
+    spans: list[tuple[str, float, float]] = field(default_factory=list)
+
+    def reset(self) -> None:
+        self.exposed_comm_s, self.bytes_sent, self.messages = 0.0, 0, 0
+
+
+class Ring:
+    """One device's view of the ring: rank, world, the row partition, and its blocking time."""
+
+    def __init__(self, rank: int, sizes: list[int], stats: Stats | None = None) -> None:
+        self.rank, self.world, self.sizes = rank, len(sizes), list(sizes)
+        self.offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+        self.stats = stats or Stats()
+
+    @property
+    def succ(self) -> int:
+        return (self.rank + 1) % self.world
+
+    @property
+    def pred(self) -> int:
+        return (self.rank - 1) % self.world
+
+    def rows(self, j: int) -> slice:
+        return slice(self.offsets[j], self.offsets[j] + self.sizes[j])
+
+    # --- point to point ------------------------------------------------------------------------
+    def _post(self, send: torch.Tensor, recv: torch.Tensor) -> list:
+        self.stats.bytes_sent += send.numel() * send.element_size()
+        self.stats.messages += 1
+        return [dist.isend(send.contiguous(), self.succ), dist.irecv(recv, self.pred)]
+
+    def _wait(self, requests: list) -> None:
+        started = time.perf_counter()
+        for r in requests:
+            r.wait()
+        self.stats.exposed_comm_s += time.perf_counter() - started
+
+    def blocking(self, fn: Callable[[], object]) -> object:
+        """Run a blocking collective, counting its time as exposed communication."""
+        started = time.perf_counter()
+        out = fn()
+        self.stats.exposed_comm_s += time.perf_counter() - started
+        return out
+
+    # --- fused collectives ---------------------------------------------------------------------
+    def allgather_gemm(self, x: torch.Tensor, f: Callable[[torch.Tensor], torch.Tensor], *,
+                       overlap: bool) -> torch.Tensor:
+        """`f(AllGather(x))` row-wise: `f` must act on rows independently (a GEMM plus bias)."""
+        if not overlap:
+            return f(self.allgather(x))
+        D, i = self.world, self.rank
+        out: list[torch.Tensor | None] = [None] * D
+        cur = x
+        for k in range(D):
+            j = (i - k) % D
+            pending = None
+            if k < D - 1:
+                nxt = torch.empty((self.sizes[(i - k - 1) % D], x.shape[1]), dtype=x.dtype)
+                pending = self._post(cur, nxt)
+            out[j] = f(cur)  # the GEMM runs while `cur` travels on and the next tile arrives
+            if pending is not None:
+                self._wait(pending)
+                cur = nxt
+        return torch.cat(out)  # tiles in sequence order
+
+    def gemm_reducescatter(self, f: Callable[[slice], torch.Tensor], *, overlap: bool) -> torch.Tensor:
+        """Σ over devices of `f(rows)` for this device's own rows; `f(rows)` is this device's
+        partial product on those sequence rows (the row-parallel GEMM of a tile)."""
+        D, i = self.world, self.rank
+        if D == 1:
+            return f(self.rows(0))
+        if not overlap:
+            whole = f(slice(0, sum(self.sizes)))
+            f = lambda rows: whole[rows]  # noqa: E731 - tiles of the GEMM done whole beforehand
+        acc = None
+        for k in range(1, D + 1):
+            r = (i - k) % D
+            pending = None
+            if k >= 2:
+                incoming = torch.empty((self.sizes[r], acc.shape[1]), dtype=acc.dtype)
+                pending = self._post(acc, incoming)
+            tile = f(self.rows(r))  # overlaps the partial sum of step k - 1 on its way
+            if pending is not None:
+                self._wait(pending)
+                acc = tile + incoming
+            else:
+                acc = tile
+        return acc
+
+    def allgather(self, x: torch.Tensor) -> torch.Tensor:
+        """Plain ring AllGather of uneven row tiles (D - 1 steps)."""
+        D, i = self.world, self.rank
+        if D == 1:
+            return x
+        out: list[torch.Tensor | None] = [None] * D
+        cur = x
+        for k in range(D):
+            out[(i - k) % D] = cur
+            if k < D - 1:
+                nxt = torch.empty((self.sizes[(i - k - 1) % D], *x.shape[1:]), dtype=x.dtype)
+                self._wait(self._post(cur, nxt))
+                cur = nxt
+        return torch.cat(out)
+
+    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Megatron's AllReduce (gloo's own), in place."""
+        if self.world > 1:
+            self.stats.bytes_sent += 2 * (self.world - 1) * x.numel() * x.element_size() // self.world
+            self.stats.messages += 1
+            self.blocking(lambda: dist.all_reduce(x))
+        return x

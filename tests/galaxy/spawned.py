@@ -1,0 +1,45 @@
+"""Run inference cases on D spawned gloo processes; imported by the children (torch only, no transformers).
+
+`run_cases(world, cases)` starts `world` processes; each case is (strategy, overlap, weights, heads,
+columns, rows, ids) and every process runs all of them in order, so one spawn covers many cases.
+Returns rank 0's whole output per case.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from hppctl.runtime.galaxy.device import run_device
+from hppctl.runtime.galaxy.weights import device_shard, ranges
+
+
+def _child(rank: int, world: int, init_file: str, cases: list, results) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        for n, (strategy, overlap, weights, heads, columns, rows, ids) in enumerate(cases):
+            if strategy in ("sp", "local"):
+                shard = device_shard(weights, (0, weights["meta"]["heads"]), (0, weights["layers"][0]["w1"].shape[0]))
+            else:
+                shard = device_shard(weights, ranges(heads)[rank], ranges(columns)[rank])
+            out, _ = run_device(strategy, shard, ids, rank, rows, overlap=overlap)
+            if rank == 0:
+                results[n] = out.clone()
+    finally:
+        dist.destroy_process_group()
+
+
+def run_cases(world: int, cases: list) -> list[torch.Tensor]:
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory() as tmp, ctx.Manager() as manager:
+        results = manager.dict()
+        mp.start_processes(_child, args=(world, os.path.join(tmp, "init"), cases, results), nprocs=world,
+                           join=True, start_method="spawn")
+        return [results[n] for n in range(len(cases))]

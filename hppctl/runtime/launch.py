@@ -73,10 +73,11 @@ def _die_with_parent() -> None:
 
 
 class LocalWorker:
-    def __init__(self, device: str, payload: str, *, env: dict[str, str] | None = None, log=None) -> None:
+    def __init__(self, device: str, payload: str, *, env: dict[str, str] | None = None, log=None,
+                 module: str = WORKER_MODULE) -> None:
         self.device = device
         self._tail = _Tail(device, log)
-        self.proc = subprocess.Popen([sys.executable, "-m", WORKER_MODULE], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env={**os.environ, **(env or {})}, start_new_session=True,
                                      preexec_fn=_die_with_parent)
@@ -113,7 +114,7 @@ class SshWorker:
     signal the remote process over a second connection."""
 
     def __init__(self, device: DeviceSpec, cluster: ClusterSpec, payload: str, *, pid_of=None, log=None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, module: str = WORKER_MODULE) -> None:
         from hppctl.lab.connect import connect
 
         self.device, self.spec, self.cluster, self._pid_of = device.name, device, cluster, pid_of
@@ -121,7 +122,7 @@ class SshWorker:
         self.conn = connect(cluster, device.name)
         python = device.python or "python3"
         prefix = " ".join(f"{k}={v}" for k, v in (env or {}).items())
-        command = f"{'env ' + prefix + ' ' if prefix else ''}{python} -m {WORKER_MODULE}"
+        command = f"{'env ' + prefix + ' ' if prefix else ''}{python} -m {module}"
         self.promise = self.conn.run(command, in_stream=io.StringIO(payload + "\n"), asynchronous=True,
                                      hide=False, warn=True, out_stream=self._tail, err_stream=self._tail,
                                      pty=False)

@@ -14,7 +14,7 @@ from pydantic import Field, model_validator
 
 from hppctl.models.base import FrozenModel
 from hppctl.models.cluster import DeviceName
-from hppctl.models.profile import Granularity
+from hppctl.models.profile import Granularity, _OmitsUnset
 
 PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -24,9 +24,11 @@ Strategy = str
 """Name of a registered planning strategy (`asteroid`, `asteroid-paper`, `dp`, `pp`, `pipedream`, `dapple`)."""
 
 
-class StagePlan(FrozenModel):
+class StagePlan(_OmitsUnset):
+    _omit_when_default = ("backward_layers",)
+
     layers: Annotated[list[NonNegInt], Field(min_length=2, max_length=2)]
-    """Half-open layer range [start, end)."""
+    """Half-open layer range [start, end) (of the forward pass when `backward_layers` is set)."""
     devices: Annotated[list[DeviceName], Field(min_length=1)]
     samples: Annotated[list[NonNegInt], Field(min_length=1)]
     """Samples of each micro-batch per device (aligned with `devices`, summing to B)."""
@@ -39,11 +41,17 @@ class StagePlan(FrozenModel):
     memory_bytes: list[NonNegInt]
     """Predicted peak memory per device (Eq. 3), aligned with `devices`."""
     memory_budget_bytes: list[NonNegInt]
+    backward_layers: Annotated[list[NonNegInt], Field(min_length=2, max_length=2)] | None = None
+    """Bi-Partition: half-open range of the layers whose backward this stage runs, when it differs
+    from `layers` (docs/bipartition.md); either range may then be empty, not both."""
 
     @model_validator(mode="after")
     def _aligned(self) -> "StagePlan":
         start, end = self.layers
-        if end <= start:
+        back_start, back_end = self.backward_layers or self.layers
+        if end < start or back_end < back_start:
+            raise ValueError(f"layer range [{start}, {end}) / backward [{back_start}, {back_end}) runs backwards")
+        if end == start and back_end == back_start:
             raise ValueError(f"layer range [{start}, {end}) is empty")
         n = len(self.devices)
         for field in ("samples", "memory_bytes", "memory_budget_bytes"):
@@ -58,6 +66,12 @@ class StagePlan(FrozenModel):
     @property
     def end(self) -> int:
         return self.layers[1]
+
+    @property
+    def backward(self) -> tuple[int, int]:
+        """Half-open range of the layers this stage backwards (its `layers` unless Bi-Partition)."""
+        start, end = self.backward_layers or self.layers
+        return start, end
 
 
 class TransferPlan(FrozenModel):
@@ -110,18 +124,22 @@ class HppPlan(FrozenModel):
         if self.micro_batch * self.num_micro_batches != self.global_batch:
             raise ValueError(f"micro_batch {self.micro_batch} x num_micro_batches {self.num_micro_batches} "
                              f"!= global_batch {self.global_batch}")
-        expected = 0
+        expected, expected_back = 0, 0
         seen: set[str] = set()
         for i, stage in enumerate(self.stages):
             if stage.start != expected:
                 raise ValueError(f"stage {i} starts at layer {stage.start}, expected {expected}")
-            expected = stage.end
+            if stage.backward[0] != expected_back:
+                raise ValueError(f"stage {i} backwards from layer {stage.backward[0]}, expected {expected_back}")
+            expected, expected_back = stage.end, stage.backward[1]
             if sum(stage.samples) != self.micro_batch:
                 raise ValueError(f"stage {i} assigns {sum(stage.samples)} samples per micro-batch, "
                                  f"micro_batch is {self.micro_batch}")
             if seen & set(stage.devices):
                 raise ValueError(f"stage {i} reuses device(s) {sorted(seen & set(stage.devices))}")
             seen |= set(stage.devices)
+        if expected_back != expected:
+            raise ValueError(f"the backward ranges end at layer {expected_back}, the forward ranges at {expected}")
         if len(self.transfers) != len(self.stages) - 1:
             raise ValueError(f"{len(self.stages)} stages need {len(self.stages) - 1} transfers, got {len(self.transfers)}")
         return self

@@ -44,6 +44,8 @@ def make_plan(profile: Profile, request: PlanRequest, strategy: str = DEFAULT_ST
 
 def to_plan(cm: CostModel, profile: Profile, request: PlanRequest, strategy: str, candidate: Candidate,
             elapsed: float) -> HppPlan:
+    if candidate.build_plan is not None:
+        return candidate.build_plan(request, strategy, elapsed)
     schedule = candidate.schedule
     ev = cm.evaluate(candidate.stages, schedule)
     P = len(candidate.stages)

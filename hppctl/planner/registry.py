@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from hppctl.planner.cost import CostModel, StageChoice
+
+if TYPE_CHECKING:
+    from hppctl.models.plan import HppPlan, PlanRequest
 
 
 @dataclass(frozen=True)
@@ -16,6 +19,9 @@ class Candidate:
     schedule: str = "1f1b-asteroid"
     memory_aware: bool = True
     notes: tuple[str, ...] = field(default_factory=tuple)
+    build_plan: "Callable[[PlanRequest, str, float], HppPlan] | None" = None
+    """For plans Asteroid's evaluation cannot describe (Bi-Partition's separate backward ranges):
+    the strategy builds the plan itself from (request, strategy name, planning seconds)."""
 
 
 StrategyFn = Callable[[CostModel], "Candidate | None"]

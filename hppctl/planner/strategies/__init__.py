@@ -1,3 +1,3 @@
 """One module per strategy; importing this package registers them all."""
 
-from hppctl.planner.strategies import asteroid, dapple, dp, pipedream, pp  # noqa: F401
+from hppctl.planner.strategies import asteroid, bipartition, dapple, dp, pipedream, pp  # noqa: F401

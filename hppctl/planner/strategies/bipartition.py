@@ -1,0 +1,121 @@
+"""`bipartition`: separate forward and backward cut points (Bi-Partition, notes/bipartition.md).
+
+Each worker is one device running the forward of one contiguous layer range and the backward of
+another (docs/bipartition.md). For every device order we try (fastest first, memory first, the
+cluster file's) and every worker count W, the DP of `bipartition_dp` finds the cuts with the least
+per-micro-batch bottleneck; the plan kept is the one with the shortest estimated round (the
+bottleneck decides the steady state, W the fill and drain).
+
+- `bipartition`: exact DP on the cost model the runtime executes (split layers recomputed by their
+  backward owner, split traffic and weight send-back on the links, memory budgets);
+- `bipartition-bsa`: the same model, the paper's binary search for the backward cut (Alg. 2);
+- `bipartition-paper`: exact DP on the paper's own model (no recomputation, split traffic free).
+
+Every plan's prediction uses the runtime's model, so the three compare fairly with `pp` & co.
+"""
+
+from __future__ import annotations
+
+from hppctl.models.plan import HppPlan, PlanRequest, Prediction, StagePlan, TransferPlan
+from hppctl.planner.asteroid import memory_order
+from hppctl.planner.bipartition import BiCosts, BiOptions, BiResult, costs_from_model, evaluate, link_bytes, \
+    round_estimate
+from hppctl.planner.bipartition_dp import solve
+from hppctl.planner.cost import CostModel, StageChoice
+from hppctl.planner.registry import Candidate, strategy
+from hppctl.planner.strategies.dp import fastest_first
+
+SCHEDULE = "1f1b-asteroid"
+
+
+def device_orders(cm: CostModel) -> list[list[int]]:
+    orders: list[list[int]] = []
+    for order in (fastest_first(cm), memory_order(cm), list(range(len(cm.names)))):
+        if order not in orders:
+            orders.append(order)
+    return orders
+
+
+def best_cuts(cm: CostModel, options: BiOptions, search: str = "exact") -> tuple[list[int], BiResult] | None:
+    """The best (device order prefix, cuts) under `options`, ranked by the runtime model's round estimate."""
+    best: tuple[float, list[int], BiResult] | None = None
+    for order in device_orders(cm):
+        for W in range(1, min(len(order), 2 * cm.num_layers) + 1):
+            workers = order[:W]
+            result = solve(costs_from_model(cm, workers, options, SCHEDULE), search)
+            if result is None:
+                continue
+            runtime = evaluate(costs_from_model(cm, workers, BiOptions(), SCHEDULE), result.forward, result.backward)
+            if not runtime.feasible:
+                continue
+            latency, _ = round_estimate(costs_from_model(cm, workers, BiOptions(), SCHEDULE), runtime)
+            if best is None or latency < best[0] * (1 - 1e-12):
+                best = (latency, workers, runtime)
+    return None if best is None else (best[1], best[2])
+
+
+def build_plan(cm: CostModel, workers: list[int], result: BiResult, request: PlanRequest, name: str,
+               elapsed: float) -> HppPlan:
+    """The HppPlan of one Bi-Partition: one single-device stage per worker, `backward_layers` where
+    its backward range differs from its forward range."""
+    c = costs_from_model(cm, workers, BiOptions(), SCHEDULE)
+    latency, steps = round_estimate(c, result)
+    stages = [_stage_plan(cm, c, result, steps, w, d) for w, d in enumerate(workers)]
+    transfers = [TransferPlan(after_stage=w, bytes_per_micro_batch=int(_forward_bytes(c, result, w + 1)),
+                              forward_s=steps[2 * w + 1].forward_s, backward_s=steps[2 * w + 1].backward_s)
+                 for w in range(len(workers) - 1)]
+    dominant = max(range(len(steps)), key=lambda s: steps[s].forward_s + steps[s].backward_s)
+    return HppPlan(
+        strategy=name, model=cm.profile.model, granularity=cm.profile.granularity,
+        profile_digest=cm.profile.digest(), global_batch=request.global_batch, micro_batch=request.micro_batch,
+        num_micro_batches=request.num_micro_batches, schedule=SCHEDULE, stages=stages, transfers=transfers,
+        prediction=Prediction(
+            round_latency_s=latency,
+            throughput_samples_per_s=request.global_batch / latency if latency > 0 else 0.0,
+            dominant_step=dominant,
+            peak_memory_ratio=max(m / c.budget[w] for w, m in enumerate(result.memory_bytes)),
+        ),
+        planning_time_s=elapsed,
+    )
+
+
+def _stage_plan(cm: CostModel, c: BiCosts, result: BiResult, steps, w: int, device: int) -> StagePlan:
+    (i1, j1), (i2, j2) = result.ranges[w]
+    return StagePlan(
+        layers=[i1, j1], backward_layers=None if (i1, j1) == (i2, j2) else [i2, j2],
+        devices=[cm.names[device]], samples=[cm.B], warmup=c.warmup[w],
+        forward_s=steps[2 * w].forward_s, backward_s=steps[2 * w].backward_s, allreduce_s=0.0,
+        memory_bytes=[int(result.memory_bytes[w])], memory_budget_bytes=[cm.budget[device]],
+    )
+
+
+def _forward_bytes(c: BiCosts, result: BiResult, w: int) -> float:
+    """Bytes per micro-batch from worker w-1 to w: activations at the forward cut plus a split block's input."""
+    f, b = result.forward[w], result.backward[w]
+    total = link_bytes(c, f, b) - c.boundary[b]
+    return total - (c.param_prefix[max(f, b)] - c.param_prefix[min(f, b)]) / c.num_micro_batches
+
+
+def _candidate(cm: CostModel, options: BiOptions, search: str) -> Candidate | None:
+    found = best_cuts(cm, options, search)
+    if found is None:
+        return None
+    workers, result = found
+    stages = [StageChoice(f[0], f[1], (d,), (cm.B,)) for d, (f, _) in zip(workers, result.ranges)]
+    return Candidate(stages, schedule=SCHEDULE,
+                     build_plan=lambda request, name, elapsed: build_plan(cm, workers, result, request, name, elapsed))
+
+
+@strategy("bipartition", "Bi-Partition: separate forward/backward cuts, exact DP, split layers recomputed and priced")
+def plan_bipartition(cm: CostModel) -> Candidate | None:
+    return _candidate(cm, BiOptions(), "exact")
+
+
+@strategy("bipartition-bsa", "Bi-Partition with the paper's binary search for the backward cut (Alg. 2)")
+def plan_bipartition_bsa(cm: CostModel) -> Candidate | None:
+    return _candidate(cm, BiOptions(), "bsa")
+
+
+@strategy("bipartition-paper", "Bi-Partition on the paper's cost model (no recomputation, split traffic free)")
+def plan_bipartition_paper(cm: CostModel) -> Candidate | None:
+    return _candidate(cm, BiOptions.paper(), "exact")

@@ -44,17 +44,25 @@ def plan_command(
     profile: Annotated[Path, typer.Option("--profile", help="Profile file (.json/.yaml) from `hppctl profile`.")],
     global_batch: Annotated[Optional[int], typer.Option("--global-batch", help="Samples per training round.")] = None,
     micro_batch: Annotated[Optional[int], typer.Option("--micro-batch", help="Samples per micro-batch (divides the global batch).")] = None,
-    strategy: Annotated[str, typer.Option("--strategy", help="asteroid, asteroid-paper, dp, pp, pipedream, dapple.")] = "asteroid",
+    strategy: Annotated[str, typer.Option("--strategy", help="asteroid, asteroid-paper, dp, pp, pipedream, dapple; on an inference profile galaxy (default), megatron, sp, local.")] = "asteroid",
     out: Annotated[Optional[Path], typer.Option("--out", help="Write the plan here (.json or .yaml).")] = None,
     compare: Annotated[bool, typer.Option("--compare", help="Evaluate every strategy on the same request.")] = False,
     explain_: Annotated[bool, typer.Option("--explain", help="Per-step table: E_f, E_b, T_w, T_e, T_a, memory.")] = False,
     existing: Annotated[Optional[Path], typer.Option("--plan", help="Re-score an existing plan against --profile instead of planning.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
+    seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Inference profiles (Galaxy): plan for this sequence length; strategies galaxy, megatron, sp, local.")] = None,
 ) -> None:
-    """Plan hybrid pipeline parallel training: stages, device groups, samples per device."""
+    """Plan hybrid pipeline parallel training (stages, device groups, samples per device), or collaborative inference on an inference profile (heads, MLP columns, sequence rows per device)."""
     from hppctl import planner
     from hppctl.planner.explain import check_plan_matches, explain
 
+    from hppctl.cli.galaxy import is_inference_file
+    if is_inference_file(profile):  # collaborative inference (issue 8)
+        from hppctl.cli.galaxy import plan_inference
+        return plan_inference(profile, "galaxy" if strategy == "asteroid" else strategy, seq_len, out=out,
+                              compare=compare, as_json=as_json)
+    if seq_len is not None:
+        raise BadInput(f"--seq-len: {profile} is a training profile; profile with `hppctl profile --seq-len N` to plan inference")
     prof = load(profile, Profile)
     if existing is not None:
         plan = load(existing, HppPlan)

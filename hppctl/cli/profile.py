@@ -111,6 +111,8 @@ def profile_command(
     threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads on measured devices (default: ceil of each device's CPU quota).")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds allowed for one device's measurement.")] = 3600.0,
     link_seconds: Annotated[float, typer.Option("--link-seconds", help="Length of each one-way link transfer.")] = 2.0,
+    seq_len: Annotated[Optional[str], typer.Option("--seq-len", help="Collaborative inference (Galaxy): profile attention by heads, MLP by columns and connective blocks by rows at these sequence lengths (e.g. 284 or 128,284); docs/galaxy.md.")] = None,
+    num_layers: Annotated[Optional[int], typer.Option("--layers", help="With --seq-len: plan and run only the first K layers (a layer stack).")] = None,
 ) -> None:
     """Profile every device of a cluster for a model: per-layer forward/backward time on a batch grid, memory budgets and link bandwidths. Presets are modelled (docs/presets.md); host: and local: devices are measured (docs/profiling.md)."""
     from hppctl.profiling.from_presets import (DEFAULT_BATCH_SIZES, OPTIMIZER_STATE_FACTORS, build_preset_profile,
@@ -121,6 +123,10 @@ def profile_command(
         raise BadInput("--cluster: required (a cluster inventory such as profiles/env-a.yaml)")
     if model is None:
         raise BadInput("--model: required (a built-in model from `hppctl models`, or hf:PATH)")
+    if seq_len is not None:  # collaborative inference (issue 8): its own profile kind
+        from hppctl.cli.galaxy import profile_inference
+        return profile_inference(cluster, model, seq_len, layers=num_layers, out=out, as_json=as_json,
+                                 repeats=repeats, warmup=warmup, threads=threads, timeout=timeout)
     _choice("--granularity", granularity, GRANULARITIES)
     _choice("--optimizer", optimizer, tuple(OPTIMIZER_STATE_FACTORS))
     grid = parse_batch_sizes(batch_sizes) if batch_sizes is not None else list(DEFAULT_BATCH_SIZES)

@@ -21,6 +21,7 @@ Examples:
   hppctl run --plan P.yaml --cluster C.yaml --rounds 200 --checkpoint-dir ckpt/ --resume --metrics m.jsonl
   hppctl run --plan P.yaml --cluster lab.yaml --profile prof.json --trace run-trace.json --json
   hppctl run --plan P.yaml --cluster C.yaml --dataset mypkg.data:make_dataset --save-model model.pt
+  hppctl run --plan galaxy.yaml --cluster C.yaml --seq-len 284 --repeat 5 --output hidden.pt --json
 
 From cron, `--checkpoint-dir D --resume` continues from the newest complete round; a second run on
 the same directory is refused while the first holds its lock.
@@ -56,8 +57,15 @@ def run_command(
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for workers to join and for any transfer.")] = 300.0,
     log: Annotated[Optional[Path], typer.Option("--log", help="Append every worker's output here, prefixed by device.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON summary on stdout.")] = False,
+    text: Annotated[Optional[str], typer.Option("--input", help="Inference plans: the request's text (UTF-8 bytes as ids unless an hf: checkpoint has a tokenizer).")] = None,
+    input_ids: Annotated[Optional[Path], typer.Option("--input-ids", help="Inference plans: token ids, a JSON list or a torch.save'd tensor.")] = None,
+    seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Inference plans: N random token ids (default: the plan's length).")] = None,
+    repeat: Annotated[int, typer.Option("--repeat", help="Inference plans: timed forward passes (latency statistics).")] = 1,
+    warmup: Annotated[int, typer.Option("--warmup", help="Inference plans: untimed passes first.")] = 0,
+    overlap: Annotated[bool, typer.Option("--overlap/--no-overlap", help="Inference plans (galaxy): tile-based overlap of the ring collectives with the GEMMs.")] = True,
+    output: Annotated[Optional[Path], typer.Option("--output", help="Inference plans: save the final hidden states ([sequence, hidden]) with torch.save.")] = None,
 ) -> None:
-    """Train an HPP plan: one worker process per device, gloo for tensors, the plan's schedule on every device."""
+    """Train an HPP plan, or run collaborative inference on an inference (Galaxy) plan: one worker process per device, gloo for tensors."""
     from hppctl.models.cluster import ClusterSpec
     from hppctl.models.plan import HppPlan
     from hppctl.models.profile import Profile
@@ -69,6 +77,12 @@ def run_command(
         raise BadInput("--plan: required (a plan file from `hppctl plan`)")
     if cluster is None:
         raise BadInput("--cluster: required (the inventory naming the plan's devices)")
+    from hppctl.cli.galaxy import is_inference_file
+    if is_inference_file(plan):  # collaborative inference (issue 8)
+        from hppctl.cli.galaxy import run_inference_command
+        return run_inference_command(plan, cluster, text=text, input_ids=input_ids, seq_len=seq_len, repeat=repeat,
+                                     warmup=warmup, overlap=overlap, output=output, as_json=as_json, threads=threads,
+                                     seed=seed, listen=listen, timeout=timeout, log=log)
     if rounds is not None and epochs is not None:
         raise BadInput("--rounds and --epochs: give one of them")
     for flag, value in (("--rounds", rounds), ("--epochs", epochs), ("--checkpoint-every", checkpoint_every),

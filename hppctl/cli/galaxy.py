@@ -1,0 +1,275 @@
+"""Collaborative inference (Galaxy) behind `hppctl profile --seq-len`, `hppctl plan` on an inference
+profile, and `hppctl run` on an inference plan. The commands' own modules call these; docs/galaxy.md.
+
+    hppctl profile --cluster C.yaml --model bert-large --seq-len 284 --out prof.json
+    hppctl plan --profile prof.json --strategy galaxy --seq-len 284 --out galaxy.yaml
+    hppctl plan --profile prof.json --seq-len 284 --compare
+    hppctl run --plan galaxy.yaml --cluster C.yaml --seq-len 284 --repeat 5 --output h.pt --json
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from hppctl.cli.output import emit_json, note, stdout
+from hppctl.errors import BadInput
+from hppctl.models.units import format_bytes
+
+
+def is_inference_file(path: Path) -> bool:
+    """True when `path` holds an inference profile or plan (`kind: inference`)."""
+    from hppctl.store import read_document
+
+    doc = read_document(path)
+    return isinstance(doc, dict) and doc.get("kind") == "inference"
+
+
+def parse_seq_lens(text: str) -> list[int]:
+    values = []
+    for part in text.split(","):
+        try:
+            value = int(part.strip())
+        except ValueError:
+            raise BadInput(f"--seq-len: {part.strip()!r} is not a whole number (in {text!r})") from None
+        if value <= 0:
+            raise BadInput(f"--seq-len: {value} is not a positive number of tokens")
+        values.append(value)
+    return sorted(set(values))
+
+
+# --- profile ------------------------------------------------------------------------------------------
+
+def profile_inference(cluster: Path, model: str, seq_len: str, *, layers: int | None, out: Path | None,
+                      as_json: bool, repeats: int, warmup: int, threads: int | None, timeout: float) -> None:
+    from hppctl.models.cluster import ClusterSpec
+    from hppctl.profiling.inference import inference_profile
+    from hppctl.store import load, save
+
+    if out is None and not as_json:
+        raise BadInput("--out: give a file for the profile (or --json to print it)")
+    inventory = load(cluster, ClusterSpec)
+
+    def progress(device: str, record: dict[str, Any]) -> None:
+        if record.get("type") == "blocks":
+            note(f"{device}: blocks timed at sequence length {record['seq_len']}")
+
+    profile = inference_profile(inventory, model, parse_seq_lens(seq_len), layers=layers, repeats=repeats,
+                                warmup=warmup, threads=threads, timeout_s=timeout, on_record=progress)
+    if out is not None:
+        save(out, profile)
+        note(f"wrote {out}")
+    if as_json:
+        emit_json(profile.model_dump(mode="json") if out is None else _profile_summary(profile, out))
+        return
+    _render_profile(profile)
+
+
+def _profile_summary(profile, out: Path) -> dict[str, Any]:
+    return {"out": str(out), "model": profile.model, "source": profile.source, "layers": profile.num_layers,
+            "devices": [{"name": d.name, "kind": d.kind, "memory_bytes": d.memory_bytes,
+                         "seq_lens": [t.seq_len for t in d.timings]} for d in profile.devices]}
+
+
+def _render_profile(profile) -> None:
+    table = Table(box=None, pad_edge=False, title=f"{profile.model}: one layer's blocks ({profile.source})")
+    for col in ("device", "seq len", f"attention ({profile.heads} heads) s", f"MLP ({profile.intermediate} cols) s",
+                "connective (all rows) s", "budget"):
+        table.add_column(col)
+    for d in profile.devices:
+        for t in d.timings:
+            table.add_row(d.name, str(t.seq_len), f"{t.attention.seconds[-1]:.4f}", f"{t.mlp.seconds[-1]:.4f}",
+                          f"{t.connective.seconds[-1]:.5f}", format_bytes(d.memory_bytes))
+    stdout.print(table)
+    stdout.print(f"M_att {format_bytes(profile.attention_bytes)}, M_mlp {format_bytes(profile.mlp_bytes)} per layer, "
+                 f"{profile.num_layers} layers")
+
+
+# --- plan ---------------------------------------------------------------------------------------------
+
+def plan_inference(profile_path: Path, strategy: str, seq_len: int | None, *, out: Path | None, compare: bool,
+                   as_json: bool) -> None:
+    from hppctl.models.inference import InferenceProfile
+    from hppctl.planner.galaxy import compare_inference, make_inference_plan
+    from hppctl.store import load, save
+
+    profile = load(profile_path, InferenceProfile)
+    if compare:
+        rows = compare_inference(profile, seq_len)
+        if as_json:
+            emit_json([{"strategy": name, "feasible": plan is not None and not plan.memory_violations,
+                        "note": why, "plan": plan.model_dump(mode="json") if plan else None} for name, plan, why in rows])
+        else:
+            _render_compare(rows)
+        return
+    plan = make_inference_plan(profile, strategy, seq_len)
+    if out is not None:
+        save(out, plan)
+        note(f"wrote {out}")
+    if as_json:
+        emit_json(plan.model_dump(mode="json"))
+    else:
+        _render_plan(plan)
+
+
+def _render_plan(plan) -> None:
+    pred = plan.prediction
+    stdout.print(f"{plan.strategy} plan for {plan.model}: {plan.num_layers} layers at sequence length {plan.seq_len}, "
+                 f"sync {plan.sync}{', tile overlap' if plan.overlap else ''}")
+    table = Table(box=None, pad_edge=False)
+    for col in ("device", "heads", "MLP columns", "rows", "V_d 1/s", "weights / budget"):
+        table.add_column(col)
+    for s in plan.shares:
+        table.add_row(s.device, str(s.heads), str(s.columns), str(s.rows), f"{s.capacity:.2f}",
+                      f"{format_bytes(s.memory_bytes)} / {format_bytes(s.memory_budget_bytes)}")
+    stdout.print(table)
+    stdout.print(f"predicted latency {pred.latency_s:.3f} s (compute {pred.compute_s:.3f} s, communication "
+                 f"{pred.communication_s:.3f} s of which exposed {pred.exposed_communication_s:.3f} s); "
+                 f"planned in {plan.planning_time_s * 1e3:.1f} ms")
+    for v in plan.memory_violations:
+        stdout.print(f"OOM: {v.device} needs {format_bytes(v.needed_bytes)}, has {format_bytes(v.budget_bytes)}")
+
+
+def _render_compare(rows) -> None:
+    table = Table(box=None, pad_edge=False, title="inference strategies, fastest feasible first")
+    for col in ("strategy", "feasible", "predicted latency s", "heads", "MLP columns", "rows"):
+        table.add_column(col)
+    for name, plan, why in rows:
+        if plan is None:
+            table.add_row(name, "no plan", "-", "-", "-", why[:60])
+            continue
+        table.add_row(name, "OOM" if plan.memory_violations else "yes", f"{plan.prediction.latency_s:.3f}",
+                      "/".join(str(s.heads) for s in plan.shares), "/".join(str(s.columns) for s in plan.shares),
+                      "/".join(str(s.rows) for s in plan.shares))
+    stdout.print(table)
+
+
+# --- run ----------------------------------------------------------------------------------------------
+
+def read_input_ids(path: Path):
+    """Token ids from a JSON list (or {"input_ids": [...]}) or a tensor saved with torch.save (.pt)."""
+    import torch
+
+    if not path.is_file():
+        raise BadInput(f"--input-ids: {path}: no such file")
+    if path.suffix.lower() == ".json":
+        try:
+            doc = json.loads(path.read_text())
+        except ValueError as e:
+            raise BadInput(f"--input-ids: {path}: not JSON ({e})") from None
+        if isinstance(doc, dict):
+            doc = doc.get("input_ids")
+        if not isinstance(doc, list) or not all(isinstance(x, int) for x in _flat(doc)):
+            raise BadInput(f"--input-ids: {path}: expected a JSON list of integer token ids")
+        return torch.tensor(_flat(doc), dtype=torch.long)
+    try:
+        ids = torch.load(path, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the user's input error
+        raise BadInput(f"--input-ids: {path}: not a saved tensor or JSON list ({e.__class__.__name__})") from None
+    if not isinstance(ids, torch.Tensor) or ids.is_floating_point():
+        raise BadInput(f"--input-ids: {path}: expected an integer tensor of token ids")
+    return ids.reshape(-1).long()
+
+
+def _flat(doc: list) -> list:
+    return [x for row in doc for x in row] if doc and isinstance(doc[0], list) else doc
+
+
+def text_ids(model: str, text: str):
+    """Token ids of `text`: the checkpoint's own tokenizer for `hf:PATH` when it has one; otherwise
+    (built-in models have random weights and no vocabulary) the UTF-8 bytes, one id per byte."""
+    import torch
+
+    from hppctl.zoo import get_model
+
+    spec = get_model(model)
+    if spec.hf_path is not None:
+        try:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(spec.hf_path, local_files_only=True)
+            return torch.tensor(tokenizer(text)["input_ids"], dtype=torch.long)
+        except (OSError, ValueError):
+            note(f"{model}: no tokenizer in the checkpoint; using UTF-8 bytes as token ids")
+    return torch.tensor(list(text.encode()), dtype=torch.long)
+
+
+def run_inference_command(plan_path: Path, cluster_path: Path, *, text: str | None, input_ids: Path | None,
+                          seq_len: int | None, repeat: int, warmup: int, overlap: bool, output: Path | None,
+                          as_json: bool, threads: int | None, seed: int, listen: str | None, timeout: float,
+                          log: Path | None) -> None:
+    import os
+
+    from hppctl.models.cluster import ClusterSpec
+    from hppctl.models.inference import InferencePlan
+    from hppctl.runtime.galaxy.launch import InferenceRequest, run_inference
+    from hppctl.store import load
+
+    given = [flag for flag, v in (("--input", text), ("--input-ids", input_ids), ("--seq-len", seq_len)) if v is not None]
+    if len(given) > 1:
+        raise BadInput(f"{' and '.join(given)}: give one input (text, a token-id file, or a length for random ids)")
+    for flag, value, low in (("--repeat", repeat, 1), ("--warmup", warmup, 0), ("--seq-len", seq_len, 1)):
+        if value is not None and value < low:
+            raise BadInput(f"{flag}: must be at least {low} (got {value})")
+    if output is not None and output.suffix.lower() != ".pt":
+        raise BadInput(f"--output: {output}: use a .pt file (torch.save of the [sequence, hidden] tensor)")
+    plan = load(plan_path, InferencePlan)
+    inventory = load(cluster_path, ClusterSpec)
+    ids = text_ids(plan.model, text) if text is not None else read_input_ids(input_ids) if input_ids else None
+    local = [s.device for s in plan.shares if inventory.device(s.device).local] if all(
+        s.device in {d.name for d in inventory.devices} for s in plan.shares) else []
+    if threads is None:
+        threads = max(1, (os.cpu_count() or 1) // len(local)) if local and len(local) == len(plan.shares) else 0
+    log_file = open(log, "a") if log else None
+    try:
+        result = run_inference(InferenceRequest(plan, inventory, ids, seq_len=seq_len, overlap=overlap, repeats=repeat,
+                                                warmup=warmup, threads=threads, seed=seed, timeout_s=timeout,
+                                                listen=listen, log=log_file))
+    finally:
+        if log_file is not None:
+            log_file.close()
+    summary = {"plan": str(plan_path), **result.summary()}
+    if output is not None:
+        save_tensor(output, result.output)
+        summary["output"] = str(output)
+    emit_json(summary) if as_json else _render_run(summary)
+
+
+def save_tensor(path: Path, tensor) -> None:
+    """torch.save, atomically (temp file + rename)."""
+    import os
+    import tempfile
+
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(tensor, f)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def _render_run(summary: dict[str, Any]) -> None:
+    lat = summary["latency_s"]
+    shape = ", ".join(f"{s['device']} {s['heads']}h/{s['columns']}c/{s['rows']}r" for s in summary["shares"])
+    stdout.print(f"{summary['model']} ({summary['strategy']}{', overlap' if summary['overlap'] else ''}): "
+                 f"{summary['layers']} layers, {summary['seq_len']} tokens on {shape}")
+    stdout.print(f"latency median {lat['median']:.4f} s (min {lat['min']:.4f}, max {lat['max']:.4f}, "
+                 f"{summary['repeats']} passes; plan predicted {summary['predicted_latency_s']:.4f} s)")
+    table = Table(box=None, pad_edge=False, title="per device, median pass")
+    for col in ("device", "host", "latency s", "compute s", "exposed comm s", "sent", "peak RSS"):
+        table.add_column(col)
+    for d, m in summary["devices"].items():
+        table.add_row(d, m["host"], f"{m['median_latency_s']:.4f}", f"{m['median_compute_s']:.4f}",
+                      f"{m['median_exposed_comm_s']:.4f}", format_bytes(m["bytes_sent"]) if m["bytes_sent"] else "0",
+                      format_bytes(m["peak_rss_bytes"]))
+    stdout.print(table)
+    if summary.get("output"):
+        note(f"final hidden states: {summary['output']}")

@@ -1,0 +1,31 @@
+"""What the launcher tells each inference worker (one JSON line on its stdin, with the run's token)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from hppctl.models.base import FrozenModel
+from hppctl.models.cluster import DeviceName
+from hppctl.models.inference import InferenceStrategy
+
+
+class InferenceWorkerConfig(FrozenModel):
+    device: DeviceName
+    rank: Annotated[int, Field(ge=0)]
+    """Index of the device in the plan's shares (its place on the ring and in the sequence)."""
+    world_size: Annotated[int, Field(gt=0)]
+    store_host: str
+    store_port: Annotated[int, Field(gt=0, le=65535)]
+    strategy: InferenceStrategy
+    row_sizes: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+    """Sequence rows of every device, in ring order."""
+    overlap: bool
+    repeats: Annotated[int, Field(gt=0)] = 1
+    warmup: Annotated[int, Field(ge=0)] = 0
+    threads: Annotated[int, Field(ge=0)] = 0
+    """torch intra-op threads; 0 leaves torch's default (OMP_NUM_THREADS on lab hosts)."""
+    budget_bytes: Annotated[int, Field(gt=0)] | None = None
+    """The device's memory budget: the worker refuses a shard whose layer weights exceed it."""
+    timeout_s: Annotated[float, Field(gt=0)] = 300.0

@@ -39,3 +39,32 @@ def hf_model(family: str, seed: int = 0):
             if p.dim() == 1:
                 p.normal_(0.5 if name.endswith("weight") else 0.0, 0.2)
     return model.eval()
+
+
+def make_inference_profile(speeds=(3.0, 2.0, 1.0), budgets_mb=(1000, 1000, 1000), *, heads: int = 12,
+                           hidden: int = 48, intermediate: int = 192, layers: int = 4, seq_lens=(64,),
+                           family: str = "gpt2", model: str = "gpt2-test", bandwidth: float = 125e6 / 8,
+                           names=None):
+    """An inference profile whose block times are exactly proportional to work / speed:
+    attention 1 ms per head, MLP 1 ms per 16 columns, connective 0.01 ms per row (at speed 1, at the
+    first sequence length; linear in the length)."""
+    from hppctl.models.inference import BlockGrid, InferenceDevice, InferenceProfile, SeqLenTimings
+
+    names = names or [f"d{i}" for i in range(len(speeds))]
+    devices = []
+    for name, speed, budget in zip(names, speeds, budgets_mb):
+        timings = []
+        for s in seq_lens:
+            scale = s / seq_lens[0] / speed
+            head_sizes, col_sizes, row_sizes = list(range(1, heads + 1)), [intermediate // 4 * k for k in (1, 2, 3, 4)], [s // 2, s]
+            timings.append(SeqLenTimings(
+                seq_len=s,
+                attention=BlockGrid(sizes=head_sizes, seconds=[1e-3 * a * scale for a in head_sizes]),
+                mlp=BlockGrid(sizes=col_sizes, seconds=[1e-3 * c / 16 * scale for c in col_sizes]),
+                connective=BlockGrid(sizes=row_sizes, seconds=[1e-5 * r / speed for r in row_sizes])))
+        devices.append(InferenceDevice(name=name, kind="synthetic", source="preset", memory_bytes=int(budget * 1e6),
+                                       timings=timings))
+    h, i = hidden, intermediate
+    return InferenceProfile(source="preset", cluster="test", model=model, family=family, num_layers=layers,
+                            hidden=h, heads=heads, intermediate=i, attention_bytes=(4 * h * h + 4 * h) * 4,
+                            mlp_bytes=(2 * h * i + i + h) * 4, devices=devices, default_bytes_per_s=bandwidth)

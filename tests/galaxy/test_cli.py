@@ -1,0 +1,83 @@
+"""CLI: `hppctl plan` on an inference profile and `hppctl run` on an inference plan, end to end on
+three local workers with a tiny `hf:` GPT-2 checkpoint; refusals with exit codes 2 and 3."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hppctl.store import save
+from tests.galaxy.factories import hf_model, make_inference_profile
+
+CLUSTER = """name: loc3
+bandwidth: 1gbit
+devices:
+  - {name: a, local: true, memory: 1GB}
+  - {name: b, local: true, memory: 1GB}
+  - {name: c, local: true, memory: 1GB}
+"""
+
+
+@pytest.fixture
+def setup(tmp_path):
+    model = hf_model("gpt2", seed=3)
+    model.save_pretrained(tmp_path / "ckpt")
+    profile = make_inference_profile(speeds=(3, 2, 1), heads=4, hidden=32, intermediate=128, layers=2,
+                                     model=f"hf:{tmp_path / 'ckpt'}", names=["a", "b", "c"])
+    save(tmp_path / "prof.json", profile)
+    (tmp_path / "c.yaml").write_text(CLUSTER)
+    return tmp_path, model
+
+
+@pytest.mark.gloo
+def test_run_galaxy_plan_equals_the_checkpoint_forward(setup, cli):
+    tmp, model = setup
+    code, out, err = cli("plan", "--profile", tmp / "prof.json", "--strategy", "galaxy", "--seq-len", 64,
+                         "--out", tmp / "g.yaml", "--json")
+    assert code == 0, err
+    assert [s["heads"] for s in json.loads(out)["shares"]] == [2, 1, 1]
+    ids = torch.randint(0, 100, (13,), generator=torch.Generator().manual_seed(5))
+    (tmp / "ids.json").write_text(json.dumps(ids.tolist()))
+    code, out, err = cli("run", "--plan", tmp / "g.yaml", "--cluster", tmp / "c.yaml", "--input-ids", tmp / "ids.json",
+                         "--repeat", 2, "--output", tmp / "h.pt", "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["strategy"] == "galaxy" and summary["overlap"] is True and summary["repeats"] == 2
+    assert summary["seq_len"] == 13 and set(summary["devices"]) == {"a", "b", "c"}
+    with torch.no_grad():
+        expected = model(input_ids=ids[None]).last_hidden_state[0]
+    torch.testing.assert_close(torch.load(tmp / "h.pt"), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_plan_compare_lists_every_strategy(setup, cli):
+    tmp, _ = setup
+    code, out, err = cli("plan", "--profile", tmp / "prof.json", "--compare", "--json")
+    assert code == 0, err
+    assert {row["strategy"] for row in json.loads(out)} == {"galaxy", "megatron", "sp", "local"}
+
+
+def test_plan_that_cannot_fit_exits_3(tmp_path, cli):
+    save(tmp_path / "p.json", make_inference_profile(budgets_mb=(0.1, 0.1, 0.1)))
+    code, _, err = cli("plan", "--profile", tmp_path / "p.json", "--strategy", "galaxy")
+    assert code == 3 and "no inference plan fits" in err
+
+
+def test_run_refuses_a_baseline_plan_over_budget_before_starting(setup, cli, tmp_path):
+    tmp, _ = setup
+    tight = make_inference_profile(speeds=(3, 2, 1), budgets_mb=(1, 1, 0.02), heads=4, hidden=32, intermediate=128,
+                                   layers=2, model=f"hf:{tmp / 'ckpt'}", names=["a", "b", "c"])
+    save(tmp / "tight.json", tight)
+    assert cli("plan", "--profile", tmp / "tight.json", "--strategy", "megatron", "--out", tmp / "m.yaml")[0] == 0
+    code, _, err = cli("run", "--plan", tmp / "m.yaml", "--cluster", tmp / "c.yaml")
+    assert code == 3 and "OOM" in err and "c needs" in err
+
+
+@pytest.mark.parametrize("content, message", [("[1, 2.5]", "integer token ids"), ("{", "not JSON")])
+def test_run_rejects_bad_input_ids(setup, cli, content, message):
+    tmp, _ = setup
+    assert cli("plan", "--profile", tmp / "prof.json", "--out", tmp / "g.yaml")[0] == 0
+    (tmp / "bad.json").write_text(content)
+    code, _, err = cli("run", "--plan", tmp / "g.yaml", "--cluster", tmp / "c.yaml", "--input-ids", tmp / "bad.json")
+    assert code == 2 and message in err

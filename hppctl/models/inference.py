@@ -103,6 +103,10 @@ class InferenceProfile(FrozenModel):
     """M_att: bytes of one layer's attention weights and biases."""
     mlp_bytes: NonNegInt
     """M_mlp: bytes of one layer's MLP weights and biases."""
+    embedding_bytes: NonNegInt = 0
+    """Token and position embeddings, which every device holds (each embeds the ids itself). Eq. 5
+    leaves them out; counting them is what makes GPT2-L (1.55 GB in fp16) miss a 1.5 GB device, as in
+    the paper's Table I. 0 reproduces Eq. 5 exactly."""
     devices: Annotated[list[InferenceDevice], Field(min_length=1)]
     default_bytes_per_s: Annotated[float, Field(gt=0)]
     links: list[InferenceLink] = []

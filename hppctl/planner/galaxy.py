@@ -120,9 +120,10 @@ class InferenceCosts:
         return 1.0 / whole if whole > 0 else math.inf
 
     def memory(self, heads: int, columns: int) -> int:
-        """Eq. 5's left side: l * (M_att * a / n_h + M_mlp * b / 4h)."""
+        """Eq. 5's left side, l * (M_att * a / n_h + M_mlp * b / 4h), plus the replicated embeddings."""
         p = self.profile
-        return math.ceil(p.num_layers * (p.attention_bytes * heads / p.heads + p.mlp_bytes * columns / p.intermediate))
+        layers = p.num_layers * (p.attention_bytes * heads / p.heads + p.mlp_bytes * columns / p.intermediate)
+        return math.ceil(layers) + p.embedding_bytes
 
     def fits(self, d: int, heads: int, columns: int) -> bool:
         return self.memory(heads, columns) < self.budget[d]  # the paper's strict inequality

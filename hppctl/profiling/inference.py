@@ -30,6 +30,8 @@ class Shapes:
     hidden: int
     heads: int
     intermediate: int
+    embedding_params: int = 0
+    """Token, position (and BERT token-type) embeddings."""
 
 
 def model_shapes(model: str) -> Shapes:
@@ -49,7 +51,11 @@ def model_shapes(model: str) -> Shapes:
         or getattr(config, "hidden_dim", None) or getattr(config, "n_inner", None) or 4 * config.hidden_size
     if spec.family == "distilbert":
         inner = config.hidden_dim
-    return Shapes(spec.family, config.num_hidden_layers, config.hidden_size, config.num_attention_heads, int(inner))
+    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 0)
+    positions += 2 if spec.family == "opt" else 0  # OPT's learned positions are offset by 2
+    rows = config.vocab_size + positions + (getattr(config, "type_vocab_size", 0) if spec.family == "bert" else 0)
+    return Shapes(spec.family, config.num_hidden_layers, config.hidden_size, config.num_attention_heads, int(inner),
+                  rows * config.hidden_size)
 
 
 def block_bytes(shapes: Shapes, dtype_bytes: int) -> tuple[int, int]:
@@ -141,5 +147,6 @@ def inference_profile(cluster: ClusterSpec, model: str, seq_lens: Sequence[int],
     return InferenceProfile(
         source="measured" if measured else "preset", cluster=cluster.name, model=model, family=shapes.family,
         num_layers=layers or shapes.layers, hidden=shapes.hidden, heads=shapes.heads, intermediate=shapes.intermediate,
-        dtype_bytes=dtype_bytes, attention_bytes=att, mlp_bytes=mlp, devices=devices,
+        dtype_bytes=dtype_bytes, attention_bytes=att, mlp_bytes=mlp,
+        embedding_bytes=shapes.embedding_params * dtype_bytes, devices=devices,
         default_bytes_per_s=cluster.bandwidth, links=links)

@@ -16,6 +16,15 @@ the stage of the device that executes it.
 | `2RG0<tx1[0:16]`    | RG     | receive gradients of samples [0, 16) from tx1 of stage p+1              |
 | `AR0`               | AR     | AllReduce of stage 0's accumulated weight gradients over its group      |
 | `STEP0`             | STEP   | optimizer step of stage 0's weights                                     |
+| `2SX0>tx1[0:16]`    | SX     | Bi-Partition: send the input of a split block to its backward owner      |
+| `2RX1<nx0[0:16]`    | RX     | Bi-Partition: receive it (the backward recomputes the block from it)     |
+| `SW1>nx0`           | SW     | Bi-Partition: send split layers' updated weights to their forward owner  |
+| `RW0<tx1`           | RW     | Bi-Partition: receive them (before the next round's first forward)      |
+| `2F0[0:48]@3`       | F, B   | the same, run with weight version 3 (asynchronous schedules, see below) |
+
+Asynchronous schedules (`nf1b`, `pipedream`; `hppctl.schedule.nf1b`) set `micro_batches_per_update`:
+one window (an epoch) of mini-batches without a flush, a STEP after every mini-batch's backwards,
+and a weight version tag on every F and B (version u = the weights after u STEPs of the stage).
 """
 
 from __future__ import annotations
@@ -27,20 +36,24 @@ from pydantic import BeforeValidator, Field, PlainSerializer, model_validator
 
 from hppctl.models.base import FrozenModel
 from hppctl.models.cluster import DeviceName
+from hppctl.models.profile import _OmitsUnset
 
 NonNegInt = Annotated[int, Field(ge=0)]
 PosInt = Annotated[int, Field(gt=0)]
 
-ActionKind = Literal["F", "B", "SA", "RA", "SG", "RG", "AR", "STEP"]
+ActionKind = Literal["F", "B", "SA", "RA", "SG", "RG", "AR", "STEP", "SX", "RX", "SW", "RW"]
 COMPUTE_KINDS = ("F", "B")
-SEND_KINDS = ("SA", "SG")
-RECV_KINDS = ("RA", "RG")
+SEND_KINDS = ("SA", "SG", "SX")
+RECV_KINDS = ("RA", "RG", "RX")
 TRANSFER_KINDS = SEND_KINDS + RECV_KINDS
+WEIGHT_KINDS = ("SW", "RW")
+"""Bi-Partition: once per round, after STEP; a peer and no micro-batch."""
 
-_COMPUTE = re.compile(r"^(\d+)(F|B)(\d+)\[(\d+):(\d+)\]$")
-_TRANSFER = re.compile(r"^(\d+)(SA|RA|SG|RG)(\d+)([<>])([A-Za-z0-9][A-Za-z0-9_.-]*)\[(\d+):(\d+)\]$")
+_COMPUTE = re.compile(r"^(\d+)(F|B)(\d+)\[(\d+):(\d+)\](?:@(\d+))?$")
+_TRANSFER = re.compile(r"^(\d+)(SA|RA|SG|RG|SX|RX)(\d+)([<>])([A-Za-z0-9][A-Za-z0-9_.-]*)\[(\d+):(\d+)\]$")
 _GROUP = re.compile(r"^(AR|STEP)(\d+)$")
-_EXAMPLES = "e.g. 2F0[0:48], 2B0[0:48], 2SA0>tx1[0:16], 2RA1<nx0[0:16], AR0, STEP0"
+_WEIGHTS = re.compile(r"^(SW|RW)(\d+)([<>])([A-Za-z0-9][A-Za-z0-9_.-]*)$")
+_EXAMPLES = "e.g. 2F0[0:48], 2B0[0:48]@1, 2SA0>tx1[0:16], 2RA1<nx0[0:16], AR0, STEP0"
 
 
 class Action(FrozenModel):
@@ -54,6 +67,8 @@ class Action(FrozenModel):
     end: NonNegInt | None = None
     peer: DeviceName | None = None
     """The other end of a transfer: destination of SA/SG, source of RA/RG."""
+    version: NonNegInt | None = None
+    """F and B of asynchronous schedules: the weight version (STEPs of the stage) the pass runs with."""
 
     @model_validator(mode="after")
     def _fields_for_kind(self) -> "Action":
@@ -65,16 +80,22 @@ class Action(FrozenModel):
                 raise ValueError(f"{self.kind}: sample range [{self.start}:{self.end}) is empty")
         elif (self.micro_batch, self.start, self.end) != (None, None, None):
             raise ValueError(f"{self.kind} takes no micro_batch or sample range")
-        if (self.kind in TRANSFER_KINDS) != (self.peer is not None):
-            raise ValueError(f"{self.kind}: a peer device is {'required' if self.kind in TRANSFER_KINDS else 'not allowed'}")
+        if self.version is not None and self.kind not in COMPUTE_KINDS:
+            raise ValueError(f"{self.kind} takes no weight version")
+        peered = self.kind in TRANSFER_KINDS or self.kind in WEIGHT_KINDS
+        if peered != (self.peer is not None):
+            raise ValueError(f"{self.kind}: a peer device is {'required' if peered else 'not allowed'}")
         return self
 
     def __str__(self) -> str:
         if self.kind in COMPUTE_KINDS:
-            return f"{self.micro_batch}{self.kind}{self.stage}[{self.start}:{self.end}]"
+            tagged = "" if self.version is None else f"@{self.version}"
+            return f"{self.micro_batch}{self.kind}{self.stage}[{self.start}:{self.end}]{tagged}"
         if self.kind in TRANSFER_KINDS:
             arrow = ">" if self.kind in SEND_KINDS else "<"
             return f"{self.micro_batch}{self.kind}{self.stage}{arrow}{self.peer}[{self.start}:{self.end}]"
+        if self.kind in WEIGHT_KINDS:
+            return f"{self.kind}{self.stage}{'>' if self.kind == 'SW' else '<'}{self.peer}"
         return f"{self.kind}{self.stage}"
 
     @classmethod
@@ -82,8 +103,9 @@ class Action(FrozenModel):
         """Parse the text form; raises ValueError naming the text and the expected shapes."""
         text = text.strip()
         if m := _COMPUTE.match(text):
-            mb, kind, stage, start, end = m.groups()
-            return cls(kind=kind, stage=int(stage), micro_batch=int(mb), start=int(start), end=int(end))
+            mb, kind, stage, start, end, version = m.groups()
+            return cls(kind=kind, stage=int(stage), micro_batch=int(mb), start=int(start), end=int(end),
+                       version=None if version is None else int(version))
         if m := _TRANSFER.match(text):
             mb, kind, stage, arrow, peer, start, end = m.groups()
             if arrow != (">" if kind in SEND_KINDS else "<"):
@@ -91,6 +113,11 @@ class Action(FrozenModel):
             return cls(kind=kind, stage=int(stage), micro_batch=int(mb), start=int(start), end=int(end), peer=peer)
         if m := _GROUP.match(text):
             return cls(kind=m.group(1), stage=int(m.group(2)))
+        if m := _WEIGHTS.match(text):
+            kind, stage, arrow, peer = m.groups()
+            if arrow != (">" if kind == "SW" else "<"):
+                raise ValueError(f"action {text!r}: {kind} takes {'>' if kind == 'SW' else '<'} before the peer")
+            return cls(kind=kind, stage=int(stage), peer=peer)
         raise ValueError(f"not an action: {text!r} ({_EXAMPLES})")
 
     @property
@@ -106,16 +133,20 @@ ActionText = Annotated[Action, BeforeValidator(_parse_text), PlainSerializer(str
 """An Action that files store as its text form."""
 
 
-class ScheduleStage(FrozenModel):
+class ScheduleStage(_OmitsUnset):
     """A stage as the schedule sees it: its layers, its device group and each device's samples."""
 
+    _omit_when_default = ("backward_layers",)
+
     layers: Annotated[list[NonNegInt], Field(min_length=2, max_length=2)]
-    """Half-open layer range [start, end)."""
+    """Half-open layer range [start, end) (of the forwards when `backward_layers` is set)."""
     devices: Annotated[list[DeviceName], Field(min_length=1)]
     samples: Annotated[list[NonNegInt], Field(min_length=1)]
     """Samples of every micro-batch per device; devices own consecutive index ranges in listed order."""
     warmup: PosInt
     """K_p: forwards before strict one-forward-one-backward (M for GPipe)."""
+    backward_layers: Annotated[list[NonNegInt], Field(min_length=2, max_length=2)] | None = None
+    """Bi-Partition: the layers this stage backwards, when they differ from `layers`."""
 
     @model_validator(mode="after")
     def _aligned(self) -> "ScheduleStage":
@@ -137,6 +168,11 @@ class Schedule(FrozenModel):
     micro_batch: PosInt
     num_micro_batches: PosInt
     stages: Annotated[list[ScheduleStage], Field(min_length=1)]
+    micro_batches_per_update: PosInt | None = None
+    """Asynchronous schedules only: N micro-batches make one mini-batch, one STEP each (None: one
+    synchronous round, a single STEP at the end)."""
+    in_flight_cap: PosInt | None = None
+    """Asynchronous schedules only: most mini-batches the head stage has started and not yet stepped."""
     actions: dict[DeviceName, list[ActionText]]
     """Per device, in the order the device executes them."""
 

@@ -18,6 +18,12 @@ rule broken. Rules, in the order they are checked:
    each device's last action, exactly once;
 7. no deadlock when every send, receive and AllReduce blocks until all its parties arrive: the
    schedule is executed by matching rendezvous; if it gets stuck, the wait-for cycle is reported.
+8. Bi-Partition schedules (stages with `backward_layers`; docs/bipartition.md): rules B1-B4 of
+   `bipartition.check_bipartition`; SW/RW follow STEP, so rules 1-6 look at the lists without them.
+
+Asynchronous schedules (`micro_batches_per_update` set: `nf1b`, `pipedream`) step after every
+mini-batch: rule 6's single STEP is replaced by rules A1–A5 of `async_check` (STEP per mini-batch,
+weight version tags, in-flight cap).
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from collections import Counter, defaultdict
 
 from hppctl.errors import BadInput
 from hppctl.models.schedule import Action, Schedule
+from hppctl.schedule.async_check import check_async
+from hppctl.schedule.bipartition import check_bipartition, without_weight_transfers
 from hppctl.schedule.routing import owned_ranges
 
 
@@ -55,11 +63,15 @@ def check_schedule(schedule: Schedule) -> None:
     problems.raise_if_any()
     _check_coverage(schedule, problems)
     for device, actions in schedule.actions.items():
-        _check_device_flow(schedule, device, actions, stage_of[device], problems)
+        _check_device_flow(schedule, device, without_weight_transfers(actions), stage_of[device], problems)
     problems.raise_if_any()
     _check_matching(schedule, problems)
     problems.raise_if_any()
+    check_bipartition(schedule, problems.add)
+    problems.raise_if_any()
     _check_deadlock(schedule, problems)
+    problems.raise_if_any()
+    check_async(schedule, problems.add)
     problems.raise_if_any()
 
 
@@ -165,7 +177,7 @@ def _check_device_flow(schedule: Schedule, device: str, actions: list[Action], p
         problems.add(device, allreduce_at[0], actions[allreduce_at[0]], "AllReduce on a single-device stage")
     if allreduce_at and allreduce_at[0] < last_backward:
         problems.add(device, allreduce_at[0], actions[allreduce_at[0]], "AllReduce before the last backward")
-    if len(step_at) != 1 or step_at[0] != len(actions) - 1:
+    if schedule.micro_batches_per_update is None and (len(step_at) != 1 or step_at[0] != len(actions) - 1):
         problems.add(device, None, None, f"STEP must be the last action, exactly once (found {len(step_at)})")
 
 
@@ -229,7 +241,7 @@ def _check_deadlock(schedule: Schedule, problems: _Problems) -> None:
                  f"deadlock under blocking send/receive: {'cycle ' if cycle else ''}{chain}")
 
 
-_PARTNER = {"SA": "RA", "SG": "RG", "RA": "SA", "RG": "SG"}
+_PARTNER = {"SA": "RA", "SG": "RG", "RA": "SA", "RG": "SG", "SX": "RX", "RX": "SX", "SW": "RW", "RW": "SW"}
 
 
 def _advance(d: str, programs, pc, groups, stage_of, woken: list[str]) -> None:

@@ -28,6 +28,7 @@ from typing import Literal, Protocol
 
 from hppctl.errors import HppctlError
 from hppctl.models.schedule import Schedule
+from hppctl.schedule.async_check import versions_held
 from hppctl.schedule.routing import owned_ranges
 
 Mode = Literal["async", "blocking"]
@@ -77,6 +78,10 @@ class DeviceStats:
     budget_bytes: int | None = None
     memory_samples: list[tuple[float, int]] = field(default_factory=list)
     """(time, samples in flight) after every change; kept only when tracing."""
+    weight_versions: int = 1
+    """Most weight versions held at once (asynchronous schedules: stashed for tagged F/B)."""
+    stash_bytes: int | None = 0
+    """Bytes of the weight versions beyond the latest (None: parameter bytes unknown)."""
 
     @property
     def peak_activation_bytes(self) -> int | None:
@@ -86,7 +91,9 @@ class DeviceStats:
     @property
     def peak_memory_bytes(self) -> int | None:
         act = self.peak_activation_bytes
-        return None if act is None or self.fixed_bytes is None else self.fixed_bytes + act
+        if act is None or self.fixed_bytes is None or self.stash_bytes is None:
+            return None
+        return self.fixed_bytes + act + self.stash_bytes
 
 
 @dataclass
@@ -149,14 +156,19 @@ class _Replay:
                 self.stats[d] = DeviceStats(d, p, hi - lo, activation_bytes_per_sample=timings.activation_bytes_per_sample(p),
                                             fixed_bytes=timings.fixed_bytes(p), budget_bytes=timings.budget_bytes(d))
         self._durations: dict[tuple, float] = {}
+        if schedule.micro_batches_per_update is not None:
+            for d, held in versions_held(schedule).items():
+                param_bytes = timings.allreduce_bytes(self.stage_of[d])
+                self.stats[d].weight_versions = held
+                self.stats[d].stash_bytes = (held - 1) * param_bytes if param_bytes else (0 if held == 1 else None)
 
     def _needs(self, device: str) -> dict[int, list[tuple]]:
         """For each compute action (by index), the transfer keys whose data it consumes."""
         pending: dict[tuple[str, int], list[tuple]] = defaultdict(list)
         out: dict[int, list[tuple]] = {}
         for i, a in enumerate(self.programs[device]):
-            if a.kind in ("RA", "RG"):
-                pending[(a.kind, a.micro_batch)].append(_key(a, device))
+            if a.kind in ("RA", "RG", "RX"):  # RX: a Bi-Partition split block's input, for the backward
+                pending[("RG" if a.kind == "RX" else a.kind, a.micro_batch)].append(_key(a, device))
             elif a.kind in ("F", "B"):
                 keys = pending[("RA" if a.kind == "F" else "RG", a.micro_batch)]
                 mine = [k for k in keys if a.start <= k[4] and k[5] <= a.end]
@@ -191,12 +203,12 @@ class _Replay:
             if kind == "F" or kind == "B":
                 if not self._compute(d, pc[d], a, woken):
                     return
-            elif kind == "SA" or kind == "SG":
+            elif kind in ("SA", "SG", "SX", "SW"):
                 if self.mode == "async":
                     self._send_async(d, a, woken)
                 elif not self._rendezvous(d, a, woken, sender=True):
                     return
-            elif kind == "RA" or kind == "RG":
+            elif kind in ("RA", "RG", "RX", "RW"):
                 if self.mode == "blocking" and not self._rendezvous(d, a, woken, sender=False):
                     return
             elif kind == "AR":
@@ -248,22 +260,24 @@ class _Replay:
     def _transfer(self, src: str, dst: str, a, ready: float) -> float:
         """Put one message on src's uplink no earlier than `ready`; return its arrival time."""
         cut = min(self.stage_of[src], self.stage_of[dst])  # the cut after the upstream stage
-        y = a.end - a.start
-        dur = self.tm.transfer_s(src, dst, cut, y)
+        y = a.samples
+        sized = getattr(self.tm, "action_transfer", None)  # profile timings size each kind at its own cut
+        nbytes, dur = sized(src, dst, cut, a) if sized else (self.tm.message_bytes(cut, y),
+                                                             self.tm.transfer_s(src, dst, cut, y))
         begin = max(ready, self.uplink[src])
         end = begin + dur
         self.uplink[src] = end
         link = self.links.get((src, dst))
         if link is None:
             link = self.links[(src, dst)] = LinkStats(src, dst)
-        link.bytes += self.tm.message_bytes(cut, y)
+        link.bytes += nbytes
         link.busy_s += dur
         link.messages += 1
         if self.trace:
             grad = a.kind in ("SG", "RG")
             self._span(f"{src}->{dst}", f"{a.micro_batch}{'G' if grad else 'A'}[{a.start}:{a.end}]",
                        "gradients" if grad else "activations", begin, dur,
-                       {"micro_batch": a.micro_batch, "bytes": self.tm.message_bytes(cut, y)})
+                       {"micro_batch": a.micro_batch, "bytes": nbytes})
         return end
 
     def _deliver(self, key: tuple, t: float, woken: list[str]) -> None:
@@ -317,6 +331,9 @@ class _Replay:
 
 def _key(a, device: str) -> tuple:
     """The identity of a transfer, the same on both ends: (channel, src, dst, m, start, end)."""
+    if a.kind in ("SX", "RX", "SW", "RW"):
+        src, dst = (device, a.peer) if a.kind[0] == "S" else (a.peer, device)
+        return (a.kind[1], src, dst, a.micro_batch, a.start, a.end)
     if a.kind == "SA":
         return ("A", device, a.peer, a.micro_batch, a.start, a.end)
     if a.kind == "RA":

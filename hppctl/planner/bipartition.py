@@ -52,10 +52,17 @@ class BiOptions:
     """Count split layers' inputs/saved tensors and weight send-back on links (the paper does not)."""
     equal_cuts: bool = False
     """Force f_w = b_w: the layer-wise special case."""
+    interleave: bool = True
+    """Split layers only between neighbouring workers (what the runtime executes; always on with
+    `split_traffic`, which the DP prices exactly only there). Off: the paper's whole Eq. 1 space."""
 
     @classmethod
     def paper(cls) -> "BiOptions":
-        return cls(recompute=False, split_traffic=False)
+        return cls(recompute=False, split_traffic=False, interleave=False)
+
+    @property
+    def interleaved_only(self) -> bool:
+        return self.interleave or self.split_traffic
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,9 @@ with infeasible memory pruned (Alg. 1 lines 8–9, with the comparison the right
 between neighbouring workers, so its traffic loads exactly the link the transition already prices
 and the DP is exact over that space (tests compare with `exhaustive`). Splits across non-neighbours
 are left out (their traffic would need the whole cut history in the state); `exhaustive(...,
-interleaved_only=False)` measures what that costs on small instances.
+interleaved_only=False)` measures what that costs on small instances. Without split traffic every
+term is local, and `BiOptions(interleave=False)` (the paper's model, `BiOptions.paper()`) searches
+the whole Eq. 1 space exactly; the runtime executes interleaved plans only.
 
 `search="bsa"` is the paper's Alg. 2: for each (j1', j2', j1) the backward cut j2 is found by
 binary search on the crossing of D (non-decreasing in j2) and T (non-increasing), then the better
@@ -47,9 +49,10 @@ def solve(c: BiCosts, search: str = "exact") -> BiResult | None:
         for j1, j2 in targets:
             if c.options.equal_cuts and j1 != j2:
                 continue
-            # Interleaved cuts (see the module docstring) only when split traffic is priced; without
-            # it every term is local to one worker or one neighbour link, so the full Eq. 1 space is exact.
-            k = (min(j1, j2),) * 2 if c.options.split_traffic else (j1, j2)
+            # Interleaved cuts (see the module docstring) unless the options ask for the paper's whole
+            # space, which is exact only without split traffic (every term is then local to one
+            # worker or one neighbour link).
+            k = (min(j1, j2),) * 2 if c.options.interleaved_only else (j1, j2)
             # With equal cuts there is no backward cut to search for: BSA degenerates to the exact DP.
             step = _bsa if search == "bsa" and not c.options.equal_cuts else _exact
             value, arg = step(c, w, D, link, j1, j2, k)
@@ -125,7 +128,7 @@ def exhaustive(c: BiCosts, *, interleaved_only: bool = True) -> BiResult | None:
                 continue
             if not valid_cuts(forward, backward, L):
                 continue
-            if interleaved_only and c.options.split_traffic and not interleaved(forward, backward):
+            if interleaved_only and c.options.interleaved_only and not interleaved(forward, backward):
                 continue
             result = evaluate(c, forward, backward)
             if result.feasible and (best is None or result.bottleneck_s < best.bottleneck_s):

@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 from hppctl.models.plan import HppPlan
 from hppctl.models.schedule import Action, Schedule, ScheduleStage
 from hppctl.planner.cost import WARMUP_POLICIES
+from hppctl.schedule.bipartition import add_split_actions, is_bipartition
 from hppctl.schedule.routing import Route, owned_ranges, routes
 
 POLICIES: dict[str, Callable[[int, int, int], int]] = dict(WARMUP_POLICIES)
@@ -114,8 +115,9 @@ def schedule_for_plan(plan: HppPlan, policy: str | None = None, warmup: Sequence
         ks = warmups(name, P, M)
     stages = [ScheduleStage(layers=list(s.layers), devices=list(s.devices), samples=list(s.samples), warmup=k)
               for s, k in zip(plan.stages, ks)]
-    return generate(stages, micro_batch=plan.micro_batch, num_micro_batches=M, policy=name,
-                    durations=Durations.of_plan(plan), model=plan.model, profile_digest=plan.profile_digest)
+    schedule = generate(stages, micro_batch=plan.micro_batch, num_micro_batches=M, policy=name,
+                        durations=Durations.of_plan(plan), model=plan.model, profile_digest=plan.profile_digest)
+    return add_split_actions(schedule, plan) if is_bipartition(plan.stages) else schedule
 
 
 def generate(stages: Sequence[ScheduleStage], *, micro_batch: int, num_micro_batches: int, policy: str,

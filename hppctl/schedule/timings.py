@@ -11,6 +11,7 @@ from hppctl.models.plan import HppPlan
 from hppctl.models.profile import Profile
 from hppctl.models.schedule import Schedule
 from hppctl.planner.cost import CostModel
+from hppctl.schedule.bipartition import message_bytes, recompute_s
 
 
 class ProfileTimings:
@@ -26,13 +27,23 @@ class ProfileTimings:
             raise ValueError(f"the schedule runs layers up to {schedule.stages[-1].layers[1]}, "
                              f"the profile has {self.cm.num_layers}")
         self.layers = [tuple(s.layers) for s in schedule.stages]
+        self.backward = [tuple(s.backward_layers or s.layers) for s in schedule.stages]
+        """Bi-Partition stages backward other layers than they forward (docs/bipartition.md)."""
         self.groups = [tuple(self.index[d] for d in s.devices) for s in schedule.stages]
         self._step_s = step_s
 
     def compute_s(self, device: str, stage: int, kind: str, samples: int) -> float:
-        start, end = self.layers[stage]
+        start, end = self.layers[stage] if kind == "F" else self.backward[stage]
         fn = self.cm.forward_time if kind == "F" else self.cm.backward_time
-        return fn(self.index[device], start, end, samples)
+        seconds = fn(self.index[device], start, end, samples)
+        if kind == "B" and self.backward[stage] != self.layers[stage]:  # split layers are recomputed
+            seconds += recompute_s(self.cm, self.index[device], self.layers[stage], self.backward[stage], samples)
+        return seconds
+
+    def action_transfer(self, src: str, dst: str, cut: int, action) -> tuple[int, float]:
+        """(bytes, seconds) of one message; each kind crosses its own cut in a Bi-Partition round."""
+        nbytes = message_bytes(self.cm, action, self.layers[cut], self.backward[cut])
+        return nbytes, nbytes / self.cm.bw[self.index[src]][self.index[dst]]
 
     def message_bytes(self, cut: int, samples: int) -> int:
         """Bytes of `samples` activations (or their gradients) crossing the cut after stage `cut`."""

@@ -37,20 +37,26 @@ def device_orders(cm: CostModel) -> list[list[int]]:
 
 
 def best_cuts(cm: CostModel, options: BiOptions, search: str = "exact") -> tuple[list[int], BiResult] | None:
-    """The best (device order prefix, cuts) under `options`, ranked by the runtime model's round estimate."""
+    """The best (device order prefix, cuts) under `options` (ranked by its round estimate), re-evaluated
+    on the runtime's model (which must fit memory too)."""
     best: tuple[float, list[int], BiResult] | None = None
     for order in device_orders(cm):
         for W in range(1, min(len(order), 2 * cm.num_layers) + 1):
             workers = order[:W]
-            result = solve(costs_from_model(cm, workers, options, SCHEDULE), search)
-            if result is None:
-                continue
-            runtime = evaluate(costs_from_model(cm, workers, BiOptions(), SCHEDULE), result.forward, result.backward)
-            if not runtime.feasible:
-                continue
-            latency, _ = round_estimate(costs_from_model(cm, workers, BiOptions(), SCHEDULE), runtime)
-            if best is None or latency < best[0] * (1 - 1e-12):
-                best = (latency, workers, runtime)
+            costs = costs_from_model(cm, workers, options, SCHEDULE)
+            # The DP breaks bottleneck ties arbitrarily; the layer-wise special case is a candidate
+            # too, so the plan is never worse than equal cuts under the round estimate.
+            layer_wise = costs.with_options(BiOptions(options.recompute, options.split_traffic, equal_cuts=True))
+            for result in (solve(costs, search), solve(layer_wise)):
+                if result is None:
+                    continue
+                runtime = evaluate(costs_from_model(cm, workers, BiOptions(), SCHEDULE), result.forward,
+                                   result.backward)
+                if not runtime.feasible:
+                    continue
+                latency, _ = round_estimate(costs, result)  # ranked on the strategy's own model
+                if best is None or latency < best[0] * (1 - 1e-12):
+                    best = (latency, workers, runtime)
     return None if best is None else (best[1], best[2])
 
 
@@ -118,4 +124,4 @@ def plan_bipartition_bsa(cm: CostModel) -> Candidate | None:
 
 @strategy("bipartition-paper", "Bi-Partition on the paper's cost model (no recomputation, split traffic free)")
 def plan_bipartition_paper(cm: CostModel) -> Candidate | None:
-    return _candidate(cm, BiOptions.paper(), "exact")
+    return _candidate(cm, BiOptions(recompute=False, split_traffic=False), "exact")  # executable: interleaved

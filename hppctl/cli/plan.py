@@ -88,7 +88,8 @@ def _show(plan: HppPlan, profile: Profile, explain_: bool, as_json: bool, explai
     if as_json:
         data = plan.model_dump(mode="json")
         if explain_:
-            data = {"plan": data, "steps": [_row_json(r) for r in explain(plan, profile)]}
+            data = {"plan": data, "steps": [_row_json(r) for r in explain(plan, profile)],
+                    "timeprest": _timeprest(plan)}
         emit_json(data)
         return
     _render_plan(plan)
@@ -124,6 +125,19 @@ def _render_plan(plan: HppPlan) -> None:
     for v in plan.memory_violations:
         stdout.print(f"memory violation: {v.device} (stage {v.stage}) needs {format_bytes(v.needed_bytes)}, "
                      f"has {format_bytes(v.budget_bytes)}")
+    report = _timeprest(plan)
+    if report:
+        paper = f", paper's formula {report['paper_formula']}" if report["paper_formula"] is not None else ""
+        stdout.print(f"under nf1b (TiMePReSt, W = {report['W']}, N = {report['N']}{paper}): {report['advice']}")
+
+
+def _timeprest(plan: HppPlan) -> dict | None:
+    """Version difference of the plan run asynchronously with nf1b (docs/timeprest.md); one device per stage only."""
+    from hppctl.schedule.async_version import plan_version_report
+
+    if any(len(s.devices) != 1 for s in plan.stages):
+        return None
+    return plan_version_report(len(plan.stages), plan.num_micro_batches)
 
 
 def _render_explain(rows) -> None:

@@ -125,3 +125,21 @@ def simulated_version_difference(W: int, N: int, *, K: int | None = None,
     per = tuple(k + 1 - sum(1 for j in range(k) if head_end[j] <= tail_start[k]) for k in range(K))
     return VersionDifference(W, N, max(per), per, paper_version_difference(W, N), steady_version_difference(W, N),
                              result.round_latency_s / N)
+
+
+def plan_version_report(num_stages: int, micro_batches: int) -> dict | None:
+    """What `hppctl plan` reports for running a plan under nf1b (mini-batch = the global batch, N =
+    its micro-batches): v simulated and by the paper's formula, and the N that gives v = 1.
+    None for a single stage (no pipeline, no staleness)."""
+    W, N = num_stages, micro_batches
+    if W < 2:
+        return None
+    if N < 2:
+        return {"W": W, "N": N, "simulated": None, "paper_formula": None, "steady_state_formula": None,
+                "recommended_min_micro_batches": recommended_micro_batches(W),
+                "advice": f"nf1b needs N >= 2 micro-batches per mini-batch; N >= {recommended_micro_batches(W)} gives v = 1"}
+    result = simulated_version_difference(W, N)
+    advice = (f"v = 1: a single update sequence (N >= W - 1 = {W - 1})" if result.simulated == 1 else
+              f"v = {result.simulated}: {result.simulated} interleaved update sequences; "
+              f"use N >= {recommended_micro_batches(W)} micro-batches per mini-batch for v = 1")
+    return {**result.as_json(), "recommended_min_micro_batches": recommended_micro_batches(W), "advice": advice}

@@ -131,9 +131,14 @@ class Executor:
             "SG": self._send_gradients, "RG": self._receive_gradients,
             "AR": self._allreduce, "STEP": self._step,
         }
+        self.handlers.update(self.more_handlers())
         unknown = sorted({a.kind for a in self.actions} - set(self.handlers))
         if unknown:
             raise ExecutionError(f"{device}: the schedule has actions of unknown kind {unknown}")
+
+    def more_handlers(self) -> dict[str, Callable[[Action], None]]:
+        """Handlers of further action kinds (runtime/bipartition.py's BiExecutor: SX, RX, SW, RW)."""
+        return {}
 
     # --- the loop -------------------------------------------------------------------------------
     def run_round(self, round_index: int) -> RoundStats:

@@ -56,7 +56,8 @@ def _check_cuts(plan: HppPlan, plan_source: str) -> None:
     traced = trace(plan.model, "train")
     for p, stage in enumerate(plan.stages):
         try:
-            inputs, outputs = stage_signature(traced, plan.granularity, stage.start, stage.end)
+            held = min(stage.start, stage.backward[0]), max(stage.end, stage.backward[1])  # Bi-Partition
+            inputs, outputs = stage_signature(traced, plan.granularity, *held)
         except BadInput as e:
             raise PlanMismatch(f"{plan_source}: stages.{p}: {e}") from None
         for node in (*inputs, *outputs):

@@ -144,8 +144,9 @@ class Session:
 
         plan = self.request.plan
         blobs = []
-        for tensors in initial_stage_tensors(plan.model, plan.granularity, [(s.start, s.end) for s in plan.stages],
-                                             seed=seed):
+        # Bi-Partition: a worker holds the layers it forwards and those it backwards.
+        held = [(min(s.start, s.backward[0]), max(s.end, s.backward[1])) for s in plan.stages]
+        for tensors in initial_stage_tensors(plan.model, plan.granularity, held, seed=seed):
             buf = io.BytesIO()
             torch.save(tensors, buf)
             blobs.append(buf.getvalue())

@@ -69,7 +69,9 @@ class Worker:
         self.rank = self.topo.rank(self.device)
         self.stage_index = self.topo.stage_of[self.device]
         self.feed = None
-        if self.topo.is_head(self.device) or self.topo.is_tail(self.device):
+        self.bipartition = any(s.backward_layers is not None for s in config.schedule.stages)
+        """Bi-Partition (runtime/bipartition.py): any worker may read inputs or compute the loss."""
+        if self.topo.is_head(self.device) or self.topo.is_tail(self.device) or self.bipartition:
             data = load_data(opts.dataset, config.model)
             order = SampleOrder(len(data.train), self.topo.global_batch, self.topo.micro_batch, opts.seed)
             self.feed = DataFeed(data, order)
@@ -80,7 +82,14 @@ class Worker:
         blob = self._get_blob(f"init/{self.stage_index}")
         initial = torch.load(io.BytesIO(blob), weights_only=True)
         del blob
-        self.stage = Stage(config.model, config.granularity, layers[0], layers[1], tensors=initial)
+        if self.bipartition:
+            from hppctl.runtime.bipartition import BiStage
+
+            backward = config.schedule.stages[self.stage_index].backward_layers or layers
+            self.stage = BiStage(config.model, config.granularity, layers, backward,
+                                 num_layers=config.schedule.stages[-1].layers[1], tensors=initial)
+        else:
+            self.stage = Stage(config.model, config.granularity, layers[0], layers[1], tensors=initial)
         del initial
         self.optimizer = make_optimizer(self.stage.parameters(), opts)
         if config.resume:
@@ -111,6 +120,8 @@ class Worker:
         from hppctl.runtime.executor import Executor
 
         opts = self.config.options
+        if self.bipartition:
+            from hppctl.runtime.bipartition import BiExecutor as Executor  # noqa: F811
         executor = Executor(self.device, self.config.schedule.actions[self.device], self.topo, self.stage,
                             self.optimizer, comm, self.feed, trace=opts.trace)
         primary = self.topo.replica_index(self.device) == 0

@@ -53,3 +53,18 @@ def test_without_the_weight_send_back_the_forward_owner_drifts(monkeypatch):
     opts = TrainOptions(rounds=ROUNDS, threads=1, dataset="synthetic", lr=0.1)
     with pytest.raises(AssertionError):
         assert_same(train_threaded(plan, opts), train_reference(plan, opts))
+
+
+@pytest.mark.gloo
+@pytest.mark.timeout(300)
+def test_hppctl_run_with_split_layers_equals_single_process():
+    """The `hppctl run` path: launcher, local worker subprocesses, gloo; a prefix split (SX inputs),
+    a suffix split and weight send-back both ways."""
+    from hppctl.runtime.session import RunRequest, Session
+    from tests.runtime.factories import local_cluster
+
+    plan = bi_plan("tiny-mlp", [0, 3, 4, 5], [0, 2, 5, 5], ["a", "b", "c"], global_batch=16, micro_batch=4)
+    opts = TrainOptions(rounds=ROUNDS, threads=1, dataset="synthetic", lr=0.1)
+    result = Session(RunRequest(plan, local_cluster(*plan.devices()), opts)).run()
+    assert [row["round"] for row in result.rounds] == list(range(ROUNDS))
+    assert_same(result.model_state(), train_reference(plan, opts))

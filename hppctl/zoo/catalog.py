@@ -101,6 +101,7 @@ FAMILIES: dict[str, Family] = {
         ),
         Family("tiny-mlp", "", "TinyMLP", ("TinyMLP",), r"model\.blocks\.\d+", "features"),
         Family("tiny-cnn", "", "TinyCNN", ("TinyCNN",), r"model\.blocks\.\d+", "image"),
+        Family("tiny-vgg", "", "TinyVGG", ("TinyVGG",), r"model\.blocks\.\d+", "image"),
     )
 }
 
@@ -322,6 +323,14 @@ BUILTINS: dict[str, ModelSpec] = {
             (3, 8, 8),
             "conv stem + one residual block + linear head (4 channels, 8×8 input, 10 classes) for tests",
             {"channels": 4, "classes": 10},
+        ),
+        ModelSpec(
+            "vgg-mini",
+            "train",
+            "tiny-vgg",
+            (3, 32, 32),
+            "VGG-style CNN: 3 blocks of 2 conv (16/32/64 channels) + max-pool, 3 FC layers (256), 32×32 input",
+            {"widths": [16, 32, 64], "fc": 256, "classes": 10},
         ),
         ModelSpec(
             "tiny-bert",

@@ -62,3 +62,28 @@ class TinyCNN(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.fc(torch.flatten(self.pool(x), 1))
+
+
+class TinyVGG(nn.Module):
+    """VGG-style CNN (Simonyan & Zisserman): blocks of two 3x3 conv+ReLU and a max-pool, then a fully
+    connected classifier (no dropout, no BatchNorm, as VGG-A). Bi-Partition's bench model (the paper
+    trained VGG16 on CIFAR-10): convolutions dominate compute, the classifier dominates parameters."""
+
+    def __init__(self, widths: tuple[int, ...] = (16, 32, 64), fc: int = 256, classes: int = 10,
+                 in_channels: int = 3, size: int = 32) -> None:
+        super().__init__()
+        chans = [in_channels, *widths]
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Conv2d(chans[i], chans[i + 1], 3, padding=1), nn.ReLU(),
+                          nn.Conv2d(chans[i + 1], chans[i + 1], 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))
+            for i in range(len(widths))
+        )
+        side = size // 2 ** len(widths)
+        self.flatten = nn.Flatten()
+        self.classifier = nn.Sequential(nn.Linear(widths[-1] * side * side, fc), nn.ReLU(), nn.Linear(fc, fc),
+                                        nn.ReLU(), nn.Linear(fc, classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.classifier(self.flatten(x))

@@ -1,0 +1,1 @@
+"""Runtime of the asynchronous schedules (TiMePReSt's nf1b and the PipeDream baseline)."""

@@ -9,7 +9,9 @@ bottleneck decides the steady state, W the fill and drain).
 - `bipartition`: exact DP on the cost model the runtime executes (split layers recomputed by their
   backward owner, split traffic and weight send-back on the links, memory budgets);
 - `bipartition-bsa`: the same model, the paper's binary search for the backward cut (Alg. 2);
-- `bipartition-paper`: exact DP on the paper's own model (no recomputation, split traffic free).
+- `bipartition-paper`: exact DP on the paper's own model (no recomputation, split traffic free);
+- `layerwise`: the same DP with equal cuts, the layer-wise special case (the paper's PipeDream
+  baseline without replication: one device per stage, transfers and memory priced).
 
 Every plan's prediction uses the runtime's model, so the three compare fairly with `pp` & co.
 """
@@ -125,3 +127,8 @@ def plan_bipartition_bsa(cm: CostModel) -> Candidate | None:
 @strategy("bipartition-paper", "Bi-Partition on the paper's cost model (no recomputation, split traffic free)")
 def plan_bipartition_paper(cm: CostModel) -> Candidate | None:
     return _candidate(cm, BiOptions(recompute=False, split_traffic=False), "exact")  # executable: interleaved
+
+
+@strategy("layerwise", "Bi-Partition's DP with equal cuts: layer-wise stages, transfers and memory priced (PipeDream without replication)")
+def plan_layerwise(cm: CostModel) -> Candidate | None:
+    return _candidate(cm, BiOptions(equal_cuts=True), "exact")

@@ -49,6 +49,9 @@ class RunRequest:
     """A text file receiving every worker's output lines, prefixed with the device name."""
     env: dict = field(default_factory=dict)
     """Extra environment for the workers (e.g. OMP_NUM_THREADS)."""
+    schedule: object = None
+    """A `Schedule` to run instead of the plan's own round: an asynchronous window (nf1b, pipedream;
+    hppctl.runtime.async_exec.plans.epoch_schedule), one round = one epoch."""
 
 
 @dataclass
@@ -88,7 +91,7 @@ class Session:
         from hppctl.schedule import check_schedule, schedule_for_plan
 
         self.request = request
-        self.schedule = schedule_for_plan(request.plan)
+        self.schedule = request.schedule or schedule_for_plan(request.plan)
         check_schedule(self.schedule)
         self.topo = Topology.of(self.schedule)
         self.ckpt = CheckpointDir(request.checkpoint_dir) if request.checkpoint_dir else None

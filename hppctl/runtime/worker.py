@@ -122,6 +122,9 @@ class Worker:
         opts = self.config.options
         if self.bipartition:
             from hppctl.runtime.bipartition import BiExecutor as Executor  # noqa: F811
+        if self.config.schedule.micro_batches_per_update is not None:  # nf1b, pipedream (docs/timeprest.md)
+            from hppctl.runtime.async_exec import async_executor_class
+            Executor = async_executor_class(self.config.schedule)  # noqa: N806
         executor = Executor(self.device, self.config.schedule.actions[self.device], self.topo, self.stage,
                             self.optimizer, comm, self.feed, trace=opts.trace)
         primary = self.topo.replica_index(self.device) == 0

@@ -64,6 +64,7 @@ def run_command(
     warmup: Annotated[int, typer.Option("--warmup", help="Inference plans: untimed passes first.")] = 0,
     overlap: Annotated[bool, typer.Option("--overlap/--no-overlap", help="Inference plans (galaxy): tile-based overlap of the ring collectives with the GEMMs.")] = True,
     output: Annotated[Optional[Path], typer.Option("--output", help="Inference plans: save the final hidden states ([sequence, hidden]) with torch.save.")] = None,
+    schedule: Annotated[Optional[str], typer.Option("--schedule", help="Asynchronous training instead of the plan's rounds: nf1b (TiMePReSt) or pipedream; one device per stage, a round is an epoch (docs/timeprest.md).")] = None,
 ) -> None:
     """Train an HPP plan, or run collaborative inference on an inference (Galaxy) plan: one worker process per device, gloo for tensors."""
     from hppctl.models.cluster import ClusterSpec
@@ -105,6 +106,12 @@ def run_command(
                      profile_source=str(profile))
     per_epoch = len(data.train) // hpp.global_batch
     total = rounds if rounds is not None else (epochs or 1) * per_epoch
+    window = None
+    if schedule is not None:  # an asynchronous window per epoch: rounds are epochs
+        from hppctl.runtime.async_exec.plans import epoch_schedule
+        if rounds is not None:
+            raise BadInput(f"--rounds: --schedule {schedule} trains whole epochs; use --epochs")
+        window, total = epoch_schedule(hpp, schedule, dataset), epochs or 1
     local = [d for d in hpp.devices() if inventory.device(d).local]
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // len(local)) if len(local) == len(hpp.devices()) else 0
@@ -112,7 +119,7 @@ def run_command(
                            weight_decay=weight_decay, checkpoint_every=checkpoint_every if checkpoint_dir else 0,
                            threads=threads, trace=trace is not None, timeout_s=timeout)
     summary = train(hpp, inventory, options, data, checkpoint_dir=checkpoint_dir, resume=resume, metrics=metrics,
-                    trace=trace, save_model=save_model, listen=listen, log=log, plan_source=str(plan))
+                    trace=trace, save_model=save_model, listen=listen, log=log, plan_source=str(plan), schedule=window)
     if as_json:
         emit_json(summary)
     else:
@@ -120,7 +127,7 @@ def run_command(
 
 
 def train(plan, cluster, options, data, *, checkpoint_dir=None, resume=False, metrics=None, trace=None,
-          save_model=None, listen=None, log=None, plan_source="plan", quiet=False) -> dict:
+          save_model=None, listen=None, log=None, plan_source="plan", quiet=False, schedule=None) -> dict:
     """Run the session with progress on stderr; write metrics, trace and model; return the summary."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -132,7 +139,7 @@ def train(plan, cluster, options, data, *, checkpoint_dir=None, resume=False, me
     metrics_file = None
     try:
         session = Session(RunRequest(plan, cluster, options, checkpoint_dir=checkpoint_dir, resume=resume,
-                                     listen=listen, log=log_file))
+                                     listen=listen, log=log_file, schedule=schedule))
         progress = Progress(TextColumn("[bold]training[/]"), BarColumn(), MofNCompleteColumn(),
                             TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=stderr,
                             disable=quiet, transient=False)

@@ -190,3 +190,17 @@ def message_bytes(cm: CostModel, a: Action, forward: tuple[int, int], backward: 
         return at(backward[1])
     lo, hi = sorted((forward[1], backward[1]))
     return cm.param_bytes(lo, hi)
+
+
+def stage_memory(cm: CostModel, device: int, forward: tuple[int, int], backward: tuple[int, int]) -> tuple[int, int]:
+    """(fixed bytes, bytes per in-flight sample) of a Bi-Partition worker, the planner's memory model
+    (`planner.bipartition.worker_memory`) split the way the simulator counts memory."""
+    import dataclasses
+
+    from hppctl.planner.bipartition import costs_from_model, worker_memory
+
+    costs = costs_from_model(cm, [device])
+    (i1, j1), (i2, j2) = forward, backward
+    fixed = worker_memory(dataclasses.replace(costs, warmup=(0,)), 0, i1, j1, i2, j2)
+    one = worker_memory(dataclasses.replace(costs, warmup=(1,)), 0, i1, j1, i2, j2)
+    return int(fixed), int((one - fixed) // cm.B)

@@ -11,7 +11,7 @@ from hppctl.models.plan import HppPlan
 from hppctl.models.profile import Profile
 from hppctl.models.schedule import Schedule
 from hppctl.planner.cost import CostModel
-from hppctl.schedule.bipartition import message_bytes, recompute_s
+from hppctl.schedule.bipartition import message_bytes, recompute_s, stage_memory
 
 
 class ProfileTimings:
@@ -64,10 +64,14 @@ class ProfileTimings:
         return self._step_s
 
     def activation_bytes_per_sample(self, stage: int) -> int | None:
+        if self.backward[stage] != self.layers[stage]:
+            return stage_memory(self.cm, self.groups[stage][0], self.layers[stage], self.backward[stage])[1]
         return self.cm.activation_bytes_per_sample(*self.layers[stage])
 
     def fixed_bytes(self, stage: int) -> int | None:
         """Weights, gradient accumulator and optimizer state (the K-independent part of Eq. 3)."""
+        if self.backward[stage] != self.layers[stage]:  # Bi-Partition: also a split block's recomputation
+            return stage_memory(self.cm, self.groups[stage][0], self.layers[stage], self.backward[stage])[0]
         return int(self.cm.fixed_factor * self.cm.param_bytes(*self.layers[stage]))
 
     def budget_bytes(self, device: str) -> int | None:

@@ -7,6 +7,8 @@ import pytest
 from hppctl.models.plan import PlanRequest
 from hppctl.models.schedule import Action, Schedule
 from hppctl.planner import make_plan
+from hppctl.planner.bipartition import costs_from_model, evaluate
+from hppctl.planner.cost import CostModel
 from hppctl.schedule import ScheduleError, check_schedule, schedule_for_plan, simulate_plan
 from tests.bipartition.factories import bi_plan
 from tests.bipartition.test_planner import paper_profile
@@ -100,3 +102,13 @@ def test_simulator_prices_recomputation_split_inputs_and_weights():
     forward = sum(dev.forward_s[l][1] for l in (2, 3))
     backward = sum(dev.backward_s[l][1] for l in (1, 2, 3, 4)) + sum(dev.forward_s[l][1] for l in (1, 4))
     assert b.compute_s == pytest.approx(3 * (forward + backward))
+
+
+def test_simulated_peak_memory_is_the_planners():
+    profile = make_profile(layers=6, speeds=(1.0, 1.0, 1.0), seed=2)
+    plan = bi_plan("synthetic-6", **CUTS, devices=[d.name for d in profile.devices], global_batch=8, micro_batch=2)
+    _, result = simulate_plan(plan.model_copy(update={"profile_digest": profile.digest()}), profile)
+    cm = CostModel(profile, micro_batch=2, num_micro_batches=4)
+    planned = evaluate(costs_from_model(cm, [0, 1, 2]), CUTS["forward"], CUTS["backward"]).memory_bytes
+    assert [d.peak_in_flight_micro_batches for d in result.devices] == [4, 3, 1]  # K_w = min(2(W-w)-1, M), M = 4
+    assert [d.peak_memory_bytes for d in result.devices] == [pytest.approx(m, abs=8) for m in planned]

@@ -27,6 +27,7 @@ from hppctl.models.units import format_bytes
 from hppctl.planner.galaxy import split_rows
 from hppctl.runtime import bootstrap
 from hppctl.runtime.galaxy.config import InferenceWorkerConfig
+from hppctl.runtime.galaxy.weights import for_request
 from hppctl.runtime.launch import LocalWorker, SshWorker
 
 WORKER_MODULE = "hppctl.runtime.galaxy.worker"
@@ -145,12 +146,14 @@ class InferenceSession:
         started = time.perf_counter()
         parts = shards(plan, req.seed)
         self.ids = token_ids(req, next(iter(parts.values()))["embed"]["word"].shape[0])
+        trimmed = {d: for_request(shard, self.ids) for d, shard in parts.items()}
+        parts, local_ids = {d: t[0] for d, t in trimmed.items()}, next(iter(trimmed.values()))[1]
         self.store = bootstrap.RunStore.start(*self._listen_address(), timeout_s=req.timeout_s)
         try:
             for device, shard in parts.items():
                 bootstrap.put_blob(self.store.store, f"shard/{device}", _blob(shard))
             del parts
-            bootstrap.put_blob(self.store.store, "ids", _blob(self.ids))
+            bootstrap.put_blob(self.store.store, "ids", _blob(local_ids))
             nonce = self.store.publish_nonce()
             self._launch()
             self._admit(nonce)

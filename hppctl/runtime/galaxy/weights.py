@@ -187,3 +187,17 @@ def shard_bytes(shard: dict[str, Any]) -> int:
     """Bytes of a shard's layer weights (what Eq. 5 counts: attention and MLP, biases included)."""
     keys = ("wqkv", "bqkv", "wo", "bo", "w1", "b1", "w2", "b2")
     return sum(layer[k].numel() * layer[k].element_size() for layer in shard["layers"] for k in keys)
+
+
+def for_request(shard: dict[str, Any], ids: torch.Tensor) -> tuple[dict[str, Any], torch.Tensor]:
+    """(the shard with only the embedding rows the request reads, ids into those rows).
+
+    A request's ids are known before the weights ship, so a device receives the rows of the token
+    table its ids select (in order) and the positions it uses, instead of the whole tables (GPT2-L's
+    token table alone is 257 MB in fp32, which would cross a 125 Mbit/s link on every run). The
+    embedding it computes is the same; the plan still counts the whole tables (a deployed device
+    holds them)."""
+    e = shard["embed"]
+    trimmed = {**e, "word": e["word"][ids].contiguous(),
+               "position": e["position"][:e["position_offset"] + ids.numel()].contiguous()}
+    return {**shard, "embed": trimmed}, torch.arange(ids.numel())

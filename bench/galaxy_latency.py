@@ -1,0 +1,225 @@
+"""Galaxy against Megatron-LM, sequence parallelism and local inference on the edge lab, side by side.
+
+    python bench/galaxy_latency.py                          # lab up (needs root), profile, plan, run, lab down
+    python bench/galaxy_latency.py --cluster C.yaml         # a lab that is already up (hosts l0 m0 s0 m1 m2)
+    python bench/galaxy_latency.py --layers 2 --repeats 3 --rounds 2 --json
+
+The lab: five hosts at 125 Mbit/s; `l0`, `m0`, `s0` get CPU quotas in the ratio of the paper's Nano-L :
+Nano-M : Nano-S CPU clocks (1.47 : 0.825 : 0.403 GHz), `m1`, `m2` are two more Nano-M. `--fastest-cpu`
+(default 0.3 core) sets the scale: a core of this machine does ~50 GFLOP/s in fp32 GEMMs, so 0.3 core
+puts Nano-L near 15 GFLOP/s and keeps the paper's balance between computation and a 125 Mbit/s link.
+Environments: F = l0 + m0 + s0 (heterogeneous, the paper's Fig. 9) and B = m0 + m1 + m2 (homogeneous,
+Table IV). Models: BERT-large and GPT2-large at sequence length 284 (the QNLI average).
+
+For every model the hosts are profiled once (`inference-blocks` probe over SSH, in each host's cgroup).
+Plans are made for the WHOLE model (24 / 36 layers) with the paper's memory budgets (F: 1.5 / 1.2 /
+0.7 GB, B: 1.5 GB each) and fp16 weights, as in the paper, so the memory-blind baselines hit OOM where
+the paper's did and are reported so, not run. Each feasible plan then runs a stack of its first
+`--layers` layers (random weights, fp32) over SSH with `hppctl run`'s runtime, `--repeats` timed passes
+after one warm-up, and galaxy once more with `--no-overlap`. With `--rounds N` the strategies alternate N
+times and each reports its least disturbed round (other work on this machine only slows a run down).
+Latency is the slowest device's median pass; every strategy's output is checked against galaxy's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hppctl.errors import Infeasible  # noqa: E402
+from hppctl.lab.network import free_subnet  # noqa: E402
+from hppctl.models.cluster import ClusterSpec  # noqa: E402
+from hppctl.models.inference import InferenceProfile  # noqa: E402
+from hppctl.planner.galaxy import make_inference_plan  # noqa: E402
+from hppctl.profiling.inference import block_bytes, inference_profile, model_shapes  # noqa: E402
+from hppctl.store import load, save  # noqa: E402
+
+GB = 10**9
+NANO_GHZ = {"l": 1.47, "m": 0.825, "s": 0.403}
+HOSTS = {"l0": "l", "m0": "m", "s0": "s", "m1": "m", "m2": "m"}
+ENVS = {
+    "F (Nano-L + Nano-M + Nano-S)": {"l0": 1.5 * GB, "m0": 1.2 * GB, "s0": 0.7 * GB},
+    "B (3 x Nano-M)": {"m0": 1.5 * GB, "m1": 1.5 * GB, "m2": 1.5 * GB},
+}
+STRATEGIES = ("galaxy", "megatron", "sp", "local")
+
+
+def lab_spec(fastest: float, subnet: str) -> str:
+    hosts = "\n".join(f"  - {{name: {h}, cpu: {fastest * NANO_GHZ[k] / NANO_GHZ['l']:.3f}, memory: 3GB}}"
+                      for h, k in HOSTS.items())
+    return f"name: galaxy-bench\nbandwidth: 125mbit\nsubnet: {subnet}\nhosts:\n{hosts}\n"
+
+
+def wait_for_quiet(limit: float, max_wait: float) -> float:
+    """The lab's quotas are caps that hold only while this machine has cores to give."""
+    deadline = time.monotonic() + max_wait
+    while os.getloadavg()[0] > limit and time.monotonic() < deadline:
+        time.sleep(10)
+    return os.getloadavg()[0]
+
+
+def env_profile(profile: InferenceProfile, budgets: dict[str, float], dtype_bytes: int = 2) -> InferenceProfile:
+    """The measured profile restricted to an environment's hosts, with the paper's budgets, the whole
+    model's layer count and fp16 weight bytes (the paper's memory accounting)."""
+    shapes = model_shapes(profile.model)
+    att, mlp = block_bytes(shapes, dtype_bytes)
+    devices = [d.model_copy(update={"memory_bytes": int(budgets[d.name])}) for d in profile.devices if d.name in budgets]
+    return InferenceProfile.model_validate({
+        **profile.model_dump(), "devices": [d.model_dump() for d in devices], "num_layers": shapes.layers,
+        "dtype_bytes": dtype_bytes, "attention_bytes": att, "mlp_bytes": mlp,
+        "embedding_bytes": shapes.embedding_params * dtype_bytes,
+        "links": [l.model_dump() for l in profile.links if set(l.between) <= set(budgets)]})
+
+
+def sub_cluster(cluster: ClusterSpec, names) -> ClusterSpec:
+    return cluster.model_copy(update={"devices": [d for d in cluster.devices if d.name in names],
+                                      "links": [l for l in cluster.links if set(l.between) <= set(names)]})
+
+
+def run_plan(plan, cluster, layers: int, repeats: int, overlap: bool, timeout: float):
+    from hppctl.runtime.galaxy.launch import InferenceRequest, run_inference
+
+    stack = plan.model_copy(update={"num_layers": layers})
+    return run_inference(InferenceRequest(stack, cluster, None, overlap=overlap, repeats=repeats, warmup=1,
+                                          timeout_s=timeout))
+
+
+def measure_env(env: str, budgets, profile, cluster, a, report) -> None:
+    import torch
+
+    prof = env_profile(profile, budgets)
+    sub = sub_cluster(cluster, budgets)
+    cases: dict[str, tuple] = {}
+    for strategy in STRATEGIES:
+        try:
+            plan = make_inference_plan(prof, strategy, a.seq_len)
+        except Infeasible as e:
+            report[strategy] = {"status": "OOM (no plan)", "reason": str(e)}
+            continue
+        if plan.memory_violations:
+            report[strategy] = {"status": "OOM", "violations": [v.model_dump() for v in plan.memory_violations]}
+            continue
+        cases[strategy] = (plan, True)
+        if strategy == "galaxy" and len(plan.shares) > 1:
+            cases["galaxy --no-overlap"] = (plan, False)
+    outputs = {}
+    for r in range(a.rounds):
+        for name, (plan, overlap) in cases.items():
+            load_before = wait_for_quiet(a.quiet_load, a.max_wait)
+            result = run_plan(plan, sub, a.layers, a.repeats, overlap, a.timeout)
+            s = result.summary()
+            entry = report.setdefault(name, {"status": "ran", "rounds": []})
+            entry["rounds"].append({"median_s": s["latency_s"]["median"], "all_s": s["latency_s"]["all"],
+                                    "load_before": load_before, "devices": s["devices"]})
+            entry["shares"] = s["shares"]
+            entry["predicted_s"] = plan.prediction.latency_s * a.layers / plan.num_layers
+            outputs[name] = result.output
+            print(f"  {env} {name} round {r}: {s['latency_s']['median']:.3f} s (load {load_before:.1f})",
+                  file=sys.stderr)
+    for name, entry in report.items():
+        if entry.get("status") == "ran":
+            entry["latency_s"] = min(x["median_s"] for x in entry["rounds"])
+            if "galaxy" in outputs and name in outputs:
+                entry["max_abs_diff_vs_galaxy"] = float((outputs[name] - outputs["galaxy"]).abs().max())
+    del torch
+
+
+def speedups(report: dict) -> dict:
+    g = report.get("galaxy", {}).get("latency_s")
+    out = {}
+    for name, entry in report.items():
+        if name != "galaxy" and g:
+            out[name] = entry["latency_s"] / g if "latency_s" in entry else entry["status"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--cluster", type=Path, help="a lab already up with hosts l0 m0 s0 m1 m2")
+    p.add_argument("--models", default="bert-large,gpt2-large")
+    p.add_argument("--seq-len", type=int, default=284)
+    p.add_argument("--layers", type=int, default=2, help="layers of the stack that runs")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--fastest-cpu", type=float, default=0.3)
+    p.add_argument("--profile-repeats", type=int, default=3)
+    p.add_argument("--quiet-load", type=float, default=2.5)
+    p.add_argument("--max-wait", type=float, default=300.0)
+    p.add_argument("--timeout", type=float, default=900.0)
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="galaxy-latency-"))
+    state = work / "state"
+    cluster_file = a.cluster
+    if cluster_file is None:
+        (work / "lab.yaml").write_text(lab_spec(a.fastest_cpu, free_subnet(first=220)))
+        cluster_file = work / "cluster.yaml"
+        subprocess.run([sys.executable, "-m", "hppctl", "lab", "up", "--spec", str(work / "lab.yaml"), "--out",
+                        str(cluster_file), "--state-dir", str(state)], check=True)
+    report: dict = {"seq_len": a.seq_len, "layers": a.layers, "repeats": a.repeats, "rounds": a.rounds,
+                    "fastest_cpu": a.fastest_cpu, "models": {}}
+    started = time.perf_counter()
+    try:
+        cluster = load(cluster_file, ClusterSpec)
+        for model in a.models.split(","):
+            wait_for_quiet(a.quiet_load, a.max_wait)
+            t0 = time.perf_counter()
+            profile = inference_profile(cluster, model, [a.seq_len], layers=a.layers, repeats=a.profile_repeats,
+                                        warmup=1, timeout_s=a.timeout)
+            save(work / f"{model}.json", profile)
+            entry = report["models"][model] = {"profile_s": time.perf_counter() - t0, "profile": str(work / f"{model}.json"),
+                                               "capacity": {}, "envs": {}}
+            for d in profile.devices:
+                t = d.timings[0]
+                entry["capacity"][d.name] = 1 / (t.attention.seconds[-1] + t.mlp.seconds[-1])
+            for env, budgets in ENVS.items():
+                env_report = entry["envs"][env] = {}
+                measure_env(env, budgets, profile, cluster, a, env_report)
+                env_report["speedup_of_galaxy"] = speedups(env_report)
+    finally:
+        if a.cluster is None:
+            subprocess.run([sys.executable, "-m", "hppctl", "lab", "down", "--name", "galaxy-bench",
+                            "--state-dir", str(state)])
+    report["wall_s"] = time.perf_counter() - started
+    (work / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    if a.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        render(report)
+    print(f"report: {work / 'report.json'}", file=sys.stderr)
+    return 0
+
+
+def render(report: dict) -> None:
+    print(f"sequence length {report['seq_len']}, {report['layers']}-layer stacks, {report['repeats']} passes, "
+          f"best of {report['rounds']} round(s); fastest host {report['fastest_cpu']} core")
+    for model, m in report["models"].items():
+        caps = ", ".join(f"{d} {v:.2f}" for d, v in m["capacity"].items())
+        print(f"\n{model}: profiled in {m['profile_s']:.0f} s; V_d (1/s): {caps}")
+        for env, r in m["envs"].items():
+            print(f"  {env}")
+            for name in ("galaxy", "galaxy --no-overlap", *STRATEGIES[1:]):
+                e = r.get(name)
+                if e is None:
+                    continue
+                if "latency_s" in e:
+                    shares = " ".join(f"{s['device']}:{s['heads']}h/{s['columns']}c/{s['rows']}r" for s in e["shares"])
+                    gain = r["speedup_of_galaxy"].get(name)
+                    print(f"    {name:22s} {e['latency_s']:.3f} s (predicted {e['predicted_s']:.3f})"
+                          f"{f'  galaxy {gain:.2f}x faster' if isinstance(gain, float) else ''}  [{shares}]"
+                          f"  diff {e.get('max_abs_diff_vs_galaxy', 0):.1e}")
+                else:
+                    print(f"    {name:22s} {e['status']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

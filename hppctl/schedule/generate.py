@@ -27,6 +27,7 @@ from hppctl.models.plan import HppPlan
 from hppctl.models.schedule import Action, Schedule, ScheduleStage
 from hppctl.planner.cost import WARMUP_POLICIES
 from hppctl.schedule.bipartition import add_split_actions, is_bipartition
+from hppctl.schedule.nf1b import ASYNC_POLICIES, SIMULATED_WINDOW, async_schedule_for_plan
 from hppctl.schedule.routing import Route, owned_ranges, routes
 
 POLICIES: dict[str, Callable[[int, int, int], int]] = dict(WARMUP_POLICIES)
@@ -104,6 +105,8 @@ def compute_order(warmup: int, num_micro_batches: int) -> list[tuple[str, int]]:
 def schedule_for_plan(plan: HppPlan, policy: str | None = None, warmup: Sequence[int] | None = None) -> Schedule:
     """The schedule a plan runs: its own policy unless `policy` or explicit `warmup` K_p override it."""
     P, M = len(plan.stages), plan.num_micro_batches
+    if policy in ASYNC_POLICIES:  # nf1b, pipedream: a window of mini-batches, not a round (schedule/nf1b.py)
+        return async_schedule_for_plan(plan, policy, num_mini_batches=SIMULATED_WINDOW)
     if warmup is not None:
         ks, name = [min(int(k), M) for k in warmup], "warmup:" + ",".join(str(k) for k in warmup)
         if len(ks) != P or min(ks) < 1:

@@ -37,6 +37,9 @@ from hppctl.models.schedule import Action, Schedule, ScheduleStage
 
 ASYNC_POLICIES = ("nf1b", "pipedream")
 
+SIMULATED_WINDOW = 16
+"""Mini-batches of the window `hppctl simulate --policy nf1b|pipedream` replays (ramp and drain included)."""
+
 _TICKS = 1_000_000
 """Resolution of the ordering replay: the longest duration becomes this many integer ticks."""
 

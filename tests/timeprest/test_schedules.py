@@ -141,3 +141,24 @@ def test_async_modules_are_pure():
     code = ("import sys, hppctl.schedule.nf1b, hppctl.schedule.async_check, hppctl.schedule.async_version; "
             "assert 'torch' not in sys.modules and 'fabric' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_simulate_cli_replays_an_async_window(cli, tmp_path):
+    import json
+
+    from hppctl.runtime.plans import manual_plan
+    from hppctl.schedule.nf1b import SIMULATED_WINDOW
+    from hppctl.store import save
+
+    plan = manual_plan("tiny-mlp", [((0, 2), ["a"], [4]), ((2, 4), ["b"], [4]), ((4, 5), ["c"], [4])],
+                       global_batch=8, micro_batch=4)
+    save(tmp_path / "plan.yaml", plan)
+    for policy, N in (("nf1b", 2), ("pipedream", 1)):
+        code, out, err = cli("simulate", "--plan", tmp_path / "plan.yaml", "--policy", policy, "--json")
+        assert code == 0, err
+        doc = json.loads(out)
+        assert json.dumps(doc).count(policy) >= 1
+    from hppctl.schedule import schedule_for_plan
+
+    schedule = schedule_for_plan(plan, "nf1b")
+    assert schedule.num_micro_batches == SIMULATED_WINDOW * 2 and schedule.micro_batches_per_update == 2

@@ -264,12 +264,14 @@ def _render_run(summary: dict[str, Any]) -> None:
     stdout.print(f"latency median {lat['median']:.4f} s (min {lat['min']:.4f}, max {lat['max']:.4f}, "
                  f"{summary['repeats']} passes; plan predicted {summary['predicted_latency_s']:.4f} s)")
     table = Table(box=None, pad_edge=False, title="per device, median pass")
-    for col in ("device", "host", "latency s", "compute s", "exposed comm s", "sent", "peak RSS"):
+    for col in ("device", "host", "latency s", "compute s", "communication s", "exposed comm s", "sent", "peak RSS"):
         table.add_column(col)
     for d, m in summary["devices"].items():
         table.add_row(d, m["host"], f"{m['median_latency_s']:.4f}", f"{m['median_compute_s']:.4f}",
-                      f"{m['median_exposed_comm_s']:.4f}", format_bytes(m["bytes_sent"]) if m["bytes_sent"] else "0",
-                      format_bytes(m["peak_rss_bytes"]))
+                      f"{m['communication_s']:.4f}", f"{m['median_exposed_comm_s']:.4f}",
+                      format_bytes(m["bytes_sent"]) if m["bytes_sent"] else "0", format_bytes(m["peak_rss_bytes"]))
     stdout.print(table)
+    stdout.print("compute = latency - exposed; communication = bytes sent / the ring's slowest link (inventory); "
+                 "exposed = time blocked on the network")
     if summary.get("output"):
         note(f"final hidden states: {summary['output']}")

@@ -81,3 +81,19 @@ def test_run_rejects_bad_input_ids(setup, cli, content, message):
     (tmp / "bad.json").write_text(content)
     code, _, err = cli("run", "--plan", tmp / "g.yaml", "--cluster", tmp / "c.yaml", "--input-ids", tmp / "bad.json")
     assert code == 2 and message in err
+
+
+@pytest.mark.gloo
+def test_run_without_overlap_on_text_input(setup, cli):
+    tmp, model = setup
+    assert cli("plan", "--profile", tmp / "prof.json", "--out", tmp / "g.yaml")[0] == 0
+    code, out, err = cli("run", "--plan", tmp / "g.yaml", "--cluster", tmp / "c.yaml", "--input", "abc cab",
+                         "--no-overlap", "--output", tmp / "h.pt", "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["overlap"] is False and summary["seq_len"] == 7
+    assert all(d["communication_s"] > 0 for d in summary["devices"].values())
+    ids = torch.tensor(list(b"abc cab"))
+    with torch.no_grad():
+        expected = model(input_ids=ids[None]).last_hidden_state[0]
+    torch.testing.assert_close(torch.load(tmp / "h.pt"), expected, atol=1e-4, rtol=1e-4)

@@ -60,6 +60,8 @@ class InferenceResult:
     wall_s: float
     plan: InferencePlan
     overlap: bool
+    ring_bytes_per_s: float = 0.0
+    """The slowest link between ring neighbours (from the inventory): prices the bytes each device sent."""
 
     def latencies(self) -> list[float]:
         """Per pass: the slowest device's latency (the request is done when every device is)."""
@@ -72,8 +74,10 @@ class InferenceResult:
         for d, r in self.reports.items():
             med = {k: statistics.median(p[k] for p in r["passes"])
                    for k in ("latency_s", "layers_s", "compute_s", "exposed_comm_s", "cpu_s")}
+            sent = r["passes"][0]["bytes_sent"]
             devices[d] = {"host": r["host"], "threads": r["threads"], "peak_rss_bytes": r["peak_rss_bytes"],
-                          "bytes_sent": r["passes"][0]["bytes_sent"], **{f"median_{k}": v for k, v in med.items()}}
+                          "bytes_sent": sent, "communication_s": sent / self.ring_bytes_per_s if self.ring_bytes_per_s else 0.0,
+                          **{f"median_{k}": v for k, v in med.items()}}
         return {"model": self.plan.model, "strategy": self.plan.strategy, "overlap": self.overlap,
                 "seq_len": int(self.output.shape[0]), "planned_seq_len": self.plan.seq_len, "layers": self.plan.num_layers, "repeats": len(lat),
                 "latency_s": {"median": statistics.median(lat), "min": min(lat), "max": max(lat),
@@ -163,7 +167,13 @@ class InferenceSession:
             for worker in self.workers.values():
                 worker.stop()
             self.store.close()
-        return InferenceResult(output, reports, time.perf_counter() - started, plan, self._overlap())
+        return InferenceResult(output, reports, time.perf_counter() - started, plan, self._overlap(), self._ring_rate())
+
+    def _ring_rate(self) -> float:
+        names = self.request.plan.devices()
+        if len(names) < 2:
+            return 0.0
+        return min(self.request.cluster.bandwidth_between(a, b) for a, b in zip(names, names[1:] + names[:1]))
 
     def _overlap(self) -> bool:
         return self.request.overlap and self.request.plan.strategy == "galaxy"

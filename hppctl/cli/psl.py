@@ -1,11 +1,12 @@
-"""`hppctl psl plan|simulate`: parallel split learning — many data-owning clients, a few helpers.
+"""`hppctl psl plan|simulate|run`: parallel split learning — many data-owning clients, a few helpers.
 
-Pure planning and simulation (the runtime that executes a PSL plan is a later issue).
+`plan` and `simulate` are pure; `run` trains a plan on real worker processes (hppctl/runtime/psl/).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -28,6 +29,8 @@ Examples:
   hppctl psl plan --profile P.json --clients pi0,pi1,nano0 --helpers lap0,nx0 --cut 3,15 --batch 32
   hppctl psl simulate --plan plans/psl.yaml --trace psl-trace.json   # open in ui.perfetto.dev
   hppctl psl simulate --plan plans/psl.yaml --policy ltf --slow nx0=2 --json
+  hppctl psl run --plan plans/psl.yaml --cluster C.yaml --rounds 20 --dataset digits --metrics m.jsonl
+  hppctl psl run --plan P.yaml --cluster lab.yaml --local-batches 4 --shares 3,1,1,1 --json
 """
 
 AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
@@ -249,10 +252,130 @@ def _parse_slow(items: list[str], plan: PslPlan) -> dict[str, float]:
     return out
 
 
+def run_command(
+    plan_file: Annotated[Path, typer.Option("--plan", help="PSL plan (.json/.yaml) from `hppctl psl plan`.")],
+    cluster_file: Annotated[Path, typer.Option("--cluster", help="Cluster inventory naming every client and helper (local: or host:).")],
+    rounds: Annotated[int, typer.Option("--rounds", help="Training rounds; each ends with FedAvg.")] = 1,
+    local_batches: Annotated[int, typer.Option("--local-batches", help="Batch updates per client per round.")] = 1,
+    shares: Annotated[Optional[str], typer.Option("--shares", help="Relative data shard sizes per client, e.g. 3,1,1 (default: equal).")] = None,
+    dataset: Annotated[str, typer.Option("--dataset", help="synthetic, digits, or package.module:factory.")] = "synthetic",
+    seed: Annotated[int, typer.Option("--seed", help="Initial model, shards and sample orders derive from it.")] = 0,
+    optimizer: Annotated[str, typer.Option("--optimizer", help="sgd (with --momentum) or adam.")] = "sgd",
+    lr: Annotated[float, typer.Option("--lr", help="Learning rate.")] = 0.05,
+    momentum: Annotated[float, typer.Option("--momentum", help="SGD momentum.")] = 0.9,
+    weight_decay: Annotated[float, typer.Option("--weight-decay", help="L2 weight decay.")] = 0.0,
+    metrics: Annotated[Optional[Path], typer.Option("--metrics", help="Per-round metrics (.jsonl): loss, every batch's makespan and tasks.")] = None,
+    save_model: Annotated[Optional[Path], typer.Option("--save-model", help="Write the FedAvg'd model as one state dict (the model's own names).")] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads per worker (default: cores / local workers; SSH workers follow OMP_NUM_THREADS).")] = None,
+    listen: Annotated[Optional[str], typer.Option("--listen", help="HOST[:PORT] for the run's store.")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for workers to join and for any transfer.")] = 300.0,
+    log: Annotated[Optional[Path], typer.Option("--log", help="Append every worker's output here, prefixed by device.")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """Train a PSL plan: clients (data, parts 1 and 3) and helpers (a part-2 copy per client) as worker processes over gloo; FedAvg every round."""
+    from hppctl.models.cluster import ClusterSpec
+    from hppctl.runtime.config import TrainOptions
+    from hppctl.runtime.psl.config import PslOptions
+    from hppctl.runtime.psl.preflight import preflight
+
+    for flag, value in (("--rounds", rounds), ("--local-batches", local_batches), ("--lr", lr), ("--timeout", timeout)):
+        if not value > 0:
+            raise BadInput(f"{flag}: must be positive (got {value})")
+    if optimizer not in ("sgd", "adam"):
+        raise BadInput(f"--optimizer: unknown value {optimizer!r} (sgd or adam)")
+    if metrics is not None and metrics.suffix.lower() not in (".jsonl", ".json"):
+        raise BadInput(f"--metrics: {metrics}: use a .jsonl file")
+    plan = load(plan_file, PslPlan)
+    cluster = load(cluster_file, ClusterSpec)
+    share_values = _parse_shares(shares)
+    data = preflight(plan, cluster, dataset, share_values, plan_source=str(plan_file), cluster_source=str(cluster_file))
+    if threads is None:
+        local = [d for d in (*plan.clients, *plan.helpers) if cluster.device(d).local]
+        threads = max(1, (os.cpu_count() or 1) // len(local)) if local else 0
+    options = PslOptions(train=TrainOptions(dataset=dataset, seed=seed, rounds=rounds, optimizer=optimizer, lr=lr,
+                                            momentum=momentum, weight_decay=weight_decay, threads=threads,
+                                            timeout_s=timeout),
+                         local_batches=local_batches, shares=share_values)
+    summary = train_psl(plan, cluster, options, data, metrics=metrics, save_model=save_model, listen=listen, log=log)
+    emit_json(summary) if as_json else _render_run(summary)
+
+
+def _parse_shares(text: Optional[str]) -> Optional[list[float]]:
+    if text is None:
+        return None
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise BadInput(f"--shares: expected comma-separated numbers like 3,1,1, got {text!r}") from None
+    if not all(v > 0 for v in values):
+        raise BadInput(f"--shares: every share must be positive, got {text!r}")
+    return values
+
+
+def train_psl(plan: PslPlan, cluster, options, data, *, metrics=None, save_model=None, listen=None, log=None) -> dict:
+    """Run the session (progress on stderr), write metrics and the model; return the summary."""
+    from hppctl.runtime.psl.session import PslRunRequest, PslSession, summarize
+    from hppctl.runtime.results import accuracy, save_model as write_model
+
+    log_file = open(log, "a") if log else None
+    metrics_file = None
+    try:
+        if metrics is not None:
+            metrics.parent.mkdir(parents=True, exist_ok=True)
+            metrics_file = open(metrics, "w")
+
+        def on_round(row: dict) -> None:
+            if metrics_file is not None:
+                metrics_file.write(json.dumps(row) + "\n")
+                metrics_file.flush()
+            worst = max(b["makespan_s"] for b in row["batches"])
+            note(f"round {row['round'] + 1}/{options.train.rounds}: loss {row['loss']:.4f}, "
+                 f"slowest batch makespan {worst * 1e3:.1f} ms, FedAvg {row['fedavg_s'] * 1e3:.1f} ms")
+
+        result = PslSession(PslRunRequest(plan, cluster, options, listen=listen, log=log_file)).run(
+            on_round=on_round, on_event=note)
+    finally:
+        for f in (metrics_file, log_file):
+            if f is not None:
+                f.close()
+    summary = summarize(result)
+    state = result.client_model(plan.clients[0])  # every client holds the same model after FedAvg
+    summary["test_accuracy"] = accuracy(plan.model, state, data.test) if data.test is not None else None
+    if save_model is not None:
+        write_model(state, save_model)
+    summary.update(saved_model=str(save_model) if save_model else None, metrics=str(metrics) if metrics else None)
+    return summary
+
+
+def _render_run(summary: dict) -> None:
+    p, span = summary["plan"], summary["batch_makespan_s"]
+    stdout.print(f"psl run: {p['model']}, {p['clients']} clients, {p['helpers']} helpers ({p['method']} plan), "
+                 f"{summary['rounds']} rounds, {summary['batches']} batches per client in {summary['wall_s']:.1f} s")
+    stdout.print(f"batch makespan: median {span['median'] * 1e3:.1f} ms (min {span['min'] * 1e3:.1f}, max "
+                 f"{span['max'] * 1e3:.1f}; first batch {span['first'] * 1e3:.1f}); plan predicted "
+                 f"{summary['predicted_makespan_s'] * 1e3:.1f} ms ({summary['measured_vs_predicted']:+.1%})"
+                 + ("" if not p["preemptive"] else
+                    f"; the plan's order run without preemption replays at {summary['replayed_makespan_s'] * 1e3:.1f} ms"))
+    table = Table(box=None, pad_edge=False)
+    for col in ("client", "helper", "planned c_j ms", "measured c_j ms (median)"):
+        table.add_column(col)
+    for c, row in summary["clients"].items():
+        table.add_row(c, row["helper"], f"{row['planned_completion_s'] * 1e3:.1f}", f"{row['median_completion_s'] * 1e3:.1f}")
+    stdout.print(table)
+    parts = [f"loss {summary['loss']:.4f}", f"FedAvg {summary['fedavg_s'] * 1e3:.1f} ms per round",
+             "helpers followed the plan's order" if summary["helper_order_followed"] else "HELPER ORDER DIFFERED FROM THE PLAN"]
+    if summary["test_accuracy"] is not None:
+        parts.append(f"test accuracy {summary['test_accuracy']:.1%}")
+    stdout.print("; ".join(parts))
+    if summary["saved_model"]:
+        note(f"saved model: {summary['saved_model']}")
+
+
 def register(app: typer.Typer) -> None:
     psl = typer.Typer(name="psl", help="Parallel split learning: clients own data and run parts 1 and 3, helpers run "
                       "part 2 for several clients.\n" + EXAMPLES, no_args_is_help=True, add_completion=False,
                       rich_markup_mode=None)
     psl.command("plan", help=(plan_command.__doc__ or "") + "\n" + EXAMPLES)(plan_command)
     psl.command("simulate", help=(simulate_command.__doc__ or "") + "\n" + EXAMPLES)(simulate_command)
+    psl.command("run", help=(run_command.__doc__ or "") + "\n" + EXAMPLES)(run_command)
     app.add_typer(psl, name="psl")

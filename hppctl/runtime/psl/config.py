@@ -1,0 +1,36 @@
+"""What the launcher tells each PSL worker: one JSON line on its stdin, with the run's token beside it."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from hppctl.models.base import FrozenModel
+from hppctl.models.cluster import DeviceName
+from hppctl.models.psl import PslPlan
+from hppctl.runtime.config import TrainOptions
+
+PosInt = Annotated[int, Field(gt=0)]
+PosFloat = Annotated[float, Field(gt=0)]
+
+
+class PslOptions(FrozenModel):
+    """What a PSL run adds to the training options every worker shares (`TrainOptions`: dataset,
+    seed, rounds, optimizer, lr, momentum, weight decay, threads, timeout)."""
+
+    train: TrainOptions
+    local_batches: PosInt = 1
+    """Batch updates each client makes per round, before the round's FedAvg."""
+    shares: Annotated[list[PosFloat], Field(min_length=1)] | None = None
+    """Relative sizes of the clients' data shards (plan order); None: equal shards."""
+
+
+class PslWorkerConfig(FrozenModel):
+    device: DeviceName
+    store_host: str
+    store_port: Annotated[int, Field(ge=1, le=65535)]
+    plan: PslPlan
+    options: PslOptions
+    fedavg_weights: list[Annotated[float, Field(ge=0, le=1)]]
+    """w_j = n_j / Σ n per client (plan order), from the shard sizes; helpers need them and never load data."""

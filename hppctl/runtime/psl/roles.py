@@ -1,0 +1,182 @@
+"""One batch update of parallel split learning, from each side: `Client` (parts 1 and 3, the data,
+the loss) and `Helper` (one part-2 copy per assigned client, tasks in the plan's order).
+
+Client j, one batch (the paper's Fig. 2):
+
+    r   part 1 forward, send the cut-σ1 activations to the helper
+    l   receive the cut-σ2 activations, part 3 forward, loss (mean cross-entropy over the batch)
+    l′  part 3 backward, send the cut-σ2 gradients to the helper
+    r′  receive the cut-σ1 gradients, part 1 backward, optimizer step (parts 1 and 3)
+
+Helper i serves its tasks in `PslTopology.orders[i]`: F:j receives j's activations, runs j's part-2
+copy, sends the result; B:j receives j's gradients, back-propagates them through j's copy, sends
+the input gradients and steps j's optimizer. A task starts when it is next in the order and its
+input has arrived; nothing is reordered at run time (so a plan's order is what runs).
+
+Receives are posted when a batch starts, so transfers proceed while the receiver computes (gloo
+moves a message once its receive is posted). Each message is tagged (batch step, channel, tensor
+index), as the HPP executor tags micro-batches. Times are measured from the batch's start (every
+rank leaves a barrier together), so a client's `completion_s` is its c_j and the batch makespan is
+the largest of them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from hppctl.errors import RuntimeFailure
+from hppctl.runtime.executor import ACTIVATIONS, GRADIENTS, tag
+from hppctl.runtime.stage import Stage, TensorSpec
+
+
+def _post_receives(specs: list[TensorSpec], batch: int, peer: int, step: int, channel: int):
+    import torch.distributed as dist
+
+    tensors = [s.empty(batch) for s in specs]
+    works = [dist.irecv(t, peer, tag=tag(step, channel, i)) for i, t in enumerate(tensors)]
+    return tensors, works
+
+
+def _send(tensors: list[torch.Tensor], peer: int, step: int, channel: int) -> list:
+    import torch.distributed as dist
+
+    return [(dist.isend(t, peer, tag=tag(step, channel, i)), t) for i, t in enumerate(tensors)]
+
+
+def _wait(works) -> None:
+    for w in works:
+        w.wait()
+
+
+def _check_chain(upstream: Stage, downstream: Stage, what: str) -> None:
+    """The tensors leaving one part are those entering the next, in the same order."""
+    sent, taken = [s.name for s in upstream.outputs], [s.name for s in downstream.inputs]
+    if sent != taken:
+        raise RuntimeFailure(f"{what}: the cut's tensors differ between the parts ({sent} vs {taken})")
+
+
+def _input_grads(values: list[torch.Tensor], specs: list[TensorSpec]) -> list[torch.Tensor]:
+    return [(v.grad if v.grad is not None else torch.zeros_like(v)).contiguous()
+            for v, s in zip(values, specs) if s.carries_grad]
+
+
+def _backward(outputs, specs: list[TensorSpec], grads: list[torch.Tensor]) -> None:
+    carried = [o for o, s in zip(outputs, specs) if s.carries_grad]
+    pairs = [(o, g) for o, g in zip(carried, grads) if o.requires_grad]
+    if pairs:
+        torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+
+
+@dataclass
+class ClientBatch:
+    step: int
+    completion_s: float = 0.0
+    """c_j: from the batch's start to the end of the part-1 backward and the optimizer step."""
+    sent_s: float = 0.0
+    """r as run: part 1 forward and the upload done."""
+    activations_s: float = 0.0
+    """When the helper's cut-σ2 activations arrived."""
+    gradients_sent_s: float = 0.0
+    """l + l′ as run ends: part 3 forward, loss, backward and the upload done."""
+    gradients_s: float = 0.0
+    """When the helper's cut-σ1 gradients arrived."""
+    loss: float = 0.0
+    correct: int = 0
+
+
+class Client:
+    """Parts 1 and 3 of one client, its optimizer over both, and its samples."""
+
+    def __init__(self, part1: Stage, part3: Stage, optimizer, helper_rank: int, samples, data, batch: int) -> None:
+        self.part1, self.part3, self.optimizer = part1, part3, optimizer
+        self.helper_rank, self.samples, self.data, self.batch = helper_rank, samples, data, batch
+        self.grad_outputs = [s for s in part1.outputs if s.carries_grad]
+        self.grad_inputs = [s for s in part3.inputs if s.carries_grad]
+
+    def run_batch(self, step: int) -> ClientBatch:
+        x, y = self.data.take(self.samples.indices(step))
+        acts, acts_work = _post_receives(self.part3.inputs, self.batch, self.helper_rank, step, ACTIVATIONS)
+        grads, grads_work = _post_receives(self.grad_outputs, self.batch, self.helper_rank, step, GRADIENTS)
+        out = ClientBatch(step)
+        t0 = time.perf_counter()
+        outputs = self.part1(x)
+        sends = _send([o.detach().contiguous() for o in outputs], self.helper_rank, step, ACTIVATIONS)
+        _wait(w for w, _ in sends)
+        out.sent_s = time.perf_counter() - t0
+        _wait(acts_work)
+        out.activations_s = time.perf_counter() - t0
+        for v, s in zip(acts, self.part3.inputs):
+            v.requires_grad_(s.carries_grad)
+        logits = self.part3(*acts)[0]
+        loss = F.cross_entropy(logits, y)
+        loss.backward()
+        sends = _send(_input_grads(acts, self.part3.inputs), self.helper_rank, step, GRADIENTS)
+        _wait(w for w, _ in sends)
+        out.gradients_sent_s = time.perf_counter() - t0
+        _wait(grads_work)
+        out.gradients_s = time.perf_counter() - t0
+        _backward(outputs, self.part1.outputs, grads)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        out.completion_s = time.perf_counter() - t0
+        out.loss = float(loss.detach())
+        out.correct = int((logits.detach().argmax(dim=1) == y).sum())
+        return out
+
+
+@dataclass
+class HelperBatch:
+    step: int
+    tasks: list[list] = field(default_factory=list)
+    """[kind, client, start_s, end_s] in the order run; start = the input had arrived and the helper was free."""
+
+
+@dataclass
+class _Copy:
+    part2: Stage
+    optimizer: object
+    rank: int
+    grad_outputs: list[TensorSpec]
+
+
+class Helper:
+    """One part-2 copy (and optimizer) per assigned client; serves F and B tasks in the plan's order."""
+
+    def __init__(self, copies: dict[str, tuple[Stage, object, int]], order: list[tuple[str, str]], batch: int) -> None:
+        self.copies = {c: _Copy(stage, opt, rank, [s for s in stage.outputs if s.carries_grad])
+                       for c, (stage, opt, rank) in copies.items()}
+        self.order, self.batch = order, batch
+
+    def run_batch(self, step: int) -> HelperBatch:
+        inputs = {c: _post_receives(k.part2.inputs, self.batch, k.rank, step, ACTIVATIONS) for c, k in self.copies.items()}
+        grads = {c: _post_receives(k.grad_outputs, self.batch, k.rank, step, GRADIENTS) for c, k in self.copies.items()}
+        out, sends, saved = HelperBatch(step), [], {}
+        t0 = time.perf_counter()
+        for kind, client in self.order:
+            copy = self.copies[client]
+            if kind == "F":
+                values, works = inputs.pop(client)
+                _wait(works)
+                start = time.perf_counter()
+                for v, s in zip(values, copy.part2.inputs):
+                    v.requires_grad_(s.carries_grad)
+                outputs = copy.part2(*values)
+                saved[client] = (values, outputs)
+                sends += _send([o.detach().contiguous() for o in outputs], copy.rank, step, ACTIVATIONS)
+            else:
+                received, works = grads.pop(client)
+                _wait(works)
+                start = time.perf_counter()
+                values, outputs = saved.pop(client)
+                _backward(outputs, copy.part2.outputs, received)
+                sends += _send(_input_grads(values, copy.part2.inputs), copy.rank, step, GRADIENTS)
+                copy.optimizer.step()
+                copy.optimizer.zero_grad(set_to_none=True)
+            out.tasks.append([kind, client, start - t0, time.perf_counter() - t0])
+            sends = [(w, t) for w, t in sends if not w.is_completed()]
+        _wait(w for w, _ in sends)
+        return out

@@ -1,0 +1,221 @@
+"""The launcher's side of a PSL run (`hppctl psl run`): store, workers, rounds, the final models.
+
+    result = PslSession(PslRunRequest(plan, cluster, PslOptions(train=TrainOptions(rounds=3)))).run()
+    result.client_model("pi0")      # client pi0's whole model after the last FedAvg
+    summary(result)                 # measured batch makespan against the plan's prediction
+
+It is the HPP launcher (`runtime.session.Session`) with PSL's devices: the same store on one
+address, per-run token and join proofs, local subprocesses or fabric over SSH, liveness checks and
+failure messages — only what is launched (`python -m hppctl.runtime.psl.worker`), what is shipped
+(each distinct part's initial weights, cut from one model built from the seed) and what is
+collected (per-round batch timings, the final parts) differ.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from hppctl.models.cluster import ClusterSpec
+from hppctl.models.psl import PslPlan
+from hppctl.runtime import bootstrap
+from hppctl.runtime.launch import LocalWorker, SshWorker
+from hppctl.runtime.psl.config import PslOptions, PslWorkerConfig
+from hppctl.runtime.psl.topology import PslTopology
+from hppctl.runtime.session import Session
+
+WORKER_MODULE = "hppctl.runtime.psl.worker"
+
+
+@dataclass(frozen=True)
+class PslRunRequest:
+    plan: PslPlan
+    cluster: ClusterSpec
+    options: PslOptions
+    fedavg_weights: list[float] | None = None
+    """w_j per client; None: from the dataset's size and `options.shares` (psl/data.py)."""
+    listen: str | None = None
+    """HOST or HOST:PORT for the store (as `hppctl run --listen`)."""
+    log: object = None
+    env: dict = field(default_factory=dict)
+
+
+@dataclass
+class PslRunResult:
+    plan: PslPlan
+    rounds: list[dict]
+    finals: dict[str, dict]
+    """Per device: its parts' state dicts (client: part1, part3; helper: one per client)."""
+    wall_s: float
+    workers: dict[str, dict] = field(default_factory=dict)
+
+    def client_model(self, client: str) -> dict:
+        """Client's whole model (ZooModule names): its parts 1 and 3 and its helper's copy of part 2."""
+        helper = dict(zip(self.plan.clients, self.plan.assignment))[client]
+        return {**self.finals[client]["part1"], **self.finals[helper][client], **self.finals[client]["part3"]}
+
+    def batch_makespans(self) -> list[float]:
+        return [b["makespan_s"] for row in self.rounds for b in row["batches"]]
+
+
+def _blob(obj) -> bytes:
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+class PslSession(Session):
+    """`Session` with a PSL plan: reuses its store hosting, admission, liveness and failure handling."""
+
+    def __init__(self, request: PslRunRequest) -> None:  # noqa: super().__init__ builds an HPP schedule
+        self.request = request
+        self.topo = PslTopology.of(request.plan)
+        self.ckpt = None
+        self.workers = {}
+        self.store = None
+
+    def run(self, *, on_round: Callable[[dict], None] | None = None,
+            on_event: Callable[[str], None] | None = None) -> PslRunResult:
+        started = time.perf_counter()
+        notify = on_event or (lambda message: None)
+        timeout = self.request.options.train.timeout_s
+        self.store = self._host_store(timeout)
+        try:
+            self._ship_initial_parts()
+            nonce = self.store.publish_nonce()
+            self._launch_psl()
+            notify(f"started {len(self.workers)} workers; store on {self.store.host}:{self.store.port}")
+            self._admit(nonce, timeout)
+            notify("all workers joined")
+            rows, workers = self._collect(on_round)
+            finals = {d: _load(bootstrap.get_blob(self.store.store, f"final/{d}", delete=True)) for d in self.topo.devices}
+        finally:
+            self._stop_all()
+            self.store.close()
+        return PslRunResult(self.request.plan, rows, finals, time.perf_counter() - started, workers)
+
+    def _ship_initial_parts(self) -> None:
+        from hppctl.runtime.psl.worker import num_layers
+        from hppctl.runtime.stage import initial_stage_tensors
+
+        plan = self.request.plan
+        ranges = self.topo.part_ranges(num_layers(plan.model, plan.granularity))
+        tensors = initial_stage_tensors(plan.model, plan.granularity, ranges, seed=self.request.options.train.seed)
+        for (a, b), part in zip(ranges, tensors):
+            bootstrap.put_blob(self.store.store, f"init/{a}-{b}", _blob(part))
+
+    def _weights(self) -> list[float]:
+        if self.request.fedavg_weights is not None:
+            return list(self.request.fedavg_weights)
+        from hppctl.runtime.data import load_data
+        from hppctl.runtime.psl.data import fedavg_weights
+
+        plan, opts = self.request.plan, self.request.options
+        n = len(load_data(opts.train.dataset, plan.model).train)
+        return fedavg_weights(n, opts.shares or [1.0] * len(plan.clients))
+
+    def _launch_psl(self) -> None:
+        req, weights = self.request, self._weights()
+        for device in self.topo.devices:
+            config = PslWorkerConfig(device=device, store_host=self.store.host, store_port=self.store.port,
+                                     plan=req.plan, options=req.options, fedavg_weights=weights)
+            payload = json.dumps({"token": self.store.token, "config": config.model_dump(mode="json")})
+            spec = req.cluster.device(device)
+            if spec.host is not None:
+                self.workers[device] = SshWorker(spec, req.cluster, payload, pid_of=self._pid_of, log=req.log,
+                                                 env=req.env, module=WORKER_MODULE)
+            else:
+                self.workers[device] = LocalWorker(device, payload, env=req.env, log=req.log, module=WORKER_MODULE)
+
+    def _collect(self, on_round) -> tuple[list[dict], dict]:
+        store, devices = self.store.store, list(self.topo.devices)
+        rounds = self.request.options.train.rounds
+        rows, workers, previous_end = [], {}, None
+        while True:
+            self._check_alive()
+            r = len(rows)
+            if r < rounds and store.check([f"metrics/{r}/{d}" for d in devices]):
+                reports = {}
+                for d in devices:
+                    reports[d] = json.loads(store.get(f"metrics/{r}/{d}"))
+                    store.delete_key(f"metrics/{r}/{d}")
+                    workers[d] = {k: reports[d][k] for k in ("rss_bytes", "peak_rss_bytes", "host", "cgroup")}
+                row = round_row(reports, self.topo, previous_end, self.request.plan.batch)
+                previous_end = row["ended_at"]
+                rows.append(row)
+                if on_round:
+                    on_round(row)
+                continue
+            if r >= rounds and store.check([f"done/{d}" for d in devices]):
+                return rows, workers
+            time.sleep(0.02)
+
+
+def _load(data: bytes):
+    import torch
+
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def round_row(reports: dict[str, dict], topo: PslTopology, previous_end: float | None, batch: int) -> dict:
+    """One metrics line: the round's loss and accuracy over every client's batches, each batch's
+    makespan (max_j c_j) with every client's c_j and every helper's tasks as run, FedAvg time."""
+    clients = [reports[c] for c in topo.clients]
+    steps = len(clients[0]["batches"])
+    batches = []
+    for k in range(steps):
+        completion = {c: reports[c]["batches"][k]["completion_s"] for c in topo.clients}
+        batches.append({"step": clients[0]["batches"][k]["step"], "makespan_s": max(completion.values()),
+                        "clients": {c: {key: reports[c]["batches"][k][key] for key in
+                                        ("completion_s", "sent_s", "activations_s", "gradients_sent_s", "gradients_s")}
+                                    for c in topo.clients},
+                        "helpers": {h: reports[h]["batches"][k]["tasks"] for h in topo.helpers}})
+    end = max(r["started_at"] + r["duration_s"] for r in reports.values())
+    start = previous_end if previous_end is not None else min(r["started_at"] for r in reports.values())
+    losses = [b["loss"] for c in clients for b in c["batches"]]  # every client batch holds `batch` samples
+    return {"round": reports[topo.clients[0]]["round"], "loss": statistics.fmean(losses),
+            "train_accuracy": sum(b["correct"] for c in clients for b in c["batches"]) / (len(losses) * batch),
+            "round_s": end - start, "ended_at": end,
+            "fedavg_s": max(r["fedavg_s"] for r in reports.values()), "batches": batches,
+            "devices": {d: {k: reports[d][k] for k in ("role", "duration_s", "cpu_s", "fedavg_s", "rss_bytes",
+                                                        "peak_rss_bytes")} for d in topo.devices}}
+
+
+def summarize(result: PslRunResult) -> dict:
+    """The run against its plan: measured batch makespan (median over the batches after the first,
+    which pays one-off allocation costs) next to the plan's prediction and the simulator's replay of
+    the order the runtime executes; per-client completion; whether every helper ran the plan's order."""
+    from hppctl.schedule.psl_sim import simulate_psl
+    from hppctl.runtime.psl.topology import collapsed_plan, is_preemptive
+
+    plan, topo = result.plan, PslTopology.of(result.plan)
+    makespans = result.batch_makespans()
+    steady = makespans[1:] or makespans
+    batches = [b for row in result.rounds for b in row["batches"]]
+    planned = {c.client: c.completion_s for c in plan.prediction.clients}
+    measured = statistics.median(steady)
+    followed = all([tuple(t[:2]) for t in b["helpers"][h]] == list(topo.orders[h]) for b in batches for h in topo.helpers)
+    return {
+        "plan": {"method": plan.method, "model": plan.model, "batch": plan.batch, "clients": len(plan.clients),
+                 "helpers": len(plan.helpers), "preemptive": is_preemptive(plan)},
+        "rounds": len(result.rounds), "batches": len(makespans),
+        "loss": result.rounds[-1]["loss"] if result.rounds else None,
+        "train_accuracy": result.rounds[-1]["train_accuracy"] if result.rounds else None,
+        "batch_makespan_s": {"median": measured, "min": min(steady), "max": max(steady), "first": makespans[0],
+                             "all": makespans},
+        "predicted_makespan_s": plan.prediction.makespan_s,
+        "replayed_makespan_s": simulate_psl(collapsed_plan(plan)).makespan_s,
+        "measured_vs_predicted": measured / plan.prediction.makespan_s - 1,
+        "clients": {c: {"helper": topo.helper_of[c], "planned_completion_s": planned[c],
+                        "median_completion_s": statistics.median(b["clients"][c]["completion_s"] for b in batches[1:] or batches)}
+                    for c in topo.clients},
+        "helper_order_followed": followed,
+        "fedavg_s": statistics.median(row["fedavg_s"] for row in result.rounds) if result.rounds else None,
+        "wall_s": result.wall_s, "workers": result.workers,
+    }

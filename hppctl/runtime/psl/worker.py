@@ -1,0 +1,186 @@
+"""A PSL worker: one client or helper of a `hppctl psl run`. Started by the launcher, never by hand.
+
+    python -m hppctl.runtime.psl.worker      # reads one JSON line on stdin: {"token": …, "config": PslWorkerConfig}
+
+It connects to the launcher's store and joins with the run's token (runtime/bootstrap.py, as HPP
+workers do), takes its parts' initial weights from the store (`init/<start>-<end>`: the launcher
+cut them out of one model built from the seed, so every client starts from the same model), joins
+the gloo group (rank = its place in `PslTopology.devices`), and runs the rounds: every round is
+`local_batches` batch updates — each after a barrier, so that every client starts its batch
+together as in the paper's batch makespan — then FedAvg (psl/fedavg.py). It reports each round as
+`metrics/<round>/<device>`, its final parts as `final/<device>`, then `done/<device>`; any exception
+becomes `failed/<device>` (traceback on stderr) and exit code 1.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+
+from hppctl.runtime.psl.config import PslWorkerConfig
+
+
+def load_blob(store, key: str):
+    import torch
+
+    from hppctl.runtime.bootstrap import get_blob
+
+    return torch.load(io.BytesIO(get_blob(store, key)), weights_only=True)
+
+
+def build_part(config: PslWorkerConfig, store, start: int, end: int):
+    from hppctl.runtime.stage import Stage
+
+    plan = config.plan
+    return Stage(plan.model, plan.granularity, start, end, tensors=load_blob(store, f"init/{start}-{end}"))
+
+
+def num_layers(model: str, granularity: str) -> int:
+    from hppctl.zoo import layer_costs
+
+    return len(layer_costs(model, granularity))
+
+
+class PslWorker:
+    """The device's role (client or helper) and what a round does with it."""
+
+    def __init__(self, config: PslWorkerConfig, store) -> None:
+        from hppctl.runtime.psl.fedavg import model_layout
+        from hppctl.runtime.psl.topology import PslTopology
+
+        self.config, self.store, self.device = config, store, config.device
+        self.topo = PslTopology.of(config.plan)
+        self.layout = model_layout(config.plan.model)
+        self.weights = dict(zip(config.plan.clients, config.fedavg_weights))
+        if self.device in self.topo.clients:
+            self.role, self.holdings = self._client()
+        else:
+            self.role, self.holdings = self._helper()
+
+    def _client(self):
+        from hppctl.runtime.data import load_data
+        from hppctl.runtime.psl.data import ClientSamples, shards
+        from hppctl.runtime.psl.roles import Client
+        from hppctl.runtime.worker import make_optimizer
+
+        plan, opts, topo = self.config.plan, self.config.options, self.topo
+        index = topo.clients.index(self.device)
+        self.data = load_data(opts.train.dataset, plan.model)
+        s1, s2 = topo.cuts[self.device]
+        part1 = build_part(self.config, self.store, 0, s1)
+        part3 = build_part(self.config, self.store, s2, num_layers(plan.model, plan.granularity))
+        shard = shards(len(self.data.train), opts.shares or [1.0] * len(plan.clients), opts.train.seed)[index]
+        samples = ClientSamples(shard, plan.batch, opts.train.seed, index)
+        optimizer = make_optimizer(part1.parameters() + part3.parameters(), opts.train)
+        helper_rank = topo.rank(topo.helper_of[self.device])
+        client = Client(part1, part3, optimizer, helper_rank, samples, self.data.train, plan.batch)
+        self.parts = {"part1": part1, "part3": part3}
+        w = self.weights[self.device]
+        return client, [(w, part1.module), (w, part3.module)]
+
+    def _helper(self):
+        from hppctl.runtime.psl.roles import Helper
+        from hppctl.runtime.worker import make_optimizer
+
+        plan, topo = self.config.plan, self.topo
+        copies = {}
+        for client in topo.clients_of(self.device):
+            part2 = build_part(self.config, self.store, *topo.cuts[client])
+            copies[client] = (part2, make_optimizer(part2.parameters(), self.config.options.train), topo.rank(client))
+        self.parts = {c: stage for c, (stage, _, _) in copies.items()}
+        helper = Helper(copies, list(topo.orders[self.device]), plan.batch)
+        return helper, [(self.weights[c], copies[c][0].module) for c in copies]
+
+    def run_round(self, r: int) -> dict:
+        import torch
+        import torch.distributed as dist
+
+        from hppctl.runtime.psl.fedavg import fedavg
+
+        opts = self.config.options
+        started, cpu = time.time(), time.process_time()
+        batches = []
+        for k in range(opts.local_batches):
+            step = r * opts.local_batches + k
+            torch.manual_seed(opts.train.seed * 1_000_003 + step * 1_009 + self.topo.rank(self.device))  # dropout
+            dist.barrier()
+            batches.append(vars(self.role.run_batch(step)))
+        begin = time.perf_counter()
+        fedavg(self.layout, self.holdings, lambda t: dist.all_reduce(t, op=dist.ReduceOp.SUM))
+        fedavg_s = time.perf_counter() - begin
+        return {"round": r, "device": self.device, "role": "client" if self.device in self.topo.clients else "helper",
+                "started_at": started, "duration_s": time.time() - started, "cpu_s": time.process_time() - cpu,
+                "fedavg_s": fedavg_s, "batches": batches}
+
+    def final_blob(self) -> bytes:
+        import torch
+
+        buf = io.BytesIO()
+        torch.save({name: stage.state_dict() for name, stage in self.parts.items()}, buf)
+        return buf.getvalue()
+
+
+def train(worker: PslWorker) -> None:
+    from hppctl.runtime.bootstrap import put_blob
+    from hppctl.runtime.worker import cpu_cgroup, peak_rss_bytes, rss_bytes
+
+    cgroup, host = cpu_cgroup(), socket.gethostname()
+    for r in range(worker.config.options.train.rounds):
+        report = worker.run_round(r)
+        report.update(rss_bytes=rss_bytes(), peak_rss_bytes=peak_rss_bytes(), host=host, cgroup=cgroup)
+        worker.store.set(f"metrics/{r}/{worker.device}", json.dumps(report))
+    put_blob(worker.store, f"final/{worker.device}", worker.final_blob())
+
+
+def run_worker(config: PslWorkerConfig, token: str) -> int:
+    """Join, train, report; returns the exit code."""
+    import torch
+
+    from hppctl.runtime import bootstrap
+    from hppctl.runtime.psl.topology import PslTopology
+
+    opts = config.options.train
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    store = bootstrap.connect_store(config.store_host, config.store_port, token, timeout_s=opts.timeout_s)
+    store.set(f"pid/{config.device}", f"{socket.gethostname()} {os.getpid()}")
+    try:
+        bootstrap.join(store, token, config.device, timeout_s=opts.timeout_s)
+        worker = PslWorker(config, store)
+        topo = PslTopology.of(config.plan)
+        bootstrap.init_process_groups(store, topo.rank(config.device), topo.world_size, [], 0,
+                                      store_host=config.store_host, timeout_s=opts.timeout_s)
+        try:
+            train(worker)
+        finally:
+            bootstrap.destroy_process_groups()
+        store.set(f"done/{config.device}", str(time.time()))
+        return 0
+    except BaseException as e:
+        traceback.print_exc()
+        try:
+            store.set(f"failed/{config.device}", f"{e.__class__.__name__}: {e}"[:2000])
+        except Exception:  # the store may be gone with the launcher; the exit code still says it
+            pass
+        return 1
+
+
+def main() -> None:
+    line = sys.stdin.readline()
+    try:
+        doc = json.loads(line)
+        token = doc["token"]
+        config = PslWorkerConfig.model_validate_json(json.dumps(doc["config"]))
+    except (ValueError, KeyError) as e:
+        print(f"error: worker needs one JSON line {{token, config}} on stdin ({e})", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(run_worker(config, token))
+
+
+if __name__ == "__main__":
+    main()

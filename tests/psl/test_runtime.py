@@ -1,0 +1,135 @@
+"""`hppctl psl run`: clients and helpers as gloo worker processes on this machine.
+
+One run (5 processes, about 20-40 s on the shared 2-core machine) of tiny-cnn — BatchNorm and a
+skip tensor crossing some cuts — with 3 clients of different cuts and data shares on 2 helpers,
+2 rounds of 2 batch updates each. Checked against it: every client's FedAvg'd model equals the
+single-process reference (tests/psl/reference.py), and every helper ran its tasks in the plan's
+order. Bad input is refused before any process starts (exit 2, one line).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hppctl.models.psl import PslPiece, PslRequest
+from hppctl.planner.psl import plan_times
+from hppctl.runtime.config import TrainOptions
+from hppctl.runtime.psl.config import PslOptions
+from hppctl.runtime.psl.session import PslRunRequest, PslSession, summarize
+from hppctl.runtime.psl.topology import PslTopology, collapsed_plan, task_order
+from hppctl.store import save
+from tests.psl.factories import make_times
+from tests.psl.reference import psl_reference
+from tests.runtime.factories import local_cluster
+
+CLIENTS, HELPERS = ["c0", "c1", "c2"], ["h0", "h1"]
+
+
+def tiny_plan(model: str = "tiny-cnn", cuts=((2, 5), (4, 9), (3, 7))):
+    """balanced-greedy puts c0, c2 on h0 and c1 on h1; c2's input arrives first (r) but its gradient
+    last (long l + l′), so h0 serves F:c2 F:c0 B:c0 B:c2 — not the clients' index order."""
+    times = make_times(r=[[2, 2, 1], [2, 2, 1]], p=2, l=[1, 1, 4], lp=[1, 1, 4], pp=2, rp=1)
+    request = PslRequest(clients=CLIENTS, helpers=HELPERS, cuts=[list(c) for c in cuts], batch=8)
+    return plan_times(times, request, "balanced-greedy", model=model, granularity="fine")
+
+
+OPTIONS = PslOptions(train=TrainOptions(rounds=2, dataset="digits", lr=0.05, momentum=0.9, threads=1),
+                     local_batches=2, shares=[3.0, 1.0, 2.0])
+
+
+@pytest.fixture(scope="module")
+def run():
+    plan = tiny_plan()
+    result = PslSession(PslRunRequest(plan, local_cluster(*CLIENTS, *HELPERS), OPTIONS)).run()
+    return plan, result
+
+
+@pytest.mark.gloo
+def test_fedavg_model_equals_the_single_process_reference(run):
+    plan, result = run
+    # arrange: the whole-model reference, each client on its own shard, weighted average each round
+    expected = psl_reference(plan.model, plan.batch, len(plan.clients), OPTIONS)
+    for j, client in enumerate(plan.clients):
+        # assert: parts 1 and 3 (client) and the helper's part-2 copy make the averaged model
+        torch.testing.assert_close(result.client_model(client), expected[j], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(expected[0], expected[1])  # after FedAvg every client holds the same model
+
+
+@pytest.mark.gloo
+def test_helpers_run_the_plans_task_order(run):
+    plan, result = run
+    assert [str(p) for p in plan.helper_plans[0].sequence] == ["F:c2", "F:c0", "B:c0", "B:c2"]
+    executed = [{h: [tuple(t[:2]) for t in b["helpers"][h]] for h in plan.helpers}
+                for row in result.rounds for b in row["batches"]]
+    assert len(executed) == OPTIONS.train.rounds * OPTIONS.local_batches
+    for batch in executed:
+        assert batch == {h.helper: [(p.kind, p.client) for p in h.sequence] for h in plan.helper_plans}
+    summary = summarize(result)
+    assert summary["helper_order_followed"] and summary["batches"] == 4
+    assert set(summary["clients"]) == set(CLIENTS)
+
+
+def _piece(text: str, fraction: float = 1.0) -> PslPiece:
+    kind, client = text.split(":")
+    return PslPiece(kind=kind, client=client, fraction=fraction, start_s=0.0, end_s=0.0)
+
+
+@pytest.mark.parametrize("sequence, order", [
+    (["F:a", "F:b", "B:a", "B:b"], [("F", "a"), ("F", "b"), ("B", "a"), ("B", "b")]),
+    # preempted: a task runs whole where its last piece is (the order the plan completes tasks in)
+    ([("F:a", 0.5), "F:b", ("F:a", 0.5), ("B:b", 0.25), "B:a", ("B:b", 0.75)],
+     [("F", "b"), ("F", "a"), ("B", "a"), ("B", "b")]),
+])
+def test_task_order_collapses_preempted_pieces(sequence, order):
+    pieces = [_piece(*p) if isinstance(p, tuple) else _piece(p) for p in sequence]
+    assert task_order(pieces) == order
+
+
+def test_collapsed_plan_replays_one_piece_per_task():
+    plan = tiny_plan()
+    collapsed = collapsed_plan(plan)
+    assert PslTopology.of(collapsed).orders == PslTopology.of(plan).orders
+    assert all(p.fraction == 1.0 for h in collapsed.helper_plans for p in h.sequence)
+
+
+# --- bad input: exit 2, one line, before any worker starts ------------------------------------------
+
+@pytest.fixture
+def files(tmp_path):
+    def write(plan=None, devices=(*CLIENTS, *HELPERS), cluster_text=None):
+        plan_path, cluster_path = tmp_path / "plan.yaml", tmp_path / "cluster.yaml"
+        save(plan_path, plan or tiny_plan())
+        if cluster_text is None:
+            save(cluster_path, local_cluster(*devices))
+        else:
+            cluster_path.write_text(cluster_text)
+        return ["--plan", str(plan_path), "--cluster", str(cluster_path)]
+    return write
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing-device", "clients.2: device 'c2' is not in"),
+    ("preset-device", "device 'h1' is a preset"),
+    ("cut-beyond-model", "cuts.1: client 'c1': cut [4, 9] must satisfy σ2 < 5"),
+    ("shares-count", "--shares: 2 values for the plan's 3 clients"),
+    ("shard-too-small", "client 'c1' gets"),
+])
+def test_bad_input_is_exit_2_with_one_line(cli, files, case, message):
+    extra = []
+    if case == "missing-device":
+        args = files(devices=["c0", "c1", "h0", "h1"])
+    elif case == "preset-device":
+        args = files(cluster_text="name: x\ndevices:\n" + "".join(f"  - {{name: {d}, local: true}}\n" for d in
+                                                                  (*CLIENTS, "h0")) + "  - {name: h1, preset: rpi4}\n")
+    elif case == "cut-beyond-model":
+        args = files(plan=tiny_plan("tiny-mlp", cuts=((1, 3), (4, 9), (2, 4))))
+    elif case == "shares-count":
+        args, extra = files(), ["--shares", "1,2"]
+    else:
+        args, extra = files(), ["--shares", "1,0.001,1", "--dataset", "digits"]
+    code, stdout, stderr = cli("psl", "run", *args, *extra)
+    assert code == 2
+    assert stdout == ""
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], stderr

@@ -12,11 +12,14 @@ Cost of one micro-batch in the steady state (the paper's T(U), extended as notes
 - worker w: its forwards and backwards on its own device, plus, with `recompute`, the forward of
   every split layer it backwards (PyTorch keeps no autograd graph across processes, so the
   backward owner re-runs the split layer's forward from the layer's input);
-- link between workers a and b (half-duplex: both directions share it, as the paper sums them):
-  * adjacent workers: the activations at the forward cut and the gradients at the backward cut;
-  * split layers: the input of a split block the backward owner does not hold (with `recompute`),
-    or the block's saved tensors plus that input (without: the backward owner receives them), and
-    the split layers' updated weights back to the forward owner once per round (1/M per micro-batch);
+- messages: to the next worker the activations at the forward cut, to the previous one the
+  gradients at the backward cut; for split layers the input of a split block the backward owner
+  does not hold (with `recompute`), or the block's saved tensors plus that input (without: the
+  backward owner receives them), and the split layers' updated weights back to the forward owner
+  once per round (1/M per micro-batch);
+- a worker's uplink carries everything it sends, one message after another (each device has one
+  egress: the lab shapes it, the simulator models it); the paper's model (`uplink=False`) has one
+  half-duplex link per pair instead, both directions summed;
 - the bottleneck is the largest of all worker and link times (Eq. 3: the max over sub-pipelines
   and the boundary transfer).
 
@@ -56,9 +59,13 @@ class BiOptions:
     """Split layers only between neighbouring workers (what the runtime executes; always on with
     `split_traffic`, which the DP prices exactly only there). Off: the paper's whole Eq. 1 space."""
 
+    uplink: bool = True
+    """A worker's sends share its uplink (one egress per device: the lab's shaping, the simulator's
+    model). False: the paper's model, one half-duplex link per pair with both directions summed."""
+
     @classmethod
     def paper(cls) -> "BiOptions":
-        return cls(recompute=False, split_traffic=False, interleave=False)
+        return cls(recompute=False, split_traffic=False, interleave=False, uplink=False)
 
     @property
     def interleaved_only(self) -> bool:
@@ -161,21 +168,40 @@ def worker_memory(c: BiCosts, w: int, i1, j1, i2, j2):
     return fixed + c.warmup[w] * (both + inputs + split_acts)
 
 
-def link_bytes(c: BiCosts, i1, i2):
-    """Bytes per micro-batch between worker w-1 and w when w's ranges start at f_w = i1, b_w = i2.
+def forward_bytes(c: BiCosts, i1, i2):
+    """Bytes per micro-batch worker w-1 sends worker w when w's ranges start at f_w = i1, b_w = i2.
 
     With interleaved cuts every split layer lies between neighbours: [i2, i1) is w's prefix split
     (forward on w-1, which sends the block's input at i2), [i1, i2) is w-1's suffix split (forward
-    on w; w-1 holds the block's input, its own output at i1)."""
-    total = c.boundary[i1] + c.boundary[i2]
+    on w, backward on w-1, which holds the block's input, its own output at i1, and sends the
+    block's new weights)."""
+    total = c.boundary[i1]
     if not c.options.split_traffic:
         return total
     ap, pp = c.act_prefix, c.param_prefix
-    lo, hi = np.minimum(i1, i2), np.maximum(i1, i2)
-    saved = 0.0 if c.options.recompute else ap[hi] - ap[lo]
-    prefix_input = np.where(i2 < i1, c.boundary[i2], 0.0)
-    weights = (pp[hi] - pp[lo]) / c.num_micro_batches
-    return total + prefix_input + saved + weights
+    prefix_split, suffix_split = i2 < i1, i1 < i2
+    total = total + np.where(prefix_split, c.boundary[i2], 0.0)
+    if not c.options.recompute:
+        total = total + np.where(prefix_split, ap[i1] - ap[np.minimum(i1, i2)], 0.0)
+    return total + np.where(suffix_split, pp[i2] - pp[np.minimum(i1, i2)], 0.0) / c.num_micro_batches
+
+
+def backward_bytes(c: BiCosts, i1, i2):
+    """Bytes per micro-batch worker w sends worker w-1 (see `forward_bytes`): the gradients at the
+    backward cut, the weights of w's prefix split, saved tensors of w-1's suffix split (receive mode)."""
+    total = c.boundary[i2]
+    if not c.options.split_traffic:
+        return total
+    ap, pp = c.act_prefix, c.param_prefix
+    prefix_split, suffix_split = i2 < i1, i1 < i2
+    if not c.options.recompute:
+        total = total + np.where(suffix_split, ap[i2] - ap[np.minimum(i1, i2)], 0.0)
+    return total + np.where(prefix_split, pp[i1] - pp[np.minimum(i1, i2)], 0.0) / c.num_micro_batches
+
+
+def link_bytes(c: BiCosts, i1, i2):
+    """Both directions between worker w-1 and w (the paper's half-duplex pair)."""
+    return forward_bytes(c, i1, i2) + backward_bytes(c, i1, i2)
 
 
 # --- a whole plan -----------------------------------------------------------------------------------
@@ -187,8 +213,8 @@ class BiResult:
     backward: tuple[int, ...]
     bottleneck_s: float
     worker_s: tuple[float, ...]
-    links: dict[tuple[int, int], float]
-    """(a, b) with a < b -> seconds per micro-batch on that link."""
+    links: dict[tuple[int, ...], float]
+    """Seconds per micro-batch: (w,) -> worker w's uplink; with the paper's pair model (a, b), a < b."""
     memory_bytes: tuple[float, ...]
     feasible: bool
 
@@ -234,7 +260,7 @@ def evaluate(c: BiCosts, forward, backward) -> BiResult:
         raise ValueError("equal_cuts: forward and backward cuts differ")
     worker = [float(worker_time(c, w, forward[w], forward[w + 1], backward[w], backward[w + 1])) for w in range(W)]
     load = _link_loads(c, forward, backward)
-    links = {pair: b / c.bandwidth[pair] for pair, b in load.items() if b > 0}
+    links = _link_times(c, load)
     memory = tuple(float(worker_memory(c, w, forward[w], forward[w + 1], backward[w], backward[w + 1]))
                    for w in range(W))
     feasible = all(m <= c.budget[w] for w, m in enumerate(memory))
@@ -242,17 +268,27 @@ def evaluate(c: BiCosts, forward, backward) -> BiResult:
     return BiResult(tuple(forward), tuple(backward), bottleneck, tuple(worker), links, memory, feasible)
 
 
+def _link_times(c: BiCosts, load: dict[tuple[int, int], float]) -> dict[tuple[int, ...], float]:
+    """Uplink model: (w,) -> seconds of everything w sends; pair model: (a, b) -> both directions."""
+    times: dict[tuple[int, ...], float] = {}
+    for (src, dst), nbytes in load.items():
+        key = (src,) if c.options.uplink else (min(src, dst), max(src, dst))
+        times[key] = times.get(key, 0.0) + nbytes / c.bandwidth[src, dst]
+    return {k: t for k, t in times.items() if t > 0}
+
+
 def _link_loads(c: BiCosts, forward, backward) -> dict[tuple[int, int], float]:
+    """(src, dst) -> bytes per micro-batch."""
     L, W = c.L, c.W
     load: dict[tuple[int, int], float] = {}
 
     def add(a: int, b: int, nbytes: float) -> None:
         if a != b and nbytes > 0:
-            key = (min(a, b), max(a, b))
-            load[key] = load.get(key, 0.0) + float(nbytes)
+            load[(a, b)] = load.get((a, b), 0.0) + float(nbytes)
 
     for w in range(1, W):
-        add(w - 1, w, c.boundary[forward[w]] + c.boundary[backward[w]])
+        add(w - 1, w, c.boundary[forward[w]])
+        add(w, w - 1, c.boundary[backward[w]])
     if not c.options.split_traffic:
         return load
     fo, bo = owners(forward, L), owners(backward, L)
@@ -283,9 +319,7 @@ def round_estimate(c: BiCosts, result: BiResult) -> tuple[float, list[Step]]:
         if w + 1 < W:
             f, b = result.forward[w + 1], result.backward[w + 1]
             bw = c.bandwidth[w, w + 1]
-            weights = _weights(c, f, b) / c.num_micro_batches if c.options.split_traffic else 0.0
-            forward_bytes = link_bytes(c, f, b) - c.boundary[b] - weights
-            steps.append(Step(float(forward_bytes / bw), float(c.boundary[b] / bw)))
+            steps.append(Step(float(forward_bytes(c, f, b) / bw), float(backward_bytes(c, f, b) / bw)))
     send_back = 0.0
     if c.options.split_traffic:
         send_back = max((_weights(c, result.forward[w], result.backward[w]) / c.bandwidth[w - 1, w]

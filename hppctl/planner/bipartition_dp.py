@@ -29,8 +29,8 @@ import math
 
 import numpy as np
 
-from hppctl.planner.bipartition import BiCosts, BiResult, evaluate, interleaved, link_bytes, valid_cuts, \
-    worker_memory, worker_time
+from hppctl.planner.bipartition import BiCosts, BiResult, backward_bytes, evaluate, forward_bytes, interleaved, \
+    link_bytes, valid_cuts, worker_memory, worker_time
 
 
 def solve(c: BiCosts, search: str = "exact") -> BiResult | None:
@@ -71,17 +71,31 @@ def solve(c: BiCosts, search: str = "exact") -> BiResult | None:
 
 
 def _link_table(c: BiCosts, w: int) -> np.ndarray:
-    """link[i1, i2]: seconds per micro-batch between worker w-1 and w (0 for the head)."""
+    """link[i1, i2]: seconds per micro-batch of the traffic at worker w's start cuts (f_w, b_w) =
+    (i1, i2): both directions of the pair (w-1, w) in the paper's model; with uplinks, what w sends
+    back to w-1 (w's own uplink; what w-1 sends forward is added in `_uplink_forward`)."""
     L = c.L
     if w == 0:
         return np.zeros((L + 1, L + 1))
     i1, i2 = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
+    if c.options.uplink:
+        return backward_bytes(c, i1, i2) / c.bandwidth[w, w - 1]
     return link_bytes(c, i1, i2) / c.bandwidth[w - 1, w]
+
+
+def _uplink_forward(c: BiCosts, w: int, j1: int, j2: int) -> float:
+    """Seconds of what worker w sends forward to w+1 when w+1 starts at (j1, j2) (uplink model)."""
+    if not c.options.uplink or w + 1 >= c.W:
+        return 0.0
+    return float(forward_bytes(c, j1, j2) / c.bandwidth[w, w + 1])
 
 
 def _candidates(c: BiCosts, w: int, D: np.ndarray, link: np.ndarray, j1: int, j2: int, i1, i2) -> np.ndarray:
     """The objective of every (i1, i2) candidate for worker w ending at (j1, j2); inf where invalid."""
-    value = np.maximum(np.maximum(D[i1, i2], link[i1, i2]), worker_time(c, w, i1, j1, i2, j2))
+    # With uplinks, worker w's sends are its gradients etc. back (start cuts) plus its activations
+    # etc. forward (end cuts): both known in this transition, so the sum stays exact.
+    up = link[i1, i2] + _uplink_forward(c, w, j1, j2)
+    value = np.maximum(np.maximum(D[i1, i2], up), worker_time(c, w, i1, j1, i2, j2))
     empty = (i1 >= j1) & (i2 >= j2)
     if c.options.equal_cuts:
         empty |= i1 != i2

@@ -169,11 +169,14 @@ def test_split_traffic_is_counted_on_the_link():
     c = BiCosts(np.ones((2, 2)), 2 * np.ones((2, 2)), np.array([0.0, 10.0, 0.0]), np.array([3.0, 5.0]),
                 np.array([40.0, 80.0]), np.array([[np.inf, 1.0], [1.0, np.inf]]), np.full(2, np.inf), (3, 1), 4)
     r = evaluate(c, (0, 1, 2), (0, 2, 2))
-    # link: activations at cut 1 (10) + weights of layer 1 once per round (80 / 4); input local
-    assert r.links == {(0, 1): 30.0}
+    # worker 0's uplink: activations at cut 1 (10) + layer 1's weights once per round (80 / 4);
+    # the block's input is its own output, and no gradient crosses cut 2 (the last)
+    assert r.links == {(0,): 30.0}
     assert r.worker_s == (1 + 4 + 1, 1)  # worker 0 recomputes layer 1's forward
     receive = evaluate(c.with_options(BiOptions(recompute=False)), (0, 1, 2), (0, 2, 2))
-    assert receive.links == {(0, 1): 35.0} and receive.worker_s == (5, 1)  # saved tensors (5) instead
+    assert receive.links == {(0,): 30.0, (1,): 5.0} and receive.worker_s == (5, 1)  # saved tensors instead
+    pair = evaluate(c.with_options(BiOptions(recompute=False, uplink=False)), (0, 1, 2), (0, 2, 2))
+    assert pair.links == {(0, 1): 35.0}  # the paper's half-duplex link: both directions summed
 
 
 def test_plan_file_round_trip_and_validation():

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from hppctl.models.plan import HppPlan, PlanRequest, Prediction, StagePlan, TransferPlan
 from hppctl.planner.asteroid import memory_order
-from hppctl.planner.bipartition import BiCosts, BiOptions, BiResult, costs_from_model, evaluate, link_bytes, \
+from hppctl.planner.bipartition import BiCosts, BiOptions, BiResult, costs_from_model, evaluate, forward_bytes, \
     round_estimate
 from hppctl.planner.bipartition_dp import solve
 from hppctl.planner.cost import CostModel, StageChoice
@@ -98,10 +98,8 @@ def _stage_plan(cm: CostModel, c: BiCosts, result: BiResult, steps, w: int, devi
 
 
 def _forward_bytes(c: BiCosts, result: BiResult, w: int) -> float:
-    """Bytes per micro-batch from worker w-1 to w: activations at the forward cut plus a split block's input."""
-    f, b = result.forward[w], result.backward[w]
-    total = link_bytes(c, f, b) - c.boundary[b]
-    return total - (c.param_prefix[max(f, b)] - c.param_prefix[min(f, b)]) / c.num_micro_batches
+    """Bytes per micro-batch from worker w-1 to w: activations at the forward cut plus split traffic."""
+    return float(forward_bytes(c, result.forward[w], result.backward[w]))
 
 
 def _candidate(cm: CostModel, options: BiOptions, search: str) -> Candidate | None:

@@ -186,14 +186,17 @@ def text_ids(model: str, text: str):
     from hppctl.zoo import get_model
 
     spec = get_model(model)
-    if spec.hf_path is not None:
-        try:
-            from transformers import AutoTokenizer
+    vocabularies = ("tokenizer.json", "vocab.json", "vocab.txt", "tokenizer.model")
+    if spec.hf_path is not None and any((Path(spec.hf_path) / f).is_file() for f in vocabularies):
+        from transformers import AutoTokenizer
 
+        try:
             tokenizer = AutoTokenizer.from_pretrained(spec.hf_path, local_files_only=True)
-            return torch.tensor(tokenizer(text)["input_ids"], dtype=torch.long)
-        except (OSError, ValueError):
-            note(f"{model}: no tokenizer in the checkpoint; using UTF-8 bytes as token ids")
+        except (OSError, ValueError) as e:
+            raise BadInput(f"--input: {model}: cannot load the checkpoint's tokenizer ({e})") from None
+        return torch.tensor(tokenizer(text)["input_ids"], dtype=torch.long)
+    # NOTE: without vocabulary files transformers 5 builds an EMPTY tokenizer that maps any text to no ids.
+    note(f"{model}: no tokenizer files; using the UTF-8 bytes of --input as token ids")
     return torch.tensor(list(text.encode()), dtype=torch.long)
 
 

@@ -273,6 +273,25 @@ def run_command(
     as_json: AsJson = False,
 ) -> None:
     """Train a PSL plan: clients (data, parts 1 and 3) and helpers (a part-2 copy per client) as worker processes over gloo; FedAvg every round."""
+    run_psl(plan_file, cluster_file, rounds=rounds, local_batches=local_batches, shares=shares, dataset=dataset,
+            seed=seed, optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay, metrics=metrics,
+            save_model=save_model, threads=threads, listen=listen, timeout=timeout, log=log, as_json=as_json)
+
+
+def is_psl_file(path: Path) -> bool:
+    """True when `path` holds a PSL plan (`kind: psl`): `hppctl run` hands it to `run_psl`."""
+    from hppctl.store import read_document
+
+    doc = read_document(path)
+    return isinstance(doc, dict) and doc.get("kind") == "psl"
+
+
+def run_psl(plan_file: Path, cluster_file: Path, *, rounds: int = 1, local_batches: int = 1, shares: Optional[str] = None,
+            dataset: str = "synthetic", seed: int = 0, optimizer: str = "sgd", lr: float = 0.05, momentum: float = 0.9,
+            weight_decay: float = 0.0, metrics: Optional[Path] = None, save_model: Optional[Path] = None,
+            threads: Optional[int] = None, listen: Optional[str] = None, timeout: float = 300.0,
+            log: Optional[Path] = None, as_json: bool = False) -> None:
+    """`hppctl psl run` (and `hppctl run` on a psl plan): check, run, report."""
     from hppctl.models.cluster import ClusterSpec
     from hppctl.runtime.config import TrainOptions
     from hppctl.runtime.psl.config import PslOptions

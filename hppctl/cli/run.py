@@ -84,6 +84,16 @@ def run_command(
         return run_inference_command(plan, cluster, text=text, input_ids=input_ids, seq_len=seq_len, repeat=repeat,
                                      warmup=warmup, overlap=overlap, output=output, as_json=as_json, threads=threads,
                                      seed=seed, listen=listen, timeout=timeout, log=log)
+    from hppctl.cli.psl import is_psl_file
+    if is_psl_file(plan):  # parallel split learning (issue 11); `hppctl psl run` has its PSL-only flags
+        from hppctl.cli.psl import run_psl
+        for flag, value in (("--epochs", epochs), ("--checkpoint-dir", checkpoint_dir), ("--profile", profile),
+                            ("--trace", trace)):
+            if value is not None:
+                raise BadInput(f"{flag}: not supported for psl plans (see `hppctl psl run --help`)")
+        return run_psl(plan, cluster, rounds=rounds or 1, dataset=dataset, seed=seed, optimizer=optimizer, lr=lr,
+                       momentum=momentum, weight_decay=weight_decay, metrics=metrics, save_model=save_model,
+                       threads=threads, listen=listen, timeout=timeout, log=log, as_json=as_json)
     if rounds is not None and epochs is not None:
         raise BadInput("--rounds and --epochs: give one of them")
     for flag, value in (("--rounds", rounds), ("--epochs", epochs), ("--checkpoint-every", checkpoint_every),

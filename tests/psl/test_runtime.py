@@ -133,3 +133,13 @@ def test_bad_input_is_exit_2_with_one_line(cli, files, case, message):
     assert stdout == ""
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], stderr
+
+
+@pytest.mark.parametrize("extra, message", [
+    ([], "clients.2: device 'c2' is not in"),           # the psl pre-flight, not the HPP plan loader
+    (["--epochs", "2"], "--epochs: not supported for psl plans"),
+])
+def test_hppctl_run_hands_psl_plans_to_the_psl_runtime(cli, files, extra, message):
+    args = files(devices=["c0", "c1", "h0", "h1"])
+    code, _, stderr = cli("run", *args, *extra)
+    assert code == 2 and len(stderr.strip().splitlines()) == 1 and message in stderr, stderr

@@ -113,7 +113,11 @@ def _exact(c, w, D, link, j1, j2, k) -> tuple[float, tuple[int, int]]:
 def _bsa(c, w, D, link, j1, j2, k) -> tuple[float, tuple[int, int]]:
     """Alg. 2 for every i1 at once: binary search on i2 in [0, k] where D stops being <= T."""
     i1, k = np.arange(k[0] + 1), k[1]
-    lo, hi = np.zeros(i1.size, dtype=np.int64), np.full(i1.size, k, dtype=np.int64)
+    # Search where the sub-pipeline exists (D finite): the paper's D is finite everywhere, ours is
+    # not (interleaving, memory), and a search through infinities would only find the edge.
+    finite = np.isfinite(D[: i1.size, : k + 1])
+    first, last = finite.argmax(axis=1), k - finite[:, ::-1].argmax(axis=1)
+    lo, hi = first.astype(np.int64), last.astype(np.int64)
     # Invariant: the crossing lies in [lo, hi]. Floor-mid with lo = mid + 1 terminates (notes §7.2).
     while np.any(lo < hi):
         mid = (lo + hi) // 2
@@ -123,7 +127,7 @@ def _bsa(c, w, D, link, j1, j2, k) -> tuple[float, tuple[int, int]]:
         lo, hi = np.where(active & go_right, mid + 1, lo), np.where(active & ~go_right, mid, hi)
     best, arg = math.inf, (0, 0)
     for i2 in (lo - 1, lo):  # the crossing's two neighbours, compared on the full objective
-        i2 = np.clip(i2, 0, k)
+        i2 = np.clip(i2, first, last)
         values = _candidates(c, w, D, link, j1, j2, i1, i2)
         a = int(np.argmin(values))
         if values[a] < best:

@@ -143,3 +143,20 @@ def test_hppctl_run_hands_psl_plans_to_the_psl_runtime(cli, files, extra, messag
     args = files(devices=["c0", "c1", "h0", "h1"])
     code, _, stderr = cli("run", *args, *extra)
     assert code == 2 and len(stderr.strip().splitlines()) == 1 and message in stderr, stderr
+
+
+def test_fedavg_groups_tensors_by_the_ranks_holding_them():
+    from hppctl.runtime.psl.fedavg import holder_groups
+
+    # one cut for all: parts 1 and 3 on the clients (ranks 0-2), part 2 on both helpers (3, 4)
+    topo = PslTopology.of(tiny_plan("tiny-mlp", cuts=((2, 4),) * 3))
+    groups = {g.ranks: [name for name, _ in g.tensors] for g in holder_groups(topo, "tiny-mlp", "fine", 5)}
+    assert groups == {(0, 1, 2): ["model.blocks.0.0.weight", "model.blocks.0.0.bias", "model.head.weight",
+                                  "model.head.bias"],
+                      (3, 4): ["model.blocks.1.0.weight", "model.blocks.1.0.bias"]}
+    # per-client cuts: block 1 is in c1's part 1 (rank 1) and in c0's and c2's part 2 (both on h0, rank 3);
+    # c1's part 2 on h1 (rank 4) is an activation alone, so h1 averages nothing
+    topo = PslTopology.of(tiny_plan("tiny-mlp", cuts=((2, 4), (3, 4), (2, 4))))
+    groups = {g.ranks: [name for name, _ in g.tensors] for g in holder_groups(topo, "tiny-mlp", "fine", 5)}
+    assert groups[(1, 3)] == ["model.blocks.1.0.weight", "model.blocks.1.0.bias"]
+    assert not any(4 in ranks for ranks in groups)

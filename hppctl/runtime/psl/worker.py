@@ -50,12 +50,14 @@ class PslWorker:
     """The device's role (client or helper) and what a round does with it."""
 
     def __init__(self, config: PslWorkerConfig, store) -> None:
-        from hppctl.runtime.psl.fedavg import model_layout
+        from hppctl.runtime.psl.fedavg import holder_groups
         from hppctl.runtime.psl.topology import PslTopology
 
         self.config, self.store, self.device = config, store, config.device
         self.topo = PslTopology.of(config.plan)
-        self.layout = model_layout(config.plan.model)
+        plan = config.plan
+        self.holder_groups = holder_groups(self.topo, plan.model, plan.granularity, num_layers(plan.model, plan.granularity))
+        self.gloo_groups: dict[tuple[int, ...], object] = {}
         self.weights = dict(zip(config.plan.clients, config.fedavg_weights))
         if self.device in self.topo.clients:
             self.role, self.holdings = self._client()
@@ -96,6 +98,23 @@ class PslWorker:
         helper = Helper(copies, list(topo.orders[self.device]), plan.batch)
         return helper, [(self.weights[c], copies[c][0].module) for c in copies]
 
+    def make_groups(self, timeout_s: float) -> None:
+        """One gloo group per set of ranks sharing tensors to average; every rank creates every group,
+        in the same order (torch requires it), and uses those it belongs to."""
+        import datetime
+
+        import torch.distributed as dist
+
+        for group in self.holder_groups:
+            if len(group.ranks) > 1:
+                self.gloo_groups[group.ranks] = dist.new_group(list(group.ranks), backend="gloo",
+                                                               timeout=datetime.timedelta(seconds=timeout_s))
+
+    def _allreduce(self, tensor, group) -> None:
+        import torch.distributed as dist
+
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.gloo_groups[group.ranks])
+
     def run_round(self, r: int) -> dict:
         import torch
         import torch.distributed as dist
@@ -111,7 +130,7 @@ class PslWorker:
             dist.barrier()
             batches.append(vars(self.role.run_batch(step)))
         begin = time.perf_counter()
-        fedavg(self.layout, self.holdings, lambda t: dist.all_reduce(t, op=dist.ReduceOp.SUM))
+        fedavg(self.holder_groups, self.holdings, self.topo.rank(self.device), self._allreduce)
         fedavg_s = time.perf_counter() - begin
         return {"round": r, "device": self.device, "role": "client" if self.device in self.topo.clients else "helper",
                 "started_at": started, "duration_s": time.time() - started, "cpu_s": time.process_time() - cpu,
@@ -156,6 +175,7 @@ def run_worker(config: PslWorkerConfig, token: str) -> int:
         bootstrap.init_process_groups(store, topo.rank(config.device), topo.world_size, [], 0,
                                       store_host=config.store_host, timeout_s=opts.timeout_s)
         try:
+            worker.make_groups(opts.timeout_s)
             train(worker)
         finally:
             bootstrap.destroy_process_groups()

@@ -51,3 +51,25 @@ class WorkerConfig(FrozenModel):
     options: TrainOptions
     resume: bool = False
     """Load the checkpointed stage state (`resume/<stage>`) over the initial one (`init/<stage>`)."""
+    recovery: "RecoveryConfig | None" = None
+    """Heartbeats to a coordinator and pipeline replay on failure (runtime/recovery_worker.py); None:
+    any failure ends the run."""
+
+
+class RecoveryConfig(FrozenModel):
+    """How a worker takes part in fault tolerance (docs/fault-tolerance.md)."""
+
+    coordinator_host: str
+    coordinator_port: Annotated[int, Field(ge=1, le=65535)]
+    """The coordinator's heartbeat (UDP) address."""
+    heartbeat_s: PosFloat = 1.0
+    timeout_s: PosFloat = 3.0
+    """The coordinator's silence threshold; a worker that hears no acknowledgement for 1.5x this
+    stops cleanly (so within 2x of the coordinator's death)."""
+    replicate_every: PosInt = 1
+    """Snapshot and back up stage state every K rounds."""
+    stall_timeout_s: PosFloat = 120.0
+    """How long a stopped worker waits for the coordinator's new configuration."""
+
+
+WorkerConfig.model_rebuild()

@@ -170,9 +170,9 @@ class Session:
     def _launch(self, options: TrainOptions, *, resume: bool) -> None:
         plan = self.request.plan
         for device in self.topo.devices:
-            config = WorkerConfig(device=device, store_host=self.store.host, store_port=self.store.port,
-                                  model=plan.model, granularity=plan.granularity, schedule=self.schedule,
-                                  options=options, resume=resume)
+            config = self._worker_config(WorkerConfig(
+                device=device, store_host=self.store.host, store_port=self.store.port, model=plan.model,
+                granularity=plan.granularity, schedule=self.schedule, options=options, resume=resume))
             payload = json.dumps({"token": self.store.token, "config": config.model_dump(mode="json")})
             spec = self.request.cluster.device(device)
             if spec.host is not None:
@@ -180,6 +180,10 @@ class Session:
                                                  log=self.request.log, env=self.request.env)
             else:
                 self.workers[device] = LocalWorker(device, payload, env=self.request.env, log=self.request.log)
+
+    def _worker_config(self, config: WorkerConfig) -> WorkerConfig:
+        """Hook: what a worker is told (runtime/recovery.py adds the coordinator's address)."""
+        return config
 
     def _pid_of(self, device: str) -> int | None:
         key = f"pid/{device}"

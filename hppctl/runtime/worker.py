@@ -114,8 +114,6 @@ class Worker:
         return buf.getvalue()
 
     def train(self, comm) -> None:
-        import torch
-
         from hppctl.runtime.bootstrap import put_blob
         from hppctl.runtime.executor import Executor
 
@@ -129,22 +127,36 @@ class Worker:
                             self.optimizer, comm, self.feed, trace=opts.trace)
         primary = self.topo.replica_index(self.device) == 0
         for r in range(opts.start_round, opts.rounds):
-            cpu = time.process_time()
-            torch.manual_seed(opts.seed * 1_000_003 + r * 1_009 + self.rank)  # dropout masks, reproducible on resume
-            stats = executor.run_round(r)
-            stats.cpu_s = time.process_time() - cpu
-            report = stats.as_json()
-            report.update(device=self.device, stage=self.stage_index, rss_bytes=rss_bytes(),
-                          peak_rss_bytes=peak_rss_bytes(), baseline_rss_bytes=self.baseline_rss,
-                          host=socket.gethostname(), cgroup=self.cgroup)
-            if opts.trace:
-                report["spans"] = [s.__dict__ for s in stats.spans]
-            self.store.set(f"metrics/{r}/{self.device}", json.dumps(report))
-            due = opts.checkpoint_every and (r + 1) % opts.checkpoint_every == 0 and r + 1 < opts.rounds
-            if primary and due:
+            stats = self.run_round(executor, r)
+            self.store.set(f"metrics/{r}/{self.device}", json.dumps(self.report(stats)))
+            if primary and self.checkpoint_due(r + 1):
                 put_blob(self.store, f"ckpt/{r + 1}/{self.stage_index}", self.state_blob(r + 1))
         if primary:
             put_blob(self.store, f"final/{self.stage_index}", self.state_blob(opts.rounds))
+
+    def run_round(self, executor, r: int):
+        import torch
+
+        opts = self.config.options
+        cpu = time.process_time()
+        torch.manual_seed(opts.seed * 1_000_003 + r * 1_009 + self.rank)  # dropout masks, reproducible on resume
+        stats = executor.run_round(r)
+        stats.cpu_s = time.process_time() - cpu
+        return stats
+
+    def report(self, stats) -> dict:
+        """The round's metrics report (`metrics/<round>/<device>`)."""
+        report = stats.as_json()
+        report.update(device=self.device, stage=self.stage_index, rss_bytes=rss_bytes(),
+                      peak_rss_bytes=peak_rss_bytes(), baseline_rss_bytes=self.baseline_rss,
+                      host=socket.gethostname(), cgroup=self.cgroup)
+        if self.config.options.trace:
+            report["spans"] = [s.__dict__ for s in stats.spans]
+        return report
+
+    def checkpoint_due(self, completed: int) -> bool:
+        opts = self.config.options
+        return bool(opts.checkpoint_every and completed % opts.checkpoint_every == 0 and completed < opts.rounds)
 
 
 class DataFeed:
@@ -196,6 +208,10 @@ def run_worker(config: WorkerConfig, token: str) -> int:
     opts = config.options
     if opts.threads:
         torch.set_num_threads(opts.threads)
+    if config.recovery is not None:
+        from hppctl.runtime.recovery_worker import run_resilient
+
+        return run_resilient(config, token)
     store = bootstrap.connect_store(config.store_host, config.store_port, token, timeout_s=opts.timeout_s)
     store.set(f"pid/{config.device}", f"{socket.gethostname()} {os.getpid()}")
     try:

@@ -1,0 +1,283 @@
+"""Heartbeats, acknowledgements and probes between workers and the coordinator (notes/asteroid.md §5).
+
+Wire format: every message is one line of JSON followed by a tab and HMAC-SHA256(token, JSON) in
+hex. Heartbeats are UDP datagrams from a worker to the coordinator's address (the only address it
+listens on); each valid one is answered with an acknowledgement that carries the coordinator's
+*generation* (how many re-plans it has made), which is how a worker learns, without polling, that
+it must stop its round and take part in a reconfiguration. A datagram with a missing or wrong
+MAC, from a device the run does not know, or from an address that is not its device's, is dropped
+and logged (`HeartbeatListener.dropped`).
+
+A probe is a separate TCP connection from the coordinator to the worker's probe port (announced in
+its heartbeats): the coordinator sends a fresh nonce, the worker answers `HMAC(token, probe|nonce|device)`.
+A stopped process, a killed one or a cut link cannot answer within the probe timeout.
+
+Threads: `HeartbeatSender` and `ProbeResponder` run in the worker beside the training loop;
+`HeartbeatListener` runs in the coordinator. All three are daemons with `start`/`stop` pairs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+MAX_DATAGRAM = 2048
+
+
+def sign(token: str, doc: dict) -> bytes:
+    body = json.dumps(doc, separators=(",", ":"), sort_keys=True)
+    mac = hmac.new(token.encode(), body.encode(), hashlib.sha256).hexdigest()
+    return f"{body}\t{mac}".encode()
+
+
+def verify(token: str, data: bytes) -> dict | None:
+    """The message's JSON object if its MAC checks, else None."""
+    try:
+        body, _, mac = data.decode().rpartition("\t")
+    except UnicodeDecodeError:
+        return None
+    expected = hmac.new(token.encode(), body.encode(), hashlib.sha256).hexdigest()
+    if not body or not hmac.compare_digest(mac, expected):
+        return None
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def probe_answer(token: str, nonce: str, device: str) -> str:
+    return hmac.new(token.encode(), f"probe|{nonce}|{device}".encode(), hashlib.sha256).hexdigest()
+
+
+# --- the coordinator's side ------------------------------------------------------------------------
+
+@dataclass
+class Beat:
+    device: str
+    address: str
+    received_s: float
+    """time.monotonic() at the coordinator."""
+    doc: dict
+
+
+@dataclass
+class HeartbeatListener:
+    """UDP socket on the coordinator's one address; validated beats queue up for `drain()`."""
+
+    host: str
+    token: str
+    addresses: dict[str, set[str]]
+    """Per device, the addresses its heartbeats may come from."""
+    port: int = 0
+    generation: int = 0
+    dropped: list[str] = field(default_factory=list)
+    _beats: list[Beat] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self) -> "HeartbeatListener":
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_DGRAM)
+        self._sock.bind((self.host, self.port))
+        self._sock.settimeout(0.2)
+        self.port = self._sock.getsockname()[1]
+        self._running = True
+        self._thread = threading.Thread(target=self._serve, daemon=True, name="heartbeat-listener")
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._running = False
+        self._thread.join(timeout=2)
+        self._sock.close()
+
+    def drain(self) -> list[Beat]:
+        with self._lock:
+            beats, self._beats = self._beats, []
+        return beats
+
+    def _serve(self) -> None:
+        while self._running:
+            try:
+                data, (address, port, *_) = self._sock.recvfrom(MAX_DATAGRAM)
+            except (socket.timeout, OSError):
+                continue
+            beat = self.accept(data, address)
+            if beat is None:
+                continue
+            with self._lock:
+                self._beats.append(beat)
+            ack = sign(self.token, {"kind": "ack", "generation": self.generation, "seq": beat.doc.get("seq", 0)})
+            try:
+                self._sock.sendto(ack, (address, port))
+            except OSError:
+                pass
+
+    def accept(self, data: bytes, address: str) -> Beat | None:
+        """The beat if the datagram is valid; else None, with the reason logged in `dropped`."""
+        doc = verify(self.token, data)
+        if doc is None:
+            return self._drop(f"from {address}: wrong or missing run token")
+        device = str(doc.get("device", ""))
+        if doc.get("kind") not in ("heartbeat", "leave") or device not in self.addresses:
+            return self._drop(f"from {address}: unknown device {device!r}")
+        if address not in self.addresses[device]:
+            return self._drop(f"from {address}: not an address of device {device!r}")
+        return Beat(device, address, time.monotonic(), doc)
+
+    def _drop(self, reason: str) -> None:
+        with self._lock:
+            self.dropped.append(reason)
+        return None
+
+
+def probe(host: str, port: int, token: str, device: str, timeout_s: float) -> bool:
+    """True when the worker answers a fresh challenge within `timeout_s` over its own TCP connection."""
+    nonce = secrets.token_hex(16)
+    deadline = time.monotonic() + timeout_s
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as conn:
+            conn.settimeout(max(0.01, deadline - time.monotonic()))
+            conn.sendall(f"{nonce}\n".encode())
+            reply = b""
+            while not reply.endswith(b"\n"):
+                conn.settimeout(max(0.01, deadline - time.monotonic()))
+                chunk = conn.recv(256)
+                if not chunk:
+                    return False
+                reply += chunk
+    except OSError:
+        return False
+    return hmac.compare_digest(reply.decode(errors="replace").strip(), probe_answer(token, nonce, device))
+
+
+# --- the worker's side -----------------------------------------------------------------------------
+
+class ProbeResponder:
+    """Answers the coordinator's probes on `host` (the worker's address facing the coordinator)."""
+
+    def __init__(self, host: str, token: str, device: str) -> None:
+        self.token, self.device = token, device
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, 0))
+        self._sock.listen(8)
+        self._sock.settimeout(0.2)
+        self.port = self._sock.getsockname()[1]
+        self._running = False
+
+    def start(self) -> "ProbeResponder":
+        self._running = True
+        self._thread = threading.Thread(target=self._serve, daemon=True, name="probe-responder")
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._running = False
+        self._thread.join(timeout=2)
+        self._sock.close()
+
+    def _serve(self) -> None:
+        while self._running:
+            try:
+                conn, _ = self._sock.accept()
+            except (socket.timeout, OSError):
+                continue
+            with conn:
+                try:
+                    conn.settimeout(2.0)
+                    nonce = conn.recv(256).decode(errors="replace").strip()
+                    conn.sendall(f"{probe_answer(self.token, nonce, self.device)}\n".encode())
+                except OSError:
+                    continue
+
+
+class HeartbeatSender:
+    """Sends a beat every `period_s` and reads acknowledgements.
+
+    `interrupt` is set when the coordinator's generation moves past ours (a reconfiguration: stop
+    the round) or when no acknowledgement came for `orphan_after_s` (the coordinator is gone: stop
+    cleanly). The training loop sets `round` and `samples_per_s` for the status table.
+    """
+
+    def __init__(self, device: str, token: str, coordinator: tuple[str, int], *, source: str, period_s: float,
+                 orphan_after_s: float, probe_port: int) -> None:
+        self.device, self.token, self.coordinator = device, token, coordinator
+        self.period_s, self.orphan_after_s, self.probe_port = period_s, orphan_after_s, probe_port
+        family = socket.AF_INET6 if ":" in source else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_DGRAM)
+        self._sock.bind((source, 0))
+        self.generation = 0
+        """The generation this worker runs in (set by the training loop after a reconfiguration)."""
+        self.coordinator_generation = 0
+        self.round = 0
+        self.samples_per_s = 0.0
+        self.leaving = False
+        self.interrupt = threading.Event()
+        self.orphaned = threading.Event()
+        self._last_ack = time.monotonic()
+        self._seq = 0
+        self._running = False
+
+    def start(self) -> "HeartbeatSender":
+        self._running = True
+        self._sender = threading.Thread(target=self._send_loop, daemon=True, name="heartbeat-sender")
+        self._receiver = threading.Thread(target=self._receive_loop, daemon=True, name="heartbeat-acks")
+        self._sender.start()
+        self._receiver.start()
+        return self
+
+    def stop(self) -> None:
+        self._running = False
+        self._sender.join(timeout=2)
+        self._receiver.join(timeout=2)
+        self._sock.close()
+
+    def beat_now(self) -> None:
+        self._seq += 1
+        doc = {"kind": "leave" if self.leaving else "heartbeat", "device": self.device, "seq": self._seq,
+               "generation": self.generation, "round": self.round, "samples_per_s": round(self.samples_per_s, 3),
+               "probe_port": self.probe_port}
+        try:
+            self._sock.sendto(sign(self.token, doc), self.coordinator)
+        except OSError:
+            pass  # no route (a cut link): the missing acknowledgements tell
+
+    def _send_loop(self) -> None:
+        while self._running:
+            self.beat_now()
+            if time.monotonic() - self._last_ack > self.orphan_after_s:
+                self.orphaned.set()
+                self.interrupt.set()
+            time.sleep(self.period_s)
+
+    def _receive_loop(self) -> None:
+        self._sock.settimeout(0.2)
+        while self._running:
+            try:
+                data, _ = self._sock.recvfrom(MAX_DATAGRAM)
+            except (socket.timeout, OSError):
+                continue
+            doc = verify(self.token, data)
+            if doc is None or doc.get("kind") != "ack":
+                continue
+            self._last_ack = time.monotonic()
+            self.coordinator_generation = max(self.coordinator_generation, int(doc.get("generation", 0)))
+            if self.coordinator_generation > self.generation:
+                self.interrupt.set()
+
+    def wait_generation(self, timeout_s: float) -> int | None:
+        """The coordinator's generation once it is past ours (None on timeout or orphaned)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not self.orphaned.is_set():
+            if self.coordinator_generation > self.generation:
+                return self.coordinator_generation
+            time.sleep(0.02)
+        return None

@@ -1,0 +1,384 @@
+"""The coordinator embedded in `hppctl run`: heartbeats, probes, re-planning and pipeline replay.
+
+    session = ResilientSession(RunRequest(plan, cluster, options), RecoveryOptions(profile=profile))
+    result = session.run(on_round=print, on_fault=print)     # on_fault: suspected, lost, replanned, resumed
+
+It is `Session` (the launcher: store, workers, rounds, checkpoints) with failure handling in place of
+"a worker died, the run fails":
+
+1. detection: every worker beats to a UDP socket on the store's address (runtime/heartbeat.py); a
+   device silent for `timeout_s` becomes suspect (coordinator/state.py), a probe over its own TCP
+   connection decides. A worker process that ended without reporting an error is suspect at once.
+   A worker that reports an error still fails the run, as before.
+2. stop: the coordinator moves to the next *generation*; its acknowledgements tell every survivor to
+   abandon the round in progress (runtime/recovery_worker.py). The lost worker is fenced (killed if
+   it is a local process) so it cannot come back.
+3. resume round: survivors report their snapshots and backups; the newest round every old stage can
+   restore is the resume round (coordinator/replay.py).
+4. re-plan: light (planner/replan.py: the surviving stages keep their devices, cut points move,
+   Algorithm 1 re-splits a stage that lost a device, memory checked, heavy as fallback) or heavy
+   (every stage gathered at the coordinator, the full planner from scratch, every stage sent back).
+5. resume: the new schedule, the resume round and the transfers go out as `reconf/<gen>`; survivors
+   build a new gloo group, move only the layers that change owner, and replay from the resume round.
+
+Events (suspected, lost, replanned, resumed) go to `on_fault` with wall-clock times, so `--metrics`
+records them beside the rounds; `on_status` receives the status table once a second.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+from hppctl.coordinator.replay import resume_round, transfer_plan, upload_plan
+from hppctl.coordinator.state import CoordinatorState, apply, find_suspects
+from hppctl.coordinator.status import status_rows
+from hppctl.errors import RuntimeFailure
+from hppctl.models.events import Heartbeat, Lost, ProbeAnswered, Replanned, Suspected
+from hppctl.models.plan import HppPlan
+from hppctl.models.profile import Profile
+from hppctl.runtime import bootstrap
+from hppctl.runtime.config import RecoveryConfig, TrainOptions, WorkerConfig
+from hppctl.runtime.heartbeat import HeartbeatListener, probe
+from hppctl.runtime.metrics import TraceBuilder, aggregate
+from hppctl.runtime.session import RunResult, Session, WorkerFailed, _load_states, run_fingerprint
+from hppctl.runtime.topology import Topology
+
+
+@dataclass(frozen=True)
+class RecoveryOptions:
+    profile: Profile | None
+    """What re-planning plans on (the profile the plan was made from); None: a lost device fails the run."""
+    heartbeat_s: float = 1.0
+    timeout_s: float = 3.0
+    probe_s: float = 2.0
+    replicate_every: int = 1
+    replan: Literal["light", "heavy"] = "light"
+    stall_timeout_s: float = 120.0
+    heartbeat_port: int = 0
+
+
+class ResilientSession(Session):
+    def __init__(self, request, recovery: RecoveryOptions) -> None:
+        super().__init__(request)
+        self.recovery = recovery
+        self.plan: HppPlan = request.plan
+        self.generation = 0
+        self.lost: set[str] = set()
+        self.events: list[dict] = []
+        self.listener: HeartbeatListener | None = None
+        self.state: CoordinatorState | None = None
+        """None until every worker joined: detection starts with the watch."""
+        self._on_fault: Callable[[dict], None] = lambda event: None
+        self._on_status: Callable[[list[dict]], None] | None = None
+        self._probes: dict[str, list] = {}
+        self._probe_ports: dict[str, tuple[str, int]] = {}
+
+    def run(self, *, on_round=None, on_event=None, on_fault: Callable[[dict], None] | None = None,
+            on_status: Callable[[list[dict]], None] | None = None) -> RunResult:
+        self._on_fault = on_fault or self._on_fault
+        self._on_status = on_status
+        return super().run(on_round=on_round, on_event=on_event)
+
+    # --- set-up ---------------------------------------------------------------------------------
+    def _host_store(self, timeout_s: float) -> bootstrap.RunStore:
+        store = super()._host_store(timeout_s)
+        addresses = {d: self._addresses_of(d, store.host) for d in self.topo.devices}
+        self.listener = HeartbeatListener(store.host, store.token, addresses,
+                                          port=self.recovery.heartbeat_port).start()
+        return store
+
+    def _addresses_of(self, device: str, store_host: str) -> set[str]:
+        """Where this device's heartbeats may come from: its SSH host's address, else this machine's."""
+        spec = self.request.cluster.device(device)
+        if spec.host is not None:
+            return {socket.gethostbyname(spec.host)}
+        return {"127.0.0.1"} if store_host.startswith("127.") else {store_host}
+
+    def _worker_config(self, config: WorkerConfig) -> WorkerConfig:
+        r = self.recovery
+        return config.model_copy(update={"recovery": RecoveryConfig(
+            coordinator_host=self.store.host, coordinator_port=self.listener.port, heartbeat_s=r.heartbeat_s,
+            timeout_s=r.timeout_s, replicate_every=r.replicate_every, stall_timeout_s=r.stall_timeout_s)})
+
+    def _stop_all(self) -> None:
+        super()._stop_all()
+        if self.listener is not None:
+            self.listener.stop()
+
+    # --- events -----------------------------------------------------------------------------------
+    def _event(self, kind: str, **fields) -> dict:
+        event = {"event": kind, "at": time.time(), "generation": self.generation, **fields}
+        self.events.append(event)
+        self._on_fault(event)
+        return event
+
+    def _clock(self) -> float:
+        return time.monotonic() - self._t0
+
+    # --- liveness -----------------------------------------------------------------------------------
+    def _check_alive(self) -> None:
+        for device, worker in self.workers.items():
+            if device in self.lost:
+                continue
+            code = worker.poll()
+            if code in (None, 0):
+                continue
+            key = f"failed/{device}"
+            if self.store is not None and self.store.store.check([key]):
+                self._fail(device, code)  # the worker reported an error of its own: no replay can help
+            if self.state is None:
+                self._fail(device, code)  # before the run starts there is nothing to replay
+            if self.state.devices[device].health == "alive":
+                self._suspect(Suspected(device=device, at_s=self._clock(), silent_s=0.0), why=f"exit {code}")
+
+    def _suspect(self, event: Suspected, why: str) -> None:
+        self.state = apply(self.state, event)
+        self._event("suspected", device=event.device, silent_s=round(event.silent_s, 3), why=why)
+        result: list = []
+        address, port = self._probe_ports.get(event.device, (None, None))
+
+        def run_probe() -> None:
+            ok = bool(port) and probe(address, port, self.store.token, event.device, self.recovery.probe_s)
+            result.append(ok)
+
+        thread = threading.Thread(target=run_probe, daemon=True, name=f"probe-{event.device}")
+        thread.start()
+        self._probes[event.device] = result
+
+    def _coordinate(self) -> None:
+        for beat in self.listener.drain():
+            if beat.device in self.lost:
+                continue
+            self._probe_ports[beat.device] = (beat.address, int(beat.doc.get("probe_port", 0)))
+            if beat.doc["kind"] == "leave":
+                self._recover(beat.device, "left", leaving=True)
+                return
+            self.state = apply(self.state, Heartbeat(device=beat.device, at_s=self._clock(),
+                                                     round=int(beat.doc.get("round", 0)),
+                                                     samples_per_s=float(beat.doc.get("samples_per_s", 0.0))))
+        for suspect in find_suspects(self.state, self._clock(), self.recovery.timeout_s):
+            self._suspect(suspect, why=f"silent for {suspect.silent_s:.1f} s")
+        for device, result in list(self._probes.items()):
+            if not result:
+                continue
+            del self._probes[device]
+            if result[0]:
+                self.state = apply(self.state, ProbeAnswered(device=device, at_s=self._clock()))
+                self._event("probe-answered", device=device)
+            else:
+                self._recover(device, "probe unanswered")
+                return
+
+    # --- the loop -----------------------------------------------------------------------------------
+    def _watch(self, options: TrainOptions, start_round: int, on_round) -> tuple[list[dict], dict | None, dict]:
+        store = self.store.store
+        self._t0 = time.monotonic()
+        self.state = CoordinatorState.start(list(self.topo.devices), now_s=0.0)
+        self._options = options
+        rounds_per_epoch = self._rounds_per_epoch(options)
+        trace = TraceBuilder(self.topo, f"hppctl run: {self.plan.model}") if options.trace else None
+        rows, memory, previous_end = [], {}, None
+        self._next_round, self._emitted, self._resumed_pending = start_round, start_round, None
+        self._due = self._due_rounds(options, start_round)
+        last_status = 0.0
+        while True:
+            self._check_alive()
+            self._coordinate()
+            devices = list(self.topo.devices)
+            while self._next_round < options.rounds and store.check(
+                    [f"metrics/{self._next_round}/{d}" for d in devices]):
+                r = self._next_round
+                reports = {d: json.loads(store.get(f"metrics/{r}/{d}")) for d in devices}
+                for d in devices:
+                    store.delete_key(f"metrics/{r}/{d}")
+                    memory[d] = {k: reports[d][k] for k in ("rss_bytes", "peak_rss_bytes", "baseline_rss_bytes",
+                                                            "host", "cgroup")}
+                if self._resumed_pending is not None:
+                    self._event("resumed", round=r, recovery_s=round(time.time() - self._resumed_pending, 3))
+                    self._resumed_pending = None
+                if r >= self._emitted:  # rounds before were replayed: their rows exist already
+                    if trace:
+                        for d in devices:
+                            trace.add(reports[d])
+                    row = aggregate(r, reports, self.topo, previous_end, rounds_per_epoch)
+                    row.update(generation=self.generation,
+                               backup_bytes=sum(x.get("backup_bytes", 0) for x in reports.values()),
+                               backup_s=max(x.get("backup_s", 0.0) for x in reports.values()))
+                    rows.append(row)
+                    self._emitted = r + 1
+                    if on_round:
+                        on_round(row)
+                previous_end = max(x["started_at"] + x["duration_s"] for x in reports.values())
+                self._next_round += 1
+            self._write_checkpoints(options)
+            if self._next_round >= options.rounds and store.check(
+                    [f"finished/{self.generation}/{d}" for d in devices]):
+                break
+            if self._on_status and time.monotonic() - last_status > 1.0:
+                self._on_status(status_rows(self.state, self.topo.stage_of, self._clock()))
+                last_status = time.monotonic()
+            time.sleep(0.02)
+        doc = trace.document({"rounds": len(rows)}) if trace else None
+        return rows, doc, memory
+
+    def _due_rounds(self, options: TrainOptions, after: int) -> set[int]:
+        if not self.ckpt or not options.checkpoint_every:
+            return set()
+        return {r for r in range(after + 1, options.rounds) if r % options.checkpoint_every == 0}
+
+    def _write_checkpoints(self, options: TrainOptions) -> None:
+        store = self.store.store
+        stages = range(self.topo.num_stages)
+        for r in sorted(self._due):
+            if all(bootstrap.has_blob(store, f"ckpt/{r}/{p}") for p in stages):
+                blobs = {p: bootstrap.get_blob(store, f"ckpt/{r}/{p}", delete=True) for p in stages}
+                self.ckpt.write_round(r, blobs, run_fingerprint(self.plan, options))
+                self._due.discard(r)
+
+    def _final_states(self, options: TrainOptions) -> dict[int, dict]:
+        store = self.store.store
+        blobs = {p: bootstrap.get_blob(store, f"final/{p}", delete=True) for p in range(self.topo.num_stages)}
+        if self.ckpt:
+            self.ckpt.write_round(options.rounds, blobs, run_fingerprint(self.plan, options))
+        store.set("end", "1")
+        deadline = time.monotonic() + 30.0
+        while time.monotonic() < deadline and not store.check([f"done/{d}" for d in self.topo.devices]):
+            time.sleep(0.05)  # the states are in hand: a worker slow to leave is stopped by `_stop_all`
+        late = [d for d in self.topo.devices if not store.check([f"done/{d}"])]
+        if late:
+            self._event("late", devices=late)
+        return _load_states(blobs)
+
+    # --- recovery -----------------------------------------------------------------------------------
+    def _recover(self, device: str, reason: str, *, leaving: bool = False) -> None:
+        if self.recovery.profile is None:
+            raise WorkerFailed(f"device {device} lost ({reason}); re-planning needs the plan's profile (--profile)")
+        detected = time.time()
+        self.state = apply(self.state, Lost(device=device, at_s=self._clock(), reason=reason))
+        self._event("lost", device=device, reason=reason)
+        self.lost.add(device)
+        if not leaving:
+            self._fence(device)
+        self.generation += 1
+        generation = self.generation
+        self.listener.generation = generation
+        old_plan, survivors = self.plan, [d for d in self.topo.devices if d != device]
+        if not survivors:
+            raise WorkerFailed(f"device {device} lost ({reason}): it was the last device")
+        reporters = survivors + ([device] if leaving else [])
+        inventories = self._collect(generation, "stall", reporters)
+        resume = resume_round([list(s.devices) for s in old_plan.stages], device, inventories, leaving=leaving)
+        doc, replan_s, method = self._replan(generation, old_plan, device, resume, leaving)
+        self._clear_stale(old_plan, resume)
+        self.store.store.set(f"reconf/{generation}", json.dumps(doc))
+        self._adopt(doc, resume)
+        self._event("replanned", method=method, requested=self.recovery.replan, lost=device, resume_round=resume,
+                    replan_s=round(replan_s, 4), devices=self.plan.devices(),
+                    stages=[{"layers": s.layers, "devices": s.devices, "samples": s.samples} for s in self.plan.stages],
+                    moved_bytes=doc.get("moved_bytes", 0))
+        self._resumed_pending = detected
+
+    def _fence(self, device: str) -> None:
+        """A lost worker must not come back (a stopped process resumed, a link restored): end it."""
+        worker = self.workers[device]
+        proc = getattr(worker, "proc", None)
+        if proc is not None:
+            proc.kill()
+        else:
+            threading.Thread(target=worker.stop, daemon=True, name=f"fence-{device}").start()
+
+    def _collect(self, generation: int, what: str, devices: list[str]) -> dict[str, dict]:
+        store, keys = self.store.store, [f"{what}/{generation}/{d}" for d in devices]
+        bootstrap.wait_for(lambda: store.check(keys), self.recovery.stall_timeout_s,
+                           f"{', '.join(devices)} to stop for the re-plan")
+        return {d: json.loads(store.get(k)) for d, k in zip(devices, keys)}
+
+    def _replan(self, generation: int, old_plan: HppPlan, device: str, resume: int, leaving: bool):
+        from hppctl.planner.replan import replan_heavy, replan_light
+        from hppctl.schedule import schedule_for_plan
+
+        profile = self.recovery.profile
+        doc = {"resume_round": resume, "lost": device}
+        gathered = None
+        if self.recovery.replan == "heavy":
+            gathered = self._gather(generation, old_plan, device, resume, leaving)
+        begin = time.perf_counter()
+        planner = replan_heavy if self.recovery.replan == "heavy" else replan_light
+        result = planner(old_plan, profile, device)
+        replan_s = time.perf_counter() - begin
+        schedule = schedule_for_plan(result.plan)
+        doc.update(method=result.method, plan=result.plan.model_dump(mode="json"),
+                   schedule=schedule.model_dump(mode="json"))
+        if result.method == "heavy":
+            if gathered is None:
+                gathered = self._gather(generation, old_plan, device, resume, leaving)
+            doc["moved_bytes"] = self._redistribute(generation, result.plan, gathered)
+            doc["migrations"] = []
+        else:
+            doc["migrations"] = transfer_plan(old_plan, result.migrations, device, leaving=leaving)
+            doc["helpers"] = [device] if leaving and any(m["source"] == device for m in doc["migrations"]) else []
+        self._replanned_profile = result.profile
+        return doc, replan_s, result.method
+
+    def _gather(self, generation: int, old_plan: HppPlan, device: str, resume: int, leaving: bool) -> dict:
+        """Heavy: every old stage's state comes to the coordinator (through the store, on its links)."""
+        import torch
+
+        store = self.store.store
+        uploads = upload_plan(old_plan, device, leaving=leaving)
+        store.set(f"gather/{generation}", json.dumps({"resume_round": resume, "uploads": uploads}))
+        keys = [f"heavy/{generation}/old/{p}" for p in uploads]
+        bootstrap.wait_for(lambda: all(bootstrap.has_blob(store, k) for k in keys), self.recovery.stall_timeout_s,
+                           "every stage's state")
+        merged = {"tensors": {}, "optim": {}}
+        for key in keys:
+            part = torch.load(io.BytesIO(bootstrap.get_blob(store, key, delete=True)), weights_only=True)
+            merged["tensors"].update(part["tensors"])
+            merged["optim"].update(part["optim"])
+        return merged
+
+    def _redistribute(self, generation: int, plan: HppPlan, state: dict) -> int:
+        from hppctl.runtime.replication import layer_names, subset, to_bytes
+
+        moved = 0
+        for p, stage in enumerate(plan.stages):
+            data = to_bytes(subset(state, set(layer_names(plan.model, plan.granularity, stage.start, stage.end))))
+            bootstrap.put_blob(self.store.store, f"heavy/{generation}/new/{p}", data)
+            moved += len(data) * len(stage.devices)
+        return moved
+
+    def _clear_stale(self, old_plan: HppPlan, resume: int) -> None:
+        """Reports and states of the abandoned generation must not mix with the replay's."""
+        store = self.store.store
+        for r in range(resume, self._options.rounds):
+            for d in old_plan.devices():
+                store.delete_key(f"metrics/{r}/{d}")
+        for p in range(len(old_plan.stages)):
+            for key in [f"final/{p}"] + [f"ckpt/{r}/{p}" for r in range(resume + 1, self._options.rounds)]:
+                if bootstrap.has_blob(store, key):
+                    bootstrap.get_blob(store, key, delete=True)
+
+    def _adopt(self, doc: dict, resume: int) -> None:
+        from hppctl.schedule import check_schedule, schedule_for_plan
+
+        self.plan = HppPlan.model_validate(doc["plan"])
+        self.schedule = schedule_for_plan(self.plan)
+        check_schedule(self.schedule)
+        self.topo = Topology.of(self.schedule)
+        self.recovery = _with_profile(self.recovery, self._replanned_profile)
+        self.state = apply(self.state, Replanned(at_s=self._clock(), method=doc["method"],
+                                                 devices=list(self.topo.devices), resume_round=resume))
+        self._next_round = resume
+        self._due = {r for r in self._due_rounds(self._options, resume)}
+
+
+def _with_profile(options: RecoveryOptions, profile: Profile) -> RecoveryOptions:
+    from dataclasses import replace
+
+    return replace(options, profile=profile)

@@ -1,0 +1,439 @@
+"""The worker's side of fault-tolerant pipeline replay (paper §3.4; docs/fault-tolerance.md).
+
+A worker started with `WorkerConfig.recovery` runs `run_resilient` instead of the plain loop:
+
+- a `HeartbeatSender` thread beats to the coordinator; a `ProbeResponder` answers its probes;
+- after every K-th round it keeps a snapshot of its stage state and, if its stage has one device,
+  sends a backup to its backup holder (replication.py) over the run's gloo group;
+- every wait on gloo is interruptible: when the coordinator's acknowledgements announce a new
+  generation (a device was lost), the round in progress is abandoned wherever it is; a gloo error
+  (a peer died) is treated the same way;
+- the worker then reports which rounds it can restore (`stall/<gen>/<device>`), waits for the new
+  configuration (`reconf/<gen>`), leaves the old process group behind (destroying it would wait
+  for operations stuck on the lost device), joins a new gloo group of the survivors under a fresh
+  rendezvous prefix (`gen<gen>/`), rebuilds its stage from its snapshot plus the layers it
+  receives (light) or from the coordinator (heavy), and replays from the resume round.
+
+A worker that hears no acknowledgement for 1.5x the coordinator's timeout stops cleanly (exit 1,
+no traceback): the coordinator is gone, and the checkpoint directory holds complete rounds only.
+SIGTERM makes the worker leave gracefully: its beats say `leave`, the coordinator re-plans at once,
+and the worker hands its layers over before it exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+
+from hppctl.errors import RuntimeFailure
+from hppctl.runtime import bootstrap
+from hppctl.runtime.config import WorkerConfig
+from hppctl.runtime.heartbeat import HeartbeatSender, ProbeResponder
+from hppctl.runtime.replication import (Backups, Snapshots, from_bytes, layer_names, merge, recv_bytes,
+                                        restore_optimizer, send_bytes, stage_state, subset, to_bytes)
+
+
+RETIRED_GROUPS: list = []
+"""Process groups left behind by reconfigurations (kept alive: see `ResilientRun._retire_group`)."""
+
+
+class Interrupted(RuntimeFailure):
+    """The coordinator started a reconfiguration (or went silent): the round in progress is abandoned."""
+
+
+class PeerLost(RuntimeFailure):
+    """A gloo operation failed: a peer died or its link broke."""
+
+
+class Orphaned(RuntimeFailure):
+    """No acknowledgement from the coordinator for too long: stop cleanly."""
+
+
+class Dismissed(Exception):
+    """This device is not part of the new configuration (it left, or was declared lost)."""
+
+
+class Waiters:
+    """Daemon threads that block in gloo waits on the training thread's behalf.
+
+    gloo gives no way to abandon a wait: a send/receive work reports `is_completed()` False until
+    `wait()` is called, and a wait with a timeout breaks the connection. So the training thread hands
+    each wait to one of these threads and waits on an Event it can give up on; a thread stuck on an
+    abandoned group stays stuck (each generation gets a fresh set)."""
+
+    def __init__(self, threads: int = 4) -> None:
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        for i in range(threads):
+            threading.Thread(target=self._serve, daemon=True, name=f"gloo-wait-{i}").start()
+
+    def _serve(self) -> None:
+        while True:
+            work, errors, done = self.queue.get()
+            try:
+                work.wait()
+            except BaseException as e:  # handed back to the training thread
+                errors.append(e)
+            done.set()
+
+    def wait(self, work, abort: threading.Event) -> None:
+        if abort.is_set():
+            raise Interrupted("interrupted by the coordinator")
+        errors: list[BaseException] = []
+        done = threading.Event()
+        self.queue.put((work, errors, done))
+        while not done.wait(0.05):
+            if abort.is_set():
+                raise Interrupted("interrupted by the coordinator")
+        if errors:
+            raise PeerLost(str(errors[0])) from errors[0]
+
+
+class AbortableWork:
+    """A gloo work whose wait gives up when `abort` is set."""
+
+    def __init__(self, work, abort: threading.Event, waiters: Waiters) -> None:
+        self.work, self.abort, self.waiters = work, abort, waiters
+
+    def is_completed(self) -> bool:
+        return self.work.is_completed()
+
+    def wait(self) -> None:
+        self.waiters.wait(self.work, self.abort)
+
+
+class AbortableComm(bootstrap.DistComm):
+    def __init__(self, ranks: dict[str, int], groups: bootstrap.Groups, abort: threading.Event) -> None:
+        super().__init__(ranks, groups)
+        self.abort, self.waiters = abort, Waiters()
+
+    def isend(self, tensor, peer: str, tag: int):
+        return AbortableWork(super().isend(tensor, peer, tag), self.abort, self.waiters)
+
+    def irecv(self, tensor, peer: str, tag: int):
+        return AbortableWork(super().irecv(tensor, peer, tag), self.abort, self.waiters)
+
+    def _allreduce(self, tensor, op) -> None:
+        import torch.distributed as dist
+
+        work = dist.all_reduce(tensor, op=op, group=self.groups.stage_group, async_op=True)
+        self.waiters.wait(work, self.abort)
+
+    def allreduce_sum(self, tensor) -> None:
+        import torch.distributed as dist
+
+        self._allreduce(tensor, dist.ReduceOp.SUM)
+
+    def allreduce_max(self, tensor) -> None:
+        import torch.distributed as dist
+
+        self._allreduce(tensor, dist.ReduceOp.MAX)
+
+
+def backup_targets_of(schedule) -> dict[str, str | None]:
+    from hppctl.planner.replan import backup_targets
+
+    return backup_targets(schedule)
+
+
+def _recoverable(error: BaseException) -> bool:
+    seen = error
+    while seen is not None:
+        if isinstance(seen, (Interrupted, PeerLost)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+class ResilientRun:
+    """The training loop of one worker across generations (re-plans)."""
+
+    def __init__(self, worker, store, beats: HeartbeatSender) -> None:
+        self.w, self.store, self.beats = worker, store, beats
+        self.device = worker.device
+        self.opts, self.rc = worker.config.options, worker.config.recovery
+        self.generation = 0
+        self.helpers: list[str] = []
+        """Devices in the process group that are not in the schedule (a leaver handing its layers over)."""
+        self.snapshots, self.backups = Snapshots(), Backups()
+        self._sends: list = []
+        self._finished = False
+        self.backup_bytes = 0
+        self.backup_s = 0.0
+
+    # --- the loop -------------------------------------------------------------------------------
+    def train(self) -> None:
+        self._connect()
+        self._new_executor()
+        r = self.opts.start_round
+        self._protect(r)
+        while True:
+            try:
+                if r < self.opts.rounds:
+                    r = self._one_round(r)
+                elif self._finish():
+                    return
+            except Exception as e:
+                if self.beats.orphaned.is_set():
+                    raise Orphaned(f"no word from the coordinator for {self.beats.orphan_after_s:.1f} s") from None
+                if not (_recoverable(e) or self.beats.interrupt.is_set()):
+                    raise
+                r = self._reconfigure()
+
+    def _one_round(self, r: int) -> int:
+        from hppctl.runtime.bootstrap import put_blob
+
+        stats = self.w.run_round(self.executor, r)
+        completed = r + 1
+        self.backup_bytes, self.backup_s = 0, 0.0
+        if completed % self.rc.replicate_every == 0 or completed == self.opts.rounds:
+            self._protect(completed)
+        report = self.w.report(stats)
+        report.update(generation=self.generation, backup_bytes=self.backup_bytes, backup_s=self.backup_s)
+        self.store.set(f"metrics/{r}/{self.device}", json.dumps(report))
+        self.beats.round = completed
+        self.beats.samples_per_s = self.w.topo.global_batch / stats.duration_s if stats.duration_s > 0 else 0.0
+        if self.w.topo.replica_index(self.device) == 0 and self.w.checkpoint_due(completed):
+            put_blob(self.store, f"ckpt/{completed}/{self.w.stage_index}", self.w.state_blob(completed))
+        return completed
+
+    def _finish(self) -> bool:
+        """Hand in the final state once; then wait for the coordinator's `end` (True) or an interruption."""
+        from hppctl.runtime.bootstrap import put_blob
+
+        if not self._finished:
+            if self.w.topo.replica_index(self.device) == 0:
+                put_blob(self.store, f"final/{self.w.stage_index}", self.w.state_blob(self.opts.rounds))
+            self.store.set(f"finished/{self.generation}/{self.device}", "1")
+            self._finished = True
+        while not self.store.check(["end"]):
+            if self.beats.interrupt.is_set():
+                raise Interrupted("interrupted after the last round")
+            time.sleep(0.05)
+        return True
+
+    # --- replication ------------------------------------------------------------------------------
+    def _protect(self, completed: int) -> None:
+        """Snapshot this stage after `completed` rounds; exchange backups along the stage ring."""
+        begin = time.perf_counter()
+        state = stage_state(self.w.stage, self.w.optimizer)
+        self.snapshots.add(completed, state)
+        for work, _ in self._sends:
+            work.wait()
+        self._sends = []
+        target = self.targets.get(self.device)
+        if target:
+            data = to_bytes(state)
+            self._sends = send_bytes(self.comm, data, target)
+            self.backup_bytes += len(data)
+        for source in sorted(d for d, t in self.targets.items() if t == self.device):
+            self.backups.add(source, completed, recv_bytes(self.comm, source))
+        self.backup_s += time.perf_counter() - begin
+
+    # --- process groups and executor -------------------------------------------------------------
+    def _connect(self) -> None:
+        topo = self.w.topo
+        store = self.store if self.generation == 0 else _prefixed(self.store, f"gen{self.generation}/")
+        ranks = {d: topo.rank(d) for d in topo.devices}
+        for i, helper in enumerate(self.helpers):
+            ranks[helper] = topo.world_size + i
+        stage = topo.stage_of.get(self.device, -1)
+        groups = bootstrap.init_process_groups(
+            store, ranks[self.device], topo.world_size + len(self.helpers),
+            [topo.group_ranks(p) for p in range(topo.num_stages)], stage,
+            store_host=self.w.config.store_host, timeout_s=self.opts.timeout_s)
+        self.comm = AbortableComm(ranks, groups, self.beats.interrupt)
+        self.targets = backup_targets_of(self.w.config.schedule)
+
+    def _new_executor(self) -> None:
+        from hppctl.runtime.executor import Executor
+
+        self.executor = Executor(self.device, self.w.config.schedule.actions[self.device], self.w.topo, self.w.stage,
+                                 self.w.optimizer, self.comm, self.w.feed, trace=self.opts.trace)
+
+    def _retire_group(self) -> None:
+        """Leave the old group: keep references (destroying it would wait for operations stuck on the lost
+        device) and drop it from torch's registry so a new default group can be made."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            RETIRED_GROUPS.append((dist.group.WORLD, self.comm.groups.stage_group, self._sends))
+            dist.destroy_process_group()
+        self._sends = []
+
+    # --- reconfiguration --------------------------------------------------------------------------
+    def _reconfigure(self) -> int:
+        generation = self.beats.wait_generation(self.rc.stall_timeout_s)
+        if generation is None:
+            if self.beats.orphaned.is_set():
+                raise Orphaned(f"no word from the coordinator for {self.beats.orphan_after_s:.1f} s")
+            raise RuntimeFailure(f"{self.device}: a peer failed and the coordinator did not re-plan within "
+                                 f"{self.rc.stall_timeout_s:.0f} s")
+        self._retire_group()
+        self.w.optimizer.zero_grad(set_to_none=True)
+        inventory = {"snapshots": self.snapshots.rounds(), "backups": self.backups.inventory()}
+        self.store.set(f"stall/{generation}/{self.device}", json.dumps(inventory))
+        key = self._wait_key([f"gather/{generation}", f"reconf/{generation}"])
+        if key.startswith("gather/"):
+            self._upload(generation, json.loads(self.store.get(key)))
+            key = self._wait_key([f"reconf/{generation}"])
+        return self._apply(generation, json.loads(self.store.get(key)))
+
+    def _wait_key(self, keys: list[str]) -> str:
+        deadline = time.monotonic() + self.rc.stall_timeout_s
+        while time.monotonic() < deadline:
+            for key in keys:
+                if self.store.check([key]):
+                    return key
+            if self.beats.orphaned.is_set():
+                raise Orphaned(f"no word from the coordinator for {self.beats.orphan_after_s:.1f} s")
+            time.sleep(0.02)
+        raise RuntimeFailure(f"{self.device}: no new configuration within {self.rc.stall_timeout_s:.0f} s")
+
+    def _state_at(self, round_index: int, backup_of: str | None) -> dict:
+        if backup_of:
+            return from_bytes(self.backups.held[backup_of][round_index])
+        return self.snapshots.states[round_index]
+
+    def _upload(self, generation: int, doc: dict) -> None:
+        """Heavy re-planning: send whole old stages to the coordinator."""
+        from hppctl.runtime.bootstrap import put_blob
+
+        for stage, source in doc["uploads"].items():
+            if source["device"] == self.device:
+                state = self._state_at(doc["resume_round"], source.get("backup_of"))
+                put_blob(self.store, f"heavy/{generation}/old/{stage}", to_bytes(state))
+
+    def _apply(self, generation: int, doc: dict) -> int:
+        from hppctl.models.schedule import Schedule
+        from hppctl.runtime.topology import Topology
+
+        resume = int(doc["resume_round"])
+        schedule = Schedule.model_validate(doc["schedule"])
+        topo = Topology.of(schedule)
+        self.generation = generation
+        self.helpers = list(doc.get("helpers", []))
+        if self.device not in topo.devices and self.device not in self.helpers:
+            raise Dismissed()
+        own = self.snapshots.states.get(resume)
+        self.beats.generation = generation  # first, so that the acknowledgements stop interrupting
+        self.beats.interrupt.clear()
+        self.w.config = self.w.config.model_copy(update={"schedule": schedule})
+        self.w.topo = topo
+        self._connect()
+        if self.device not in topo.devices:  # a leaver: hand the layers over, then go
+            self._migrate(doc, own, frozenset())
+            raise Dismissed()
+        self.w.rank, self.w.stage_index = topo.rank(self.device), topo.stage_of[self.device]
+        start, end = schedule.stages[self.w.stage_index].layers
+        names = layer_names(self.w.config.model, self.w.config.granularity, start, end)
+        if doc["method"] == "heavy":
+            state = from_bytes(bootstrap.get_blob(self.store, f"heavy/{generation}/new/{self.w.stage_index}"))
+        else:
+            state = self._migrate(doc, own, names)
+        self._rebuild(start, end, state)
+        self.snapshots, self.backups = Snapshots(), Backups()
+        self.beats.round = resume
+        self._finished = False
+        self._protect(resume)
+        return resume
+
+    def _migrate(self, doc: dict, own: dict | None, names: frozenset[str]) -> dict:
+        """Light re-planning: only the layers that change owner move, all transfers posted at once."""
+        model, granularity = self.w.config.model, self.w.config.granularity
+        sends, parts = [], [subset(own, names)] if own is not None else []
+        for m in doc["migrations"]:
+            if m["source"] == self.device:
+                state = own if not m.get("backup_of") else self._state_at(doc["resume_round"], m["backup_of"])
+                part = subset(state, layer_names(model, granularity, m["start"], m["end"]))
+                if m["device"] == self.device:  # the backup holder takes over the lost layers itself
+                    parts.append(part)
+                else:
+                    sends += send_bytes(self.comm, to_bytes(part), m["device"])
+        for m in doc["migrations"]:
+            if m["device"] == self.device and m["source"] != self.device:
+                parts.append(from_bytes(recv_bytes(self.comm, m["source"])))
+        for work, _ in sends:
+            work.wait()
+        return subset(merge(parts), names)
+
+    def _rebuild(self, start: int, end: int, state: dict) -> None:
+        from hppctl.runtime.data import SampleOrder, load_data
+        from hppctl.runtime.stage import Stage
+        from hppctl.runtime.worker import DataFeed, make_optimizer
+
+        config, topo = self.w.config, self.w.topo
+        self.w.stage = Stage(config.model, config.granularity, start, end, tensors=state["tensors"])
+        self.w.optimizer = make_optimizer(self.w.stage.parameters(), self.opts)
+        restore_optimizer(self.w.optimizer, self.w.stage, state["optim"])
+        if self.w.feed is None and (topo.is_head(self.device) or topo.is_tail(self.device)):
+            data = load_data(self.opts.dataset, config.model)
+            self.w.feed = DataFeed(data, SampleOrder(len(data.train), topo.global_batch, topo.micro_batch,
+                                                     self.opts.seed))
+        self._new_executor()
+
+
+def _prefixed(store, prefix: str):
+    import torch.distributed as dist
+
+    return dist.PrefixStore(prefix, store)
+
+
+def run_resilient(config: WorkerConfig, token: str) -> int:
+    """`run_worker` for a run with a coordinator: join, train across re-plans, report; the exit code."""
+    store = bootstrap.connect_store(config.store_host, config.store_port, token, timeout_s=config.options.timeout_s)
+    store.set(f"pid/{config.device}", f"{socket.gethostname()} {os.getpid()}")
+    rc = config.recovery
+    source = "127.0.0.1" if rc.coordinator_host.startswith("127.") else bootstrap.route_source(rc.coordinator_host)
+    probes = ProbeResponder(source, token, config.device).start()
+    beats = HeartbeatSender(config.device, token, (rc.coordinator_host, rc.coordinator_port), source=source,
+                            period_s=rc.heartbeat_s, orphan_after_s=1.5 * rc.timeout_s, probe_port=probes.port).start()
+
+    def leave(signum, frame) -> None:
+        beats.leaving = True
+        beats.beat_now()
+
+    signal.signal(signal.SIGTERM, leave)
+    code = _train_resilient(config, token, store, beats)
+    beats.stop()
+    probes.stop()
+    if RETIRED_GROUPS:
+        # An abandoned group's destructor joins threads stuck on the lost device until gloo's timeout:
+        # leave without running destructors (the store and the coordinator already have everything).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _train_resilient(config: WorkerConfig, token: str, store, beats: HeartbeatSender) -> int:
+    from hppctl.runtime.worker import Worker
+
+    try:
+        bootstrap.join(store, token, config.device, timeout_s=config.options.timeout_s)
+        worker = Worker(config, store)
+        try:
+            ResilientRun(worker, store, beats).train()
+        finally:
+            bootstrap.destroy_process_groups()
+        store.set(f"done/{config.device}", str(time.time()))
+        return 0
+    except Dismissed:
+        return 0
+    except Orphaned as e:
+        print(f"{config.device}: {e}; stopping (the checkpoint directory holds complete rounds only)",
+              file=sys.stderr, flush=True)
+        return 1
+    except BaseException as e:
+        traceback.print_exc()
+        try:
+            store.set(f"failed/{config.device}", f"{e.__class__.__name__}: {e}"[:2000])
+        except Exception:
+            pass
+        return 1

@@ -1,0 +1,127 @@
+"""Stage state by tensor name: snapshots, topology-driven backups, layer migration (paper §3.4).
+
+A *stage state* is `{"tensors": {name: tensor}, "optim": {parameter name: {key: tensor}}}`:
+parameters and every buffer (non-persistent ones too, as `stage.stage_tensors` gives them) under the
+model's own names, and the optimizer state of each parameter under the parameter's name. Keyed by
+name, the state of any layer range can be cut out of it and merged into another stage, whatever
+the stage boundaries were — which is what a migration between re-planned stages needs.
+
+- `Snapshots`: every worker keeps its own stage state after every K-th round (the newest `KEEP`),
+  so the whole pipeline can roll back to a round every stage has.
+- Backups: a single-device stage sends its state to its backup holder (planner.replan.backup_targets:
+  the first device of the next stage, the last stage to the first) after the same rounds, over the
+  run's gloo group, on the same links as the pipeline's own traffic.
+- `send_bytes` / `recv_bytes`: a byte string over point-to-point gloo (its length first).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+
+import torch
+
+KEEP = 3
+"""Snapshots (and backups) kept: stages finish a round at different times (the head last under
+1F1B), so a consistent round may be up to two behind the newest one of some device."""
+
+LENGTH_TAG, BYTES_TAG = 1 << 20, (1 << 20) + 1
+"""Tags of state transfers; far above the executor's (micro-batch, channel, tensor) tags."""
+
+
+def stage_state(stage, optimizer) -> dict:
+    from hppctl.runtime.stage import stage_tensors
+
+    params = dict(stage.module.named_parameters())
+    state = getattr(optimizer, "state", {})
+    optim = {name: {k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in state[p].items()}
+             for name, p in params.items() if p in state}
+    return {"tensors": stage_tensors(stage.module), "optim": optim}
+
+
+def restore_optimizer(optimizer, stage, optim: dict) -> None:
+    """Put per-name optimizer state back onto the new stage's parameters (same hyper-parameters)."""
+    if not hasattr(optimizer, "state"):
+        return
+    for name, p in stage.module.named_parameters():
+        if name in optim:
+            optimizer.state[p] = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in optim[name].items()}
+
+
+def subset(state: dict, names: set[str]) -> dict:
+    return {"tensors": {k: v for k, v in state["tensors"].items() if k in names},
+            "optim": {k: v for k, v in state["optim"].items() if k in names}}
+
+
+def merge(parts: list[dict]) -> dict:
+    out = {"tensors": {}, "optim": {}}
+    for part in parts:
+        out["tensors"].update(part["tensors"])
+        out["optim"].update(part["optim"])
+    return out
+
+
+def to_bytes(state: dict) -> bytes:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return buf.getvalue()
+
+
+def from_bytes(data: bytes) -> dict:
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+@functools.lru_cache(maxsize=64)
+def layer_names(model: str, granularity: str, start: int, end: int) -> frozenset[str]:
+    """Names of the parameters and buffers of layers [start, end) (cut from a meta model: no memory)."""
+    from hppctl.zoo import build_stage, get_model
+
+    whole = get_model(model).build(device="meta").train()
+    module = build_stage(whole, granularity, start, end, mode="train")
+    return frozenset([k for k, _ in module.named_parameters()] + [k for k, _ in module.named_buffers()])
+
+
+class Snapshots:
+    """Round (rounds completed) → state, the newest `KEEP`."""
+
+    def __init__(self) -> None:
+        self.states: dict[int, dict] = {}
+
+    def add(self, rounds: int, state: dict) -> None:
+        self.states[rounds] = state
+        for old in sorted(self.states)[:-KEEP]:
+            del self.states[old]
+
+    def rounds(self) -> list[int]:
+        return sorted(self.states)
+
+
+class Backups:
+    """Device → {round: serialized state} held for other devices' single-device stages."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, dict[int, bytes]] = {}
+
+    def add(self, device: str, rounds: int, data: bytes) -> None:
+        per = self.held.setdefault(device, {})
+        per[rounds] = data
+        for old in sorted(per)[:-KEEP]:
+            del per[old]
+
+    def inventory(self) -> dict[str, list[int]]:
+        return {d: sorted(per) for d, per in self.held.items()}
+
+
+def send_bytes(comm, data: bytes, peer: str) -> list:
+    """Post the length and the bytes; the caller waits for the returned works (and keeps the tensors)."""
+    length = torch.tensor([len(data)], dtype=torch.int64)
+    payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+    return [(comm.isend(length, peer, LENGTH_TAG), length), (comm.isend(payload, peer, BYTES_TAG), payload)]
+
+
+def recv_bytes(comm, peer: str) -> bytes:
+    length = torch.zeros(1, dtype=torch.int64)
+    comm.irecv(length, peer, LENGTH_TAG).wait()
+    payload = torch.empty(int(length.item()), dtype=torch.uint8)
+    comm.irecv(payload, peer, BYTES_TAG).wait()
+    return payload.numpy().tobytes()

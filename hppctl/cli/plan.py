@@ -116,7 +116,8 @@ def _render_plan(plan: HppPlan) -> None:
     for p, s in enumerate(plan.stages):
         devices = ", ".join(f"{d} ({y})" for d, y in zip(s.devices, s.samples))
         memory = ", ".join(f"{format_bytes(m)}/{format_bytes(u)}" for m, u in zip(s.memory_bytes, s.memory_budget_bytes))
-        table.add_row(str(p), f"[{s.start}, {s.end})", devices, str(s.warmup), f"{s.forward_s:.4f}",
+        ranges = f"[{s.start}, {s.end})" + (f" B[{s.backward[0]}, {s.backward[1]})" if s.backward_layers else "")
+        table.add_row(str(p), ranges, devices, str(s.warmup), f"{s.forward_s:.4f}",
                       f"{s.backward_s:.4f}", f"{s.allreduce_s:.4f}", memory)
     stdout.print(table)
     stdout.print(f"predicted round latency {pred.round_latency_s:.3f} s, throughput "

@@ -144,8 +144,15 @@ class BiExecutor(Executor):
     def run_round(self, round_index: int):
         self._saved: dict[int, dict] = {}
         self._recv_split: dict[int, list] = {}
-        self._weights: list = []
+        self._split_posted: set[tuple[int, int]] = set()
         return super().run_round(round_index)
+
+    def _post_receives(self) -> None:
+        """Split inputs too are posted before the round's first action (why: `Executor._post_receives`)."""
+        super()._post_receives()
+        for a in self.actions:
+            if a.kind == "RX":
+                self._receive_split_input(a)
 
     # --- compute ------------------------------------------------------------------------------
     def _data(self, m: int) -> list[torch.Tensor]:
@@ -264,6 +271,9 @@ class BiExecutor(Executor):
             self.stats.bytes_sent += t.numel() * t.element_size()
 
     def _receive_split_input(self, a: Action) -> None:
+        if (a.micro_batch, a.start) in self._split_posted:  # posted at the start of the round
+            return
+        self._split_posted.add((a.micro_batch, a.start))
         specs = self.bi.specs(self.bi.b0)
         tensors = [s.empty(a.end - a.start) for s in specs]
         works = [self.comm.irecv(t, a.peer, SPLIT_INPUT_TAG + a.micro_batch * 64 + i) for i, t in enumerate(tensors)]

@@ -68,3 +68,30 @@ def test_hppctl_run_with_split_layers_equals_single_process():
     result = Session(RunRequest(plan, local_cluster(*plan.devices()), opts)).run()
     assert [row["round"] for row in result.rounds] == list(range(ROUNDS))
     assert_same(result.model_state(), train_reference(plan, opts))
+
+
+def test_split_inputs_are_posted_before_the_first_action(monkeypatch):
+    """gloo moves a message only once its receive is posted (executor._post_receives): RX too."""
+    import tests.bipartition.threaded as threaded
+    from hppctl.runtime.bipartition import SPLIT_INPUT_TAG
+
+    events: list[tuple[str, str]] = []
+
+    class Recording(threaded.QueueComm):
+        def irecv(self, tensor, peer, tag):
+            if SPLIT_INPUT_TAG <= tag < 2 * SPLIT_INPUT_TAG:
+                events.append((self.me, "RX"))
+            return super().irecv(tensor, peer, tag)
+
+    forward = BiExecutor._forward
+
+    def recording_forward(self, a):
+        events.append((self.device, "F"))
+        return forward(self, a)
+
+    monkeypatch.setattr(threaded, "QueueComm", Recording)
+    monkeypatch.setattr(BiExecutor, "_forward", recording_forward)
+    plan = bi_plan("tiny-mlp", [0, 3, 5], [0, 2, 5], ["a", "b"], global_batch=16, micro_batch=4)
+    train_threaded(plan, TrainOptions(rounds=1, threads=1, dataset="synthetic", lr=0.1))
+    on_b = [kind for device, kind in events if device == "b"]
+    assert on_b[:4] == ["RX"] * 4 and on_b.count("RX") == 4

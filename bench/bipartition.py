@@ -2,6 +2,7 @@
 
     sudo python bench/bipartition.py                          # homogeneous lab: 3 hosts x 0.5 core, 100 Mbit/s
     sudo python bench/bipartition.py --hetero                 # heterogeneous lab: NX, TX2, Nano presets
+    sudo python bench/bipartition.py --hetero --bandwidth 1000mbit
     python bench/bipartition.py --cluster C.yaml --profile P.json   # a lab that is up and its profile
 
 The paper (Cui et al. 2023) ran identical 1-core VMs at 100 Mbit/s and reports up to 1.9x over
@@ -40,12 +41,12 @@ from hppctl.models.profile import Profile  # noqa: E402
 from hppctl.store import load  # noqa: E402
 
 HOMOGENEOUS = """name: {name}
-bandwidth: 100mbit
+bandwidth: {bandwidth}
 subnet: {subnet}
 hosts:
 {hosts}"""
 HETEROGENEOUS = """name: {name}
-bandwidth: 100mbit
+bandwidth: {bandwidth}
 subnet: {subnet}
 fastest_cpu: {cpu}
 hosts:
@@ -58,9 +59,9 @@ hosts:
 def lab_spec(args) -> str:
     subnet = free_subnet(first=230)
     if args.hetero:
-        return HETEROGENEOUS.format(name=args.lab_name, subnet=subnet, cpu=args.cpu)
+        return HETEROGENEOUS.format(name=args.lab_name, subnet=subnet, cpu=args.cpu, bandwidth=args.bandwidth)
     hosts = "".join(f"  - {{name: vm{i}, cpu: {args.cpu}, memory: 1GB}}\n" for i in range(args.hosts))
-    return HOMOGENEOUS.format(name=args.lab_name, subnet=subnet, hosts=hosts)
+    return HOMOGENEOUS.format(name=args.lab_name, subnet=subnet, hosts=hosts, bandwidth=args.bandwidth)
 
 
 def lab_and_profile(args, work: Path) -> tuple[Path, Path, bool]:
@@ -112,6 +113,7 @@ def main() -> None:
     parser.add_argument("--hetero", action="store_true", help="heterogeneous lab (NX, TX2, Nano presets)")
     parser.add_argument("--hosts", type=int, default=3, help="homogeneous lab: number of hosts")
     parser.add_argument("--cpu", type=float, default=0.5, help="cores per homogeneous host / of the fastest preset")
+    parser.add_argument("--bandwidth", default="100mbit", help="every link of a lab this script brings up")
     parser.add_argument("--model", default="vgg-mini")
     parser.add_argument("--granularity", default="fine")
     parser.add_argument("--batch-sizes", default="4,8,16,32")

@@ -19,41 +19,20 @@ from hppctl.runtime.stage import Stage
 from hppctl.runtime.topology import Topology
 from hppctl.runtime.worker import DataFeed, make_optimizer
 from hppctl.schedule import check_schedule, schedule_for_plan
+from tests.bipartition.threaded import QueueComm
 from tests.runtime.factories import make_plan
 
 
-class _Sent:
-    def wait(self):
-        return None
+class RecordingComm(QueueComm):
+    """The threaded queue comm that also logs, in the device's log, when a receive is posted."""
 
-    def is_completed(self):
-        return True
-
-
-class _Received:
-    def __init__(self, q, tensor):
-        self.q, self.tensor, self.done = q, tensor, False
-
-    def wait(self):
-        if not self.done:
-            self.tensor.copy_(self.q.get(timeout=60))
-            self.done = True
-
-    def is_completed(self):
-        return self.done
-
-
-class RecordingComm:
     def __init__(self, me, queues, log):
-        self.me, self.queues, self.log = me, queues, log
-
-    def isend(self, tensor, peer, tag):
-        self.queues[(self.me, peer, tag)].put(tensor.detach().clone())
-        return _Sent()
+        super().__init__(me, queues)
+        self.log = log
 
     def irecv(self, tensor, peer, tag):
         self.log.append("recv")
-        return _Received(self.queues[(peer, self.me, tag)], tensor)
+        return super().irecv(tensor, peer, tag)
 
 
 def test_every_receive_is_posted_before_the_first_compute():

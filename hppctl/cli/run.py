@@ -64,6 +64,11 @@ def run_command(
     warmup: Annotated[int, typer.Option("--warmup", help="Inference plans: untimed passes first.")] = 0,
     overlap: Annotated[bool, typer.Option("--overlap/--no-overlap", help="Inference plans (galaxy): tile-based overlap of the ring collectives with the GEMMs.")] = True,
     output: Annotated[Optional[Path], typer.Option("--output", help="Inference plans: save the final hidden states ([sequence, hidden]) with torch.save.")] = None,
+    heartbeat: Annotated[float, typer.Option("--heartbeat", help="Fault tolerance (with --profile): seconds between heartbeats.")] = 1.0,
+    failure_timeout: Annotated[float, typer.Option("--failure-timeout", help="Fault tolerance: seconds of silence before a device is suspect (a probe decides).")] = 3.0,
+    probe_timeout: Annotated[float, typer.Option("--probe-timeout", help="Fault tolerance: seconds a suspect has to answer the probe.")] = 2.0,
+    replan: Annotated[str, typer.Option("--replan", help="On a lost device (needs --profile): light, heavy, or off (the run fails). docs/fault-tolerance.md")] = "light",
+    replicate_every: Annotated[int, typer.Option("--replicate-every", help="Fault tolerance: snapshot and back up stage state every K rounds.")] = 1,
     schedule: Annotated[Optional[str], typer.Option("--schedule", help="Asynchronous training instead of the plan's rounds: nf1b (TiMePReSt) or pipedream; one device per stage, a round is an epoch (docs/timeprest.md).")] = None,
 ) -> None:
     """Train an HPP plan, or run collaborative inference on an inference (Galaxy) plan: one worker process per device, gloo for tensors."""
@@ -128,8 +133,12 @@ def run_command(
     options = TrainOptions(dataset=dataset, seed=seed, rounds=total, optimizer=optimizer, lr=lr, momentum=momentum,
                            weight_decay=weight_decay, checkpoint_every=checkpoint_every if checkpoint_dir else 0,
                            threads=threads, trace=trace is not None, timeout_s=timeout)
+    from hppctl.cli.coordinator import recovery_options
+    recovery = recovery_options(prof, heartbeat=heartbeat, timeout=failure_timeout, probe_timeout=probe_timeout,
+                                replan=replan, replicate_every=replicate_every) if window is None else None
     summary = train(hpp, inventory, options, data, checkpoint_dir=checkpoint_dir, resume=resume, metrics=metrics,
-                    trace=trace, save_model=save_model, listen=listen, log=log, plan_source=str(plan), schedule=window)
+                    trace=trace, save_model=save_model, listen=listen, log=log, plan_source=str(plan), schedule=window,
+                    recovery=recovery)
     if as_json:
         emit_json(summary)
     else:
@@ -137,7 +146,7 @@ def run_command(
 
 
 def train(plan, cluster, options, data, *, checkpoint_dir=None, resume=False, metrics=None, trace=None,
-          save_model=None, listen=None, log=None, plan_source="plan", quiet=False, schedule=None) -> dict:
+          save_model=None, listen=None, log=None, plan_source="plan", quiet=False, schedule=None, recovery=None) -> dict:
     """Run the session with progress on stderr; write metrics, trace and model; return the summary."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -148,9 +157,15 @@ def train(plan, cluster, options, data, *, checkpoint_dir=None, resume=False, me
     log_file = open(log, "a") if log else None
     metrics_file = None
     try:
-        session = Session(RunRequest(plan, cluster, options, checkpoint_dir=checkpoint_dir, resume=resume,
-                                     listen=listen, log=log_file, schedule=schedule))
-        progress = Progress(TextColumn("[bold]training[/]"), BarColumn(), MofNCompleteColumn(),
+        request = RunRequest(plan, cluster, options, checkpoint_dir=checkpoint_dir, resume=resume,
+                             listen=listen, log=log_file, schedule=schedule)
+        if recovery is not None:  # the embedded coordinator (docs/fault-tolerance.md)
+            from hppctl.cli.coordinator import describe, status_progress
+            from hppctl.runtime.recovery import ResilientSession
+            session = ResilientSession(request, recovery)
+        else:
+            session = Session(request)
+        progress = status_progress(stderr, quiet) if recovery is not None else Progress(TextColumn("[bold]training[/]"), BarColumn(), MofNCompleteColumn(),
                             TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=stderr,
                             disable=quiet, transient=False)
         if metrics is not None:
@@ -169,7 +184,19 @@ def train(plan, cluster, options, data, *, checkpoint_dir=None, resume=False, me
             def on_event(message: str) -> None:
                 progress.update(task, status=message)
 
-            result = session.run(on_round=on_round, on_event=on_event)
+            if recovery is not None:
+                def on_fault(event: dict) -> None:  # fault events go to --metrics beside the rounds
+                    if metrics_file is not None:
+                        metrics_file.write(json.dumps(event) + "\n")
+                        metrics_file.flush()
+                    progress.update(task, status=describe(event))
+
+                def on_status(rows: list[dict]) -> None:
+                    progress.rows = rows
+
+                result = session.run(on_round=on_round, on_event=on_event, on_fault=on_fault, on_status=on_status)
+            else:
+                result = session.run(on_round=on_round, on_event=on_event)
             progress.update(task, completed=options.rounds)
     finally:
         if metrics_file is not None:
@@ -182,8 +209,13 @@ def train(plan, cluster, options, data, *, checkpoint_dir=None, resume=False, me
     if trace is not None and result.trace is not None:
         write_text_atomic(trace, json.dumps(result.trace) + "\n")
     test_accuracy = accuracy(plan.model, state, data.test) if data.test is not None else None
-    return summarize(plan, options, result, test_accuracy, plan_source=plan_source, checkpoint_dir=checkpoint_dir,
-                     metrics=metrics, trace=trace, save_model=save_model)
+    summary = summarize(plan, options, result, test_accuracy, plan_source=plan_source, checkpoint_dir=checkpoint_dir,
+                        metrics=metrics, trace=trace, save_model=save_model)
+    if recovery is not None:  # the plan the run ended with, and what happened on the way
+        final = session.plan
+        summary.update(events=session.events, final_stages=[{"layers": s.layers, "devices": s.devices,
+                                                             "samples": s.samples} for s in final.stages])
+    return summary
 
 
 def summarize(plan, options, result, test_accuracy, *, plan_source, checkpoint_dir, metrics, trace, save_model) -> dict:

@@ -133,7 +133,7 @@ class ResilientSession(Session):
             if self.store is not None and self.store.store.check([key]):
                 self._fail(device, code)  # the worker reported an error of its own: no replay can help
             if self.state is None:
-                self._fail(device, code)  # before the run starts there is nothing to replay
+                self._fail(device, code)  # before every worker trains there is nothing to replay
             if self.state.devices[device].health == "alive":
                 self._suspect(Suspected(device=device, at_s=self._clock(), silent_s=0.0), why=f"exit {code}")
 
@@ -151,7 +151,19 @@ class ResilientSession(Session):
         thread.start()
         self._probes[event.device] = result
 
+    def _arm(self) -> None:
+        """Start failure detection once every worker has built its stage and joined the gloo group
+        (before that, a slow start-up is not a failure, and a dead worker simply fails the run)."""
+        if self.state is None and self.store.store.check([f"ready/{d}" for d in self.topo.devices]):
+            self._t0 = time.monotonic()
+            self.state = CoordinatorState.start(list(self.topo.devices), now_s=0.0)
+            self.listener.drain()
+            self._event("armed", devices=list(self.topo.devices))
+
     def _coordinate(self) -> None:
+        if self.state is None:
+            self._arm()
+            return
         for beat in self.listener.drain():
             if beat.device in self.lost:
                 continue
@@ -168,7 +180,8 @@ class ResilientSession(Session):
             if not result:
                 continue
             del self._probes[device]
-            if result[0]:
+            heard = self.state.devices[device].health == "alive"  # a beat arrived while the probe ran
+            if result[0] or heard:
                 self.state = apply(self.state, ProbeAnswered(device=device, at_s=self._clock()))
                 self._event("probe-answered", device=device)
             else:
@@ -179,7 +192,6 @@ class ResilientSession(Session):
     def _watch(self, options: TrainOptions, start_round: int, on_round) -> tuple[list[dict], dict | None, dict]:
         store = self.store.store
         self._t0 = time.monotonic()
-        self.state = CoordinatorState.start(list(self.topo.devices), now_s=0.0)
         self._options = options
         rounds_per_epoch = self._rounds_per_epoch(options)
         trace = TraceBuilder(self.topo, f"hppctl run: {self.plan.model}") if options.trace else None
@@ -199,7 +211,7 @@ class ResilientSession(Session):
                     store.delete_key(f"metrics/{r}/{d}")
                     memory[d] = {k: reports[d][k] for k in ("rss_bytes", "peak_rss_bytes", "baseline_rss_bytes",
                                                             "host", "cgroup")}
-                if self._resumed_pending is not None:
+                if self._resumed_pending is not None and r >= self._resume_round:
                     self._event("resumed", round=r, recovery_s=round(time.time() - self._resumed_pending, 3))
                     self._resumed_pending = None
                 if r >= self._emitted:  # rounds before were replayed: their rows exist already
@@ -207,7 +219,7 @@ class ResilientSession(Session):
                         for d in devices:
                             trace.add(reports[d])
                     row = aggregate(r, reports, self.topo, previous_end, rounds_per_epoch)
-                    row.update(generation=self.generation,
+                    row.update(generation=max(x.get("generation", 0) for x in reports.values()),
                                backup_bytes=sum(x.get("backup_bytes", 0) for x in reports.values()),
                                backup_s=max(x.get("backup_s", 0.0) for x in reports.values()))
                     rows.append(row)
@@ -220,7 +232,7 @@ class ResilientSession(Session):
             if self._next_round >= options.rounds and store.check(
                     [f"finished/{self.generation}/{d}" for d in devices]):
                 break
-            if self._on_status and time.monotonic() - last_status > 1.0:
+            if self._on_status and self.state is not None and time.monotonic() - last_status > 1.0:
                 self._on_status(status_rows(self.state, self.topo.stage_of, self._clock()))
                 last_status = time.monotonic()
             time.sleep(0.02)
@@ -374,7 +386,8 @@ class ResilientSession(Session):
         self.recovery = _with_profile(self.recovery, self._replanned_profile)
         self.state = apply(self.state, Replanned(at_s=self._clock(), method=doc["method"],
                                                  devices=list(self.topo.devices), resume_round=resume))
-        self._next_round = resume
+        self._resume_round = resume
+        self._next_round = min(self._next_round, resume)  # rounds before `resume` may still be unread
         self._due = {r for r in self._due_rounds(self._options, resume)}
 
 

@@ -173,6 +173,7 @@ class ResilientRun:
         self._new_executor()
         r = self.opts.start_round
         self._protect(r)
+        self.store.set(f"ready/{self.device}", "1")  # the coordinator arms failure detection once all are
         while True:
             try:
                 if r < self.opts.rounds:

@@ -87,3 +87,13 @@ def test_heavy_replanning_gathers_and_redistributes():
 def test_backups_are_sent_every_round_and_counted_in_the_metrics():
     _, _, _, result = run_with_failure(THREE_STAGES, None)
     assert all(row["backup_bytes"] > 0 and row["generation"] == 0 for row in result.rounds)
+
+
+def test_a_worker_sent_sigterm_leaves_gracefully_and_hands_its_layers_over():
+    plan, options, session, result = run_with_failure(THREE_STAGES, "b", signal.SIGTERM)
+    (lost,) = events(session, "lost")
+    assert lost["device"] == "b" and lost["reason"] == "left"  # no timeout, no probe: it said so
+    assert not events(session, "suspected")
+    assert session.workers["b"].proc.wait(timeout=30) == 0  # it left on its own after the hand-over
+    assert [row["round"] for row in result.rounds] == list(range(ROUNDS))
+    assert_same(result.model_state(), train_reference(plan, options))

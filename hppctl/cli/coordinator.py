@@ -1,0 +1,134 @@
+"""`hppctl coordinator`, and the fault-tolerance flags and live status table `hppctl run` shares.
+
+The coordinator is embedded in `hppctl run` (runtime/recovery.py: heartbeats, probes, re-planning,
+pipeline replay; docs/fault-tolerance.md). `hppctl coordinator` runs it standalone on a plan: it
+hosts the run's store and heartbeat socket on `--listen` only, starts the plan's workers, and shows
+the live status table and the fault events, without the training outputs of `hppctl run`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from hppctl.cli.output import emit_json, stdout
+from hppctl.errors import BadInput
+
+EXAMPLES = """
+Examples:
+
+\b
+  hppctl coordinator --plan plans/d.yaml --cluster env-d.yaml --profile env-d.json --rounds 100
+  hppctl coordinator --plan P.yaml --cluster lab.yaml --profile prof.json --listen 10.213.0.1:29500 --timeout 3
+  hppctl coordinator --plan P.yaml --cluster lab.yaml --profile prof.json --replan heavy --events ev.jsonl
+"""
+
+REPLAN_CHOICES = ("light", "heavy", "off")
+
+
+def recovery_options(profile, *, heartbeat: float, timeout: float, probe_timeout: float, replan: str,
+                     replicate_every: int):
+    """The embedded coordinator's settings, or None when re-planning is off (any loss ends the run)."""
+    from hppctl.runtime.recovery import RecoveryOptions
+
+    if replan not in REPLAN_CHOICES:
+        raise BadInput(f"--replan: unknown value {replan!r} ({', '.join(REPLAN_CHOICES)})")
+    for flag, value in (("--heartbeat", heartbeat), ("--failure-timeout", timeout), ("--probe-timeout", probe_timeout),
+                        ("--replicate-every", replicate_every)):
+        if value <= 0:
+            raise BadInput(f"{flag}: must be positive (got {value})")
+    if timeout <= heartbeat:
+        raise BadInput(f"--failure-timeout: {timeout} s must exceed --heartbeat {heartbeat} s "
+                       f"(a device is suspect after missing several beats)")
+    if replan == "off" or profile is None:
+        return None
+    return RecoveryOptions(profile=profile, heartbeat_s=heartbeat, timeout_s=timeout, probe_s=probe_timeout,
+                           replicate_every=replicate_every, replan=replan)
+
+
+def status_progress(console, disable: bool):
+    """A rich Progress that also shows the coordinator's status table under the bar."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from hppctl.coordinator.status import COLUMNS, render_rows
+
+    class StatusProgress(Progress):
+        rows: list[dict] = []
+
+        def get_renderables(self):
+            yield self.make_tasks_table(self.tasks)
+            if self.rows:
+                table = Table(*COLUMNS, box=None, pad_edge=False)
+                for cells in render_rows(self.rows):
+                    table.add_row(*cells)
+                yield table
+
+    return StatusProgress(TextColumn("[bold]training[/]"), BarColumn(), MofNCompleteColumn(),
+                          TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console,
+                          disable=disable, transient=False)
+
+
+def describe(event: dict) -> str:
+    kind = event["event"]
+    if kind == "replanned":
+        return (f"re-planned ({event['method']}) without {event['lost']} in {event['replan_s']:.2f} s; "
+                f"replaying from round {event['resume_round']}")
+    if kind == "resumed":
+        return f"resumed: round {event['round']} done {event['recovery_s']:.1f} s after the loss was confirmed"
+    return f"{kind}: {event.get('device', '')} {event.get('why', event.get('reason', ''))}".strip()
+
+
+def coordinator_command(
+    plan: Annotated[Optional[Path], typer.Option("--plan", help="Plan file from `hppctl plan`. Required.")] = None,
+    cluster: Annotated[Optional[Path], typer.Option("--cluster", help="Cluster inventory naming the plan's devices. Required.")] = None,
+    profile: Annotated[Optional[Path], typer.Option("--profile", help="The profile the plan was made from (re-planning plans on it). Required.")] = None,
+    listen: Annotated[Optional[str], typer.Option("--listen", help="HOST[:PORT]: the only address the store and the heartbeat socket listen on.")] = None,
+    heartbeat: Annotated[float, typer.Option("--heartbeat", help="Seconds between a worker's heartbeats.")] = 1.0,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds of silence before a device is suspect (a probe then decides).")] = 3.0,
+    probe_timeout: Annotated[float, typer.Option("--probe-timeout", help="Seconds a suspect has to answer the probe.")] = 2.0,
+    replan: Annotated[str, typer.Option("--replan", help="light (move cut points, migrate changed layers) or heavy (gather, plan from scratch, redistribute).")] = "light",
+    replicate_every: Annotated[int, typer.Option("--replicate-every", help="Snapshot and back up stage state every K rounds.")] = 1,
+    rounds: Annotated[int, typer.Option("--rounds", help="Rounds to train.")] = 100,
+    dataset: Annotated[str, typer.Option("--dataset", help="synthetic, digits, or package.module:factory.")] = "synthetic",
+    events: Annotated[Optional[Path], typer.Option("--events", help="Fault events and rounds, one JSON object per line.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON summary (events, final plan) on stdout.")] = False,
+) -> None:
+    """Standalone coordinator: heartbeats, probes, pipeline replay and a live status table for a plan's workers."""
+    from hppctl.models.cluster import ClusterSpec
+    from hppctl.models.plan import HppPlan
+    from hppctl.models.profile import Profile
+    from hppctl.runtime.config import TrainOptions
+    from hppctl.runtime.preflight import preflight
+    from hppctl.store import load
+
+    for flag, value in (("--plan", plan), ("--cluster", cluster), ("--profile", profile)):
+        if value is None:
+            raise BadInput(f"{flag}: required")
+    hpp, inventory, prof = load(plan, HppPlan), load(cluster, ClusterSpec), load(profile, Profile)
+    data = preflight(hpp, inventory, dataset, profile=prof, plan_source=str(plan), cluster_source=str(cluster),
+                     profile_source=str(profile))
+    recovery = recovery_options(prof, heartbeat=heartbeat, timeout=timeout, probe_timeout=probe_timeout,
+                                replan=replan, replicate_every=replicate_every)
+    if recovery is None:
+        raise BadInput("--replan: the coordinator needs light or heavy")
+    from hppctl.cli.run import train
+
+    options = TrainOptions(dataset=dataset, rounds=rounds, threads=1 if all(inventory.device(d).local
+                                                                            for d in hpp.devices()) else 0)
+    summary = train(hpp, inventory, options, data, metrics=events, listen=listen, plan_source=str(plan),
+                    recovery=recovery)
+    if as_json:
+        emit_json({k: summary[k] for k in ("plan", "rounds_run", "samples_per_s", "events", "final_stages", "wall_s")})
+    else:
+        for event in summary["events"]:
+            stdout.print(describe(event))
+        stdout.print(f"{summary['rounds_run']} rounds in {summary['wall_s']:.1f} s; final stages: "
+                     + " | ".join(f"[{s['layers'][0]}, {s['layers'][1]}) on {', '.join(s['devices'])}"
+                                  for s in summary["final_stages"]))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("coordinator", help=(coordinator_command.__doc__ or "") + "\n" + EXAMPLES)(coordinator_command)

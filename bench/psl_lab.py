@@ -72,26 +72,48 @@ def measure(a, plan: Path, cluster: Path, work: Path) -> dict:
     return json.loads(out)
 
 
-def steps(plan_file: Path, metrics: Path) -> None:
-    """Per client, each step of the chain as planned and as measured (medians after the first batch)."""
+def steps(plan_file: Path, metrics: Path, profile_file: Path) -> None:
+    """Per client, each step of the chain as planned and as measured (medians after the first batch).
+
+    A client sees when a download *ends*, not when it starts, so the measured l + l′ runs from the
+    arrival of the σ2 activations (without their download) and r′ from the arrival of the σ1
+    gradients; the planned columns leave the same downloads out (B·a(σ)/bw from the profile). The
+    downloads, the helper's p and p′ and its queueing make up "rest" = c_j minus the three."""
     import statistics
 
+    from hppctl.models.profile import Profile
     from hppctl.models.psl import PslPlan
+    from hppctl.planner.cost import CostModel
     from hppctl.store import load
 
     plan = load(plan_file, PslPlan)
+    cost = CostModel(load(profile_file, Profile), micro_batch=plan.batch, num_micro_batches=1)
+    index = {name: k for k, name in enumerate(cost.names)}
     t, helper = plan.times, {h: i for i, h in enumerate(plan.helpers)}
     batches = [b for line in metrics.read_text().splitlines() for b in json.loads(line)["batches"]][1:]
-    print("\nclient   r plan/run ms   l+l' plan/run   r' plan/run   waiting, run")
+    print("\nclient   r plan/run ms   l+l' plan/run   r' plan/run   rest plan/run   (l+l', r' without downloads)")
     for j, c in enumerate(plan.clients):
-        i = helper[plan.assignment[j]]
+        i, (s1, s2) = helper[plan.assignment[j]], plan.cuts[j]
+        bw = cost.bw[index[c]][index[plan.assignment[j]]]
+        down1, down2 = plan.batch * cost.boundary[s1 - 1] / bw, plan.batch * cost.boundary[s2 - 1] / bw
         med = {k: statistics.median(b["clients"][c][k] for b in batches)
                for k in ("sent_s", "activations_s", "gradients_sent_s", "gradients_s", "completion_s")}
-        run = (med["sent_s"], med["gradients_sent_s"] - med["activations_s"], med["completion_s"] - med["gradients_s"])
-        planned = (t.r_s[i][j], t.l_s[i][j] + t.l_prime_s[i][j], t.r_prime_s[i][j])
-        wait = med["completion_s"] - sum(run)
-        print(f"{c:8} " + "  ".join(f"{p * 1e3:7.0f}/{m * 1e3:<6.0f}" for p, m in zip(planned, run))
-              + f"  {wait * 1e3:8.0f}")
+        run = [med["sent_s"], med["gradients_sent_s"] - med["activations_s"], med["completion_s"] - med["gradients_s"]]
+        planned = [t.r_s[i][j], t.l_s[i][j] + t.l_prime_s[i][j] - down2, t.r_prime_s[i][j] - down1]
+        completion = next(p.completion_s for p in plan.prediction.clients if p.client == c)
+        run.append(med["completion_s"] - sum(run))
+        planned.append(completion - sum(planned))
+        print(f"{c:8} " + "  ".join(f"{p * 1e3:7.0f}/{m * 1e3:<6.0f}" for p, m in zip(planned, run)))
+    column = {c: j for j, c in enumerate(plan.clients)}
+    print("helper tasks: planned p or p' / measured median ms (median start after the barrier)")
+    for h in plan.helpers:
+        cells = []
+        for k, (kind, client, _, _) in enumerate(batches[0]["helpers"][h]):
+            planned = (t.p_s if kind == "F" else t.p_prime_s)[helper[h]][column[client]]
+            took = statistics.median(b["helpers"][h][k][3] - b["helpers"][h][k][2] for b in batches)
+            start = statistics.median(b["helpers"][h][k][2] for b in batches)
+            cells.append(f"{kind}:{client} {planned * 1e3:.0f}/{took * 1e3:.0f} ({start * 1e3:.0f})")
+        print(f"{h}: " + "  ".join(cells))
 
 
 def report(summary: dict) -> None:
@@ -142,7 +164,7 @@ def main() -> None:
             hppctl("lab", "up", "--spec", work / "lab.yaml", "--out", cluster, "--state-dir", state)
         plan = profile_and_plan(a, work, cluster)
         summary = measure(a, plan, cluster, work)
-        steps(plan, work / "psl-metrics.jsonl")
+        steps(plan, work / "psl-metrics.jsonl", Path(a.profile) if a.profile else work / "profile.json")
         report(summary)
     finally:
         if not a.cluster and not a.keep:

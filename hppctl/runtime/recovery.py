@@ -107,9 +107,14 @@ class ResilientSession(Session):
             timeout_s=r.timeout_s, replicate_every=r.replicate_every, stall_timeout_s=r.stall_timeout_s)})
 
     def _stop_all(self) -> None:
-        super()._stop_all()
-        if self.listener is not None:
-            self.listener.stop()
+        # lost workers were fenced already; stopping one behind a cut link would hang on SSH
+        lost = {d: self.workers.pop(d) for d in list(self.lost) if d in self.workers}
+        try:
+            super()._stop_all()
+        finally:
+            self.workers.update(lost)
+            if self.listener is not None:
+                self.listener.stop()
 
     # --- events -----------------------------------------------------------------------------------
     def _event(self, kind: str, **fields) -> dict:

@@ -6,8 +6,11 @@
 
 The lab: five hosts at 125 Mbit/s; `l0`, `m0`, `s0` get CPU quotas in the ratio of the paper's Nano-L :
 Nano-M : Nano-S CPU clocks (1.47 : 0.825 : 0.403 GHz), `m1`, `m2` are two more Nano-M. `--fastest-cpu`
-(default 0.3 core) sets the scale: a core of this machine does ~50 GFLOP/s in fp32 GEMMs, so 0.3 core
-puts Nano-L near 15 GFLOP/s and keeps the paper's balance between computation and a 125 Mbit/s link.
+(default 0.15 core) sets the scale: a core of this machine does ~50-70 GFLOP/s in fp32 GEMMs, so Nano-L
+gets ~10 GFLOP/s and Nano-M ~6, near the paper's Nano-M (BERT-L, 24 layers at 30 tokens in 2.43 s:
+~7.5 GFLOP/s). The paper's models are fp16, so its links carry fp16 activations: `--wire-dtype float16`
+(the default here) sends the same bytes over the 125 Mbit/s links while the GEMMs run in fp32; with
+both, computation and communication keep the paper's balance.
 Environments: F = l0 + m0 + s0 (heterogeneous, the paper's Fig. 9) and B = m0 + m1 + m2 (homogeneous,
 Table IV). Models: BERT-large and GPT2-large at sequence length 284 (the QNLI average).
 
@@ -85,12 +88,12 @@ def sub_cluster(cluster: ClusterSpec, names) -> ClusterSpec:
                                       "links": [l for l in cluster.links if set(l.between) <= set(names)]})
 
 
-def run_plan(plan, cluster, layers: int, repeats: int, overlap: bool, timeout: float):
+def run_plan(plan, cluster, layers: int, repeats: int, overlap: bool, timeout: float, wire_dtype: str):
     from hppctl.runtime.galaxy.launch import InferenceRequest, run_inference
 
     stack = plan.model_copy(update={"num_layers": layers})
     return run_inference(InferenceRequest(stack, cluster, None, overlap=overlap, repeats=repeats, warmup=1,
-                                          timeout_s=timeout))
+                                          timeout_s=timeout, wire_dtype=wire_dtype))
 
 
 def measure_env(env: str, budgets, profile, cluster, a, report) -> None:
@@ -115,7 +118,7 @@ def measure_env(env: str, budgets, profile, cluster, a, report) -> None:
     for r in range(a.rounds):
         for name, (plan, overlap) in cases.items():
             load_before = wait_for_quiet(a.quiet_load, a.max_wait)
-            result = run_plan(plan, sub, a.layers, a.repeats, overlap, a.timeout)
+            result = run_plan(plan, sub, a.layers, a.repeats, overlap, a.timeout, a.wire_dtype)
             s = result.summary()
             entry = report.setdefault(name, {"status": "ran", "rounds": []})
             entry["rounds"].append({"median_s": s["latency_s"]["median"], "all_s": s["latency_s"]["all"],
@@ -150,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=2, help="layers of the stack that runs")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--rounds", type=int, default=1)
-    p.add_argument("--fastest-cpu", type=float, default=0.3)
+    p.add_argument("--fastest-cpu", type=float, default=0.15)
+    p.add_argument("--wire-dtype", default="float16", choices=("float16", "float32"))
     p.add_argument("--profile-repeats", type=int, default=3)
     p.add_argument("--quiet-load", type=float, default=2.5)
     p.add_argument("--max-wait", type=float, default=300.0)
@@ -166,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([sys.executable, "-m", "hppctl", "lab", "up", "--spec", str(work / "lab.yaml"), "--out",
                         str(cluster_file), "--state-dir", str(state)], check=True)
     report: dict = {"seq_len": a.seq_len, "layers": a.layers, "repeats": a.repeats, "rounds": a.rounds,
-                    "fastest_cpu": a.fastest_cpu, "models": {}}
+                    "fastest_cpu": a.fastest_cpu, "wire_dtype": a.wire_dtype, "models": {}}
     started = time.perf_counter()
     try:
         cluster = load(cluster_file, ClusterSpec)
@@ -201,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def render(report: dict) -> None:
     print(f"sequence length {report['seq_len']}, {report['layers']}-layer stacks, {report['repeats']} passes, "
-          f"best of {report['rounds']} round(s); fastest host {report['fastest_cpu']} core")
+          f"best of {report['rounds']} round(s); fastest host {report['fastest_cpu']} core; {report['wire_dtype']} on the wire")
     for model, m in report["models"].items():
         caps = ", ".join(f"{d} {v:.2f}" for d, v in m["capacity"].items())
         print(f"\n{model}: profiled in {m['profile_s']:.0f} s; V_d (1/s): {caps}")

@@ -203,7 +203,7 @@ def text_ids(model: str, text: str):
 def run_inference_command(plan_path: Path, cluster_path: Path, *, text: str | None, input_ids: Path | None,
                           seq_len: int | None, repeat: int, warmup: int, overlap: bool, output: Path | None,
                           as_json: bool, threads: int | None, seed: int, listen: str | None, timeout: float,
-                          log: Path | None) -> None:
+                          log: Path | None, wire_dtype: str = "float32") -> None:
     import os
 
     from hppctl.models.cluster import ClusterSpec
@@ -217,6 +217,8 @@ def run_inference_command(plan_path: Path, cluster_path: Path, *, text: str | No
     for flag, value, low in (("--repeat", repeat, 1), ("--warmup", warmup, 0), ("--seq-len", seq_len, 1)):
         if value is not None and value < low:
             raise BadInput(f"{flag}: must be at least {low} (got {value})")
+    if wire_dtype not in ("float32", "float16"):
+        raise BadInput(f"--wire-dtype: unknown value {wire_dtype!r} (float32 or float16)")
     if output is not None and output.suffix.lower() != ".pt":
         raise BadInput(f"--output: {output}: use a .pt file (torch.save of the [sequence, hidden] tensor)")
     plan = load(plan_path, InferencePlan)
@@ -228,7 +230,7 @@ def run_inference_command(plan_path: Path, cluster_path: Path, *, text: str | No
         threads = max(1, (os.cpu_count() or 1) // len(local)) if local and len(local) == len(plan.shares) else 0
     log_file = open(log, "a") if log else None
     try:
-        result = run_inference(InferenceRequest(plan, inventory, ids, seq_len=seq_len, overlap=overlap, repeats=repeat,
+        result = run_inference(InferenceRequest(plan, inventory, ids, seq_len=seq_len, overlap=overlap, wire_dtype=wire_dtype, repeats=repeat,
                                                 warmup=warmup, threads=threads, seed=seed, timeout_s=timeout,
                                                 listen=listen, log=log_file))
     finally:

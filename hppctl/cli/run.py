@@ -64,6 +64,7 @@ def run_command(
     warmup: Annotated[int, typer.Option("--warmup", help="Inference plans: untimed passes first.")] = 0,
     overlap: Annotated[bool, typer.Option("--overlap/--no-overlap", help="Inference plans (galaxy): tile-based overlap of the ring collectives with the GEMMs.")] = True,
     output: Annotated[Optional[Path], typer.Option("--output", help="Inference plans: save the final hidden states ([sequence, hidden]) with torch.save.")] = None,
+    wire_dtype: Annotated[str, typer.Option("--wire-dtype", help="Inference plans: float32 (exact) or float16 activations on the wire (the paper's fp16 traffic).")] = "float32",
     heartbeat: Annotated[float, typer.Option("--heartbeat", help="Fault tolerance (with --profile): seconds between heartbeats.")] = 1.0,
     failure_timeout: Annotated[float, typer.Option("--failure-timeout", help="Fault tolerance: seconds of silence before a device is suspect (a probe decides).")] = 3.0,
     probe_timeout: Annotated[float, typer.Option("--probe-timeout", help="Fault tolerance: seconds a suspect has to answer the probe.")] = 2.0,
@@ -88,7 +89,7 @@ def run_command(
         from hppctl.cli.galaxy import run_inference_command
         return run_inference_command(plan, cluster, text=text, input_ids=input_ids, seq_len=seq_len, repeat=repeat,
                                      warmup=warmup, overlap=overlap, output=output, as_json=as_json, threads=threads,
-                                     seed=seed, listen=listen, timeout=timeout, log=log)
+                                     seed=seed, listen=listen, timeout=timeout, log=log, wire_dtype=wire_dtype)
     from hppctl.cli.psl import is_psl_file
     if is_psl_file(plan):  # parallel split learning (issue 11); `hppctl psl run` has its PSL-only flags
         from hppctl.cli.psl import run_psl

@@ -24,12 +24,12 @@ def _child(rank: int, world: int, init_file: str, cases: list, results) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
     try:
-        for n, (strategy, overlap, weights, heads, columns, rows, ids) in enumerate(cases):
+        for n, (strategy, overlap, weights, heads, columns, rows, ids, *wire) in enumerate(cases):
             if strategy in ("sp", "local"):
                 shard = device_shard(weights, (0, weights["meta"]["heads"]), (0, weights["layers"][0]["w1"].shape[0]))
             else:
                 shard = device_shard(weights, ranges(heads)[rank], ranges(columns)[rank])
-            out, _ = run_device(strategy, shard, ids, rank, rows, overlap=overlap)
+            out, _ = run_device(strategy, shard, ids, rank, rows, overlap=overlap, wire_dtype=(wire or ["float32"])[0])
             if rank == 0:
                 results[n] = out.clone()
     finally:

@@ -57,3 +57,20 @@ def test_strategies_equal_the_single_process_model(world, seq_len, heads, column
     for (label, expected, _), got in zip(pairs, outputs):
         assert got.shape == expected.shape, label
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4, msg=lambda m: f"{label}: {m}")
+
+
+def test_half_precision_on_the_wire_stays_close_to_the_model():
+    """float16 activations on the wire (the paper's traffic): every strategy within fp16 rounding of
+    the model, and the tiles still land on the right rows (a misplaced tile is off by O(1))."""
+    from hppctl.planner.galaxy import split_rows
+
+    model = hf_model("gpt2", seed=7)
+    ids = torch.randint(0, 100, (11,), generator=torch.Generator().manual_seed(7))
+    weights, expected = extract(model, "gpt2"), reference(model, ids)
+    rows = split_rows(11, 3)
+    cases = [(s, o, weights, [2, 1, 1], [64, 40, 24], rows, ids, "float16")
+             for s, o in (("galaxy", True), ("galaxy", False), ("megatron", False), ("sp", False))]
+    cases[2] = ("megatron", False, weights, [2, 1, 1], [43, 43, 42], rows, ids, "float16")
+    for case, got in zip(cases, run_cases(3, cases)):
+        torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2, msg=lambda m: f"{case[0]}: {m}")
+        assert not torch.equal(got, expected)  # the wire really carried fp16

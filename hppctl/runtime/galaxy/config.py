@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -28,4 +28,6 @@ class InferenceWorkerConfig(FrozenModel):
     """torch intra-op threads; 0 leaves torch's default (OMP_NUM_THREADS on lab hosts)."""
     budget_bytes: Annotated[int, Field(gt=0)] | None = None
     """The device's memory budget: the worker refuses a shard whose layer weights exceed it."""
+    wire_dtype: Literal["float32", "float16"] = "float32"
+    """What the collectives carry (float16: half the bytes, as the paper's fp16 models send)."""
     timeout_s: Annotated[float, Field(gt=0)] = 300.0

@@ -37,8 +37,9 @@ class PassTiming:
 
 
 def run_device(strategy: str, shard: dict[str, Any], ids: torch.Tensor, rank: int, row_sizes: list[int], *,
-               overlap: bool, repeats: int = 1, warmup: int = 0) -> tuple[torch.Tensor, list[PassTiming]]:
-    ring = Ring(rank, row_sizes)
+               overlap: bool, repeats: int = 1, warmup: int = 0,
+               wire_dtype: str = "float32") -> tuple[torch.Tensor, list[PassTiming]]:
+    ring = Ring(rank, row_sizes, wire_dtype=getattr(torch, wire_dtype))
     timings: list[PassTiming] = []
     output = None
     for n in range(warmup + repeats):

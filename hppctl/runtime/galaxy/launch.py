@@ -42,6 +42,8 @@ class InferenceRequest:
     Heads and columns follow the plan at any length; rows are re-split equally for the ids' length."""
     seq_len: int | None = None
     overlap: bool = True
+    wire_dtype: str = "float32"
+    """float32 (exact) or float16 on the wire."""
     repeats: int = 1
     warmup: int = 0
     threads: int = 0
@@ -61,6 +63,7 @@ class InferenceResult:
     plan: InferencePlan
     overlap: bool
     ring_bytes_per_s: float = 0.0
+    wire_dtype: str = "float32"
     """The slowest link between ring neighbours (from the inventory): prices the bytes each device sent."""
 
     def latencies(self) -> list[float]:
@@ -79,6 +82,7 @@ class InferenceResult:
                           "bytes_sent": sent, "communication_s": sent / self.ring_bytes_per_s if self.ring_bytes_per_s else 0.0,
                           **{f"median_{k}": v for k, v in med.items()}}
         return {"model": self.plan.model, "strategy": self.plan.strategy, "overlap": self.overlap,
+                "wire_dtype": self.wire_dtype,
                 "seq_len": int(self.output.shape[0]), "planned_seq_len": self.plan.seq_len, "layers": self.plan.num_layers, "repeats": len(lat),
                 "latency_s": {"median": statistics.median(lat), "min": min(lat), "max": max(lat),
                               "mean": statistics.fmean(lat), "all": lat},
@@ -167,7 +171,8 @@ class InferenceSession:
             for worker in self.workers.values():
                 worker.stop()
             self.store.close()
-        return InferenceResult(output, reports, time.perf_counter() - started, plan, self._overlap(), self._ring_rate())
+        return InferenceResult(output, reports, time.perf_counter() - started, plan, self._overlap(), self._ring_rate(),
+                               req.wire_dtype)
 
     def _ring_rate(self) -> float:
         names = self.request.plan.devices()
@@ -203,7 +208,7 @@ class InferenceSession:
                 device=share.device, rank=rank, world_size=len(plan.shares), store_host=self.store.host,
                 store_port=self.store.port, strategy=plan.strategy, row_sizes=rows, overlap=self._overlap(),
                 repeats=req.repeats, warmup=req.warmup, threads=req.threads,
-                budget_bytes=share.memory_budget_bytes, timeout_s=req.timeout_s)
+                budget_bytes=share.memory_budget_bytes, wire_dtype=req.wire_dtype, timeout_s=req.timeout_s)
             payload = json.dumps({"token": self.store.token, "config": config.model_dump(mode="json")})
             spec = req.cluster.device(share.device)
             if spec.host is not None:

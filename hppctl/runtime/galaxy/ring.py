@@ -13,6 +13,9 @@ length not divisible by the number of devices), so every receive is sized by the
   sum finished in step k - 1 travels to its successor; the partial sum arriving from the predecessor
   is added to the fresh tile. After step D device i holds the sum over devices of its own chunk.
 
+`wire_dtype` is what travels: float32 (exact), or float16 (half the bytes, as the paper's fp16 models
+send; tiles are converted back on arrival and sums are taken in float32).
+
 With `overlap=False` the same ring runs with the GEMM done whole before (ReduceScatter) or after
 (AllGather) the communication: the ablation of the overlap alone, same bytes, same algorithm.
 `Stats` accumulates the time this device sat blocked on the network (exposed communication).
@@ -43,8 +46,10 @@ class Stats:
 class Ring:
     """One device's view of the ring: rank, world, the row partition, and its blocking time."""
 
-    def __init__(self, rank: int, sizes: list[int], stats: Stats | None = None) -> None:
+    def __init__(self, rank: int, sizes: list[int], stats: Stats | None = None,
+                 wire_dtype: torch.dtype = torch.float32) -> None:
         self.rank, self.world, self.sizes = rank, len(sizes), list(sizes)
+        self.wire_dtype = wire_dtype
         self.offsets = [sum(sizes[:i]) for i in range(len(sizes))]
         self.stats = stats or Stats()
 
@@ -60,16 +65,21 @@ class Ring:
         return slice(self.offsets[j], self.offsets[j] + self.sizes[j])
 
     # --- point to point ------------------------------------------------------------------------
-    def _post(self, send: torch.Tensor, recv: torch.Tensor) -> list:
-        self.stats.bytes_sent += send.numel() * send.element_size()
+    def _post(self, send: torch.Tensor, rows: int) -> tuple[list, torch.Tensor]:
+        """Start sending `send` to the successor and receiving `rows` rows from the predecessor."""
+        wire = send.to(self.wire_dtype).contiguous()
+        recv = torch.empty((rows, *send.shape[1:]), dtype=self.wire_dtype)
+        self.stats.bytes_sent += wire.numel() * wire.element_size()
         self.stats.messages += 1
-        return [dist.isend(send.contiguous(), self.succ), dist.irecv(recv, self.pred)]
+        return [dist.isend(wire, self.succ), dist.irecv(recv, self.pred)], recv
 
-    def _wait(self, requests: list) -> None:
+    def _wait(self, pending: tuple[list, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        """Block until both transfers are done; the received tile in the compute dtype."""
         started = time.perf_counter()
-        for r in requests:
+        for r in pending[0]:
             r.wait()
         self.stats.exposed_comm_s += time.perf_counter() - started
+        return pending[1].to(dtype)
 
     def blocking(self, fn: Callable[[], object]) -> object:
         """Run a blocking collective, counting its time as exposed communication."""
@@ -89,14 +99,10 @@ class Ring:
         cur = x
         for k in range(D):
             j = (i - k) % D
-            pending = None
-            if k < D - 1:
-                nxt = torch.empty((self.sizes[(i - k - 1) % D], x.shape[1]), dtype=x.dtype)
-                pending = self._post(cur, nxt)
+            pending = self._post(cur, self.sizes[(i - k - 1) % D]) if k < D - 1 else None
             out[j] = f(cur)  # the GEMM runs while `cur` travels on and the next tile arrives
             if pending is not None:
-                self._wait(pending)
-                cur = nxt
+                cur = self._wait(pending, x.dtype)
         return torch.cat(out)  # tiles in sequence order
 
     def gemm_reducescatter(self, f: Callable[[slice], torch.Tensor], *, overlap: bool) -> torch.Tensor:
@@ -111,16 +117,9 @@ class Ring:
         acc = None
         for k in range(1, D + 1):
             r = (i - k) % D
-            pending = None
-            if k >= 2:
-                incoming = torch.empty((self.sizes[r], acc.shape[1]), dtype=acc.dtype)
-                pending = self._post(acc, incoming)
+            pending = self._post(acc, self.sizes[r]) if k >= 2 else None
             tile = f(self.rows(r))  # overlaps the partial sum of step k - 1 on its way
-            if pending is not None:
-                self._wait(pending)
-                acc = tile + incoming
-            else:
-                acc = tile
+            acc = tile + self._wait(pending, tile.dtype) if pending is not None else tile
         return acc
 
     def allgather(self, x: torch.Tensor) -> torch.Tensor:
@@ -133,15 +132,16 @@ class Ring:
         for k in range(D):
             out[(i - k) % D] = cur
             if k < D - 1:
-                nxt = torch.empty((self.sizes[(i - k - 1) % D], *x.shape[1:]), dtype=x.dtype)
-                self._wait(self._post(cur, nxt))
-                cur = nxt
+                cur = self._wait(self._post(cur, self.sizes[(i - k - 1) % D]), x.dtype)
         return torch.cat(out)
 
     def allreduce(self, x: torch.Tensor) -> torch.Tensor:
         """Megatron's AllReduce (gloo's own), in place."""
         if self.world > 1:
-            self.stats.bytes_sent += 2 * (self.world - 1) * x.numel() * x.element_size() // self.world
+            wire = x.to(self.wire_dtype)
+            self.stats.bytes_sent += 2 * (self.world - 1) * wire.numel() * wire.element_size() // self.world
             self.stats.messages += 1
-            self.blocking(lambda: dist.all_reduce(x))
+            self.blocking(lambda: dist.all_reduce(wire))
+            if wire is not x:
+                x.copy_(wire)
         return x

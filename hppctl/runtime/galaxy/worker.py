@@ -59,7 +59,8 @@ def serve(config: InferenceWorkerConfig, store) -> None:
                                   timeout_s=config.timeout_s)
     try:
         output, timings = run_device(config.strategy, shard, ids, config.rank, config.row_sizes,
-                                     overlap=config.overlap, repeats=config.repeats, warmup=config.warmup)
+                                     overlap=config.overlap, repeats=config.repeats, warmup=config.warmup,
+                                     wire_dtype=config.wire_dtype)
     finally:
         bootstrap.destroy_process_groups()
     report = {"device": config.device, "host": socket.gethostname(), "threads": torch.get_num_threads(),

@@ -40,6 +40,15 @@ def stage_choices(plan: HppPlan, profile: Profile) -> list[StageChoice]:
 
 
 def explain(plan: HppPlan, profile: Profile) -> list[StepRow]:
+    if any(s.backward_layers is not None for s in plan.stages):
+        # Bi-Partition: Asteroid's evaluation knows one range per stage; the plan's own figures come
+        # from Bi-Partition's model (planner/bipartition.py), so the steps are read from the plan.
+        steps = []
+        for p, stage in enumerate(plan.stages):
+            steps.append(Step(stage.forward_s, stage.backward_s, stage.allreduce_s))
+            if p < len(plan.transfers):
+                steps.append(Step(plan.transfers[p].forward_s, plan.transfers[p].backward_s))
+        return step_rows(tuple(steps), plan.num_micro_batches, plan, [s.memory_bytes for s in plan.stages])
     cm = CostModel(profile, micro_batch=plan.micro_batch, num_micro_batches=plan.num_micro_batches)
     stages = stage_choices(plan, profile)
     ev = cm.evaluate(stages, plan.schedule)
@@ -57,7 +66,8 @@ def step_rows(steps: tuple[Step, ...], m: int, plan: HppPlan, memory) -> list[St
             execute = e_dm - sum(steps[i].forward_s + steps[i].backward_s for i in range(dm, s))
         if s % 2 == 0:
             stage = plan.stages[s // 2]
-            label = f"stage {s // 2}: layers [{stage.start}, {stage.end}) on {', '.join(stage.devices)}"
+            back = f" B[{stage.backward[0]}, {stage.backward[1]})" if stage.backward_layers else ""
+            label = f"stage {s // 2}: layers [{stage.start}, {stage.end}){back} on {', '.join(stage.devices)}"
             mem = tuple(zip(stage.devices, memory[s // 2], stage.memory_budget_bytes))
             kind = "stage"
         else:

@@ -73,7 +73,8 @@ def _blob(obj) -> bytes:
 class PslSession(Session):
     """`Session` with a PSL plan: reuses its store hosting, admission, liveness and failure handling."""
 
-    def __init__(self, request: PslRunRequest) -> None:  # noqa: super().__init__ builds an HPP schedule
+    def __init__(self, request: PslRunRequest) -> None:
+        # NOTE: not super().__init__(), which builds and checks an HPP schedule from an HPP plan.
         self.request = request
         self.topo = PslTopology.of(request.plan)
         self.ckpt = None

@@ -2,8 +2,8 @@
 
 Each rank runs one stage of tiny-mlp with `AsyncExecutor` over two epochs of an nf1b or pipedream
 window; the reference (tests/timeprest/reference.py) does the same mathematics in one process.
-Cases cover v = 1 and v = 2 (W=4, N=2), so stale forwards at downstream stages, kept versions and
-their release are all exercised.
+W = 4 with N = 2 gives v = 2, so stale forwards at downstream stages, kept versions and their
+release are all exercised; pipedream W = 4 stashes up to 4 versions per stage.
 """
 
 from __future__ import annotations
@@ -73,11 +73,9 @@ def run_async(schedule, options: TrainOptions, tmp_path) -> tuple[dict, list[int
     return merged, peaks
 
 
-CASES = {
-    "nf1b W=2 N=2 (v=1)": ("nf1b", [2], 2, 4),
+CASES = {  # nf1b W=3 N=2 and pipedream W=3 run through `hppctl run`'s launcher in test_run.py
     "nf1b W=4 N=2 (v=2)": ("nf1b", [1, 2, 4], 2, 6),
-    "nf1b W=3 N=3 (v=1)": ("nf1b", [2, 4], 3, 4),
-    "pipedream W=3": ("pipedream", [2, 4], 1, 6),
+    "pipedream W=4": ("pipedream", [1, 2, 4], 1, 6),
 }
 
 

@@ -24,7 +24,7 @@ def test_v_is_one_exactly_when_w_at_most_n_plus_one():
     # eq. 11: W <= N + 1  <=>  v = 1, for all W, N in 2..16. A short window suffices: v > 1 shows
     # from the second mini-batch on (the ramp of test above).
     wrong = [(W, N) for W in range(2, 17) for N in range(2, 17)
-             if (simulated_version_difference(W, N, K=5).simulated == 1) != (W <= N + 1)]
+             if (simulated_version_difference(W, N, K=4).simulated == 1) != (W <= N + 1)]
     assert wrong == []
 
 

@@ -174,6 +174,7 @@ def result_json(plan: HppPlan, schedule, result, *, with_profile: bool) -> dict:
             "bubble_fraction": result.bubble_fraction(d), "peak_in_flight_micro_batches": d.peak_in_flight_micro_batches,
             "peak_in_flight_samples": d.peak_in_flight_samples, "peak_activation_bytes": d.peak_activation_bytes,
             "peak_memory_bytes": d.peak_memory_bytes, "budget_bytes": d.budget_bytes,
+            "weight_versions": d.weight_versions,
         } for d in result.devices],
         "links": [{"src": link.src, "dst": link.dst, "bytes": link.bytes, "busy_s": link.busy_s,
                    "messages": link.messages} for link in result.links],
@@ -188,6 +189,11 @@ def _render(plan: HppPlan, schedule, result, with_profile: bool) -> None:
                  f"timings from the {'profile' if with_profile else 'plan (no --profile)'}")
     stdout.print(f"simulated round latency {result.round_latency_s:.3f} s, throughput "
                  f"{result.throughput_samples_per_s:.1f} samples/s; closed-form estimate {est:.3f} s ({error:+.1%})")
+    if schedule.micro_batches_per_update is not None:  # nf1b, pipedream (docs/timeprest.md)
+        N = schedule.micro_batches_per_update
+        stdout.print(f"asynchronous window: {schedule.num_micro_batches // N} mini-batches of {N} x {schedule.micro_batch} "
+                     f"(the 'round' above; the estimate is one synchronous round); weight versions held: "
+                     + ", ".join(f"{d.device} {d.weight_versions}" for d in result.devices))
     table = Table(box=None, pad_edge=False)
     for col in ("stage", "device", "samples", "compute s", "busy", "bubble", "AR s", "in flight",
                 "peak activations", "peak memory / budget"):

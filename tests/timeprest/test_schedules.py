@@ -157,7 +157,11 @@ def test_simulate_cli_replays_an_async_window(cli, tmp_path):
         code, out, err = cli("simulate", "--plan", tmp_path / "plan.yaml", "--policy", policy, "--json")
         assert code == 0, err
         doc = json.loads(out)
-        assert json.dumps(doc).count(policy) >= 1
+        assert doc["policy"] == policy
+        held = [d["weight_versions"] for d in doc["devices"]]
+        assert held == ([1, 2, 3] if policy == "nf1b" else [3, 3, 3])  # nf1b: only forwards keep old versions
+        code, out, _ = cli("simulate", "--plan", tmp_path / "plan.yaml", "--policy", policy)
+        assert code == 0 and "asynchronous window: 16 mini-batches" in out
     from hppctl.schedule import schedule_for_plan
 
     schedule = schedule_for_plan(plan, "nf1b")

@@ -206,7 +206,7 @@ def _render(plan: HppPlan, schedule, result, with_profile: bool) -> None:
                       format_bytes(d.peak_activation_bytes) if d.peak_activation_bytes is not None else "-", memory)
     stdout.print(table)
     busiest = sorted(result.links, key=lambda link: -link.busy_s)[:8]
-    if busiest:
+    if busiest and result.round_latency_s > 0:  # a hand-written plan without timings simulates to 0 s
         stdout.print("busiest links: " + ", ".join(
             f"{link.src}->{link.dst} {format_bytes(link.bytes)} in {link.busy_s:.3f} s "
             f"({link.busy_s / result.round_latency_s:.0%})" for link in busiest))

@@ -166,3 +166,16 @@ def test_simulate_cli_replays_an_async_window(cli, tmp_path):
 
     schedule = schedule_for_plan(plan, "nf1b")
     assert schedule.num_micro_batches == SIMULATED_WINDOW * 2 and schedule.micro_batches_per_update == 2
+
+
+def test_simulate_text_of_a_plan_without_timings(cli, tmp_path):
+    # A hand-written plan (runtime.plans.manual_plan) has zero timings: the simulated round takes
+    # 0 s, and the link table divided by it (ZeroDivisionError before the fix).
+    from hppctl.runtime.plans import manual_plan
+    from hppctl.store import save
+
+    plan = manual_plan("tiny-mlp", [((0, 2), ["a"], [4]), ((2, 5), ["b"], [4])], global_batch=8, micro_batch=4)
+    save(tmp_path / "plan.yaml", plan)
+    code, out, err = cli("simulate", "--plan", tmp_path / "plan.yaml")
+    assert code == 0, err
+    assert "simulated round latency 0.000 s" in out

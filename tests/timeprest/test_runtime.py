@@ -8,7 +8,6 @@ release are all exercised; pipedream W = 4 stashes up to 4 versions per stage.
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch

@@ -62,7 +62,6 @@ class AsyncExecutor(Executor):
             raise ExecutionError(f"{self.device}: not an asynchronous policy: {policy!r}")
         self.policy, self.N = policy, micro_batches_per_update
         self.last_user, self.kept = version_lifetimes(self.actions)
-        self.names = [n for n, _ in self.stage.module.named_parameters()]
         self.peak_versions = 1
 
     def run_round(self, round_index: int) -> RoundStats:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections import defaultdict
 
 import torch
 
@@ -38,8 +37,20 @@ class _Recv:
         return self.done
 
 
+class Mailboxes:
+    """One FIFO per (src, dst, tag), created under a lock: a defaultdict's miss is not atomic across
+    threads, and two threads creating the same queue at once lost a message (a flaky 60 s hang)."""
+
+    def __init__(self) -> None:
+        self.lock, self.queues = threading.Lock(), {}
+
+    def __getitem__(self, key) -> queue.Queue:
+        with self.lock:
+            return self.queues.setdefault(key, queue.Queue())
+
+
 class QueueComm:
-    def __init__(self, me: str, queues):
+    def __init__(self, me: str, queues: Mailboxes):
         self.me, self.queues = me, queues
 
     def isend(self, tensor, peer, tag):
@@ -56,17 +67,14 @@ def train_threaded(plan, options: TrainOptions) -> dict[str, torch.Tensor]:
     topo = Topology.of(schedule)
     data = load_data(options.dataset, plan.model)
     order = SampleOrder(len(data.train), topo.global_batch, topo.micro_batch, options.seed)
-    lock = threading.Lock()
-    queues = defaultdict(queue.Queue)
+    queues = Mailboxes()
     executors, errors = {}, []
     for p, st in enumerate(schedule.stages):
         device = st.devices[0]
         stage = BiStage(plan.model, plan.granularity, st.layers, st.backward_layers or st.layers,
                         num_layers=plan.num_layers, seed=options.seed)
-        with lock:
-            queues_view = queues
         executors[device] = BiExecutor(device, schedule.actions[device], topo, stage,
-                                       make_optimizer(stage.parameters(), options), QueueComm(device, queues_view),
+                                       make_optimizer(stage.parameters(), options), QueueComm(device, queues),
                                        DataFeed(data, order))
 
     def work(device):

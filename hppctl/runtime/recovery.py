@@ -312,8 +312,15 @@ class ResilientSession(Session):
 
     def _collect(self, generation: int, what: str, devices: list[str]) -> dict[str, dict]:
         store, keys = self.store.store, [f"{what}/{generation}/{d}" for d in devices]
-        bootstrap.wait_for(lambda: store.check(keys), self.recovery.stall_timeout_s,
-                           f"{', '.join(devices)} to stop for the re-plan")
+
+        def reported() -> bool:
+            for device in devices:  # a survivor that fails meanwhile fails the run (one loss at a time)
+                code = self.workers[device].poll()
+                if code not in (None, 0):
+                    self._fail(device, code)
+            return store.check(keys)
+
+        bootstrap.wait_for(reported, self.recovery.stall_timeout_s, f"{', '.join(devices)} to stop for the re-plan")
         return {d: json.loads(store.get(k)) for d, k in zip(devices, keys)}
 
     def _replan(self, generation: int, old_plan: HppPlan, device: str, resume: int, leaving: bool):

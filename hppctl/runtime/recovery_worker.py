@@ -114,15 +114,17 @@ class AbortableComm(bootstrap.DistComm):
         self.abort, self.waiters = abort, Waiters()
 
     def isend(self, tensor, peer: str, tag: int):
-        return AbortableWork(super().isend(tensor, peer, tag), self.abort, self.waiters)
+        return AbortableWork(_posted(lambda: super(AbortableComm, self).isend(tensor, peer, tag)), self.abort,
+                             self.waiters)
 
     def irecv(self, tensor, peer: str, tag: int):
-        return AbortableWork(super().irecv(tensor, peer, tag), self.abort, self.waiters)
+        return AbortableWork(_posted(lambda: super(AbortableComm, self).irecv(tensor, peer, tag)), self.abort,
+                             self.waiters)
 
     def _allreduce(self, tensor, op) -> None:
         import torch.distributed as dist
 
-        work = dist.all_reduce(tensor, op=op, group=self.groups.stage_group, async_op=True)
+        work = _posted(lambda: dist.all_reduce(tensor, op=op, group=self.groups.stage_group, async_op=True))
         self.waiters.wait(work, self.abort)
 
     def allreduce_sum(self, tensor) -> None:
@@ -134,6 +136,14 @@ class AbortableComm(bootstrap.DistComm):
         import torch.distributed as dist
 
         self._allreduce(tensor, dist.ReduceOp.MAX)
+
+
+def _posted(post):
+    """Post a gloo operation; gloo raises at once when the peer's connection is already closed."""
+    try:
+        return post()
+    except RuntimeError as e:
+        raise PeerLost(str(e)) from e
 
 
 def backup_targets_of(schedule) -> dict[str, str | None]:

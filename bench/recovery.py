@@ -1,0 +1,205 @@
+"""Recovery from a lost device on the edge lab's Env D, light against heavy re-planning, measured and simulated.
+
+    sudo python bench/recovery.py                                  # every case, light and heavy (~15 min)
+    sudo python bench/recovery.py --cases kill-single,link-cut --rounds 14 --out recovery.json
+
+Env D of the Asteroid paper: 1 Jetson TX2 + 3 Jetson Nano at 100 Mbit/s, `mobilenetv2` (32x32,
+fine layers), global batch 64, micro-batch 16, digits. The lab gives each host its preset's CPU
+share and a 100 Mbit/s link; workers run over SSH inside the hosts' namespaces and cgroups. The
+plan is the planner's on a preset profile of the lab's devices (four single-device stages); the
+`kill-replica` case uses the same cuts with the two middle stages merged into one stage on
+nano0+nano1. For each case the bench starts a fresh run under the embedded coordinator (heartbeat
+1 s, timeout 3 s, probe 2 s, backups every round), hurts `--victim` (default nano1) once round
+`--fail-after` is reported, and prints, for light and heavy re-planning side by side:
+
+- detection: failure -> the loss is confirmed (the probe went unanswered);
+- recovery: failure -> the first round completed on the new plan (the paper's definition);
+- replan + move: confirmation -> first round (what the re-planning strategy itself costs);
+- throughput after recovery: median samples/s of the rounds after the first one on the new plan;
+- the simulator's prediction of the same (`hppctl simulate --fail`, hppctl/schedule/failure.py).
+
+Cases: kill-single (SIGKILL of a single-device stage's worker), kill-replica (SIGKILL of one device
+of a replicated stage), sigstop (the worker frozen), link-cut (`ip link set eth0 down` in the host's
+namespace; restored after the run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from hppctl.models.cluster import ClusterSpec, DeviceSpec  # noqa: E402
+from hppctl.models.plan import PlanRequest  # noqa: E402
+from hppctl.planner import make_plan  # noqa: E402
+from hppctl.runtime.config import TrainOptions  # noqa: E402
+from hppctl.runtime.plans import manual_plan  # noqa: E402
+from hppctl.runtime.recovery import RecoveryOptions, ResilientSession  # noqa: E402
+from hppctl.runtime.session import RunRequest  # noqa: E402
+from hppctl.schedule.failure import simulate_failure  # noqa: E402
+from hppctl.store import load  # noqa: E402
+
+NAME = "bench-recovery"
+PRESETS = {"tx0": "jetson-tx2", "nano0": "jetson-nano", "nano1": "jetson-nano", "nano2": "jetson-nano"}
+SPEC = "name: {name}\nbandwidth: 100mbit\nsubnet: {subnet}\nhosts:\n" + "".join(
+    f"  - {{{{name: {d}, preset: {p}}}}}\n" for d, p in PRESETS.items())
+CASES = ("kill-single", "kill-replica", "sigstop", "link-cut")
+
+
+def preset_profile(model: str):
+    from hppctl.cli.profile import model_layers
+    from hppctl.profiling.from_presets import build_preset_profile
+
+    cluster = ClusterSpec(name="env-d", devices=[DeviceSpec(name=d, preset=p) for d, p in PRESETS.items()])
+    layers, parts = model_layers(model, "fine")
+    return build_preset_profile(cluster, layers, model=model, granularity="fine", parts=parts)
+
+
+def replica_plan(plan):
+    """The planner's cuts with stages 1 and 2 merged into one stage on nano0 + nano1 (8 + 8 samples)."""
+    s = plan.stages
+    B = plan.micro_batch
+    stages = [((s[0].start, s[0].end), s[0].devices, s[0].samples),
+              ((s[1].start, s[2].end), [s[1].devices[0], s[2].devices[0]], [B // 2, B - B // 2]),
+              *[((x.start, x.end), x.devices, x.samples) for x in s[3:]]]
+    return manual_plan(plan.model, stages, global_batch=plan.global_batch, micro_batch=B)
+
+
+def hurt(case: str, session, victim: str) -> None:
+    if case == "link-cut":
+        from hppctl.lab.layout import netns_name
+        from hppctl.lab.system import sh
+
+        sh(["ip", "-n", netns_name(NAME, victim), "link", "set", "eth0", "down"])
+        return
+    pid = session._pid_of(victim)
+    os.kill(pid, signal.SIGSTOP if case == "sigstop" else signal.SIGKILL)
+
+
+def heal(case: str, victim: str) -> None:
+    if case == "link-cut":
+        from hppctl.lab.layout import netns_name
+        from hppctl.lab.system import sh
+
+        sh(["ip", "-n", netns_name(NAME, victim), "link", "set", "eth0", "up"])
+
+
+def measure(case: str, method: str, plan, profile, cluster, args) -> dict:
+    options = TrainOptions(rounds=args.rounds, dataset="digits", lr=0.05, timeout_s=300)
+    recovery = RecoveryOptions(profile=profile, heartbeat_s=1.0, timeout_s=args.timeout, probe_s=2.0, replan=method)
+    session = ResilientSession(RunRequest(plan, cluster, options), recovery)
+    failed_at: list[float] = []
+
+    def on_round(row: dict) -> None:
+        if row["round"] == args.fail_after and not failed_at:
+            failed_at.append(time.time())
+            hurt(case, session, args.victim)
+
+    try:
+        result = session.run(on_round=on_round)
+    finally:
+        heal(case, args.victim)
+    by = {e["event"]: e for e in session.events}
+    t0 = failed_at[0]
+    resume = by["replanned"]["resume_round"]
+    rows = result.rounds
+    before = [r["samples_per_s"] for r in rows if 0 < r["round"] < args.fail_after]
+    after = [r["samples_per_s"] for r in rows if r["round"] > max(resume, args.fail_after) + 1]
+    return {
+        "case": case, "requested": method, "method": by["replanned"]["method"],
+        "detection_s": by["lost"]["at"] - t0, "recovery_s": by["resumed"]["at"] - t0,
+        "replan_and_move_s": by["resumed"]["at"] - by["lost"]["at"], "replan_s": by["replanned"]["replan_s"],
+        "resume_round": resume, "throughput_before": statistics.median(before) if before else None,
+        "throughput_after": statistics.median(after) if after else None,
+        "stages_after": by["replanned"]["stages"], "moved_bytes": by["replanned"].get("moved_bytes", 0),
+    }
+
+
+def predicted(plan, profile, victim: str, method: str, timeout: float) -> dict:
+    sim = simulate_failure(plan, profile, victim, 30.0, method=method, timeout_s=timeout, probe_s=2.0)
+    return {"detection_s": sim.detection_s, "recovery_s": sim.recovery_s, "throughput_after": sim.throughput_after,
+            "replan_and_move_s": sim.first_round_done_at_s - sim.detected_at_s}
+
+
+def lab_up(work: Path) -> ClusterSpec:
+    from hppctl.cli import run
+    from hppctl.lab.network import free_subnet
+
+    (work / "lab.yaml").write_text(SPEC.format(name=NAME, subnet=free_subnet()))
+    run(["lab", "down", "--name", NAME, "--state-dir", str(work / "state")])
+    if run(["lab", "up", "--spec", str(work / "lab.yaml"), "--out", str(work / "cluster.yaml"),
+            "--state-dir", str(work / "state")]) != 0:
+        raise SystemExit("lab up failed (root, tools, cgroups?)")
+    return load(work / "cluster.yaml", ClusterSpec)
+
+
+def fmt(value, unit="") -> str:
+    return "-" if value is None else f"{value:.2f}{unit}" if isinstance(value, float) else str(value)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--methods", default="light,heavy")
+    parser.add_argument("--model", default="mobilenetv2")
+    parser.add_argument("--global-batch", type=int, default=64)
+    parser.add_argument("--micro-batch", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=14)
+    parser.add_argument("--fail-after", type=int, default=4)
+    parser.add_argument("--victim", default="nano1")
+    parser.add_argument("--timeout", type=float, default=3.0)
+    parser.add_argument("--out", help="also write the results as JSON")
+    args = parser.parse_args()
+    profile = preset_profile(args.model)
+    plan = make_plan(profile, PlanRequest(global_batch=args.global_batch, micro_batch=args.micro_batch))
+    print("plan:", " | ".join(f"[{s.start}, {s.end}) {','.join(s.devices)}" for s in plan.stages), flush=True)
+    work = Path(tempfile.mkdtemp(prefix="bench-recovery-"))
+    cluster = lab_up(work)
+    results = []
+    try:
+        for case in args.cases.split(","):
+            case_plan = replica_plan(plan) if case == "kill-replica" else plan
+            for method in args.methods.split(","):
+                measured = measure(case, method, case_plan, profile, cluster, args)
+                measured["predicted"] = predicted(case_plan, profile, args.victim, method, args.timeout)
+                results.append(measured)
+                print(json.dumps(measured), flush=True)
+    finally:
+        from hppctl.cli import run
+
+        run(["lab", "down", "--name", NAME, "--state-dir", str(work / "state")])
+    print(f"\nEnv D lab, {args.model}, G={args.global_batch}, B={args.micro_batch}, victim {args.victim}, "
+          f"timeout {args.timeout} s + probe 2 s; measured (simulated)")
+    header = f"{'case':13} {'method':6} {'detect s':>14} {'recovery s':>14} {'replan+move s':>14} {'thr before':>10} {'thr after':>16}"
+    print(header)
+    for r in results:
+        p = r["predicted"]
+        print(f"{r['case']:13} {r['method']:6} {fmt(r['detection_s']):>6} ({fmt(p['detection_s']):>5}) "
+              f"{fmt(r['recovery_s']):>6} ({fmt(p['recovery_s']):>5}) {fmt(r['replan_and_move_s']):>6} "
+              f"({fmt(p['replan_and_move_s']):>5}) {fmt(r['throughput_before']):>10} "
+              f"{fmt(r['throughput_after']):>7} ({fmt(p['throughput_after']):>6})")
+    for case in dict.fromkeys(r["case"] for r in results):
+        pair = {r["requested"]: r for r in results if r["case"] == case}
+        if {"light", "heavy"} <= set(pair):
+            light, heavy = pair["light"], pair["heavy"]
+            speed = heavy["recovery_s"] / light["recovery_s"]
+            move = heavy["replan_and_move_s"] / light["replan_and_move_s"]
+            thr = (light["throughput_after"] / heavy["throughput_after"]
+                   if light["throughput_after"] and heavy["throughput_after"] else None)
+            print(f"{case}: light recovers {speed:.2f}x faster than heavy ({move:.2f}x on re-plan + move), "
+                  f"throughput after {fmt(thr)} of heavy's")
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

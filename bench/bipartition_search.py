@@ -103,7 +103,7 @@ def planning_time() -> None:
     print("\nplanning time, make_plan(strategy=bipartition), presets of Env B (5 devices), 100 Mbit/s:")
     cluster = ClusterSpec.model_validate(ENV_B)
     for model, granularity in (("vgg-mini", "fine"), ("mobilenetv2", "block"), ("bert-small", "fine"),
-                               ("resnet50", "block")):
+                               ("resnet50", "block"), ("mobilenetv2", "fine"), ("efficientnet-b1", "fine")):
         profile = build_preset_profile(cluster, layer_costs(model, granularity), model=model, granularity=granularity)
         began = time.perf_counter()
         plan = make_plan(profile, PlanRequest(global_batch=256, micro_batch=32), "bipartition")

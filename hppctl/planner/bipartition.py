@@ -347,4 +347,44 @@ def split_blocks(forward, backward, L: int) -> list[tuple[int, int, int, int]]:
     return blocks
 
 
+def coarsen_costs(c: BiCosts, groups: int) -> tuple[BiCosts, list[int]]:
+    """Merge consecutive layers into at most `groups` super-layers; returns the coarse costs and the
+    fine cut of every coarse cut. Every term of the model sums over layers or reads the boundary
+    at a cut, so coarse cuts cost exactly what the same fine cuts cost (a coarse plan is a fine one)."""
+    L = c.L
+    size = -(-L // groups)
+    cuts = list(range(0, L, size)) + [L]
+    ends = cuts[1:]
+    group_sum = lambda a: np.add.reduceat(a, cuts[:-1], axis=-1)  # noqa: E731
+    coarse = BiCosts(group_sum(c.fwd), group_sum(c.bwd), c.boundary[cuts], group_sum(c.act), group_sum(c.params),
+                     c.bandwidth, c.budget, c.warmup, c.num_micro_batches, c.optimizer_factor, c.options)
+    assert len(ends) == coarse.L
+    return coarse, cuts
+
+
+def refine(c: BiCosts, result: BiResult, max_rounds: int = 100) -> BiResult:
+    """Hill-climb on fine layers: move one forward or backward cut by one layer while the bottleneck
+    drops (cuts stay valid, interleaved where the options ask, within memory)."""
+    best = result
+    for _ in range(max_rounds):
+        improved = False
+        for which in (0, 1):
+            for w in range(1, c.W):
+                for delta in (-1, 1):
+                    cuts = [list(best.forward), list(best.backward)]
+                    cuts[which][w] += delta
+                    if c.options.equal_cuts:
+                        cuts[1 - which][w] += delta
+                    if not valid_cuts(cuts[0], cuts[1], c.L):
+                        continue
+                    if c.options.interleaved_only and not interleaved(cuts[0], cuts[1]):
+                        continue
+                    moved = evaluate(c, cuts[0], cuts[1])
+                    if moved.feasible and moved.bottleneck_s < best.bottleneck_s * (1 - 1e-12):
+                        best, improved = moved, True
+        if not improved:
+            return best
+    return best
+
+
 INF = math.inf

@@ -201,3 +201,22 @@ def test_strategy_on_a_heterogeneous_profile_fits_memory_and_beats_or_matches_it
     bi = evaluate(c, tuple(s.start for s in plan.stages) + (10,), tuple(s.backward[0] for s in plan.stages) + (10,))
     layer_wise = solve(c.with_options(BiOptions(equal_cuts=True)))
     assert bi.bottleneck_s <= layer_wise.bottleneck_s + 1e-12
+
+
+def test_coarse_cuts_cost_what_the_same_fine_cuts_cost():
+    from hppctl.planner.bipartition import coarsen_costs, refine
+
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        c = random_costs(rng, BiOptions())
+        if c.L < 4:
+            continue
+        coarse, cuts = coarsen_costs(c, 2)
+        result = solve(coarse)
+        if result is None:
+            continue
+        fine = evaluate(c, [cuts[f] for f in result.forward], [cuts[b] for b in result.backward])
+        assert fine.bottleneck_s == pytest.approx(result.bottleneck_s) and fine.memory_bytes == pytest.approx(result.memory_bytes)
+        polished = refine(c, fine)
+        assert polished.feasible and polished.bottleneck_s <= fine.bottleneck_s
+        assert polished.bottleneck_s >= solve(c).bottleneck_s - 1e-12

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from hppctl.models.plan import HppPlan, PlanRequest, Prediction, StagePlan, TransferPlan
 from hppctl.planner.asteroid import memory_order
-from hppctl.planner.bipartition import BiCosts, BiOptions, BiResult, costs_from_model, evaluate, forward_bytes, \
-    round_estimate
+from hppctl.planner.bipartition import BiCosts, BiOptions, BiResult, coarsen_costs, costs_from_model, evaluate, \
+    forward_bytes, refine, round_estimate
 from hppctl.planner.bipartition_dp import solve
 from hppctl.planner.cost import CostModel, StageChoice
 from hppctl.planner.registry import Candidate, strategy
@@ -48,8 +48,9 @@ def best_cuts(cm: CostModel, options: BiOptions, search: str = "exact") -> tuple
             costs = costs_from_model(cm, workers, options, SCHEDULE)
             # The DP breaks bottleneck ties arbitrarily; the layer-wise special case is a candidate
             # too, so the plan is never worse than equal cuts under the round estimate.
-            layer_wise = costs.with_options(BiOptions(options.recompute, options.split_traffic, equal_cuts=True))
-            for result in (solve(costs, search), solve(layer_wise)):
+            layer_wise = costs.with_options(BiOptions(options.recompute, options.split_traffic, equal_cuts=True,
+                                                      uplink=options.uplink))
+            for result in (solve_large(costs, search), solve_large(layer_wise)):
                 if result is None:
                     continue
                 runtime = evaluate(costs_from_model(cm, workers, BiOptions(), SCHEDULE), result.forward,
@@ -60,6 +61,22 @@ def best_cuts(cm: CostModel, options: BiOptions, search: str = "exact") -> tuple
                 if best is None or latency < best[0] * (1 - 1e-12):
                     best = (latency, workers, runtime)
     return None if best is None else (best[1], best[2])
+
+
+FINE_LAYERS = 32
+"""Above this many layers the DP (O(W L^2) states, each an O(L^2) candidate grid) runs on that many
+super-layers and the cuts are then polished layer by layer (`refine`)."""
+
+
+def solve_large(costs: BiCosts, search: str = "exact") -> BiResult | None:
+    if costs.L <= FINE_LAYERS:
+        return solve(costs, search)
+    coarse, cuts = coarsen_costs(costs, FINE_LAYERS)
+    result = solve(coarse, search)
+    if result is None:
+        return None
+    fine = evaluate(costs, [cuts[f] for f in result.forward], [cuts[b] for b in result.backward])
+    return refine(costs, fine)
 
 
 def build_plan(cm: CostModel, workers: list[int], result: BiResult, request: PlanRequest, name: str,

@@ -37,7 +37,6 @@ no bytes.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -386,5 +385,3 @@ def refine(c: BiCosts, result: BiResult, max_rounds: int = 100) -> BiResult:
             return best
     return best
 
-
-INF = math.inf

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hppctl.models.plan import PlanRequest
-from hppctl.models.schedule import Action, Schedule
+from hppctl.models.schedule import Schedule
 from hppctl.planner import make_plan
 from hppctl.planner.bipartition import costs_from_model, evaluate
 from hppctl.planner.cost import CostModel

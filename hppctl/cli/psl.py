@@ -31,6 +31,7 @@ Examples:
   hppctl psl simulate --plan plans/psl.yaml --policy ltf --slow nx0=2 --json
   hppctl psl run --plan plans/psl.yaml --cluster C.yaml --rounds 20 --dataset digits --metrics m.jsonl
   hppctl psl run --plan P.yaml --cluster lab.yaml --local-batches 4 --shares 3,1,1,1 --json
+  hppctl psl run --plan P.yaml --cluster lab.yaml --order ltf        # online largest-tail-first
 """
 
 AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
@@ -258,6 +259,7 @@ def run_command(
     rounds: Annotated[int, typer.Option("--rounds", help="Training rounds; each ends with FedAvg.")] = 1,
     local_batches: Annotated[int, typer.Option("--local-batches", help="Batch updates per client per round.")] = 1,
     shares: Annotated[Optional[str], typer.Option("--shares", help="Relative data shard sizes per client, e.g. 3,1,1 (default: equal).")] = None,
+    order: Annotated[str, typer.Option("--order", help="plan: helpers serve the plan's order; ltf: online, the ready task with the most client work after it.")] = "plan",
     dataset: Annotated[str, typer.Option("--dataset", help="synthetic, digits, or package.module:factory.")] = "synthetic",
     seed: Annotated[int, typer.Option("--seed", help="Initial model, shards and sample orders derive from it.")] = 0,
     optimizer: Annotated[str, typer.Option("--optimizer", help="sgd (with --momentum) or adam.")] = "sgd",
@@ -273,7 +275,7 @@ def run_command(
     as_json: AsJson = False,
 ) -> None:
     """Train a PSL plan: clients (data, parts 1 and 3) and helpers (a part-2 copy per client) as worker processes over gloo; FedAvg every round."""
-    run_psl(plan_file, cluster_file, rounds=rounds, local_batches=local_batches, shares=shares, dataset=dataset,
+    run_psl(plan_file, cluster_file, rounds=rounds, local_batches=local_batches, shares=shares, order=order, dataset=dataset,
             seed=seed, optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay, metrics=metrics,
             save_model=save_model, threads=threads, listen=listen, timeout=timeout, log=log, as_json=as_json)
 
@@ -287,7 +289,7 @@ def is_psl_file(path: Path) -> bool:
 
 
 def run_psl(plan_file: Path, cluster_file: Path, *, rounds: int = 1, local_batches: int = 1, shares: Optional[str] = None,
-            dataset: str = "synthetic", seed: int = 0, optimizer: str = "sgd", lr: float = 0.05, momentum: float = 0.9,
+            order: str = "plan", dataset: str = "synthetic", seed: int = 0, optimizer: str = "sgd", lr: float = 0.05, momentum: float = 0.9,
             weight_decay: float = 0.0, metrics: Optional[Path] = None, save_model: Optional[Path] = None,
             threads: Optional[int] = None, listen: Optional[str] = None, timeout: float = 300.0,
             log: Optional[Path] = None, as_json: bool = False) -> None:
@@ -302,6 +304,8 @@ def run_psl(plan_file: Path, cluster_file: Path, *, rounds: int = 1, local_batch
             raise BadInput(f"{flag}: must be positive (got {value})")
     if optimizer not in ("sgd", "adam"):
         raise BadInput(f"--optimizer: unknown value {optimizer!r} (sgd or adam)")
+    if order not in ("plan", "ltf"):
+        raise BadInput(f"--order: unknown value {order!r} (plan or ltf)")
     if metrics is not None and metrics.suffix.lower() not in (".jsonl", ".json"):
         raise BadInput(f"--metrics: {metrics}: use a .jsonl file")
     plan = load(plan_file, PslPlan)
@@ -314,7 +318,7 @@ def run_psl(plan_file: Path, cluster_file: Path, *, rounds: int = 1, local_batch
     options = PslOptions(train=TrainOptions(dataset=dataset, seed=seed, rounds=rounds, optimizer=optimizer, lr=lr,
                                             momentum=momentum, weight_decay=weight_decay, threads=threads,
                                             timeout_s=timeout),
-                         local_batches=local_batches, shares=share_values)
+                         local_batches=local_batches, shares=share_values, order=order)
     summary = train_psl(plan, cluster, options, data, metrics=metrics, save_model=save_model, listen=listen, log=log)
     emit_json(summary) if as_json else _render_run(summary)
 
@@ -381,8 +385,13 @@ def _render_run(summary: dict) -> None:
     for c, row in summary["clients"].items():
         table.add_row(c, row["helper"], f"{row['planned_completion_s'] * 1e3:.1f}", f"{row['median_completion_s'] * 1e3:.1f}")
     stdout.print(table)
-    parts = [f"loss {summary['loss']:.4f}", f"FedAvg {summary['fedavg_s'] * 1e3:.1f} ms per round",
-             "helpers followed the plan's order" if summary["helper_order_followed"] else "HELPER ORDER DIFFERED FROM THE PLAN"]
+    if summary["order"] == "plan":
+        followed = "helpers followed the plan's order" if summary["helper_order_followed"] else \
+            "HELPER ORDER DIFFERED FROM THE PLAN"
+    else:
+        followed = "ltf orders run: " + "; ".join(f"{h}: " + ", ".join(f"{k} x{n}" for k, n in runs.items())
+                                                  for h, runs in summary["helper_orders"].items())
+    parts = [f"loss {summary['loss']:.4f}", f"FedAvg {summary['fedavg_s'] * 1e3:.1f} ms per round", followed]
     if summary["test_accuracy"] is not None:
         parts.append(f"test accuracy {summary['test_accuracy']:.1%}")
     stdout.print("; ".join(parts))

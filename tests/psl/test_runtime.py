@@ -19,7 +19,7 @@ from hppctl.planner.psl import plan_times
 from hppctl.runtime.config import TrainOptions
 from hppctl.runtime.psl.config import PslOptions
 from hppctl.runtime.psl.session import PslRunRequest, PslSession, summarize
-from hppctl.runtime.psl.topology import PslTopology, collapsed_plan, task_order
+from hppctl.runtime.psl.topology import PslTopology, collapsed_plan, task_order, task_tails
 from hppctl.store import save
 from tests.psl.factories import make_times
 from tests.psl.reference import psl_reference
@@ -165,22 +165,68 @@ def test_fedavg_groups_tensors_by_the_ranks_holding_them():
 
 
 @pytest.mark.gloo
-def test_hppctl_run_trains_a_psl_plan_end_to_end(cli, files, tmp_path):
-    # arrange: tiny-mlp, 3 clients on 2 helpers, one round of one batch update each
+def test_psl_run_end_to_end_with_the_online_ltf_order(cli, files, tmp_path):
+    # arrange: tiny-mlp, 3 clients on 2 helpers, one round of two batch updates, helpers pick online
     plan = tiny_plan("tiny-mlp", cuts=((1, 3), (2, 4), (1, 3)))
     args = files(plan=plan)
     metrics, model = tmp_path / "m.jsonl", tmp_path / "model.pt"
-    # act: through the contract's `hppctl run`
-    code, stdout, _ = cli("run", *args, "--rounds", "1", "--dataset", "digits", "--lr", "0.1", "--metrics", metrics,
-                          "--save-model", model, "--threads", "1", "--json")
-    # assert: one JSON summary, one metrics line, the saved model is the FedAvg'd one
+    # act
+    code, stdout, _ = cli("psl", "run", *args, "--order", "ltf", "--local-batches", "2", "--dataset", "digits",
+                          "--lr", "0.1", "--metrics", metrics, "--save-model", model, "--threads", "1", "--json")
+    # assert: one JSON summary, one metrics line, the saved model is the FedAvg'd one (order changes no number)
     assert code == 0
     summary = json.loads(stdout)
-    assert summary["rounds"] == 1 and summary["batches"] == 1 and summary["helper_order_followed"]
-    assert 0 <= summary["test_accuracy"] <= 1 and summary["predicted_makespan_s"] == plan.prediction.makespan_s
+    assert summary["order"] == "ltf" and summary["batches"] == 2 and 0 <= summary["test_accuracy"] <= 1
     row = json.loads(metrics.read_text())
-    assert set(row["batches"][0]["clients"]) == set(CLIENTS)
-    options = PslOptions(train=TrainOptions(rounds=1, dataset="digits", lr=0.1))
+    options = PslOptions(train=TrainOptions(rounds=1, dataset="digits", lr=0.1), local_batches=2)
     expected = psl_reference(plan.model, plan.batch, 3, options)[0]
     saved = torch.load(model, weights_only=True)
     torch.testing.assert_close(saved, {k.removeprefix("model."): v for k, v in expected.items()}, rtol=1e-4, atol=1e-5)
+    # and every choice followed the rule: no task the helper had seen ready waited behind one with a smaller tail
+    for batch in row["batches"]:
+        for helper, tasks in batch["helpers"].items():
+            tails = task_tails(plan, helper)
+            assert sorted((k, c) for k, c, *_ in tasks) == sorted(tails)
+            for n, (kind, client, start, _, _) in enumerate(tasks):
+                for later in tasks[n + 1:]:
+                    if later[4] <= start:
+                        assert tails[(later[0], later[1])] <= tails[(kind, client)], tasks
+
+
+@pytest.mark.parametrize("arrivals, tails, expected", [
+    # both forwards ready at once: the larger tail first; while F:a runs (0.5-1), B:b (tail 1) arrives
+    # at 0.75 and B:a (tail 3) at 1: B:a goes first although B:b arrived earlier
+    ({"F:a": 0, "F:b": 0, "B:a": 1.0, "B:b": 0.75}, {"F:a": 5, "F:b": 9, "B:a": 3, "B:b": 1},
+     ["F:b", "F:a", "B:a", "B:b"]),
+    # nothing is ready until F:a arrives: the helper does not wait for the larger tail
+    ({"F:a": 1, "F:b": 3, "B:a": 2, "B:b": 4}, {"F:a": 1, "F:b": 9, "B:a": 1, "B:b": 9},
+     ["F:a", "B:a", "F:b", "B:b"]),
+])
+def test_ltf_serves_the_ready_task_with_the_largest_tail(arrivals, tails, expected):
+    from hppctl.runtime.psl import roles
+
+    # arrange: a fake clock; each task takes 0.5; inputs arrive at scripted times
+    clock = {"now": 0.0}
+    due = {tuple(k.split(":")): at for k, at in arrivals.items()}
+    ran = []
+
+    def take(block):
+        if block and not any(at <= clock["now"] for at in due.values()):
+            clock["now"] = min(due.values())  # wait for the next arrival
+        out = [(task, at) for task, at in due.items() if at <= clock["now"]]
+        for task, _ in out:
+            del due[task]
+        return out
+
+    def run(task, ready):
+        ran.append(f"{task[0]}:{task[1]}")
+        clock["now"] += 0.5
+
+    helper = roles.Helper.__new__(roles.Helper)
+    helper.copies = {"a": None, "b": None}
+    helper.tails = {tuple(k.split(":")): v for k, v in tails.items()}
+    helper._run = run
+    # act
+    helper._serve_largest_tail_first(take)
+    # assert
+    assert ran == expected

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -24,6 +24,9 @@ class PslOptions(FrozenModel):
     """Batch updates each client makes per round, before the round's FedAvg."""
     shares: Annotated[list[PosFloat], Field(min_length=1)] | None = None
     """Relative sizes of the clients' data shards (plan order); None: equal shards."""
+    order: Literal["plan", "ltf"] = "plan"
+    """How helpers pick their next task: `plan`, the plan's per-helper order; `ltf`, online among the
+    tasks whose input has arrived, the one with the most client work left after it."""
 
 
 class PslWorkerConfig(FrozenModel):

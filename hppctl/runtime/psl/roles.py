@@ -11,7 +11,10 @@ Client j, one batch (the paper's Fig. 2):
 Helper i serves its tasks in `PslTopology.orders[i]`: F:j receives j's activations, runs j's part-2
 copy, sends the result; B:j receives j's gradients, back-propagates them through j's copy, sends
 the input gradients and steps j's optimizer. A task starts when it is next in the order and its
-input has arrived; nothing is reordered at run time (so a plan's order is what runs).
+input has arrived; nothing is reordered at run time (so a plan's order is what runs). With
+`--order ltf` the helper instead picks, whenever it is free, among the tasks whose input has
+arrived the one with the most client work left after it (`topology.task_tails`), without
+preemption: the notes' online form of the largest-tail-first rule.
 
 Receives are posted when a batch starts, so transfers proceed while the receiver computes (gloo
 moves a message once its receive is posted). Each message is tagged (batch step, channel, tensor
@@ -22,6 +25,8 @@ the largest of them.
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -132,7 +137,9 @@ class Client:
 class HelperBatch:
     step: int
     tasks: list[list] = field(default_factory=list)
-    """[kind, client, start_s, end_s] in the order run; start = the input had arrived and the helper was free."""
+    """[kind, client, start_s, end_s, ready_s] in the order run; start = the input had arrived and the
+    helper was free; ready = when the helper learnt that the input was there (`ltf`; `plan` waits in
+    order, so ready = start)."""
 
 
 @dataclass
@@ -143,40 +150,93 @@ class _Copy:
     grad_outputs: list[TensorSpec]
 
 
-class Helper:
-    """One part-2 copy (and optimizer) per assigned client; serves F and B tasks in the plan's order."""
+class Arrivals:
+    """Which posted receives have completed, as they complete: one waiter thread per task blocks in
+    gloo's `wait()` (a gloo receive reports nothing to `is_completed()` before someone waits on it)
+    and queues (task, time)."""
 
-    def __init__(self, copies: dict[str, tuple[Stage, object, int]], order: list[tuple[str, str]], batch: int) -> None:
+    def __init__(self, received: dict, timeout_s: float) -> None:
+        self._queue: queue.Queue = queue.Queue()
+        self.timeout_s = timeout_s
+        for task, (_, works) in received.items():
+            threading.Thread(target=self._wait, args=(task, works), daemon=True).start()
+
+    def _wait(self, task, works) -> None:
+        for w in works:
+            w.wait()
+        self._queue.put(task)
+
+    def take(self, block: bool) -> list[tuple[tuple[str, str], float]]:
+        """(task, now) for everything that arrived since the last call; with `block`, at least one.
+        Stamped when the helper learns of it, so a record shows exactly what it knew when it chose."""
+        out = []
+        if block:
+            try:
+                out.append(self._queue.get(timeout=self.timeout_s))
+            except queue.Empty:
+                raise RuntimeFailure(f"no input reached the helper within {self.timeout_s:.0f} s") from None
+        while True:
+            try:
+                out.append(self._queue.get_nowait())
+            except queue.Empty:
+                now = time.perf_counter()
+                return [(task, now) for task in out]
+
+
+class Helper:
+    """One part-2 copy (and optimizer) per assigned client; serves F and B tasks in the plan's order,
+    or (`tails` given: the `ltf` order) the ready task with the most client work left after it."""
+
+    def __init__(self, copies: dict[str, tuple[Stage, object, int]], order: list[tuple[str, str]], batch: int,
+                 tails: dict[tuple[str, str], float] | None = None, timeout_s: float = 300.0) -> None:
         self.copies = {c: _Copy(stage, opt, rank, [s for s in stage.outputs if s.carries_grad])
                        for c, (stage, opt, rank) in copies.items()}
-        self.order, self.batch = order, batch
+        self.order, self.batch, self.tails, self.timeout_s = order, batch, tails, timeout_s
 
     def run_batch(self, step: int) -> HelperBatch:
-        inputs = {c: _post_receives(k.part2.inputs, self.batch, k.rank, step, ACTIVATIONS) for c, k in self.copies.items()}
-        grads = {c: _post_receives(k.grad_outputs, self.batch, k.rank, step, GRADIENTS) for c, k in self.copies.items()}
-        out, sends, saved = HelperBatch(step), [], {}
-        t0 = time.perf_counter()
-        for kind, client in self.order:
-            copy = self.copies[client]
-            if kind == "F":
-                values, works = inputs.pop(client)
-                _wait(works)
-                start = time.perf_counter()
-                for v, s in zip(values, copy.part2.inputs):
-                    v.requires_grad_(s.carries_grad)
-                outputs = copy.part2(*values)
-                saved[client] = (values, outputs)
-                sends += _send([o.detach().contiguous() for o in outputs], copy.rank, step, ACTIVATIONS)
-            else:
-                received, works = grads.pop(client)
-                _wait(works)
-                start = time.perf_counter()
-                values, outputs = saved.pop(client)
-                _backward(outputs, copy.part2.outputs, received)
-                sends += _send(_input_grads(values, copy.part2.inputs), copy.rank, step, GRADIENTS)
-                copy.optimizer.step()
-                copy.optimizer.zero_grad(set_to_none=True)
-            out.tasks.append([kind, client, start - t0, time.perf_counter() - t0])
-            sends = [(w, t) for w, t in sends if not w.is_completed()]
-        _wait(w for w, _ in sends)
-        return out
+        self._received = {("F", c): _post_receives(k.part2.inputs, self.batch, k.rank, step, ACTIVATIONS)
+                          for c, k in self.copies.items()}
+        self._received.update({("B", c): _post_receives(k.grad_outputs, self.batch, k.rank, step, GRADIENTS)
+                               for c, k in self.copies.items()})
+        self._out, self._sends, self._saved, self._step = HelperBatch(step), [], {}, step
+        self._t0 = time.perf_counter()
+        if self.tails is None:
+            for task in self.order:
+                _wait(self._received[task][1])
+                self._run(task, time.perf_counter())
+        else:
+            self._serve_largest_tail_first(Arrivals(self._received, self.timeout_s).take)
+        _wait(w for w, _ in self._sends)
+        return self._out
+
+    def _serve_largest_tail_first(self, take) -> None:
+        """Whenever free: of the tasks whose input is there, the one with the largest tail (ties: the
+        one known first); wait for an arrival only when none is. A B task's input (the client's
+        gradients) cannot arrive before its F task ran, so readiness is all the rule needs."""
+        left, ready = 2 * len(self.copies), {}
+        while left:
+            ready.update(take(block=not ready))
+            task = max(ready, key=lambda t: (self.tails[t], -ready[t]))
+            self._run(task, ready.pop(task))
+            left -= 1
+
+    def _run(self, task: tuple[str, str], ready: float) -> None:
+        kind, client = task
+        copy, step = self.copies[client], self._step
+        tensors, _ = self._received.pop(task)
+        start = time.perf_counter()
+        if kind == "F":
+            for v, s in zip(tensors, copy.part2.inputs):
+                v.requires_grad_(s.carries_grad)
+            outputs = copy.part2(*tensors)
+            self._saved[client] = (tensors, outputs)
+            self._sends += _send([o.detach().contiguous() for o in outputs], copy.rank, step, ACTIVATIONS)
+        else:
+            values, outputs = self._saved.pop(client)
+            _backward(outputs, copy.part2.outputs, tensors)
+            self._sends += _send(_input_grads(values, copy.part2.inputs), copy.rank, step, GRADIENTS)
+            copy.optimizer.step()
+            copy.optimizer.zero_grad(set_to_none=True)
+        t0 = self._t0
+        self._out.tasks.append([kind, client, start - t0, time.perf_counter() - t0, min(ready, start) - t0])
+        self._sends = [(w, t) for w, t in self._sends if not w.is_completed()]

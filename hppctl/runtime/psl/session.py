@@ -52,6 +52,8 @@ class PslRunResult:
     """Per device: its parts' state dicts (client: part1, part3; helper: one per client)."""
     wall_s: float
     workers: dict[str, dict] = field(default_factory=dict)
+    order: str = "plan"
+    """How the helpers picked their tasks (`PslOptions.order`)."""
 
     def client_model(self, client: str) -> dict:
         """Client's whole model (ZooModule names): its parts 1 and 3 and its helper's copy of part 2."""
@@ -99,7 +101,8 @@ class PslSession(Session):
         finally:
             self._stop_all()
             self.store.close()
-        return PslRunResult(self.request.plan, rows, finals, time.perf_counter() - started, workers)
+        return PslRunResult(self.request.plan, rows, finals, time.perf_counter() - started, workers,
+                            self.request.options.order)
 
     def _ship_initial_parts(self) -> None:
         from hppctl.runtime.psl.worker import num_layers
@@ -191,7 +194,8 @@ def round_row(reports: dict[str, dict], topo: PslTopology, previous_end: float |
 def summarize(result: PslRunResult) -> dict:
     """The run against its plan: measured batch makespan (median over the batches after the first,
     which pays one-off allocation costs) next to the plan's prediction and the simulator's replay of
-    the order the runtime executes; per-client completion; whether every helper ran the plan's order."""
+    the order the runtime executes; per-client completion; whether every helper ran the plan's order
+    (with `--order ltf` the order is decided at run time; `helper_orders` counts the orders that ran)."""
     from hppctl.schedule.psl_sim import simulate_psl
     from hppctl.runtime.psl.topology import collapsed_plan, is_preemptive
 
@@ -202,6 +206,11 @@ def summarize(result: PslRunResult) -> dict:
     planned = {c.client: c.completion_s for c in plan.prediction.clients}
     measured = statistics.median(steady)
     followed = all([tuple(t[:2]) for t in b["helpers"][h]] == list(topo.orders[h]) for b in batches for h in topo.helpers)
+    ran: dict[str, dict[str, int]] = {h: {} for h in topo.helpers}
+    for b in batches:
+        for h in topo.helpers:
+            key = " ".join(f"{k}:{c}" for k, c, *_ in b["helpers"][h])
+            ran[h][key] = ran[h].get(key, 0) + 1
     return {
         "plan": {"method": plan.method, "model": plan.model, "batch": plan.batch, "clients": len(plan.clients),
                  "helpers": len(plan.helpers), "preemptive": is_preemptive(plan)},
@@ -216,7 +225,7 @@ def summarize(result: PslRunResult) -> dict:
         "clients": {c: {"helper": topo.helper_of[c], "planned_completion_s": planned[c],
                         "median_completion_s": statistics.median(b["clients"][c]["completion_s"] for b in batches[1:] or batches)}
                     for c in topo.clients},
-        "helper_order_followed": followed,
+        "order": result.order, "helper_order_followed": followed, "helper_orders": ran,
         "fedavg_s": statistics.median(row["fedavg_s"] for row in result.rounds) if result.rounds else None,
         "wall_s": result.wall_s, "workers": result.workers,
     }

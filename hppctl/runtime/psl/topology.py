@@ -27,6 +27,19 @@ def task_order(sequence: list[PslPiece]) -> list[Task]:
     return sorted(last, key=last.__getitem__)
 
 
+def task_tails(plan: PslPlan, helper: str) -> dict[Task, float]:
+    """Client work left after each task of `helper` (planned seconds): F: l + l′ + p′ + r′, B: r′.
+    The `ltf` order serves the ready task with the largest tail first (Theorem 2's rule, applied
+    online and without preemption; `schedule.psl_sim`'s `ltf` policy is its preemptive twin)."""
+    t, i = plan.times, plan.helpers.index(helper)
+    tails: dict[Task, float] = {}
+    for j, (client, assigned) in enumerate(zip(plan.clients, plan.assignment)):
+        if assigned == helper:
+            tails[("B", client)] = t.r_prime_s[i][j]
+            tails[("F", client)] = t.l_s[i][j] + t.l_prime_s[i][j] + t.p_prime_s[i][j] + t.r_prime_s[i][j]
+    return tails
+
+
 def is_preemptive(plan: PslPlan) -> bool:
     return any(len(task_order(h.sequence)) != len(h.sequence) for h in plan.helper_plans)
 

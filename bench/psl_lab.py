@@ -2,7 +2,7 @@
 
     sudo python bench/psl_lab.py                       # lab up, profile, plan, run, lab down (~10 min)
     python bench/psl_lab.py --cluster lab.yaml --profile prof.json    # an existing lab and profile
-    python bench/psl_lab.py --method balanced-greedy --rounds 4 --local-batches 4 --keep
+    python bench/psl_lab.py --method balanced-greedy --rounds 4 --local-batches 4 --orders plan --keep
 
 Issue 11's acceptance: the batch makespan measured on a lab of 4 clients and 2 helpers is within
 20 % of the plan's prediction. Every step is the CLI a user would type (printed as it runs):
@@ -12,6 +12,8 @@ plan --profile` (the six per-pair times from that profile), and `hppctl psl run`
 host over SSH; every batch starts after a barrier, so a client's c_j and the batch makespan max_j c_j
 are measured as the plan predicts them). Measured = the median batch makespan over the batches after
 the first (which pays one-off allocations). Per client: planned c_j against the median measured.
+The run is repeated with `--order ltf` (helpers pick online, largest remaining client tail first)
+on the same lab and plan.
 """
 
 from __future__ import annotations
@@ -65,10 +67,10 @@ def profile_and_plan(a, work: Path, cluster: Path) -> Path:
     return plan
 
 
-def measure(a, plan: Path, cluster: Path, work: Path) -> dict:
-    out = hppctl("psl", "run", "--plan", plan, "--cluster", cluster, "--rounds", a.rounds, "--local-batches",
-                 a.local_batches, "--dataset", "synthetic", "--optimizer", "adam", "--lr", "0.001", "--metrics", work / "psl-metrics.jsonl", "--json",
-                 capture=True)
+def measure(a, plan: Path, cluster: Path, metrics: Path, order: str) -> dict:
+    out = hppctl("psl", "run", "--plan", plan, "--cluster", cluster, "--order", order, "--rounds", a.rounds,
+                 "--local-batches", a.local_batches, "--dataset", "synthetic", "--optimizer", "adam", "--lr", "0.001",
+                 "--metrics", metrics, "--json", capture=True)
     return json.loads(out)
 
 
@@ -119,7 +121,8 @@ def steps(plan_file: Path, metrics: Path, profile_file: Path) -> None:
 def report(summary: dict) -> None:
     p, span = summary["plan"], summary["batch_makespan_s"]
     print(f"\n## measured run: {p['model']}, batch {p['batch']}, {p['clients']} clients, {p['helpers']} helpers, "
-          f"{p['method']} plan{' (preemptive: run without preemption)' if p['preemptive'] else ''}")
+          f"{p['method']} plan{' (preemptive: run without preemption)' if p['preemptive'] else ''}, "
+          f"helpers' order: {summary['order']}")
     print(f"{'client':8} {'helper':8} {'planned c_j ms':>15} {'measured c_j ms':>16} {'diff':>8}")
     for c, row in summary["clients"].items():
         diff = row["median_completion_s"] / row["planned_completion_s"] - 1
@@ -132,7 +135,9 @@ def report(summary: dict) -> None:
           f"{summary['predicted_makespan_s'] * 1e3:.1f} ms -> {summary['measured_vs_predicted']:+.1%}, {verdict} 20 %")
     if p["preemptive"]:
         print(f"the plan's order without preemption replays at {summary['replayed_makespan_s'] * 1e3:.1f} ms")
-    print(f"helpers followed the plan's order: {summary['helper_order_followed']}; FedAvg "
+    orders = "; ".join(f"{h}: " + ", ".join(f"{k} x{n}" for k, n in runs.items())
+                       for h, runs in summary["helper_orders"].items())
+    print(f"helpers followed the plan's order: {summary['helper_order_followed']} ({orders}); FedAvg "
           f"{summary['fedavg_s'] * 1e3:.1f} ms per round; loss {summary['loss']:.4f}")
     for d, w in summary["workers"].items():
         print(f"  {d}: host {w['host']}, cgroup {w['cgroup']}, peak RSS {w['peak_rss_bytes'] / 2**20:.0f} MiB")
@@ -147,6 +152,7 @@ def main() -> None:
     ap.add_argument("--method", default="balanced-greedy")
     ap.add_argument("--rounds", default="3")
     ap.add_argument("--local-batches", default="4")
+    ap.add_argument("--orders", default="plan,ltf", help="helpers' task order of each run, on the same lab and plan")
     ap.add_argument("--cluster", help="an existing lab's cluster file (skips lab up/down)")
     ap.add_argument("--profile", help="an existing profile of that cluster (skips profiling)")
     ap.add_argument("--lab-name", default="psl-bench")
@@ -163,9 +169,11 @@ def main() -> None:
             print((work / "lab.yaml").read_text())
             hppctl("lab", "up", "--spec", work / "lab.yaml", "--out", cluster, "--state-dir", state)
         plan = profile_and_plan(a, work, cluster)
-        summary = measure(a, plan, cluster, work)
-        steps(plan, work / "psl-metrics.jsonl", Path(a.profile) if a.profile else work / "profile.json")
-        report(summary)
+        for order in a.orders.split(","):
+            metrics = work / f"psl-metrics-{order}.jsonl"
+            summary = measure(a, plan, cluster, metrics, order)
+            steps(plan, metrics, Path(a.profile) if a.profile else work / "profile.json")
+            report(summary)
     finally:
         if not a.cluster and not a.keep:
             hppctl("lab", "down", "--name", a.lab_name, "--state-dir", state)

@@ -87,6 +87,7 @@ class PslWorker:
 
     def _helper(self):
         from hppctl.runtime.psl.roles import Helper
+        from hppctl.runtime.psl.topology import task_tails
         from hppctl.runtime.worker import make_optimizer
 
         plan, topo = self.config.plan, self.topo
@@ -95,8 +96,6 @@ class PslWorker:
             part2 = build_part(self.config, self.store, *topo.cuts[client])
             copies[client] = (part2, make_optimizer(part2.parameters(), self.config.options.train), topo.rank(client))
         self.parts = {c: stage for c, (stage, _, _) in copies.items()}
-        from hppctl.runtime.psl.topology import task_tails
-
         tails = task_tails(plan, self.device) if self.config.options.order == "ltf" else None
         helper = Helper(copies, list(topo.orders[self.device]), plan.batch, tails, self.config.options.train.timeout_s)
         return helper, [(self.weights[c], copies[c][0].module) for c in copies]

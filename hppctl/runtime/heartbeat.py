@@ -200,11 +200,13 @@ class ProbeResponder:
 
 
 class HeartbeatSender:
-    """Sends a beat every `period_s` and reads acknowledgements.
+    """Sends a beat every `period_s` and reads the acknowledgements in between (one thread).
 
     `interrupt` is set when the coordinator's generation moves past ours (a reconfiguration: stop
-    the round) or when no acknowledgement came for `orphan_after_s` (the coordinator is gone: stop
-    cleanly). The training loop sets `round` and `samples_per_s` for the status table.
+    the round) or when the coordinator stopped answering (`orphaned`: stop cleanly). Orphaned means
+    no acknowledgement for `orphan_after_s` *and* for every beat sent meanwhile (at least three):
+    a worker whose threads were starved of the GIL sent no beats, so it is not orphaned by the
+    silence that follows. The training loop sets `round` and `samples_per_s` for the status table.
     """
 
     def __init__(self, device: str, token: str, coordinator: tuple[str, int], *, source: str, period_s: float,
@@ -223,25 +225,24 @@ class HeartbeatSender:
         self.interrupt = threading.Event()
         self.orphaned = threading.Event()
         self._last_ack = time.monotonic()
+        self._unanswered = 0
         self._seq = 0
         self._running = False
 
     def start(self) -> "HeartbeatSender":
         self._running = True
-        self._sender = threading.Thread(target=self._send_loop, daemon=True, name="heartbeat-sender")
-        self._receiver = threading.Thread(target=self._receive_loop, daemon=True, name="heartbeat-acks")
-        self._sender.start()
-        self._receiver.start()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="heartbeat")
+        self._thread.start()
         return self
 
     def stop(self) -> None:
         self._running = False
-        self._sender.join(timeout=2)
-        self._receiver.join(timeout=2)
+        self._thread.join(timeout=2)
         self._sock.close()
 
     def beat_now(self) -> None:
         self._seq += 1
+        self._unanswered += 1
         doc = {"kind": "leave" if self.leaving else "heartbeat", "device": self.device, "seq": self._seq,
                "generation": self.generation, "round": self.round, "samples_per_s": round(self.samples_per_s, 3),
                "probe_port": self.probe_port}
@@ -250,28 +251,32 @@ class HeartbeatSender:
         except OSError:
             pass  # no route (a cut link): the missing acknowledgements tell
 
-    def _send_loop(self) -> None:
+    def _loop(self) -> None:
+        unanswered_limit = max(3, int(self.orphan_after_s / self.period_s))
         while self._running:
             self.beat_now()
-            if time.monotonic() - self._last_ack > self.orphan_after_s:
+            deadline = time.monotonic() + self.period_s
+            while self._running and time.monotonic() < deadline:
+                self._receive(max(0.01, deadline - time.monotonic()))
+            silent = time.monotonic() - self._last_ack > self.orphan_after_s
+            if silent and self._unanswered >= unanswered_limit:
                 self.orphaned.set()
                 self.interrupt.set()
-            time.sleep(self.period_s)
 
-    def _receive_loop(self) -> None:
-        self._sock.settimeout(0.2)
-        while self._running:
-            try:
-                data, _ = self._sock.recvfrom(MAX_DATAGRAM)
-            except (socket.timeout, OSError):
-                continue
-            doc = verify(self.token, data)
-            if doc is None or doc.get("kind") != "ack":
-                continue
-            self._last_ack = time.monotonic()
-            self.coordinator_generation = max(self.coordinator_generation, int(doc.get("generation", 0)))
-            if self.coordinator_generation > self.generation:
-                self.interrupt.set()
+    def _receive(self, timeout_s: float) -> None:
+        self._sock.settimeout(timeout_s)
+        try:
+            data, _ = self._sock.recvfrom(MAX_DATAGRAM)
+        except (socket.timeout, OSError):
+            return
+        doc = verify(self.token, data)
+        if doc is None or doc.get("kind") != "ack":
+            return
+        self._last_ack = time.monotonic()
+        self._unanswered = 0
+        self.coordinator_generation = max(self.coordinator_generation, int(doc.get("generation", 0)))
+        if self.coordinator_generation > self.generation:
+            self.interrupt.set()
 
     def wait_generation(self, timeout_s: float) -> int | None:
         """The coordinator's generation once it is past ours (None on timeout or orphaned)."""

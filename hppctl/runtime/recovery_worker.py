@@ -36,7 +36,7 @@ from hppctl.errors import RuntimeFailure
 from hppctl.runtime import bootstrap
 from hppctl.runtime.config import WorkerConfig
 from hppctl.runtime.heartbeat import HeartbeatSender, ProbeResponder
-from hppctl.runtime.replication import (Backups, Snapshots, from_bytes, layer_names, merge, recv_bytes,
+from hppctl.runtime.replication import (Backups, Snapshots, from_bytes, layer_names, merge, meta_model, recv_bytes,
                                         restore_optimizer, send_bytes, stage_state, subset, to_bytes)
 
 
@@ -183,6 +183,7 @@ class ResilientRun:
         self._new_executor()
         r = self.opts.start_round
         self._protect(r)
+        meta_model(self.w.config.model)  # built now rather than in the middle of a recovery
         self.store.set(f"ready/{self.device}", "1")  # the coordinator arms failure detection once all are
         while True:
             try:

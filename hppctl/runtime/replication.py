@@ -71,13 +71,21 @@ def from_bytes(data: bytes) -> dict:
     return torch.load(io.BytesIO(data), weights_only=True)
 
 
+@functools.lru_cache(maxsize=4)
+def meta_model(model: str):
+    """The whole model on the meta device (no memory), built once: a re-plan cuts several ranges of it
+    and building takes a second on a slow device."""
+    from hppctl.zoo import get_model
+
+    return get_model(model).build(device="meta").train()
+
+
 @functools.lru_cache(maxsize=64)
 def layer_names(model: str, granularity: str, start: int, end: int) -> frozenset[str]:
     """Names of the parameters and buffers of layers [start, end) (cut from a meta model: no memory)."""
-    from hppctl.zoo import build_stage, get_model
+    from hppctl.zoo import build_stage
 
-    whole = get_model(model).build(device="meta").train()
-    module = build_stage(whole, granularity, start, end, mode="train")
+    module = build_stage(meta_model(model), granularity, start, end, mode="train")
     return frozenset([k for k, _ in module.named_parameters()] + [k for k, _ in module.named_buffers()])
 
 

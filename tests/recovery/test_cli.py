@@ -1,0 +1,45 @@
+"""The fault-tolerance flags of `hppctl run` / `hppctl coordinator` (no processes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hppctl.cli.coordinator import describe, recovery_options
+from hppctl.errors import BadInput
+from tests.recovery.factories import preset_profile
+
+
+@pytest.fixture(scope="module")
+def profile():
+    return preset_profile("tiny-mlp", {"a": "jetson-nano", "b": "jetson-tx2"})
+
+
+def test_recovery_is_on_with_a_profile_and_off_without(profile):
+    options = recovery_options(profile, heartbeat=0.5, timeout=2.0, probe_timeout=1.0, replan="heavy", replicate_every=2)
+    assert (options.heartbeat_s, options.timeout_s, options.probe_s, options.replan, options.replicate_every) == \
+        (0.5, 2.0, 1.0, "heavy", 2)
+    assert recovery_options(None, heartbeat=1, timeout=3, probe_timeout=2, replan="light", replicate_every=1) is None
+    assert recovery_options(profile, heartbeat=1, timeout=3, probe_timeout=2, replan="off", replicate_every=1) is None
+
+
+@pytest.mark.parametrize("kw,message", [
+    ({"replan": "medium"}, "--replan: unknown value 'medium'"),
+    ({"heartbeat": 0}, "--heartbeat: must be positive"),
+    ({"timeout": 1.0}, "--failure-timeout: 1.0 s must exceed --heartbeat 1.0 s"),
+    ({"replicate_every": 0}, "--replicate-every: must be positive"),
+])
+def test_bad_values_name_the_flag(profile, kw, message):
+    args = {"heartbeat": 1.0, "timeout": 3.0, "probe_timeout": 2.0, "replan": "light", "replicate_every": 1, **kw}
+    with pytest.raises(BadInput, match=message):
+        recovery_options(profile, **args)
+
+
+def test_coordinator_needs_plan_cluster_and_profile(cli):
+    code, _, err = cli("coordinator", "--plan", "p.yaml")
+    assert code == 2 and "--cluster: required" in err
+
+
+def test_events_read_as_one_line_each():
+    assert describe({"event": "replanned", "method": "light", "lost": "b", "replan_s": 0.05, "resume_round": 7}) == \
+        "re-planned (light) without b in 0.05 s; replaying from round 7"
+    assert describe({"event": "suspected", "device": "b", "why": "silent for 3.1 s"}) == "suspected: b silent for 3.1 s"

@@ -56,6 +56,23 @@ def probe_answer(token: str, nonce: str, device: str) -> str:
     return hmac.new(token.encode(), f"probe|{nonce}|{device}".encode(), hashlib.sha256).hexdigest()
 
 
+class _SocketThread:
+    """A daemon thread serving `self._sock` through `_serve`: the start/stop pair of the three below."""
+
+    thread_name = "socket"
+
+    def start(self):
+        self._running = True
+        self._thread = threading.Thread(target=self._serve, daemon=True, name=self.thread_name)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._running = False
+        self._thread.join(timeout=2)
+        self._sock.close()
+
+
 # --- the coordinator's side ------------------------------------------------------------------------
 
 @dataclass
@@ -68,7 +85,7 @@ class Beat:
 
 
 @dataclass
-class HeartbeatListener:
+class HeartbeatListener(_SocketThread):
     """UDP socket on the coordinator's one address; validated beats queue up for `drain()`."""
 
     host: str
@@ -87,15 +104,7 @@ class HeartbeatListener:
         self._sock.bind((self.host, self.port))
         self._sock.settimeout(0.2)
         self.port = self._sock.getsockname()[1]
-        self._running = True
-        self._thread = threading.Thread(target=self._serve, daemon=True, name="heartbeat-listener")
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._running = False
-        self._thread.join(timeout=2)
-        self._sock.close()
+        return super().start()
 
     def drain(self) -> list[Beat]:
         with self._lock:
@@ -159,8 +168,10 @@ def probe(host: str, port: int, token: str, device: str, timeout_s: float) -> bo
 
 # --- the worker's side -----------------------------------------------------------------------------
 
-class ProbeResponder:
+class ProbeResponder(_SocketThread):
     """Answers the coordinator's probes on `host` (the worker's address facing the coordinator)."""
+
+    thread_name = "probe-responder"
 
     def __init__(self, host: str, token: str, device: str) -> None:
         self.token, self.device = token, device
@@ -171,18 +182,6 @@ class ProbeResponder:
         self._sock.listen(8)
         self._sock.settimeout(0.2)
         self.port = self._sock.getsockname()[1]
-        self._running = False
-
-    def start(self) -> "ProbeResponder":
-        self._running = True
-        self._thread = threading.Thread(target=self._serve, daemon=True, name="probe-responder")
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._running = False
-        self._thread.join(timeout=2)
-        self._sock.close()
 
     def _serve(self) -> None:
         while self._running:
@@ -199,7 +198,7 @@ class ProbeResponder:
                     continue
 
 
-class HeartbeatSender:
+class HeartbeatSender(_SocketThread):
     """Sends a beat every `period_s` and reads the acknowledgements in between (one thread).
 
     `interrupt` is set when the coordinator's generation moves past ours (a reconfiguration: stop
@@ -227,18 +226,6 @@ class HeartbeatSender:
         self._last_ack = time.monotonic()
         self._unanswered = 0
         self._seq = 0
-        self._running = False
-
-    def start(self) -> "HeartbeatSender":
-        self._running = True
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="heartbeat")
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._running = False
-        self._thread.join(timeout=2)
-        self._sock.close()
 
     def beat_now(self) -> None:
         self._seq += 1
@@ -251,7 +238,7 @@ class HeartbeatSender:
         except OSError:
             pass  # no route (a cut link): the missing acknowledgements tell
 
-    def _loop(self) -> None:
+    def _serve(self) -> None:
         unanswered_limit = max(3, int(self.orphan_after_s / self.period_s))
         while self._running:
             self.beat_now()

@@ -211,12 +211,13 @@ def _set_up_impairments(plan: LabPlan, rec: Recorder) -> None:
         if not queues:
             continue
         # The delay line must be listening before packets are queued to it (unbound queues drop).
-        pid = _start_delay_line(netns, queues, state_dir / "hosts" / h.name)
+        service_dirs = cgroups.create_service([Path(d) for d in rec.state.cgroup_lab_dirs])
+        pid = _start_delay_line(netns, queues, state_dir / "hosts" / h.name, [str(d) for d in service_dirs])
         rec.set_host(h.name, delayline_pid=pid)
         rec.set(firewall=shaping.apply_nfqueue_rules(netns, rules))
 
 
-def _start_delay_line(netns: str, queues: list[str], host_dir: Path) -> int:
+def _start_delay_line(netns: str, queues: list[str], host_dir: Path, cgroup_dirs: list[str]) -> int:
     host_dir.mkdir(parents=True, exist_ok=True)
     pid_file, log = host_dir / "delayline.pid", host_dir / "delayline.log"
     argv = in_netns(netns, [sys.executable, "-m", "hppctl.lab.delayline", "--pidfile", str(pid_file)])
@@ -225,7 +226,7 @@ def _start_delay_line(netns: str, queues: list[str], host_dir: Path) -> int:
     with open(log, "ab") as log_file:
         # A session of its own, so it outlives `lab up` and no terminal signal reaches it.
         subprocess.Popen([tool("ip"), *argv[1:]], stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
-                         start_new_session=True, close_fds=True)
+                         start_new_session=True, close_fds=True, preexec_fn=lambda: cgroups.enter(cgroup_dirs))
     return sshd.wait_for_pid_file(pid_file, 10.0, f"the delay line in {netns}", log)
 
 

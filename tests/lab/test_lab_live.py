@@ -7,6 +7,7 @@ nothing is left. Budget: about a minute.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -129,6 +130,23 @@ def test_configured_delay_shows_in_round_trip_time(lab, a, b, delay_ms):
     median_ms = got["median_s"] * 1e3
     # The configured round trip, plus at most 1.5 ms of stack and delay-line overhead.
     assert delay_ms <= median_ms <= delay_ms + 1.5, f"{a}<->{b}: {median_ms:.2f} ms vs {delay_ms}"
+
+
+def test_delay_line_runs_under_the_labs_cpu_weight(lab):
+    """Regression: in the root cgroup the delay line lost the CPU to other jobs (5 ms read 7.9 ms)."""
+    state_dir = str(lab["state_dir"])
+    lines = []
+    for pid in os.listdir("/proc"):
+        try:
+            cmdline = Path("/proc", pid, "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "hppctl.lab.delayline" in cmdline and state_dir in cmdline:
+            lines.append(Path("/proc", pid, "cgroup").read_text())
+    assert lines, "no delay line of this lab is running"
+    for text in lines:
+        cpu = cgroups.membership(text).get("cpu") or cgroups.membership(text)[""]
+        assert cpu.endswith(f"hppctl-lab-{NAME}/{cgroups.SERVICE_CGROUP}"), cpu
 
 
 def test_cpu_bound_work_slows_in_proportion_to_quota(lab):

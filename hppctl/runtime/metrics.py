@@ -27,7 +27,9 @@ def aggregate(round_index: int, reports: dict[str, dict], topo: Topology, previo
     end = max(r["started_at"] + r["duration_s"] for r in reports.values())
     start = previous_end if previous_end is not None else min(r["started_at"] for r in reports.values())
     round_s = max(end - start, 1e-9)
-    tails = [reports[d] for d in topo.groups[-1]]
+    # The devices that computed the loss report samples: the tail stage's, or in a Bi-Partition plan
+    # the backward owner of the last layer, which need not be the last worker.
+    tails = [r for r in reports.values() if r["samples"]]
     samples = sum(r["samples"] for r in tails)
     stages = []
     for p, group in enumerate(topo.groups):

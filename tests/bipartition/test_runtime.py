@@ -95,3 +95,19 @@ def test_split_inputs_are_posted_before_the_first_action(monkeypatch):
     train_threaded(plan, TrainOptions(rounds=1, threads=1, dataset="synthetic", lr=0.1))
     on_b = [kind for device, kind in events if device == "b"]
     assert on_b[:4] == ["RX"] * 4 and on_b.count("RX") == 4
+
+
+def test_round_metrics_take_the_loss_from_whichever_worker_computed_it():
+    """A forward-only last worker computes no loss: the previous one does (it backwards the last layer)."""
+    from hppctl.runtime.metrics import aggregate
+    from hppctl.runtime.topology import Topology
+    from hppctl.schedule import schedule_for_plan
+
+    plan = bi_plan("tiny-mlp", [0, 3, 4, 5], [0, 2, 5, 5], ["a", "b", "c"], global_batch=16, micro_batch=4)
+    topo = Topology.of(schedule_for_plan(plan))
+    base = dict(started_at=0.0, duration_s=1.0, cpu_s=0.5, compute_s=0.5, wait_s=0.1, allreduce_s=0.0, step_s=0.0,
+                bytes_sent=0, rss_bytes=0, peak_rss_bytes=0, loss=0.0, correct=0, samples=0)
+    reports = {d: dict(base) for d in "abc"}
+    reports["b"].update(loss=2.3, correct=4, samples=16)
+    row = aggregate(0, reports, topo, None, rounds_per_epoch=10)
+    assert row["loss"] == 2.3 and row["train_accuracy"] == 0.25

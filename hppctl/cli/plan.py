@@ -44,7 +44,7 @@ def plan_command(
     profile: Annotated[Path, typer.Option("--profile", help="Profile file (.json/.yaml) from `hppctl profile`.")],
     global_batch: Annotated[Optional[int], typer.Option("--global-batch", help="Samples per training round.")] = None,
     micro_batch: Annotated[Optional[int], typer.Option("--micro-batch", help="Samples per micro-batch (divides the global batch).")] = None,
-    strategy: Annotated[str, typer.Option("--strategy", help="asteroid, asteroid-paper, dp, pp, pipedream, dapple; on an inference profile galaxy (default), megatron, sp, local.")] = "asteroid",
+    strategy: Annotated[str, typer.Option("--strategy", help="asteroid, asteroid-paper, dp, pp, pipedream, dapple, bipartition, bipartition-bsa, bipartition-paper, layerwise; on an inference profile galaxy (default), megatron, sp, local.")] = "asteroid",
     out: Annotated[Optional[Path], typer.Option("--out", help="Write the plan here (.json or .yaml).")] = None,
     compare: Annotated[bool, typer.Option("--compare", help="Evaluate every strategy on the same request.")] = False,
     explain_: Annotated[bool, typer.Option("--explain", help="Per-step table: E_f, E_b, T_w, T_e, T_a, memory.")] = False,

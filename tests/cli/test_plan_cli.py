@@ -31,7 +31,8 @@ def test_compare_json_lists_every_strategy(cli, profile_file):
                           "--compare", "--json")
     assert code == 0
     rows = json.loads(stdout)
-    assert {r["strategy"] for r in rows} == {"asteroid", "asteroid-paper", "dp", "pp", "pipedream", "dapple"}
+    assert {r["strategy"] for r in rows} == {"asteroid", "asteroid-paper", "dp", "pp", "pipedream", "dapple",
+                                             "bipartition", "bipartition-bsa", "bipartition-paper", "layerwise"}
     assert set(rows[0]) >= {"strategy", "feasible", "throughput", "round_latency_s", "peak_memory_ratio"}
 
 

@@ -14,6 +14,13 @@ both, computation and communication keep the paper's balance.
 Environments: F = l0 + m0 + s0 (heterogeneous, the paper's Fig. 9) and B = m0 + m1 + m2 (homogeneous,
 Table IV). Models: BERT-large and GPT2-large at sequence length 284 (the QNLI average).
 
+Socket buffers: the lab hosts' kernels get 1 MB default TCP buffers (`--socket-buffer`, sysctl in each
+host's namespace) so that a whole ring tile (at most 95 x 1280 x 4 bytes) crosses a link inside the
+kernel. A lab host is a fraction of a core enforced by a CFS quota: while its process computes, every
+thread of it is throttled, including gloo's network thread, so with the default 128 KB receive buffer a
+tile arriving during an overlapped GEMM waits for the next quota period. A real device (a Jetson Nano
+has four cores) has a core to spare for that thread.
+
 For every model the hosts are profiled once (`inference-blocks` probe over SSH, in each host's cgroup).
 Plans are made for the WHOLE model (24 / 36 layers) with the paper's memory budgets (F: 1.5 / 1.2 /
 0.7 GB, B: 1.5 GB each) and fp16 weights, as in the paper, so the memory-blind baselines hit OOM where
@@ -61,6 +68,14 @@ def lab_spec(fastest: float, subnet: str) -> str:
     hosts = "\n".join(f"  - {{name: {h}, cpu: {fastest * NANO_GHZ[k] / NANO_GHZ['l']:.3f}, memory: 3GB}}"
                       for h, k in HOSTS.items())
     return f"name: galaxy-bench\nbandwidth: 125mbit\nsubnet: {subnet}\nhosts:\n{hosts}\n"
+
+
+def enlarge_socket_buffers(names, nbytes: int) -> None:
+    """Default TCP buffers of `nbytes` in every lab host's namespace (module docstring: why)."""
+    for host in names:
+        subprocess.run(["ip", "netns", "exec", f"hppctl-lab-galaxy-bench-{host}", "sysctl", "-q", "-w",
+                        f"net.ipv4.tcp_rmem=4096 {nbytes} 33554432", f"net.ipv4.tcp_wmem=4096 {nbytes} 4194304"],
+                       check=True)
 
 
 def wait_for_quiet(limit: float, max_wait: float) -> float:
@@ -159,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--fastest-cpu", type=float, default=0.15)
     p.add_argument("--wire-dtype", default="float16", choices=("float16", "float32"))
+    p.add_argument("--socket-buffer", type=int, default=2**20,
+                   help="default TCP buffer bytes on the lab hosts (0: the kernel's default)")
     p.add_argument("--profile-repeats", type=int, default=3)
     p.add_argument("--quiet-load", type=float, default=2.5)
     p.add_argument("--max-wait", type=float, default=300.0)
@@ -173,8 +190,10 @@ def main(argv: list[str] | None = None) -> int:
         cluster_file = work / "cluster.yaml"
         subprocess.run([sys.executable, "-m", "hppctl", "lab", "up", "--spec", str(work / "lab.yaml"), "--out",
                         str(cluster_file), "--state-dir", str(state)], check=True)
+        if a.socket_buffer:
+            enlarge_socket_buffers(HOSTS, a.socket_buffer)
     report: dict = {"seq_len": a.seq_len, "layers": a.layers, "repeats": a.repeats, "rounds": a.rounds,
-                    "fastest_cpu": a.fastest_cpu, "wire_dtype": a.wire_dtype, "models": {}}
+                    "fastest_cpu": a.fastest_cpu, "wire_dtype": a.wire_dtype, "socket_buffer": a.socket_buffer, "models": {}}
     started = time.perf_counter()
     try:
         cluster = load(cluster_file, ClusterSpec)

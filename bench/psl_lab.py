@@ -109,11 +109,14 @@ def steps(plan_file: Path, metrics: Path, profile_file: Path) -> None:
     column = {c: j for j, c in enumerate(plan.clients)}
     print("helper tasks: planned p or p' / measured median ms (median start after the barrier)")
     for h in plan.helpers:
+        runs: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        for b in batches:
+            for kind, client, start, end, *_ in b["helpers"][h]:
+                runs.setdefault((kind, client), []).append((start, end - start))
         cells = []
-        for k, (kind, client, _, _) in enumerate(batches[0]["helpers"][h]):
+        for (kind, client), seen in sorted(runs.items(), key=lambda kv: statistics.median(s for s, _ in kv[1])):
             planned = (t.p_s if kind == "F" else t.p_prime_s)[helper[h]][column[client]]
-            took = statistics.median(b["helpers"][h][k][3] - b["helpers"][h][k][2] for b in batches)
-            start = statistics.median(b["helpers"][h][k][2] for b in batches)
+            took, start = statistics.median(d for _, d in seen), statistics.median(s for s, _ in seen)
             cells.append(f"{kind}:{client} {planned * 1e3:.0f}/{took * 1e3:.0f} ({start * 1e3:.0f})")
         print(f"{h}: " + "  ".join(cells))
 

@@ -153,7 +153,7 @@ class _Copy:
 class Arrivals:
     """Which posted receives have completed, as they complete: one waiter thread per task blocks in
     gloo's `wait()` (a gloo receive reports nothing to `is_completed()` before someone waits on it)
-    and queues (task, time)."""
+    and then queues the task; `take` hands them to the helper's thread."""
 
     def __init__(self, received: dict, timeout_s: float) -> None:
         self._queue: queue.Queue = queue.Queue()

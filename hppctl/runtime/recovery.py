@@ -38,7 +38,6 @@ from typing import Callable, Literal
 from hppctl.coordinator.replay import resume_round, transfer_plan, upload_plan
 from hppctl.coordinator.state import CoordinatorState, apply, find_suspects
 from hppctl.coordinator.status import status_rows
-from hppctl.errors import RuntimeFailure
 from hppctl.models.events import Heartbeat, Lost, ProbeAnswered, Replanned, Suspected
 from hppctl.models.plan import HppPlan
 from hppctl.models.profile import Profile
@@ -78,6 +77,7 @@ class ResilientSession(Session):
         self._on_status: Callable[[list[dict]], None] | None = None
         self._probes: dict[str, list] = {}
         self._probe_ports: dict[str, tuple[str, int]] = {}
+        self._dropped_seen = 0
 
     def run(self, *, on_round=None, on_event=None, on_fault: Callable[[dict], None] | None = None,
             on_status: Callable[[list[dict]], None] | None = None) -> RunResult:
@@ -165,7 +165,15 @@ class ResilientSession(Session):
             self.listener.drain()
             self._event("armed", devices=list(self.topo.devices))
 
+    def _log_dropped(self) -> None:
+        """Datagrams the listener refused (wrong or missing token, unknown device or address) are events."""
+        seen = self._dropped_seen
+        for reason in self.listener.dropped[seen:seen + 20]:  # a flood is summarised by its first 20
+            self._event("dropped", why=reason)
+        self._dropped_seen = len(self.listener.dropped)
+
     def _coordinate(self) -> None:
+        self._log_dropped()
         if self.state is None:
             self._arm()
             return

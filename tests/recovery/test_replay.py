@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 
 import pytest
 import torch
@@ -32,7 +33,7 @@ PRESETS = {"a": "jetson-nano", "b": "jetson-nano", "c": "jetson-tx2"}
 
 
 def run_with_failure(stages, victim: str | None, sig: int = signal.SIGKILL, *, replan: str = "light",
-                     after_round: int = 3):
+                     after_round: int = 3, on_round_1=None):
     plan = make_plan("tiny-mlp", stages, global_batch=16, micro_batch=4)
     options = TrainOptions(rounds=ROUNDS, threads=1, dataset="synthetic", lr=0.1)
     session = ResilientSession(RunRequest(plan, local_cluster(*plan.devices()), options),
@@ -41,6 +42,8 @@ def run_with_failure(stages, victim: str | None, sig: int = signal.SIGKILL, *, r
     hurt: list[str] = []
 
     def on_round(row: dict) -> None:
+        if on_round_1 is not None and row["round"] == 1:
+            on_round_1(session)
         if victim and row["round"] == after_round and not hurt:
             hurt.append(victim)
             os.kill(session.workers[victim].proc.pid, sig)
@@ -78,10 +81,22 @@ def test_training_survives_and_equals_the_failure_free_run(stages, victim, sig):
     assert_same(result.model_state(), train_reference(plan, options))
 
 
-def test_heavy_replanning_gathers_and_redistributes():
-    plan, options, session, result = run_with_failure(THREE_STAGES, "b", replan="heavy")
+def test_heavy_replanning_gathers_and_redistributes_and_forged_beats_are_logged():
+    def forge(session) -> None:  # mid-run: a beat with a wrong token, and a valid one from another address
+        from hppctl.runtime.heartbeat import sign
+
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.sendto(sign("not-the-token", {"kind": "heartbeat", "device": "a"}), ("127.0.0.1", session.listener.port))
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind(("127.0.0.2", 0))
+            s.sendto(sign(session.store.token, {"kind": "leave", "device": "a"}), ("127.0.0.1", session.listener.port))
+
+    plan, options, session, result = run_with_failure(THREE_STAGES, "b", replan="heavy", on_round_1=forge)
     (replanned,) = events(session, "replanned")
     assert replanned["method"] == "heavy" and replanned["moved_bytes"] > 0
+    dropped = [e["why"] for e in events(session, "dropped")]
+    assert len(dropped) == 2 and "wrong or missing run token" in dropped[0] and "not an address" in dropped[1]
+    assert [e["device"] for e in events(session, "lost")] == ["b"]  # the forged `leave` of a changed nothing
     assert_same(result.model_state(), train_reference(plan, options))
 
 

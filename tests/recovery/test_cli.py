@@ -43,3 +43,24 @@ def test_events_read_as_one_line_each():
     assert describe({"event": "replanned", "method": "light", "lost": "b", "replan_s": 0.05, "resume_round": 7}) == \
         "re-planned (light) without b in 0.05 s; replaying from round 7"
     assert describe({"event": "suspected", "device": "b", "why": "silent for 3.1 s"}) == "suspected: b silent for 3.1 s"
+
+
+@pytest.mark.gloo
+@pytest.mark.timeout(300)
+def test_standalone_coordinator_runs_a_plan_and_reports_events_and_final_stages(tmp_path, cli, profile):
+    import json
+
+    from hppctl.store import save
+
+    save(tmp_path / "profile.json", profile)
+    (tmp_path / "cluster.yaml").write_text("name: local\ndevices:\n  - {name: a, local: true}\n  - {name: b, local: true}\n")
+    assert cli("plan", "--profile", tmp_path / "profile.json", "--global-batch", 16, "--micro-batch", 4,
+               "--strategy", "pp", "--out", tmp_path / "plan.yaml")[0] == 0
+    code, out, _ = cli("coordinator", "--plan", tmp_path / "plan.yaml", "--cluster", tmp_path / "cluster.yaml",
+                       "--profile", tmp_path / "profile.json", "--rounds", 2, "--events", tmp_path / "ev.jsonl", "--json")
+    summary = json.loads(out)
+    assert code == 0 and summary["rounds_run"] == 2 and [e["event"] for e in summary["events"]] == ["armed"]
+    assert sorted(d for s in summary["final_stages"] for d in s["devices"]) == ["a", "b"]
+    lines = [json.loads(line) for line in (tmp_path / "ev.jsonl").read_text().splitlines()]
+    assert lines[0]["event"] == "armed" and [r["round"] for r in lines[1:]] == [0, 1]
+    assert all(r["backup_bytes"] > 0 for r in lines[1:])

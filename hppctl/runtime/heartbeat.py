@@ -96,6 +96,8 @@ class HeartbeatListener(_SocketThread):
     generation: int = 0
     dropped: list[str] = field(default_factory=list)
     _beats: list[Beat] = field(default_factory=list)
+    _senders: dict[str, tuple[str, int]] = field(default_factory=dict)
+    """Where each device's beats come from (address, port): acknowledgements go back there."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> "HeartbeatListener":
@@ -122,11 +124,22 @@ class HeartbeatListener(_SocketThread):
                 continue
             with self._lock:
                 self._beats.append(beat)
-            ack = sign(self.token, {"kind": "ack", "generation": self.generation, "seq": beat.doc.get("seq", 0)})
-            try:
-                self._sock.sendto(ack, (address, port))
-            except OSError:
-                pass
+                self._senders[beat.device] = (address, port)
+            self._ack((address, port), beat.doc.get("seq", 0))
+
+    def _ack(self, to: tuple[str, int], seq: int) -> None:
+        try:
+            self._sock.sendto(sign(self.token, {"kind": "ack", "generation": self.generation, "seq": seq}), to)
+        except OSError:
+            pass
+
+    def announce(self) -> None:
+        """Send the current generation to every device heard from, now rather than with its next ack:
+        survivors stop their round up to a heartbeat period sooner."""
+        with self._lock:
+            senders = list(self._senders.values())
+        for to in senders:
+            self._ack(to, 0)
 
     def accept(self, data: bytes, address: str) -> Beat | None:
         """The beat if the datagram is valid; else None, with the reason logged in `dropped`."""
@@ -244,7 +257,7 @@ class HeartbeatSender(_SocketThread):
             self.beat_now()
             deadline = time.monotonic() + self.period_s
             while self._running and time.monotonic() < deadline:
-                self._receive(max(0.01, deadline - time.monotonic()))
+                self._receive(min(0.2, max(0.01, deadline - time.monotonic())))  # 0.2: stop() stays prompt
             silent = time.monotonic() - self._last_ack > self.orphan_after_s
             if silent and self._unanswered >= unanswered_limit:
                 self.orphaned.set()

@@ -293,6 +293,7 @@ class ResilientSession(Session):
         self.generation += 1
         generation = self.generation
         self.listener.generation = generation
+        self.listener.announce()
         old_plan, survivors = self.plan, [d for d in self.topo.devices if d != device]
         if not survivors:
             raise WorkerFailed(f"device {device} lost ({reason}): it was the last device")

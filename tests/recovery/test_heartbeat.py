@@ -37,6 +37,21 @@ def test_a_worker_with_the_token_is_heard_and_acknowledged_with_the_generation()
         hb.stop()
 
 
+def test_a_new_generation_is_announced_without_waiting_for_the_next_beat():
+    hb = listener()
+    sender = HeartbeatSender("a", "the-token", ("127.0.0.1", hb.port), source="127.0.0.1", period_s=30,
+                             orphan_after_s=100, probe_port=1).start()
+    try:
+        wait_until(lambda: hb._senders)  # the first beat went out; the next one is 30 s away
+        hb.generation = 1
+        hb.announce()
+        wait_until(sender.interrupt.is_set, timeout_s=5.0)
+        assert sender.coordinator_generation == 1
+    finally:
+        sender.stop()
+        hb.stop()
+
+
 def test_a_wrong_token_cannot_heartbeat_and_is_logged():
     hb = listener()
     sender = HeartbeatSender("a", "another-token", ("127.0.0.1", hb.port), source="127.0.0.1", period_s=0.05,

@@ -229,24 +229,34 @@ def run_worker(config: WorkerConfig, token: str) -> int:
         store.set(f"done/{config.device}", str(time.time()))
         return 0
     except BaseException as e:
-        traceback.print_exc()
-        try:
-            store.set(f"failed/{config.device}", f"{e.__class__.__name__}: {e}"[:2000])
-        except Exception:
-            pass
-        return 1
+        return report_failure(store, config.device, e)
 
 
-def main() -> None:
+def report_failure(store, device: str, error: BaseException) -> int:
+    """Print the traceback, tell the launcher through its store; the worker's exit code (1)."""
+    traceback.print_exc()
+    try:
+        store.set(f"failed/{device}", f"{error.__class__.__name__}: {error}"[:2000])
+    except Exception:  # the store may be gone with the launcher; the exit code still says it
+        pass
+    return 1
+
+
+def worker_main(config_type, run) -> None:
+    """A worker module's entry point: one JSON line {token, config} on stdin, then `run(config, token)`."""
     line = sys.stdin.readline()
     try:
         doc = json.loads(line)
         token = doc["token"]
-        config = WorkerConfig.model_validate_json(json.dumps(doc["config"]))
+        config = config_type.model_validate_json(json.dumps(doc["config"]))
     except (ValueError, KeyError) as e:
         print(f"error: worker needs one JSON line {{token, config}} on stdin ({e})", file=sys.stderr)
         sys.exit(2)
-    sys.exit(run_worker(config, token))
+    sys.exit(run(config, token))
+
+
+def main() -> None:
+    worker_main(WorkerConfig, run_worker)
 
 
 if __name__ == "__main__":

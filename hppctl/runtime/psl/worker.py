@@ -18,11 +18,10 @@ import io
 import json
 import os
 import socket
-import sys
 import time
-import traceback
 
 from hppctl.runtime.psl.config import PslWorkerConfig
+from hppctl.runtime.worker import report_failure, worker_main
 
 
 def load_blob(store, key: str):
@@ -184,24 +183,11 @@ def run_worker(config: PslWorkerConfig, token: str) -> int:
         store.set(f"done/{config.device}", str(time.time()))
         return 0
     except BaseException as e:
-        traceback.print_exc()
-        try:
-            store.set(f"failed/{config.device}", f"{e.__class__.__name__}: {e}"[:2000])
-        except Exception:  # the store may be gone with the launcher; the exit code still says it
-            pass
-        return 1
+        return report_failure(store, config.device, e)
 
 
 def main() -> None:
-    line = sys.stdin.readline()
-    try:
-        doc = json.loads(line)
-        token = doc["token"]
-        config = PslWorkerConfig.model_validate_json(json.dumps(doc["config"]))
-    except (ValueError, KeyError) as e:
-        print(f"error: worker needs one JSON line {{token, config}} on stdin ({e})", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(run_worker(config, token))
+    worker_main(PslWorkerConfig, run_worker)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import typing
 from pathlib import Path
 from typing import TypeVar
 
@@ -63,9 +64,22 @@ def describe_validation_error(source: str, err: ValidationError) -> str:
     return f"{source}: {field}: {message}{shown}{suffix}"
 
 
+def _expected_kind(model: type[BaseModel]) -> str | None:
+    """The fixed `kind` of a document model (plans: hpp, psl, inference), or None."""
+    field = model.model_fields.get("kind")
+    if field is None or typing.get_origin(field.annotation) is not typing.Literal:
+        return None
+    values = typing.get_args(field.annotation)
+    return values[0] if len(values) == 1 else None
+
+
 def validate(model: type[M], data: object, source: str) -> M:
     if not isinstance(data, dict):
         raise BadInput(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    expected = _expected_kind(model)
+    if expected is not None and isinstance(data.get("kind"), str) and data["kind"] != expected:
+        # One line for a whole document of the wrong kind, not its first of 28 field errors.
+        raise BadInput(f"{source}: kind: this is a {data['kind']!r} document; this command needs a {expected!r} one")
     try:
         return model.model_validate(data)
     except ValidationError as e:

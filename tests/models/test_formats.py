@@ -114,3 +114,21 @@ def test_profile_shape_errors():
     doc["devices"][0]["batch_sizes"] = list(reversed(doc["devices"][0]["batch_sizes"]))
     with pytest.raises(BadInput, match="strictly increasing"):
         validate(Profile, doc, "p.json")
+
+
+def test_a_document_of_another_kind_is_named_in_one_line(tmp_path):
+    """Regression: an HPP plan given where a PSL plan is needed reported `kind` plus '27 more errors'."""
+    from hppctl.errors import BadInput
+    from hppctl.models.plan import HppPlan
+    from hppctl.models.psl import PslPlan
+    from hppctl.store import load
+
+    hpp = tmp_path / "plan.yaml"
+    hpp.write_text("kind: hpp\nformat_version: 1\n")
+    with pytest.raises(BadInput) as err:
+        load(hpp, PslPlan)
+    assert str(err.value) == f"{hpp}: kind: this is a 'hpp' document; this command needs a 'psl' one"
+    psl = tmp_path / "psl.json"
+    psl.write_text('{"kind": "psl"}')
+    with pytest.raises(BadInput, match="this is a 'psl' document; this command needs a 'hpp' one"):
+        load(psl, HppPlan)

@@ -14,8 +14,7 @@ shared machine each measurement first waits (up to --max-wait) for the load aver
 
 Printed figures:
 - time: wall seconds of each `hppctl profile` run of mobilenetv2 over batch sizes 1-64 on the three
-  hosts (one at a time: they share this machine; `--colocated parallel` for all at once), links
-  included; target 5 minutes;
+  hosts (in parallel), links included; target 5 minutes;
 - capacity: training samples/s of the whole model (sum of every layer's forward + backward, at
   each batch size) of each host relative to the 1-core host, against the quota ratio; target 20%;
 - bandwidth: each direction's measured goodput against the configured rate; target 10%. (TCP/IP
@@ -23,8 +22,8 @@ Printed figures:
 - layer sum vs step: the profile's per-layer sum at each batch size against (a) the whole training
   steps the probe timed in the same rounds (`train_step_s`), and (b) a whole training step measured
   independently, later: a separate plain-torch process per host that builds the model and times
-  training steps (forward, loss, backward) back to back for a few seconds with the wall clock, one
-  host at a time (all at once with `--colocated parallel`), as during profiling; target 15%;
+  training steps (forward, loss, backward) back to back for a few seconds with the wall clock, all
+  hosts at once as during profiling; target 15%;
 - repeatability: for every layer time of at least 1 ms (per host, layer, direction, batch size),
   the difference between two runs relative to the smaller; target 10% on every one;
 - noise floor: the CPU time of one fixed training step, repeated for a minute on this machine outside
@@ -122,10 +121,9 @@ def sh(argv: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, env=env)
 
 
-def profile_run(cluster: Path, out: Path, model: str, grid: str, repeats: int, env: dict, force: bool = True,
-                colocated: str = "serial"):
+def profile_run(cluster: Path, out: Path, model: str, grid: str, repeats: int, env: dict, force: bool = True):
     argv = ["hppctl", "profile", "--cluster", str(cluster), "--model", model, "--batch-sizes", grid,
-            "--repeats", str(repeats), "--out", str(out), "--json", "--colocated", colocated] + (["--force"] if force else [])
+            "--repeats", str(repeats), "--out", str(out), "--json"] + (["--force"] if force else [])
     start = time.perf_counter()
     result = sh(argv, env)
     return time.perf_counter() - start, result
@@ -142,32 +140,21 @@ def capacity(profile: Profile) -> dict[str, dict]:
     return report
 
 
-def independent_steps(cluster: ClusterSpec, model: str, grid: str, seconds: float,
-                      at_once: bool) -> dict[str, dict[int, float]]:
-    """Whole training steps timed by a separate plain-torch process on every host: all hosts at once, or
-    one after the other (as `hppctl profile --colocated serial` measures the lab's hosts)."""
+def independent_steps(cluster: ClusterSpec, model: str, grid: str, seconds: float) -> dict[str, dict[int, float]]:
+    """Whole training steps timed by a separate plain-torch process on every host at once."""
     from hppctl.profiling.remote import SshEndpoint
 
     script = STEP_SCRIPT.replace("'", "'\"'\"'")
-    steps = {}
-
-    def start(device):
+    running = {}
+    for device in cluster.devices:
         ep = SshEndpoint(device, cluster)
         command = f"cd /tmp && {ep.python} -c '{script}' {model} {grid} {seconds}"
-        return ep, ep.conn.run(command, hide=True, warn=True, asynchronous=True, in_stream=False)
-
-    def finish(name, ep, promise):
+        running[device.name] = (ep, ep.conn.run(command, hide=True, warn=True, asynchronous=True, in_stream=False))
+    steps = {}
+    for name, (ep, promise) in running.items():
         result = promise.join()
         steps[name] = {int(k): v for k, v in json.loads(result.stdout.strip().splitlines()[-1]).items()}
         ep.close()
-
-    if at_once:
-        running = {device.name: start(device) for device in cluster.devices}
-        for name, (ep, promise) in running.items():
-            finish(name, ep, promise)
-    else:
-        for device in cluster.devices:
-            finish(device.name, *start(device))
     return steps
 
 
@@ -219,9 +206,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-wait", type=float, default=900.0)
     p.add_argument("--noise-seconds", type=float, default=60.0,
                    help="how long to time one fixed step on this machine for the noise floor (0: skip)")
-    p.add_argument("--colocated", choices=("serial", "parallel"), default="serial",
-                   help="hppctl profile --colocated: the lab's hosts measured one at a time (default) or at once; "
-                        "the independent steps follow the same choice")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="profile-speed-"))
@@ -236,16 +220,14 @@ def main(argv: list[str] | None = None) -> int:
         if up.returncode != 0:
             print(up.stderr, file=sys.stderr)
             return up.returncode
-    report: dict = {"model": a.model, "batch_sizes": a.batch_sizes, "repeats": a.repeats, "runs": [],
-                    "colocated": a.colocated}
+    report: dict = {"model": a.model, "batch_sizes": a.batch_sizes, "repeats": a.repeats, "runs": []}
     try:
         cluster = load(cluster_file, ClusterSpec)
         profiles = []
         for r in range(a.runs):
             wait_for_quiet(a.quiet_load, a.max_wait)
             load_before = os.getloadavg()[0]
-            seconds, result = profile_run(cluster_file, work / f"run{r}.json", a.model, a.batch_sizes, a.repeats, env,
-                                          colocated=a.colocated)
+            seconds, result = profile_run(cluster_file, work / f"run{r}.json", a.model, a.batch_sizes, a.repeats, env)
             entry = {"seconds": seconds, "exit": result.returncode, "load_before": load_before,
                      "load_after": os.getloadavg()[0],
                      "error": result.stderr.strip().splitlines()[-1] if result.returncode else None}
@@ -263,8 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "configured_bytes_per_s": cluster.bandwidth_between(*l.between), "rtt_s": l.rtt_s}
                                for l in first.links]
         wait_for_quiet(a.quiet_load, a.max_wait)
-        report["steps"] = independent_steps(cluster, a.model, a.batch_sizes, a.step_seconds,
-                                            at_once=a.colocated == "parallel")
+        report["steps"] = independent_steps(cluster, a.model, a.batch_sizes, a.step_seconds)
         report["layer_sum"] = {d.name: {b: sum(f[k] + bw[k] for f, bw in zip(d.forward_s, d.backward_s))
                                         for k, b in enumerate(d.batch_sizes)} for d in first.devices}
         report["profile_steps"] = {d.name: dict(zip(d.batch_sizes, d.train_step_s)) for d in first.devices}
@@ -282,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.cluster is None:
             kill_sshd(state_dir, "prof-bench", "slow")
             seconds, result = profile_run(cluster_file, work / "failed.json", a.model, a.batch_sizes, a.repeats,
-                                          env, force=False, colocated=a.colocated)
+                                          env, force=False)
             kept = load(work / "failed.json", Profile) if (work / "failed.json").exists() else None
             report["failure"] = {"exit": result.returncode, "seconds": seconds,
                                  "error": (result.stderr.strip().splitlines() or [""])[-1],
@@ -300,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def render(r: dict, cluster: ClusterSpec) -> None:
     print(f"hppctl profile: {r['model']}, batch sizes {r['batch_sizes']}, {r['repeats']} repeats, "
-          f"{len(cluster.devices)} hosts ({r.get('colocated', 'serial')}), links one pair at a time, empty cache")
+          f"{len(cluster.devices)} hosts in parallel, links one pair at a time, empty cache")
     for i, run in enumerate(r["runs"]):
         status = "ok" if run["exit"] == 0 else f"exit {run['exit']}: {run['error']}"
         print(f"  run {i + 1}: {run['seconds']:.1f} s ({run['seconds'] / 60:.2f} min; target 5 min)  {status}; "

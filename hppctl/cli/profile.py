@@ -111,7 +111,6 @@ def profile_command(
     threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads on measured devices (default: ceil of each device's CPU quota).")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds allowed for one device's measurement.")] = 3600.0,
     link_seconds: Annotated[float, typer.Option("--link-seconds", help="Length of each one-way link transfer.")] = 2.0,
-    colocated: Annotated[str, typer.Option("--colocated", help="Devices on one machine (same kernel boot id: an edge lab's hosts, containers): serial measures them one at a time, parallel all at once (faster, noisier).")] = "serial",
     seq_len: Annotated[Optional[str], typer.Option("--seq-len", help="Collaborative inference (Galaxy): profile attention by heads, MLP by columns and connective blocks by rows at these sequence lengths (e.g. 284 or 128,284); docs/galaxy.md.")] = None,
     num_layers: Annotated[Optional[int], typer.Option("--layers", help="With --seq-len: plan and run only the first K layers (a layer stack).")] = None,
 ) -> None:
@@ -152,7 +151,7 @@ def profile_command(
         from hppctl.profiling.cluster import ProbeSettings
 
         settings = ProbeSettings(repeats=repeats, warmup=warmup, threads=threads, timeout_s=timeout,
-                                 link_seconds=link_seconds, colocated=colocated)
+                                 link_seconds=link_seconds)
         note(f"{model} ({granularity}): {len(layers)} layers; measuring {len(measured)} of {len(spec.devices)} "
              f"devices at batch sizes {','.join(map(str, grid))}")
         run = measure(spec, model, granularity, grid, layers, settings, OPTIMIZER_STATE_FACTORS[optimizer],

@@ -11,9 +11,8 @@ The function API (`hppctl profile` is a thin shell around it; `hppctl demo` call
 
 `preset:` devices get timings from their device model (docs/presets.md), `local:` devices run the
 probe as a subprocess of this interpreter, `host:` devices over SSH (remote.py). Devices are
-measured in parallel, except those on one machine: `local:` devices, and devices whose kernels
-report the same boot id (an edge lab's hosts) take turns at the training probe (`_MachineTurn`;
-`ProbeSettings(colocated="parallel")` measures them at once). Each device's batch records go to the measurement cache (cache.py) as they arrive.
+measured in parallel, except that `local:` devices share this machine and so run one after the
+other. Each device's batch records go to the measurement cache (cache.py) as they arrive.
 Links between measured devices are measured after the devices, one pair at a time and one
 direction at a time, so that no two measurements share a CPU or a wire.
 
@@ -25,8 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,9 +42,6 @@ from hppctl.profiling.records import Identity, Memory, Pass
 from hppctl.profiling.fleet import prepare, run_lanes
 from hppctl.profiling.links import link_text, measure_link, merge_links
 from hppctl.profiling.remote import DeviceFailure, endpoint_for
-
-
-COLOCATED = ("serial", "parallel")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,13 +62,8 @@ class ProbeSettings:
     link_seconds: float = 2.0
     """Length of each one-way transfer."""
     ping_count: int = 20
-    colocated: str = "serial"
-    """Devices on one machine (same kernel boot id: a lab's hosts, containers): "serial" measures them one
-    at a time, "parallel" all at once. Not in the cache key: it decides when to measure, not what."""
 
     def __post_init__(self) -> None:
-        if self.colocated not in COLOCATED:
-            raise BadInput(f"--colocated: {self.colocated!r} is not one of {', '.join(COLOCATED)}")
         if self.repeats < 1 or self.warmup < 0 or self.min_steps < 1:
             raise BadInput(f"probe settings: repeats >= 1, warmup >= 0, min_steps >= 1 (got {self.repeats}, "
                            f"{self.warmup}, {self.min_steps})")
@@ -134,28 +124,6 @@ class _Context:
     parts: list[list[LayerCost]] | None = None
     """For presets at block granularity: the fine layers of each block (a block is timed as their sum)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
-    machines: dict[str, _MachineTurn] = field(default_factory=dict)
-    """boot id -> whose turn it is on that machine (settings.colocated == "serial")."""
-
-    def machine_turn(self, identity: Identity) -> "_MachineTurn | None":
-        if self.settings.colocated != "serial" or not identity.boot_id:
-            return None
-        with self.lock:
-            return self.machines.setdefault(identity.boot_id, _MachineTurn())
-
-
-@dataclass
-class _MachineTurn:
-    """One machine's devices take turns at the training probe.
-
-    Why: on one machine (an edge lab on a laptop, containers) the devices share cores, caches and
-    memory bandwidth, so measured at once each one's layer times depend on what the others happen
-    to run. On a 2-core machine with hosts of 1.0, 0.5 and 0.25 core measured at once, two profiles
-    of the 0.25-core host differed by a median of 29-37% per layer; measured alone, by 10%."""
-
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    holder: str | None = None
-    names: list[str] = field(default_factory=list)
 
 
 def profile_cluster(cluster: ClusterSpec, model: str, *, granularity: str = "fine",
@@ -191,10 +159,6 @@ def profile_cluster(cluster: ClusterSpec, model: str, *, granularity: str = "fin
         ctx.parts = _block_parts(model, ctx.layers)
     endpoints: dict[str, Any] = {}
     results = _measure_devices(ctx, measured_specs, endpoints, endpoint_factory)
-    for turn in ctx.machines.values():
-        if len(turn.names) > 1:
-            run.notes.append(f"{', '.join(turn.names)} share one machine (same kernel boot id): measured one at a "
-                             f"time (--colocated parallel measures them at once)")
     try:
         devices: list[DeviceProfile] = []
         for spec in cluster.devices:
@@ -289,31 +253,8 @@ def _profile_device(ctx: _Context, spec: DeviceSpec, endpoint) -> DeviceProfile:
         ctx.run.cached[name] = [b for b in ctx.grid if b not in todo and cache.complete(b, repeats)]
         ctx.run.measured[name] = []
     if todo:
-        with _turn_on_machine(ctx, name, identity):
-            _run_train_probe(ctx, spec, endpoint, identity, cache, todo, budget)
+        _run_train_probe(ctx, spec, endpoint, identity, cache, todo, budget)
     return _device_from_cache(ctx, spec, identity, cache, budget, device_fingerprint)
-
-
-@contextmanager
-def _turn_on_machine(ctx: _Context, name: str, identity: Identity) -> Iterator[None]:
-    """Wait until no other device of this machine is being measured (_MachineTurn), then hold the turn."""
-    turn = ctx.machine_turn(identity)
-    if turn is None:
-        yield
-        return
-    with ctx.lock:
-        turn.names.append(name)
-    if not turn.lock.acquire(blocking=False):
-        ctx.observer.device_phase(name, f"waiting for {turn.holder or 'another device'} (same machine)")
-        while not turn.lock.acquire(timeout=0.5):
-            if ctx.interrupted:
-                raise DeviceFailure("interrupted while waiting for its turn on a shared machine")
-    turn.holder = name
-    try:
-        yield
-    finally:
-        turn.holder = None
-        turn.lock.release()
 
 
 def _identity_record(endpoint, settings: ProbeSettings) -> dict[str, Any]:

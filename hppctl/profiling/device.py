@@ -250,16 +250,7 @@ def identify(measure_quota: bool = True, threads: int | None = None) -> dict[str
         "transformers": _version("transformers"),
         "hppctl": __version__,
         "kernel": platform.release(),
-        "boot_id": boot_id(),
     }
-
-
-def boot_id() -> str | None:
-    """The running kernel's random boot id: equal for every process on one machine, network namespaces
-    and containers included (a lab's hosts), different on another machine. `profile_cluster` measures
-    devices that share it one at a time, as they would otherwise slow each other down."""
-    text = _read(Path("/proc/sys/kernel/random/boot_id"))
-    return text.strip() if text else None
 
 
 def memory_budget(identity: dict[str, object]) -> int:

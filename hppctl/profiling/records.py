@@ -40,8 +40,6 @@ class Identity(FrozenModel):
     transformers: str | None
     hppctl: str
     kernel: str
-    boot_id: str | None = None
-    """Which machine (device.boot_id); None from a device that cannot tell."""
 
 
 class Setup(FrozenModel):

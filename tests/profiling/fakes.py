@@ -26,10 +26,6 @@ class FakeDevice:
     """Batch size at which the kernel 'kills' the train probe in its memory phase."""
     calls: list[tuple[str, dict]] = field(default_factory=list)
     memory_limit: int | None = 2 * 10**9
-    boot_id: str | None = None
-    """The kernel boot id it reports (devices with the same one share a machine)."""
-    on_train: Any = None
-    """Called with the device's name as its train probe starts and ends: on_train(name, "start"|"end")."""
 
 
 class FakeRunning:
@@ -88,20 +84,11 @@ class FakeEndpoint:
                   "threads": args.get("threads") or 1, "threads_source": "quota", "memory_total_bytes": 8 * 10**9,
                   "memory_available_bytes": 6 * 10**9, "memory_limit_bytes": self.device.memory_limit,
                   "memory_limit_source": "cgroup v2", "omp_num_threads": None, "python": "3.11.7",
-                  "torch": "2.13.0", "transformers": "5.0", "hppctl": __version__, "kernel": "6.1", "boot_id": self.device.boot_id}
+                  "torch": "2.13.0", "transformers": "5.0", "hppctl": __version__, "kernel": "6.1"}
         on_record(record)
         yield record
 
     def _train(self, args, on_record):
-        if self.device.on_train:
-            self.device.on_train(self.name, "start")
-        try:
-            yield from self._train_records(args, on_record)
-        finally:
-            if self.device.on_train:
-                self.device.on_train(self.name, "end")
-
-    def _train_records(self, args, on_record):
         records: list[dict] = []
         emit = lambda r: self._emit(on_record, records, r)  # noqa: E731
         emit({"type": "setup", "layers": self.device.layers, "threads": args["threads"], "clock": "cpu",

@@ -1,9 +1,6 @@
 """profile_cluster with fake endpoints: parallel devices, presets beside measured devices, failures,
 links, the cache (reruns, --force, resume after an interruption) and out-of-memory batch sizes."""
 
-import threading
-import time
-
 import pytest
 
 from hppctl import __version__
@@ -188,68 +185,7 @@ def test_threads_option_reaches_the_probe(tmp_path):
     assert identify["threads"] == 3 and train_calls(devices["a"])[0]["threads"] == 3
 
 
-class Overlap:
-    """Counts the train probes running at once; `meet` makes two of them wait for each other (a barrier
-    that breaks, failing the test, if the second never comes while the first runs)."""
-
-    def __init__(self, meet: bool = False) -> None:
-        self.lock, self.active, self.most = threading.Lock(), 0, 0
-        self.barrier = threading.Barrier(2, timeout=10) if meet else None
-
-    def __call__(self, name: str, event: str) -> None:
-        with self.lock:
-            self.active += 1 if event == "start" else -1
-            self.most = max(self.most, self.active)
-        if event == "start":
-            if self.barrier is not None and self.barrier.n_waiting < 2:
-                self.barrier.wait()
-            time.sleep(0.05)  # long enough for a second probe to start if nothing stops it
-
-
-class Phases(Observer):
-    def __init__(self) -> None:
-        self.texts: list[tuple[str, str]] = []
-
-    def device_phase(self, name, text, done=None, total=None):
-        self.texts.append((name, text))
-
-
-def test_devices_of_one_machine_take_turns(tmp_path):
-    overlap = Overlap()
-    devices = {n: FakeDevice(boot_id="same-kernel", on_train=overlap) for n in ("a", "b", "c")}
-    observer = Phases()
-    result, _ = run(cluster("a", "b", "c"), devices, tmp_path, observer=observer)
-    assert result.failures == {} and len(result.profile.devices) == 3
-    assert overlap.most == 1
-    waits = [text for _, text in observer.texts if text.startswith("waiting for")]
-    assert waits and all(text.endswith("(same machine)") for text in waits)
-
-
-def test_devices_of_different_machines_are_measured_at_once(tmp_path):
-    overlap = Overlap(meet=True)
-    devices = {"a": FakeDevice(boot_id="kernel-1", on_train=overlap), "b": FakeDevice(boot_id="kernel-2", on_train=overlap)}
-    result, _ = run(cluster("a", "b"), devices, tmp_path)
-    assert result.failures == {} and overlap.most == 2
-
-
-def test_colocated_parallel_measures_one_machine_at_once(tmp_path):
-    overlap = Overlap(meet=True)
-    devices = {n: FakeDevice(boot_id="same-kernel", on_train=overlap) for n in ("a", "b")}
-    settings = ProbeSettings(repeats=3, warmup=1, window_s=0.1, colocated="parallel")
-    result, _ = run(cluster("a", "b"), devices, tmp_path, settings=settings)
-    assert result.failures == {} and overlap.most == 2
-
-
-def test_colocated_is_not_part_of_the_cache_key(tmp_path):
-    devices = {n: FakeDevice(boot_id="same-kernel") for n in ("a", "b")}
-    run(cluster("a", "b"), devices, tmp_path)
-    settings = ProbeSettings(repeats=3, warmup=1, window_s=0.1, colocated="parallel")
-    result, _ = run(cluster("a", "b"), devices, tmp_path, settings=settings)
-    assert result.measured == {"a": [], "b": []} and result.cached == {"a": GRID, "b": GRID}
-
-
-@pytest.mark.parametrize("kw", [{"repeats": 0}, {"warmup": -1}, {"threads": 0}, {"link_seconds": 0},
-                                {"colocated": "sometimes"}])
+@pytest.mark.parametrize("kw", [{"repeats": 0}, {"warmup": -1}, {"threads": 0}, {"link_seconds": 0}])
 def test_bad_settings(kw):
     from hppctl.errors import BadInput
 

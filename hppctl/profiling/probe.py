@@ -28,7 +28,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-PROBE_VERSION = 2
+from hppctl.allocator import steady_heap
+
+PROBE_VERSION = 3
 """Bumped whenever a kind changes what or how it measures; part of every cache key."""
 
 Kind = Callable[[dict[str, Any]], Iterator[dict[str, Any]]]
@@ -93,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="module to import first (it registers more kinds)")
     a = parser.parse_args(argv)
     started = time.perf_counter()
+    steady_heap()  # the allocator the workers run with (hppctl/allocator.py)
     try:
         for module in a.imports:
             importlib.import_module(module)

@@ -20,6 +20,7 @@ import sys
 import time
 import traceback
 
+from hppctl.allocator import steady_heap
 from hppctl.runtime.config import WorkerConfig
 
 
@@ -244,6 +245,7 @@ def report_failure(store, device: str, error: BaseException) -> int:
 
 def worker_main(config_type, run) -> None:
     """A worker module's entry point: one JSON line {token, config} on stdin, then `run(config, token)`."""
+    steady_heap()  # as the profile was measured (hppctl/allocator.py)
     line = sys.stdin.readline()
     try:
         doc = json.loads(line)

@@ -15,11 +15,11 @@ import io
 import json
 import os
 import socket
-import sys
 import time
 import traceback
 
 from hppctl.runtime.galaxy.config import InferenceWorkerConfig
+from hppctl.runtime.worker import worker_main
 
 
 def load_blob(store, key: str):
@@ -93,15 +93,7 @@ def run_worker(config: InferenceWorkerConfig, token: str) -> int:
 
 
 def main() -> None:
-    line = sys.stdin.readline()
-    try:
-        doc = json.loads(line)
-        token = doc["token"]
-        config = InferenceWorkerConfig.model_validate_json(json.dumps(doc["config"]))
-    except (ValueError, KeyError) as e:
-        print(f"error: worker needs one JSON line {{token, config}} on stdin ({e})", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(run_worker(config, token))
+    worker_main(InferenceWorkerConfig, run_worker)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,8 @@ QUOTAS = {"fast": 1.0, "mid": 0.5, "slow": 0.25}
 
 STEP_SCRIPT = """
 import json, sys, time
+from hppctl.allocator import steady_heap
+steady_heap()  # as hppctl's workers (and its probe) run
 import torch
 torch.set_num_threads(1)
 from hppctl.zoo import get_model

@@ -153,10 +153,17 @@ def test_cpu_bound_work_slows_in_proportion_to_quota(lab):
     cluster, iterations = lab["cluster"], 5_000_000
     fast, slow = [], []
     for _ in range(3):  # interleaved, the best of each: robust to other load on this machine
-        fast.append(measure.cpu_time(cluster, "fast", iterations)["seconds"])
-        slow.append(measure.cpu_time(cluster, "slow", iterations)["seconds"])
-    ratio = min(slow) / min(fast)
-    assert 3.2 <= ratio <= 4.8, f"0.25 vs 1.0 core: {ratio:.2f}x slower (fast {fast}, slow {slow})"
+        fast.append(measure.cpu_time(cluster, "fast", iterations))
+        slow.append(measure.cpu_time(cluster, "slow", iterations))
+    best_fast, best_slow = (min(runs, key=lambda r: r["seconds"]) for runs in (fast, slow))
+    # The quota itself: the slow host gets ~1/4 of the wall clock as CPU, the fast one all of it.
+    duty = best_slow["seconds"] / best_slow["cpu_seconds"]
+    assert 3.2 <= duty <= 4.8, f"0.25-core host: wall/CPU {duty:.2f} (runs {slow})"
+    assert best_fast["seconds"] / best_fast["cpu_seconds"] <= 1.3, fast
+    # Wall against wall also counts the CPU a throttled process spends refilling cold caches after each
+    # CFS period, which varies with the machine (4.83x seen on a 2-core VM): a looser upper bound.
+    ratio = best_slow["seconds"] / best_fast["seconds"]
+    assert 3.2 <= ratio <= 6.0, f"0.25 vs 1.0 core: {ratio:.2f}x slower (fast {fast}, slow {slow})"
 
 
 def test_allocating_beyond_the_limit_is_killed_and_reported(lab, cli):

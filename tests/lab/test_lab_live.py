@@ -160,10 +160,12 @@ def test_cpu_bound_work_slows_in_proportion_to_quota(lab):
     duty = best_slow["seconds"] / best_slow["cpu_seconds"]
     assert 3.2 <= duty <= 4.8, f"0.25-core host: wall/CPU {duty:.2f} (runs {slow})"
     assert best_fast["seconds"] / best_fast["cpu_seconds"] <= 1.3, fast
-    # Wall against wall also counts the CPU a throttled process spends refilling cold caches after each
-    # CFS period, which varies with the machine (4.83x seen on a 2-core VM): a looser upper bound.
+    # Wall against wall has no upper bound here: it also counts the machine's own speed, which moved
+    # between the two hosts' runs on a shared 2-core VM (the same spin took 0.40 and 0.72 CPU s on
+    # the fast host minutes apart, giving 7.2x), and the CPU a throttled process spends refilling
+    # cold caches after each CFS period.
     ratio = best_slow["seconds"] / best_fast["seconds"]
-    assert 3.2 <= ratio <= 6.0, f"0.25 vs 1.0 core: {ratio:.2f}x slower (fast {fast}, slow {slow})"
+    assert ratio >= 3.2, f"0.25 vs 1.0 core: only {ratio:.2f}x slower (fast {fast}, slow {slow})"
 
 
 def test_allocating_beyond_the_limit_is_killed_and_reported(lab, cli):

@@ -22,3 +22,23 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def shipped_table_version() -> str:
+    import json
+
+    from hppctl.zoo.cache import SHIPPED_TABLE
+
+    return json.loads(SHIPPED_TABLE.read_text())["generated_with"]["transformers"]
+
+
+def installed_transformers() -> str:
+    from importlib.metadata import version
+
+    return version("transformers")
+
+
+needs_table_transformers = pytest.mark.skipif(
+    installed_transformers() != shipped_table_version(),
+    reason=f"the shipped layer table is for transformers {shipped_table_version()}, {installed_transformers()} is "
+           f"installed (`pip install -e .` installs the table's version; `python -m hppctl.zoo.tables` regenerates)")

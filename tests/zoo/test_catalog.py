@@ -11,6 +11,7 @@ import pytest
 from hppctl.errors import BadInput, UnknownModel
 from hppctl.zoo import BUILTINS, get_model, layer_costs, list_models
 from hppctl.zoo.cache import SHIPPED_TABLE
+from tests.zoo.conftest import needs_table_transformers, shipped_table_version
 
 PAPER_MODELS = {
     "mobilenetv2": "train",
@@ -109,6 +110,7 @@ def test_unknown_granularity():
         layer_costs("tiny-cnn", "coarse")
 
 
+@needs_table_transformers
 def test_shipped_table_is_current():
     """Regenerate with `python -m hppctl.zoo.tables` when this fails."""
     doc = json.loads(SHIPPED_TABLE.read_text())
@@ -116,6 +118,7 @@ def test_shipped_table_is_current():
         assert doc["models"][name]["fingerprint"] == spec.fingerprint(), f"stale entry for {name}"
 
 
+@needs_table_transformers
 def test_listing_and_costs_do_not_import_torch():
     code = (
         "import sys, hppctl.cli, hppctl.zoo as z\n"
@@ -124,3 +127,15 @@ def test_listing_and_costs_do_not_import_torch():
         "assert 'transformers' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_pyproject_installs_the_shipped_tables_transformers():
+    """A fresh `pip install -e .` resolves the newest transformers allowed: it must be the table's version,
+    or every built-in model is traced again on first use (and the shipped-table tests skip)."""
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    requirement = next(d for d in project["project"]["dependencies"] if d.startswith("transformers"))
+    assert f"<={shipped_table_version()}" in requirement.replace(" ", ""), requirement
+

@@ -6,6 +6,7 @@ import pytest
 
 from hppctl.zoo import get_model, layer_costs, stage_io, trace
 from hppctl.zoo.tables import compute_entry
+from tests.zoo.conftest import needs_table_transformers
 
 TINY = ("tiny-mlp", "tiny-cnn", "tiny-bert")
 
@@ -66,6 +67,7 @@ def test_transformer_flops_count_attention():
     assert matmuls <= block.forward_flops_per_sample <= 1.1 * matmuls
 
 
+@needs_table_transformers
 @pytest.mark.parametrize("name", TINY)
 def test_shipped_table_matches_a_fresh_trace(name):
     fresh = compute_entry(get_model(name))
@@ -90,6 +92,7 @@ def test_train_and_eval_traces_have_the_same_layers():
             assert train == evaluation
 
 
+@needs_table_transformers
 @pytest.mark.slow
 def test_shipped_table_matches_fresh_traces_for_every_model():
     from hppctl.zoo import BUILTINS

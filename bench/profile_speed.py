@@ -21,7 +21,8 @@ Printed figures:
   headers take ~4.4% of a 1500-byte frame: an exact shaper reads ~95.6%);
 - layer sum vs step: the profile's per-layer sum at each batch size against (a) the whole training
   steps the probe timed in the same rounds (`train_step_s`), and (b) a whole training step measured
-  independently, later: a separate plain-torch process per host that builds the model and times
+  independently, later: a separate plain-torch process per host (with the workers' steady heap,
+  hppctl/allocator.py) that builds the model and times
   training steps (forward, loss, backward) back to back for a few seconds with the wall clock, all
   hosts at once as during profiling; target 15%;
 - repeatability: for every layer time of at least 1 ms (per host, layer, direction, batch size),

@@ -6,7 +6,7 @@ MB is sometimes a reused block and sometimes fresh pages that the kernel must fa
 Which layer pays for that changes from step to step and from process to process: on this
 project's 2-core VM the first conv of MobileNetV2 at batch 64 took 1.5-2.0 or 2.8-3.5 ms in one
 process (bimodal), and the sum of every layer's forward 108-114 ms. With the thresholds fixed
-high, the same layer took 1.3-2.1 ms and the sum 94-102 ms (docs/profiling.md, "Allocator").
+high, the same layer took 1.2-2.1 ms and the sum 94-102 ms (docs/profiling.md, "The allocator").
 The profile must see the allocator the workers will run with, so both call `steady_heap()` first.
 
 Fixed thresholds keep freed memory in the process (the trim threshold is the largest glibc
@@ -30,7 +30,7 @@ TRIM_THRESHOLD_MAX = 2**31 - 1
 
 
 def steady_heap() -> str:
-    """Fix glibc's mmap and trim thresholds (module docstring); returns what was done, for logs."""
+    """Fix glibc's mmap and trim thresholds (module docstring); returns "steady" or why not."""
     if os.environ.get("HPPCTL_MALLOC", "steady") == "default":
         return "default (HPPCTL_MALLOC=default)"
     try:

@@ -49,12 +49,18 @@ def test_opt_out(monkeypatch):
     assert steady_heap().startswith("default")
 
 
-def test_probe_and_workers_set_it():
+def test_probe_and_workers_set_it(monkeypatch, capsys):
     """The profile must be measured under the allocator the workers run with."""
-    import inspect
+    import io
 
     from hppctl.profiling import probe
     from hppctl.runtime import worker
 
-    assert "steady_heap()" in inspect.getsource(probe.main)
-    assert "steady_heap()" in inspect.getsource(worker.worker_main)
+    calls = []
+    monkeypatch.setattr(probe, "steady_heap", lambda: calls.append("probe"))
+    monkeypatch.setattr(worker, "steady_heap", lambda: calls.append("worker"))
+    assert probe.main(["sleep", "--args", '{"seconds": 0}']) == 0
+    monkeypatch.setattr(sys, "stdin", io.StringIO("not json\n"))
+    with pytest.raises(SystemExit):  # a bad config line: the heap is set before it is read
+        worker.worker_main(worker.WorkerConfig, lambda config, token: 0)
+    assert calls == ["probe", "worker"]

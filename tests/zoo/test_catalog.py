@@ -138,4 +138,3 @@ def test_pyproject_installs_the_shipped_tables_transformers():
     project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     requirement = next(d for d in project["project"]["dependencies"] if d.startswith("transformers"))
     assert f"<={shipped_table_version()}" in requirement.replace(" ", ""), requirement
-

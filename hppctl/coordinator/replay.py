@@ -2,7 +2,8 @@
 
 - `resume_round`: the newest round every old stage can restore — a surviving device's own snapshot,
   or, for a stage whose only device was lost, its backup holder's copy (notes/asteroid.md §5: roll
-  every stage back to the same round, so nothing is applied twice and no sample is skipped).
+  every stage back to the same round, so nothing is applied twice and no sample is skipped) — and
+  whose rounds every device has reported (so that the run's metrics have a row for every round).
 - `transfer_plan`: the re-planner's migrations with their actual senders (a lost device's layers come
   from its backup holder, or from the device itself when it leaves on purpose).
 - `upload_plan`: heavy re-planning's gather step, one sender per old stage.
@@ -14,8 +15,13 @@ from hppctl.errors import RuntimeFailure
 from hppctl.planner.replan import Migration, backup_targets
 
 
-def resume_round(stages: list[list[str]], lost: str, inventories: dict[str, dict], *, leaving: bool = False) -> int:
-    """`inventories[device]` = {"snapshots": [rounds], "backups": {device: [rounds]}} of every reporter."""
+def resume_round(stages: list[list[str]], lost: str, inventories: dict[str, dict], *, leaving: bool = False,
+                 reported: int | None = None) -> int:
+    """`inventories[device]` = {"snapshots": [rounds], "backups": {device: [rounds]}} of every reporter.
+
+    `reported`: how many rounds every old device has reported to the coordinator. A worker snapshots a
+    round before it reports it, so the newest snapshot can be a round the coordinator never heard of;
+    resuming there would skip that round's report. Rounds past `reported` are not candidates."""
     candidates: set[int] | None = None
     for inventory in inventories.values():
         rounds = set(inventory["snapshots"])
@@ -26,6 +32,8 @@ def resume_round(stages: list[list[str]], lost: str, inventories: dict[str, dict
         for inventory in inventories.values():
             held |= set(inventory["backups"].get(lost, []))
         candidates = held if candidates is None else candidates & held
+    if reported is not None and candidates is not None:
+        candidates = {r for r in candidates if r <= reported}
     if not candidates:
         raise RuntimeFailure(f"after losing {lost}: no round that every stage can restore "
                              f"(snapshots and backups: {inventories})")

@@ -206,51 +206,66 @@ class ResilientSession(Session):
         store = self.store.store
         self._t0 = time.monotonic()
         self._options = options
-        rounds_per_epoch = self._rounds_per_epoch(options)
-        trace = TraceBuilder(self.topo, f"hppctl run: {self.plan.model}") if options.trace else None
-        rows, memory, previous_end = [], {}, None
+        self._on_round = on_round
+        self._rounds_per_epoch_n = self._rounds_per_epoch(options)
+        self._trace = TraceBuilder(self.topo, f"hppctl run: {self.plan.model}") if options.trace else None
+        self._rows, self._memory, self._previous_end = [], {}, None
         self._next_round, self._emitted, self._resumed_pending = start_round, start_round, None
         self._due = self._due_rounds(options, start_round)
         last_status = 0.0
         while True:
             self._check_alive()
             self._coordinate()
-            devices = list(self.topo.devices)
-            while self._next_round < options.rounds and store.check(
-                    [f"metrics/{self._next_round}/{d}" for d in devices]):
-                r = self._next_round
-                reports = {d: json.loads(store.get(f"metrics/{r}/{d}")) for d in devices}
-                for d in devices:
-                    store.delete_key(f"metrics/{r}/{d}")
-                    memory[d] = {k: reports[d][k] for k in ("rss_bytes", "peak_rss_bytes", "baseline_rss_bytes",
-                                                            "host", "cgroup")}
-                if self._resumed_pending is not None and r >= self._resume_round:
-                    self._event("resumed", round=r, recovery_s=round(time.time() - self._resumed_pending, 3))
-                    self._resumed_pending = None
-                if r >= self._emitted:  # rounds before were replayed: their rows exist already
-                    if trace:
-                        for d in devices:
-                            trace.add(reports[d])
-                    row = aggregate(r, reports, self.topo, previous_end, rounds_per_epoch)
-                    row.update(generation=max(x.get("generation", 0) for x in reports.values()),
-                               backup_bytes=sum(x.get("backup_bytes", 0) for x in reports.values()),
-                               backup_s=max(x.get("backup_s", 0.0) for x in reports.values()))
-                    rows.append(row)
-                    self._emitted = r + 1
-                    if on_round:
-                        on_round(row)
-                previous_end = max(x["started_at"] + x["duration_s"] for x in reports.values())
-                self._next_round += 1
+            self._consume_reports(options.rounds)
             self._write_checkpoints(options)
             if self._next_round >= options.rounds and store.check(
-                    [f"finished/{self.generation}/{d}" for d in devices]):
+                    [f"finished/{self.generation}/{d}" for d in self.topo.devices]):
                 break
             if self._on_status and self.state is not None and time.monotonic() - last_status > 1.0:
                 self._on_status(status_rows(self.state, self.topo.stage_of, self._clock()))
                 last_status = time.monotonic()
             time.sleep(0.02)
-        doc = trace.document({"rounds": len(rows)}) if trace else None
-        return rows, doc, memory
+        doc = self._trace.document({"rounds": len(self._rows)}) if self._trace else None
+        return self._rows, doc, self._memory
+
+    def _consume_reports(self, until: int) -> None:
+        """Turn every round before `until` that all devices of the current layout reported into a row."""
+        store, devices = self.store.store, list(self.topo.devices)
+        while self._next_round < until and store.check([f"metrics/{self._next_round}/{d}" for d in devices]):
+            r = self._next_round
+            reports = {d: json.loads(store.get(f"metrics/{r}/{d}")) for d in devices}
+            for d in devices:
+                store.delete_key(f"metrics/{r}/{d}")
+                self._memory[d] = {k: reports[d][k] for k in ("rss_bytes", "peak_rss_bytes", "baseline_rss_bytes",
+                                                              "host", "cgroup")}
+            if self._resumed_pending is not None and r >= self._resume_round:
+                self._event("resumed", round=r, recovery_s=round(time.time() - self._resumed_pending, 3))
+                self._resumed_pending = None
+            if r >= self._emitted:  # rounds before were replayed: their rows exist already
+                if self._trace:
+                    for d in devices:
+                        self._trace.add(reports[d])
+                row = aggregate(r, reports, self.topo, self._previous_end, self._rounds_per_epoch_n)
+                row.update(generation=max(x.get("generation", 0) for x in reports.values()),
+                           backup_bytes=sum(x.get("backup_bytes", 0) for x in reports.values()),
+                           backup_s=max(x.get("backup_s", 0.0) for x in reports.values()))
+                self._rows.append(row)
+                self._emitted = r + 1
+                if self._on_round:
+                    self._on_round(row)
+            self._previous_end = max(x["started_at"] + x["duration_s"] for x in reports.values())
+            self._next_round += 1
+
+    def _reported_rounds(self) -> int:
+        """How many rounds from the start every device of the current layout has reported (read or not).
+
+        A worker keeps a round's snapshot before it reports the round (the backup exchange comes in
+        between and can be interrupted): replaying from a snapshot whose round nobody reported would
+        leave that round's row missing and the launcher waiting for it forever."""
+        store, devices, r = self.store.store, list(self.topo.devices), self._next_round
+        while r < self._options.rounds and store.check([f"metrics/{r}/{d}" for d in devices]):
+            r += 1
+        return r
 
     def _due_rounds(self, options: TrainOptions, after: int) -> set[int]:
         if not self.ckpt or not options.checkpoint_every:
@@ -299,7 +314,9 @@ class ResilientSession(Session):
             raise WorkerFailed(f"device {device} lost ({reason}): it was the last device")
         reporters = survivors + ([device] if leaving else [])
         inventories = self._collect(generation, "stall", reporters)
-        resume = resume_round([list(s.devices) for s in old_plan.stages], device, inventories, leaving=leaving)
+        resume = resume_round([list(s.devices) for s in old_plan.stages], device, inventories, leaving=leaving,
+                              reported=self._reported_rounds())
+        self._consume_reports(resume)  # rows of the old layout before the resume round come first
         doc, replan_s, method = self._replan(generation, old_plan, device, resume, leaving)
         self._clear_stale(old_plan, resume)
         self.store.store.set(f"reconf/{generation}", json.dumps(doc))
@@ -408,7 +425,7 @@ class ResilientSession(Session):
         self.state = apply(self.state, Replanned(at_s=self._clock(), method=doc["method"],
                                                  devices=list(self.topo.devices), resume_round=resume))
         self._resume_round = resume
-        self._next_round = min(self._next_round, resume)  # rounds before `resume` may still be unread
+        self._next_round = min(self._next_round, resume)  # rounds from `resume` on are replayed
         self._due = {r for r in self._due_rounds(self._options, resume)}
 
 

@@ -16,7 +16,9 @@ nano0+nano1. For each case the bench starts a fresh run under the embedded coord
 - recovery: failure -> the first round completed on the new plan (the paper's definition);
 - replan + move: confirmation -> first round (what the re-planning strategy itself costs);
 - throughput after recovery: median samples/s of the rounds after the first one on the new plan;
-- the simulator's prediction of the same (`hppctl simulate --fail`, hppctl/schedule/failure.py).
+- the simulator's prediction of the same (`hppctl simulate --fail`, hppctl/schedule/failure.py);
+- where re-plan + move went: the workers' reconfiguration steps (stop, wait for the plan, gather
+  and upload for heavy, new gloo group, layer moves, stage rebuild, first backup, replayed round).
 
 Cases: kill-single (SIGKILL of a single-device stage's worker), kill-replica (SIGKILL of one device
 of a replicated stage), sigstop (the worker frozen), link-cut (`ip link set eth0 down` in the host's
@@ -121,6 +123,7 @@ def measure(case: str, method: str, plan, profile, cluster, args) -> dict:
         "resume_round": resume, "throughput_before": statistics.median(before) if before else None,
         "throughput_after": statistics.median(after) if after else None,
         "stages_after": by["replanned"]["stages"], "moved_bytes": by["replanned"].get("moved_bytes", 0),
+        "phases": by["resumed"].get("phases", {}),
     }
 
 
@@ -187,6 +190,10 @@ def main() -> None:
               f"{fmt(r['recovery_s']):>6} ({fmt(p['recovery_s']):>5}) {fmt(r['replan_and_move_s']):>6} "
               f"({fmt(p['replan_and_move_s']):>5}) {fmt(r['throughput_before']):>10} "
               f"{fmt(r['throughput_after']):>7} ({fmt(p['throughput_after']):>6})")
+    print("\nwhere re-plan + move went (s; per step the slowest device; wait_plan includes the coordinator's re-plan):")
+    for r in results:
+        print(f"{r['case']:13} {r['method']:6} " + ", ".join(f"{k} {v:.2f}" for k, v in r["phases"].items())
+              + f"; replan {r['replan_s']:.3f}")
     for case in dict.fromkeys(r["case"] for r in results):
         pair = {r["requested"]: r for r in results if r["case"] == case}
         if {"light", "heavy"} <= set(pair):

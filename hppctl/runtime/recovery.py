@@ -239,7 +239,8 @@ class ResilientSession(Session):
                 self._memory[d] = {k: reports[d][k] for k in ("rss_bytes", "peak_rss_bytes", "baseline_rss_bytes",
                                                               "host", "cgroup")}
             if self._resumed_pending is not None and r >= self._resume_round:
-                self._event("resumed", round=r, recovery_s=round(time.time() - self._resumed_pending, 3))
+                self._event("resumed", round=r, recovery_s=round(time.time() - self._resumed_pending, 3),
+                            phases=slowest_phases(reports.values()))
                 self._resumed_pending = None
             if r >= self._emitted:  # rounds before were replayed: their rows exist already
                 if self._trace:
@@ -427,6 +428,15 @@ class ResilientSession(Session):
         self._resume_round = resume
         self._next_round = min(self._next_round, resume)  # rounds from `resume` on are replayed
         self._due = {r for r in self._due_rounds(self._options, resume)}
+
+
+def slowest_phases(reports) -> dict[str, float]:
+    """Per step of the reconfiguration, the slowest device's seconds (the step everyone waited for)."""
+    out: dict[str, float] = {}
+    for report in reports:
+        for name, seconds in report.get("recovery_phases", {}).items():
+            out[name] = max(out.get(name, 0.0), seconds)
+    return out
 
 
 def _with_profile(options: RecoveryOptions, profile: Profile) -> RecoveryOptions:

@@ -176,6 +176,8 @@ class ResilientRun:
         self._finished = False
         self.backup_bytes = 0
         self.backup_s = 0.0
+        self.phases: dict[str, float] = {}
+        """Where the last reconfiguration's time went (seconds), reported with the first round after it."""
 
     # --- the loop -------------------------------------------------------------------------------
     def train(self) -> None:
@@ -208,6 +210,9 @@ class ResilientRun:
             self._protect(completed)
         report = self.w.report(stats)
         report.update(generation=self.generation, backup_bytes=self.backup_bytes, backup_s=self.backup_s)
+        if self.phases:
+            report["recovery_phases"] = {**self.phases, "replayed_round": round(stats.duration_s, 4)}
+            self.phases = {}
         self.store.set(f"metrics/{r}/{self.device}", json.dumps(report))
         self.beats.round = completed
         self.beats.samples_per_s = self.w.topo.global_batch / stats.duration_s if stats.duration_s > 0 else 0.0
@@ -220,6 +225,12 @@ class ResilientRun:
         from hppctl.runtime.bootstrap import put_blob
 
         if not self._finished:
+            # the last backups must be on their holders before anyone may leave the process group
+            for work, _ in self._sends:
+                work.wait()
+            self._sends = []
+            if not self.backups.settle(self.beats.interrupt):
+                raise Interrupted("interrupted while the last backups arrived")
             if self.w.topo.replica_index(self.device) == 0:
                 put_blob(self.store, f"final/{self.w.stage_index}", self.w.state_blob(self.opts.rounds))
             self.store.set(f"finished/{self.generation}/{self.device}", "1")
@@ -245,7 +256,7 @@ class ResilientRun:
             self._sends = send_bytes(self.comm, data, target)
             self.backup_bytes += len(data)
         for source in sorted(d for d, t in self.targets.items() if t == self.device):
-            self.backups.add(source, completed, recv_bytes(self.comm, source))
+            self.backups.receive_later(self.comm, source, completed)
         self.backup_s += time.perf_counter() - begin
 
     # --- process groups and executor -------------------------------------------------------------
@@ -281,21 +292,28 @@ class ResilientRun:
 
     # --- reconfiguration --------------------------------------------------------------------------
     def _reconfigure(self) -> int:
+        clock = _PhaseClock()
         generation = self.beats.wait_generation(self.rc.stall_timeout_s)
         if generation is None:
             if self.beats.orphaned.is_set():
                 raise Orphaned(f"no word from the coordinator for {self.beats.orphan_after_s:.1f} s")
             raise RuntimeFailure(f"{self.device}: a peer failed and the coordinator did not re-plan within "
                                  f"{self.rc.stall_timeout_s:.0f} s")
+        clock.lap("stop")
         self._retire_group()
         self.w.optimizer.zero_grad(set_to_none=True)
         inventory = {"snapshots": self.snapshots.rounds(), "backups": self.backups.inventory()}
         self.store.set(f"stall/{generation}/{self.device}", json.dumps(inventory))
         key = self._wait_key([f"gather/{generation}", f"reconf/{generation}"])
         if key.startswith("gather/"):
+            clock.lap("wait_gather")
             self._upload(generation, json.loads(self.store.get(key)))
+            clock.lap("upload")
             key = self._wait_key([f"reconf/{generation}"])
-        return self._apply(generation, json.loads(self.store.get(key)))
+        clock.lap("wait_plan")
+        resume = self._apply(generation, json.loads(self.store.get(key)), clock)
+        self.phases = clock.phases
+        return resume
 
     def _wait_key(self, keys: list[str]) -> str:
         deadline = time.monotonic() + self.rc.stall_timeout_s
@@ -310,7 +328,7 @@ class ResilientRun:
 
     def _state_at(self, round_index: int, backup_of: str | None) -> dict:
         if backup_of:
-            return from_bytes(self.backups.held[backup_of][round_index])
+            return from_bytes(self.backups.get(backup_of, round_index))
         return self.snapshots.states[round_index]
 
     def _upload(self, generation: int, doc: dict) -> None:
@@ -322,7 +340,7 @@ class ResilientRun:
                 state = self._state_at(doc["resume_round"], source.get("backup_of"))
                 put_blob(self.store, f"heavy/{generation}/old/{stage}", to_bytes(state))
 
-    def _apply(self, generation: int, doc: dict) -> int:
+    def _apply(self, generation: int, doc: dict, clock: "_PhaseClock | None" = None) -> int:
         from hppctl.models.schedule import Schedule
         from hppctl.runtime.topology import Topology
 
@@ -338,7 +356,9 @@ class ResilientRun:
         self.beats.interrupt.clear()
         self.w.config = self.w.config.model_copy(update={"schedule": schedule})
         self.w.topo = topo
+        clock = clock or _PhaseClock()
         self._connect()
+        clock.lap("regroup")
         if self.device not in topo.devices:  # a leaver: hand the layers over, then go
             self._migrate(doc, own, frozenset())
             raise Dismissed()
@@ -349,11 +369,14 @@ class ResilientRun:
             state = from_bytes(bootstrap.get_blob(self.store, f"heavy/{generation}/new/{self.w.stage_index}"))
         else:
             state = self._migrate(doc, own, names)
+        clock.lap("move")
         self._rebuild(start, end, state)
+        clock.lap("rebuild")
         self.snapshots, self.backups = Snapshots(), Backups()
         self.beats.round = resume
         self._finished = False
         self._protect(resume)
+        clock.lap("backup")
         return resume
 
     def _migrate(self, doc: dict, own: dict | None, names: frozenset[str]) -> dict:
@@ -389,6 +412,19 @@ class ResilientRun:
             self.w.feed = DataFeed(data, SampleOrder(len(data.train), topo.global_batch, topo.micro_batch,
                                                      self.opts.seed))
         self._new_executor()
+
+
+class _PhaseClock:
+    """Seconds spent in each named step of a reconfiguration, in order."""
+
+    def __init__(self) -> None:
+        self.phases: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = round(self.phases.get(name, 0.0) + now - self._last, 4)
+        self._last = now
 
 
 def _prefixed(store, prefix: str):

@@ -11,13 +11,15 @@ the stage boundaries were — which is what a migration between re-planned stage
 - Backups: a single-device stage sends its state to its backup holder (planner.replan.backup_targets:
   the first device of the next stage, the last stage to the first) after the same rounds, over the
   run's gloo group, on the same links as the pipeline's own traffic.
-- `send_bytes` / `recv_bytes`: a byte string over point-to-point gloo (its length first).
+- `send_bytes` / `recv_bytes`: a byte string over point-to-point gloo (its length first);
+  `Backups.receive_later` receives a backup's bytes in the background.
 """
 
 from __future__ import annotations
 
 import functools
 import io
+import threading
 
 import torch
 
@@ -105,19 +107,61 @@ class Snapshots:
 
 
 class Backups:
-    """Device → {round: serialized state} held for other devices' single-device stages."""
+    """Device → {round: serialized state} held for other devices' single-device stages.
+
+    A backup's bytes arrive while the holder trains on (`receive_later`): only complete ones are held,
+    so the inventory a re-plan sees never names a backup that is still on the wire."""
 
     def __init__(self) -> None:
         self.held: dict[str, dict[int, bytes]] = {}
+        self._lock = threading.Lock()
+        self._arriving: list[threading.Thread] = []
 
     def add(self, device: str, rounds: int, data: bytes) -> None:
-        per = self.held.setdefault(device, {})
-        per[rounds] = data
-        for old in sorted(per)[:-KEEP]:
-            del per[old]
+        with self._lock:
+            per = self.held.setdefault(device, {})
+            per[rounds] = data
+            for old in sorted(per)[:-KEEP]:
+                del per[old]
 
     def inventory(self) -> dict[str, list[int]]:
-        return {d: sorted(per) for d, per in self.held.items()}
+        with self._lock:
+            return {d: sorted(per) for d, per in self.held.items()}
+
+    def get(self, device: str, rounds: int) -> bytes:
+        with self._lock:
+            return self.held[device][rounds]
+
+    def receive_later(self, comm, device: str, rounds: int) -> None:
+        """Take the backup's length now (its sender has reached the same round) and let the bytes arrive
+        on a daemon thread, so that the holder's next round overlaps the transfer instead of waiting
+        for it. A transfer that fails (its sender died) is simply not held."""
+        length = torch.zeros(1, dtype=torch.int64)
+        comm.irecv(length, device, LENGTH_TAG).wait()
+        payload = torch.empty(int(length.item()), dtype=torch.uint8)
+        work = comm.irecv(payload, device, BYTES_TAG)
+        raw = getattr(work, "work", work)  # the gloo work itself: this thread must not give up on an abort
+
+        def arrive() -> None:
+            try:
+                raw.wait()
+            except Exception:
+                return
+            self.add(device, rounds, payload.numpy().tobytes())
+
+        thread = threading.Thread(target=arrive, daemon=True, name=f"backup-from-{device}")
+        thread.start()
+        self._arriving = [t for t in self._arriving if t.is_alive()] + [thread]
+
+    def settle(self, abort: threading.Event) -> bool:
+        """Wait until every backup on the wire has arrived (True), or until `abort` is set (False)."""
+        for thread in self._arriving:
+            while thread.is_alive():
+                if abort.is_set():
+                    return False
+                thread.join(0.05)
+        self._arriving = []
+        return True
 
 
 def send_bytes(comm, data: bytes, peer: str) -> list:

@@ -74,7 +74,10 @@ def test_training_survives_and_equals_the_failure_free_run(stages, victim, sig):
     (replanned,) = events(session, "replanned")
     assert replanned["method"] == "light" and victim not in replanned["devices"]
     assert replanned["resume_round"] >= 3
-    assert events(session, "resumed")
+    (resumed,) = events(session, "resumed")
+    # where the recovery's time went, per step the slowest survivor's seconds (bench/recovery.py prints it)
+    assert list(resumed["phases"]) == ["stop", "wait_plan", "regroup", "move", "rebuild", "backup", "replayed_round"]
+    assert all(seconds >= 0 for seconds in resumed["phases"].values())
     assert [row["round"] for row in result.rounds] == list(range(ROUNDS))
     assert victim not in session.plan.devices()
     assert all(row["backup_bytes"] > 0 for row in result.rounds)  # replication's cost is in every row
@@ -94,6 +97,8 @@ def test_heavy_replanning_gathers_and_redistributes_and_forged_beats_are_logged(
     plan, options, session, result = run_with_failure(THREE_STAGES, "b", replan="heavy", on_round_1=forge)
     (replanned,) = events(session, "replanned")
     assert replanned["method"] == "heavy" and replanned["moved_bytes"] > 0
+    (resumed,) = events(session, "resumed")
+    assert {"wait_gather", "upload"} <= set(resumed["phases"])  # heavy's own steps are timed too
     dropped = [e["why"] for e in events(session, "dropped")]
     assert len(dropped) == 2 and "wrong or missing run token" in dropped[0] and "not an address" in dropped[1]
     assert [e["device"] for e in events(session, "lost")] == ["b"]  # the forged `leave` of a changed nothing

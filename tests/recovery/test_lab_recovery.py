@@ -1,11 +1,12 @@
 """Env D on the edge lab (1 jetson-tx2 + 3 jetson-nano presets, 100 Mbit/s, workers over SSH in each
-host's namespace and cgroup), issue 7's four failures of nano1 in the middle of training: its
-worker killed (SIGKILL) as a single-device stage and as one replica of a two-device stage, frozen
-(SIGSTOP), and its link cut (`ip link set eth0 down` inside its network namespace). Each time the
-coordinator suspects it, confirms the loss, re-plans light, replays, and the run ends with the
-parameters of the failure-free single-process loop (tiny-mlp: no BatchNorm or dropout, so every
-plan gives them). Needs root; about a minute per case. Recovery times: bench/recovery.py and
-docs/fault-tolerance.md. No wall-clock assertions.
+host's namespace and cgroup), issue 7's four failures, two per run: nano1's worker killed (SIGKILL)
+as a single-device stage, then nano2's frozen (SIGSTOP); nano1's worker killed as one replica of a
+two-device stage, then nano2's link cut (`ip link set eth0 down` inside its network namespace).
+Each time the coordinator suspects the device, confirms the loss, re-plans light and replays; the
+run ends with the parameters of the failure-free single-process loop (tiny-mlp: no BatchNorm or
+dropout, so every plan gives them). Needs root; under a minute per run, most of it the workers'
+start-up on the throttled hosts (importing torch takes ~9 s on a 0.28-core host). Recovery times:
+bench/recovery.py and docs/fault-tolerance.md. No wall-clock assertions.
 """
 
 from __future__ import annotations
@@ -70,43 +71,43 @@ def set_link(host: str, state: str) -> None:
     sh(["ip", "-n", netns_name(NAME, host), "link", "set", "eth0", state])
 
 
-def hurt(case: str, session, victim: str) -> None:
-    """The issue's four failures: SIGKILL of a single-device stage or of a replica, SIGSTOP, a cut link."""
+def hurt(case: str, victim: str, session) -> None:
+    """The issue's failures: SIGKILL (of a single-device stage or of a replica), SIGSTOP, a cut link."""
     if case == "link-cut":
         set_link(victim, "down")
     else:
         os.kill(session._pid_of(victim), signal.SIGSTOP if case == "sigstop" else signal.SIGKILL)
 
 
-@pytest.mark.parametrize("case,stages,detected_by", [
-    pytest.param("kill-single", SINGLE, "exit", id="sigkill-single-device-stage"),
-    pytest.param("kill-replica", REPLICATED, "exit", id="sigkill-one-replica"),
-    pytest.param("sigstop", SINGLE, "silence", id="sigstop"),
-    pytest.param("link-cut", SINGLE, "silence", id="link-cut"),
+@pytest.mark.parametrize("stages,failures", [
+    pytest.param(SINGLE, [("kill", "nano1"), ("sigstop", "nano2")], id="sigkill-single-stage-then-sigstop"),
+    pytest.param(REPLICATED, [("kill", "nano1"), ("link-cut", "nano2")], id="sigkill-one-replica-then-link-cut"),
 ])
-def test_training_survives_each_failure_with_the_failure_free_parameters(lab, case, stages, detected_by):
+def test_training_survives_each_failure_with_the_failure_free_parameters(lab, stages, failures):
+    # Two failures per run, the second once the first recovery has resumed: the four cases in two lab
+    # runs (a run's start-up on the throttled hosts is most of its time), and two recoveries in a row.
     plan = make_plan("tiny-mlp", stages, global_batch=16, micro_batch=4)
-    options = TrainOptions(rounds=8, dataset="digits", lr=0.1, timeout_s=120)
+    options = TrainOptions(rounds=10, dataset="digits", lr=0.1, timeout_s=120)
     session = ResilientSession(RunRequest(plan, lab, options),
                                RecoveryOptions(profile=preset_profile("tiny-mlp", PRESETS), timeout_s=3.0))
-    hurt_once: list[str] = []
+    pending = list(failures)
 
     def on_round(row: dict) -> None:
-        if row["round"] == 2 and not hurt_once:
-            hurt_once.append("nano1")
-            hurt(case, session, "nano1")
+        resumed = sum(e["event"] == "resumed" for e in session.events)
+        if pending and row["round"] >= 2 + 4 * resumed and resumed == len(failures) - len(pending):
+            hurt(*pending.pop(0), session)
 
     try:
         result = session.run(on_round=on_round)
     finally:
-        if case == "link-cut":
-            set_link("nano1", "up")
-    kinds = [e["event"] for e in session.events]
-    assert kinds.index("suspected") < kinds.index("lost") < kinds.index("replanned") < kinds.index("resumed")
-    (lost,) = [e for e in session.events if e["event"] == "lost"]
-    assert lost["device"] == "nano1"
-    if detected_by == "silence":  # a frozen process or a cut link answers no probe
-        assert lost["reason"] == "probe unanswered"
-    assert "nano1" not in session.plan.devices()
+        for case, victim in failures:
+            if case == "link-cut":
+                set_link(victim, "up")
+    assert not pending
+    lost = [e for e in session.events if e["event"] == "lost"]
+    assert [e["device"] for e in lost] == [victim for _, victim in failures]
+    assert lost[1]["reason"] == "probe unanswered"  # a frozen process or a cut link answers no probe
+    assert [e["event"] for e in session.events].count("resumed") == 2
+    assert not {"nano1", "nano2"} & set(session.plan.devices())
     assert [row["round"] for row in result.rounds] == list(range(options.rounds))
     assert_same(result.model_state(), train_reference(plan, options))

@@ -2,6 +2,7 @@
 
     sudo python bench/recovery.py                                  # every case, light and heavy (~15 min)
     sudo python bench/recovery.py --cases kill-single,link-cut --rounds 14 --out recovery.json
+    sudo python bench/recovery.py --measured     # plan and simulate on `hppctl profile` of the lab
 
 Env D of the Asteroid paper: 1 Jetson TX2 + 3 Jetson Nano at 100 Mbit/s, `mobilenetv2` (32x32,
 fine layers), global batch 64, micro-batch 16, digits. The lab gives each host its preset's CPU
@@ -15,7 +16,11 @@ nano0+nano1. For each case the bench starts a fresh run under the embedded coord
 - detection: failure -> the loss is confirmed (the probe went unanswered);
 - recovery: failure -> the first round completed on the new plan (the paper's definition);
 - replan + move: confirmation -> first round (what the re-planning strategy itself costs);
-- throughput after recovery: median samples/s of the rounds after the first one on the new plan;
+- throughput before the failure and after recovery: median samples/s of the rounds before it, and
+  of the rounds after the first one on the new plan; and the same plan without fault tolerance
+  (plain `hppctl run`: no coordinator, snapshots or backups), measured once;
+- backup wait: median seconds per round that the backup step held up a round (measured), beside
+  the simulator's seconds of backup traffic on the busiest uplink;
 - the simulator's prediction of the same (`hppctl simulate --fail`, hppctl/schedule/failure.py);
 - where re-plan + move went: the workers' reconfiguration steps (stop, wait for the plan, gather
   and upload for heavy, new gloo group, layer moves, stage rebuild, first backup, replayed round).
@@ -32,6 +37,7 @@ import json
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -124,13 +130,39 @@ def measure(case: str, method: str, plan, profile, cluster, args) -> dict:
         "throughput_after": statistics.median(after) if after else None,
         "stages_after": by["replanned"]["stages"], "moved_bytes": by["replanned"].get("moved_bytes", 0),
         "phases": by["resumed"].get("phases", {}),
+        "backup_s_median": statistics.median(r["backup_s"] for r in rows if 0 < r["round"] < args.fail_after),
     }
+
+
+def without_fault_tolerance(plan, cluster, args) -> float:
+    """Median samples/s of the same plan under plain `hppctl run` (no coordinator, no snapshots or
+    backups): what fault tolerance costs per round."""
+    from hppctl.runtime.session import Session
+
+    options = TrainOptions(rounds=args.rounds, dataset="digits", lr=0.05, timeout_s=300)
+    rows = Session(RunRequest(plan, cluster, options)).run().rounds
+    return statistics.median(r["samples_per_s"] for r in rows if r["round"] > 0)
 
 
 def predicted(plan, profile, victim: str, method: str, timeout: float) -> dict:
     sim = simulate_failure(plan, profile, victim, 30.0, method=method, timeout_s=timeout, probe_s=2.0)
     return {"detection_s": sim.detection_s, "recovery_s": sim.recovery_s, "throughput_after": sim.throughput_after,
+            "throughput_before": sim.throughput_before, "backup_link_s": sim.backup_link_s_before,
             "replan_and_move_s": sim.first_round_done_at_s - sim.detected_at_s}
+
+
+def measured_profile(work: Path, args):
+    """`hppctl profile` of the lab's hosts (batch sizes up to the micro-batch), as a user would run it."""
+    from hppctl.models.profile import Profile
+
+    grid = ",".join(str(2 ** i) for i in range(args.micro_batch.bit_length()) if 2 ** i <= args.micro_batch)
+    out = work / "profile.json"
+    began = time.time()
+    subprocess.run([sys.executable, "-m", "hppctl", "profile", "--cluster", str(work / "cluster.yaml"),
+                    "--model", args.model, "--batch-sizes", grid, "--out", str(out)], check=True,
+                   env={**os.environ, "HPPCTL_CACHE_DIR": str(work / "cache")})
+    print(f"profiled the lab in {time.time() - began:.0f} s: {out}", flush=True)
+    return load(out, Profile)
 
 
 def lab_up(work: Path) -> ClusterSpec:
@@ -160,15 +192,20 @@ def main() -> None:
     parser.add_argument("--fail-after", type=int, default=4)
     parser.add_argument("--victim", default="nano1")
     parser.add_argument("--timeout", type=float, default=3.0)
+    parser.add_argument("--measured", action="store_true",
+                        help="plan, re-plan and simulate on `hppctl profile` of the lab itself instead of the presets")
     parser.add_argument("--out", help="also write the results as JSON")
     args = parser.parse_args()
-    profile = preset_profile(args.model)
-    plan = make_plan(profile, PlanRequest(global_batch=args.global_batch, micro_batch=args.micro_batch))
-    print("plan:", " | ".join(f"[{s.start}, {s.end}) {','.join(s.devices)}" for s in plan.stages), flush=True)
     work = Path(tempfile.mkdtemp(prefix="bench-recovery-"))
     cluster = lab_up(work)
     results = []
     try:
+        profile = measured_profile(work, args) if args.measured else preset_profile(args.model)
+        plan = make_plan(profile, PlanRequest(global_batch=args.global_batch, micro_batch=args.micro_batch))
+        print("plan:", " | ".join(f"[{s.start}, {s.end}) {','.join(s.devices)}" for s in plan.stages), flush=True)
+        plain = without_fault_tolerance(plan, cluster, args)
+        plain_sim = simulate_failure(plan, profile, args.victim, 30.0, replicate_every=0).throughput_before
+        print(f"without fault tolerance: {plain:.1f} samples/s (simulated {plain_sim:.1f})", flush=True)
         for case in args.cases.split(","):
             case_plan = replica_plan(plan) if case == "kill-replica" else plan
             for method in args.methods.split(","):
@@ -182,14 +219,17 @@ def main() -> None:
         run(["lab", "down", "--name", NAME, "--state-dir", str(work / "state")])
     print(f"\nEnv D lab, {args.model}, G={args.global_batch}, B={args.micro_batch}, victim {args.victim}, "
           f"timeout {args.timeout} s + probe 2 s; measured (simulated)")
-    header = f"{'case':13} {'method':6} {'detect s':>14} {'recovery s':>14} {'replan+move s':>14} {'thr before':>10} {'thr after':>16}"
+    print(f"the same plan without fault tolerance: {plain:.1f} samples/s (simulated {plain_sim:.1f})")
+    header = (f"{'case':13} {'method':6} {'detect s':>14} {'recovery s':>14} {'replan+move s':>14} "
+              f"{'thr before':>16} {'thr after':>16} {'backup wait (link)':>18}")
     print(header)
     for r in results:
         p = r["predicted"]
         print(f"{r['case']:13} {r['method']:6} {fmt(r['detection_s']):>6} ({fmt(p['detection_s']):>5}) "
               f"{fmt(r['recovery_s']):>6} ({fmt(p['recovery_s']):>5}) {fmt(r['replan_and_move_s']):>6} "
-              f"({fmt(p['replan_and_move_s']):>5}) {fmt(r['throughput_before']):>10} "
-              f"{fmt(r['throughput_after']):>7} ({fmt(p['throughput_after']):>6})")
+              f"({fmt(p['replan_and_move_s']):>5}) {fmt(r['throughput_before']):>7} ({fmt(p['throughput_before']):>6}) "
+              f"{fmt(r['throughput_after']):>7} ({fmt(p['throughput_after']):>6}) "
+              f"{fmt(r['backup_s_median']):>6} ({fmt(p['backup_link_s']):>5})")
     print("\nwhere re-plan + move went (s; per step the slowest device; wait_plan includes the coordinator's re-plan):")
     for r in results:
         print(f"{r['case']:13} {r['method']:6} " + ", ".join(f"{k} {v:.2f}" for k, v in r["phases"].items())

@@ -50,6 +50,7 @@ def simulate_command(
     fail: Annotated[Optional[str], typer.Option("--fail", help="DEVICE@SECONDS: predict recovery from this device failing at this time (needs --profile).")] = None,
     replan: Annotated[str, typer.Option("--replan", help="With --fail: light, heavy or both (side by side).")] = "both",
     timeout: Annotated[float, typer.Option("--timeout", help="With --fail: heartbeat silence before a device is suspect (s).")] = 3.0,
+    replicate_every: Annotated[int, typer.Option("--replicate-every", help="With --fail: rounds between backups, as `hppctl run --replicate-every` (0: none).")] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
 ) -> None:
     """Simulate one training round of a plan: latency, throughput, per-device busy/bubble and peak memory."""
@@ -58,7 +59,7 @@ def simulate_command(
     from hppctl.models.schedule import Schedule
 
     if fail is not None:
-        _simulate_failure(plan_file, profile_file, fail, replan, timeout, as_json)
+        _simulate_failure(plan_file, profile_file, fail, replan, timeout, replicate_every, as_json)
         return
     if step_time < 0:
         raise BadInput(f"--step-time: must not be negative (got {step_time})")
@@ -100,7 +101,8 @@ def simulate_command(
     _render(plan, schedule, result, profile is not None)
 
 
-def _simulate_failure(plan_file, profile_file, fail: str, replan: str, timeout: float, as_json: bool) -> None:
+def _simulate_failure(plan_file, profile_file, fail: str, replan: str, timeout: float, replicate_every: int,
+                      as_json: bool) -> None:
     from hppctl.planner.explain import check_plan_matches
     from hppctl.schedule.failure import simulate_failure
 
@@ -112,6 +114,8 @@ def _simulate_failure(plan_file, profile_file, fail: str, replan: str, timeout: 
     if at_s < 0 or replan not in ("light", "heavy", "both") or timeout <= 0:
         raise BadInput(f"--fail/--replan/--timeout: need SECONDS >= 0, light|heavy|both and a positive timeout "
                        f"(got {fail!r}, {replan!r}, {timeout})")
+    if replicate_every < 0:
+        raise BadInput(f"--replicate-every: must be 0 (no backups) or a positive number of rounds, got {replicate_every}")
     if profile_file is None:
         raise BadInput("--fail: needs --profile (re-planning uses the per-layer timings)")
     plan, profile = load(plan_file, HppPlan), load(profile_file, Profile)
@@ -119,7 +123,8 @@ def _simulate_failure(plan_file, profile_file, fail: str, replan: str, timeout: 
     if device not in plan.devices():
         raise BadInput(f"--fail: device {device!r} is not in the plan (devices: {', '.join(plan.devices())})")
     methods = ["light", "heavy"] if replan == "both" else [replan]
-    runs = [simulate_failure(plan, profile, device, at_s, method=m, timeout_s=timeout) for m in methods]
+    runs = [simulate_failure(plan, profile, device, at_s, method=m, timeout_s=timeout, replicate_every=replicate_every)
+            for m in methods]
     if as_json:
         emit_json([{**r.__dict__, "detection_s": r.detection_s, "recovery_s": r.recovery_s} for r in runs])
         return

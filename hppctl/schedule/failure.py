@@ -13,6 +13,13 @@ dies. The model of what follows mirrors Asteroid's pipeline replay (§3.4) as hp
 4. the survivors rebuild their process group (`regroup_s`);
 5. the interrupted round is replayed from its start on the new plan: the first round after the
    failure completes one (new) round latency later.
+
+Rounds before and after carry the replication that makes recovery possible (`replicate_every` K,
+as `hppctl run --replicate-every`): every K rounds each single-device stage sends its weights and
+optimizer state to its backup holder. The bytes arrive in the background, so they cost no compute,
+but they share the sender's uplink with its activations and gradients: a round lasts at least as
+long as the busiest uplink's traffic (`round_with_replication`). On the Env D lab with MobileNetV2
+that is what bounds the round, not compute (docs/fault-tolerance.md).
 """
 
 from __future__ import annotations
@@ -42,6 +49,8 @@ class Recovery:
     throughput_before: float
     throughput_after: float
     lost_work_s: float
+    backup_link_s_before: float
+    """Per round, the busiest uplink's seconds of backup traffic (amortised over K rounds)."""
     stages_after: int
     devices_after: list[str]
 
@@ -62,11 +71,12 @@ def optimizer_factor(profile: Profile) -> float:
 
 def simulate_failure(plan: HppPlan, profile: Profile, device: str, at_s: float, *, method: str = "light",
                      heartbeat_s: float = 1.0, timeout_s: float = 3.0, probe_s: float = 2.0,
-                     regroup_s: float = 1.0) -> Recovery:
+                     regroup_s: float = 1.0, replicate_every: int = 1) -> Recovery:
     from hppctl.planner.replan import replan_heavy, replan_light
     from hppctl.schedule import simulate_plan
 
-    before = simulate_plan(plan, profile)[1].round_latency_s
+    before = round_with_replication(plan, profile, simulate_plan(plan, profile)[1].round_latency_s,
+                                    replicate_every)
     last_beat = math.floor(at_s / heartbeat_s) * heartbeat_s
     detected = max(at_s, last_beat + timeout_s) + probe_s
     started = time.perf_counter()
@@ -74,15 +84,48 @@ def simulate_failure(plan: HppPlan, profile: Profile, device: str, at_s: float, 
     replan_s = time.perf_counter() - started
     moved, move_s = _movement(plan, profile, result, device)
     resumed = detected + replan_s + move_s + regroup_s
-    after = simulate_plan(result.plan, result.profile)[1].round_latency_s
+    after = round_with_replication(result.plan, result.profile,
+                                   simulate_plan(result.plan, result.profile)[1].round_latency_s, replicate_every)
     round_start = math.floor(at_s / before) * before
     return Recovery(
         method=result.method, requested=method, failed_device=device, fail_at_s=at_s, detected_at_s=detected,
         replan_s=replan_s, moved_bytes=moved, move_s=move_s, resumed_at_s=resumed,
         first_round_done_at_s=resumed + after, round_latency_before_s=before, round_latency_after_s=after,
         throughput_before=plan.global_batch / before, throughput_after=plan.global_batch / after,
-        lost_work_s=at_s - round_start, stages_after=len(result.plan.stages), devices_after=result.plan.devices(),
+        lost_work_s=at_s - round_start,
+        backup_link_s_before=max(backup_link_s(plan, profile, replicate_every).values(), default=0.0),
+        stages_after=len(result.plan.stages), devices_after=result.plan.devices(),
     )
+
+
+def backup_link_s(plan: HppPlan, profile: Profile, replicate_every: int) -> dict[str, float]:
+    """Per backup sender, the seconds per round its uplink spends on its backup (every K rounds)."""
+    factor = optimizer_factor(profile)
+    out: dict[str, float] = {}
+    for sender, holder in _backup_holders(plan).items():
+        if holder is None or replicate_every <= 0:
+            continue
+        stage = next(st for st in plan.stages if sender in st.devices)
+        size = factor * sum(layer.param_bytes for layer in profile.layers[stage.start:stage.end])
+        out[sender] = size / profile.bandwidth_between(sender, holder) / replicate_every
+    return out
+
+
+def round_with_replication(plan: HppPlan, profile: Profile, latency_s: float, replicate_every: int) -> float:
+    """The round latency once backups share the uplinks: at least every device's uplink traffic per
+    round (its activations forward, its gradients backward, its backup). `replicate_every` 0: none."""
+    backups = backup_link_s(plan, profile, replicate_every)
+    if not backups:
+        return latency_s
+    M = plan.num_micro_batches
+    transfers = {t.after_stage: t for t in plan.transfers}
+    busiest = latency_s
+    for p, stage in enumerate(plan.stages):
+        forward = transfers[p].forward_s if p in transfers else 0.0
+        backward = transfers[p - 1].backward_s if p - 1 in transfers else 0.0
+        for d in stage.devices:
+            busiest = max(busiest, M * (forward + backward) + backups.get(d, 0.0))
+    return busiest
 
 
 def _movement(plan: HppPlan, profile: Profile, result, lost: str) -> tuple[int, float]:

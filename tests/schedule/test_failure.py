@@ -48,3 +48,28 @@ def test_cli_fail_json_and_bad_input(cli, chain, tmp_path):
         assert code == 2 and err.startswith("error: --fail") and len(err.strip().splitlines()) == 1
     code, _, err = cli("simulate", "--plan", tmp_path / "plan.json", "--fail", f"{lost}@3")
     assert code == 2 and "needs --profile" in err
+    code, _, err = cli("simulate", "--plan", tmp_path / "plan.json", "--profile", tmp_path / "p.json",
+                       "--fail", f"{lost}@3", "--replicate-every", "-1")
+    assert code == 2 and err.startswith("error: --replicate-every") and len(err.strip().splitlines()) == 1
+
+
+def test_backups_share_the_uplinks_and_bound_the_round_when_they_outweigh_it(chain):
+    from hppctl.schedule import simulate_plan
+    from hppctl.schedule.failure import backup_link_s, optimizer_factor, round_with_replication
+
+    profile, plan = chain
+    compute = simulate_plan(plan, profile)[1].round_latency_s
+    links = backup_link_s(plan, profile, 1)
+    head = plan.stages[0]
+    size = optimizer_factor(profile) * sum(layer.param_bytes for layer in profile.layers[head.start:head.end])
+    holder = plan.stages[1].devices[0]
+    assert links[head.devices[0]] == pytest.approx(size / profile.bandwidth_between(head.devices[0], holder))
+    assert backup_link_s(plan, profile, 4)[head.devices[0]] == pytest.approx(links[head.devices[0]] / 4)
+    assert round_with_replication(plan, profile, compute, 0) == compute  # no backups: the plain round
+    heavy = profile.model_copy(update={"layers": [  # weights so big that their backup outlasts the round
+        layer.model_copy(update={"param_bytes": layer.param_bytes * 10**5}) for layer in profile.layers]})
+    bounded = round_with_replication(plan, heavy, compute, 1)
+    assert bounded > compute and bounded >= max(backup_link_s(plan, heavy, 1).values())
+    r = simulate_failure(plan, profile, plan.stages[1].devices[0], 5.0, replicate_every=1)
+    assert r.throughput_before == pytest.approx(plan.global_batch / round_with_replication(plan, profile, compute, 1))
+    assert r.backup_link_s_before == pytest.approx(max(links.values()))

@@ -195,18 +195,20 @@ def destroy_process_groups() -> None:
 class DistComm:
     """`executor.Comm` over torch.distributed: point-to-point by device name, AllReduce in the stage group."""
 
-    def __init__(self, ranks: dict[str, int], groups: Groups) -> None:
+    def __init__(self, ranks: dict[str, int], groups: Groups, p2p_group=None) -> None:
         self.ranks, self.groups = ranks, groups
+        self.p2p_group = p2p_group
+        """The process group of point-to-point messages (None: the default one)."""
 
     def isend(self, tensor, peer: str, tag: int):
         import torch.distributed as dist
 
-        return dist.isend(tensor, self.ranks[peer], tag=tag)
+        return dist.isend(tensor, self.ranks[peer], group=self.p2p_group, tag=tag)
 
     def irecv(self, tensor, peer: str, tag: int):
         import torch.distributed as dist
 
-        return dist.irecv(tensor, self.ranks[peer], tag=tag)
+        return dist.irecv(tensor, self.ranks[peer], group=self.p2p_group, tag=tag)
 
     def allreduce_sum(self, tensor) -> None:
         import torch.distributed as dist

@@ -109,8 +109,9 @@ class AbortableWork:
 
 
 class AbortableComm(bootstrap.DistComm):
-    def __init__(self, ranks: dict[str, int], groups: bootstrap.Groups, abort: threading.Event) -> None:
-        super().__init__(ranks, groups)
+    def __init__(self, ranks: dict[str, int], groups: bootstrap.Groups, abort: threading.Event,
+                 p2p_group=None) -> None:
+        super().__init__(ranks, groups, p2p_group)
         self.abort, self.waiters = abort, Waiters()
 
     def isend(self, tensor, peer: str, tag: int):
@@ -253,10 +254,10 @@ class ResilientRun:
         target = self.targets.get(self.device)
         if target:
             data = to_bytes(state)
-            self._sends = send_bytes(self.comm, data, target)
+            self._sends = send_bytes(self.state_comm, data, target)
             self.backup_bytes += len(data)
         for source in sorted(d for d, t in self.targets.items() if t == self.device):
-            self.backups.receive_later(self.comm, source, completed)
+            self.backups.receive_later(self.state_comm, source, completed)
         self.backup_s += time.perf_counter() - begin
 
     # --- process groups and executor -------------------------------------------------------------
@@ -272,6 +273,12 @@ class ResilientRun:
             [topo.group_ranks(p) for p in range(topo.num_stages)], stage,
             store_host=self.w.config.store_host, timeout_s=self.opts.timeout_s)
         self.comm = AbortableComm(ranks, groups, self.beats.interrupt)
+        # Backups get process group (and TCP connections) of their own: on the pipeline's connection
+        # a stage's backup, megabytes posted at the end of a round, held up the next round's
+        # activations to the same neighbour until all of it had gone (head-of-line blocking: the
+        # Env D lab ran at half the speed of the same plan without fault tolerance). On its own
+        # connection it shares the link with them instead.
+        self.state_comm = AbortableComm(ranks, groups, self.beats.interrupt, p2p_group=_whole_world_group(self.opts))
         self.targets = backup_targets_of(self.w.config.schedule)
 
     def _new_executor(self) -> None:
@@ -286,7 +293,8 @@ class ResilientRun:
         import torch.distributed as dist
 
         if dist.is_initialized():
-            RETIRED_GROUPS.append((dist.group.WORLD, self.comm.groups.stage_group, self._sends))
+            RETIRED_GROUPS.append((dist.group.WORLD, self.comm.groups.stage_group, self.state_comm.p2p_group,
+                                   self._sends))
             dist.destroy_process_group()
         self._sends = []
 
@@ -425,6 +433,15 @@ class _PhaseClock:
         now = time.perf_counter()
         self.phases[name] = round(self.phases.get(name, 0.0) + now - self._last, 4)
         self._last = now
+
+
+def _whole_world_group(opts):
+    """A second gloo group over every rank (made in the same order on every rank, as torch requires)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=opts.timeout_s))
 
 
 def _prefixed(store, prefix: str):

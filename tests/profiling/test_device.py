@@ -71,7 +71,8 @@ def test_hidden_cgroup_falls_back_to_the_duty_cycle(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("quota, cpus, threads", [(None, 4, 4), (0.25, 4, 1), (1.0, 4, 1), (1.01, 4, 1),
-                                                  (1.5, 4, 2), (3.0, 2, 2), (0.05, 1, 1)])
+                                                  (1.04, 4, 1), (1.09, 4, 1), (1.2, 4, 2), (1.5, 4, 2),
+                                                  (3.0, 2, 2), (0.05, 1, 1)])
 def test_threads_follow_the_quota(quota, cpus, threads):
     assert device.threads_for(quota, cpus) == threads
 

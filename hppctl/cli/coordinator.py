@@ -77,7 +77,11 @@ def describe(event: dict) -> str:
         return (f"re-planned ({event['method']}) without {event['lost']} in {event['replan_s']:.2f} s; "
                 f"replaying from round {event['resume_round']}")
     if kind == "resumed":
-        return f"resumed: round {event['round']} done {event['recovery_s']:.1f} s after the loss was confirmed"
+        line = f"resumed: round {event['round']} done {event['recovery_s']:.1f} s after the loss was confirmed"
+        longest = sorted(event.get("phases", {}).items(), key=lambda kv: -kv[1])[:3]
+        if longest:
+            line += " (longest steps: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in longest) + ")"
+        return line
     return f"{kind}: {event.get('device', '')} {event.get('why', event.get('reason', ''))}".strip()
 
 

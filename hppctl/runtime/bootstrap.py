@@ -185,6 +185,14 @@ def init_process_groups(store, rank: int, world_size: int, stage_ranks: list[lis
     return Groups(rank, world_size, mine)
 
 
+def new_world_group(timeout_s: float):
+    """Another gloo group over every rank, with connections of its own (made in the same order on every
+    rank, as torch requires): traffic on it does not queue behind the default group's."""
+    import torch.distributed as dist
+
+    return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+
+
 def destroy_process_groups() -> None:
     import torch.distributed as dist
 

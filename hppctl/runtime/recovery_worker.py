@@ -226,10 +226,7 @@ class ResilientRun:
         from hppctl.runtime.bootstrap import put_blob
 
         if not self._finished:
-            # the last backups must be on their holders before anyone may leave the process group
-            for work, _ in self._sends:
-                work.wait()
-            self._sends = []
+            self._wait_sends()  # the last backups must be on their holders before anyone may leave the group
             if not self.backups.settle(self.beats.interrupt):
                 raise Interrupted("interrupted while the last backups arrived")
             if self.w.topo.replica_index(self.device) == 0:
@@ -248,9 +245,7 @@ class ResilientRun:
         begin = time.perf_counter()
         state = stage_state(self.w.stage, self.w.optimizer)
         self.snapshots.add(completed, state)
-        for work, _ in self._sends:
-            work.wait()
-        self._sends = []
+        self._wait_sends()
         target = self.targets.get(self.device)
         if target:
             data = to_bytes(state)
@@ -259,6 +254,12 @@ class ResilientRun:
         for source in sorted(d for d, t in self.targets.items() if t == self.device):
             self.backups.receive_later(self.state_comm, source, completed)
         self.backup_s += time.perf_counter() - begin
+
+    def _wait_sends(self) -> None:
+        """Wait for this worker's previous backup to leave (interruptible)."""
+        for work, _ in self._sends:
+            work.wait()
+        self._sends = []
 
     # --- process groups and executor -------------------------------------------------------------
     def _connect(self) -> None:
@@ -278,7 +279,7 @@ class ResilientRun:
         # activations to the same neighbour until all of it had gone (head-of-line blocking: the
         # Env D lab ran at half the speed of the same plan without fault tolerance). On its own
         # connection it shares the link with them instead.
-        self.state_comm = AbortableComm(ranks, groups, self.beats.interrupt, p2p_group=_whole_world_group(self.opts))
+        self.state_comm = AbortableComm(ranks, groups, self.beats.interrupt, p2p_group=bootstrap.new_world_group(self.opts.timeout_s))
         self.targets = backup_targets_of(self.w.config.schedule)
 
     def _new_executor(self) -> None:
@@ -348,7 +349,7 @@ class ResilientRun:
                 state = self._state_at(doc["resume_round"], source.get("backup_of"))
                 put_blob(self.store, f"heavy/{generation}/old/{stage}", to_bytes(state))
 
-    def _apply(self, generation: int, doc: dict, clock: "_PhaseClock | None" = None) -> int:
+    def _apply(self, generation: int, doc: dict, clock: "_PhaseClock") -> int:
         from hppctl.models.schedule import Schedule
         from hppctl.runtime.topology import Topology
 
@@ -364,7 +365,6 @@ class ResilientRun:
         self.beats.interrupt.clear()
         self.w.config = self.w.config.model_copy(update={"schedule": schedule})
         self.w.topo = topo
-        clock = clock or _PhaseClock()
         self._connect()
         clock.lap("regroup")
         if self.device not in topo.devices:  # a leaver: hand the layers over, then go
@@ -433,15 +433,6 @@ class _PhaseClock:
         now = time.perf_counter()
         self.phases[name] = round(self.phases.get(name, 0.0) + now - self._last, 4)
         self._last = now
-
-
-def _whole_world_group(opts):
-    """A second gloo group over every rank (made in the same order on every rank, as torch requires)."""
-    import datetime
-
-    import torch.distributed as dist
-
-    return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=opts.timeout_s))
 
 
 def _prefixed(store, prefix: str):

@@ -136,10 +136,7 @@ class Backups:
         """Take the backup's length now (its sender has reached the same round) and let the bytes arrive
         on a daemon thread, so that the holder's next round overlaps the transfer instead of waiting
         for it. A transfer that fails (its sender died) is simply not held."""
-        length = torch.zeros(1, dtype=torch.int64)
-        comm.irecv(length, device, LENGTH_TAG).wait()
-        payload = torch.empty(int(length.item()), dtype=torch.uint8)
-        work = comm.irecv(payload, device, BYTES_TAG)
+        work, payload = post_recv_bytes(comm, device)
         raw = getattr(work, "work", work)  # the gloo work itself: this thread must not give up on an abort
 
         def arrive() -> None:
@@ -171,9 +168,15 @@ def send_bytes(comm, data: bytes, peer: str) -> list:
     return [(comm.isend(length, peer, LENGTH_TAG), length), (comm.isend(payload, peer, BYTES_TAG), payload)]
 
 
-def recv_bytes(comm, peer: str) -> bytes:
+def post_recv_bytes(comm, peer: str):
+    """Wait for the length, post the receive of the bytes: (its work, the tensor they land in)."""
     length = torch.zeros(1, dtype=torch.int64)
     comm.irecv(length, peer, LENGTH_TAG).wait()
     payload = torch.empty(int(length.item()), dtype=torch.uint8)
-    comm.irecv(payload, peer, BYTES_TAG).wait()
+    return comm.irecv(payload, peer, BYTES_TAG), payload
+
+
+def recv_bytes(comm, peer: str) -> bytes:
+    work, payload = post_recv_bytes(comm, peer)
+    work.wait()
     return payload.numpy().tobytes()

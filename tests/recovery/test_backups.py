@@ -8,7 +8,6 @@ the threaded queue comm of the Bi-Partition tests (a stand-in for gloo's point-t
 from __future__ import annotations
 
 import threading
-import time
 
 import torch
 
@@ -35,9 +34,7 @@ def test_settle_gives_up_when_the_coordinator_interrupts():
     backups, abort = Backups(), threading.Event()
     backups.receive_later(QueueComm("b", queues), "a", 2)
     threading.Timer(0.2, abort.set).start()
-    began = time.monotonic()
-    assert backups.settle(abort) is False
-    assert time.monotonic() - began < 30  # it did not wait for the queue's own 60 s timeout
+    assert backups.settle(abort) is False  # had it waited out the queue's 60 s, the thread would be gone: True
     assert backups.inventory() == {}
 
 

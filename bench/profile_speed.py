@@ -26,7 +26,8 @@ Printed figures:
   training steps (forward, loss, backward) back to back for a few seconds with the wall clock, all
   hosts at once as during profiling; target 15%;
 - repeatability: for every layer time of at least 1 ms (per host, layer, direction, batch size),
-  the difference between two runs relative to the smaller; target 10% on every one;
+  the difference between two runs relative to the smaller; target 10% on every one; beside it, the
+  same two runs' whole training steps (`train_step_s`, run 2 / run 1), which bound it;
 - noise floor: the CPU time of one fixed training step, repeated for a minute on this machine outside
   the lab, by 10-second window: how much the machine itself drifts (a shared VM's cores slow down
   and speed up with work that is not ours), a bound on any repeatability figure;
@@ -180,6 +181,13 @@ def repeatability(a: Profile, b: Profile, raw: bool = False) -> dict[str, dict]:
     return report
 
 
+def step_repeatability(a: Profile, b: Profile) -> dict[str, list[float]]:
+    """Per host and batch size, run 2's whole training step (the probe's `train_step_s`) over run 1's:
+    the same two runs without any per-layer split. A layer cannot repeat better than the step it is
+    part of, so this bounds the per-layer figure from the side of the machine."""
+    return {da.name: [y / x for x, y in zip(da.train_step_s, db.train_step_s)] for da, db in zip(a.devices, b.devices)}
+
+
 def wait_for_quiet(threshold: float, max_wait_s: float) -> float:
     """Wait until the 1-minute load average is below `threshold` (other jobs on a shared machine take the
     cores the lab's quotas promise); returns the seconds waited. Gives up after `max_wait_s`."""
@@ -258,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(profiles) > 1:
             report["repeatability"] = repeatability(profiles[0], profiles[1])
             report["repeatability_clock"] = repeatability(profiles[0], profiles[1], raw=True)
+            report["step_repeatability"] = step_repeatability(profiles[0], profiles[1])
         plan = sh(["hppctl", "plan", "--profile", str(work / "run0.json"), "--global-batch", "256",
                    "--micro-batch", "32", "--compare", "--json"], env)
         rows = json.loads(plan.stdout) if plan.returncode == 0 else []
@@ -335,6 +344,12 @@ def render(r: dict, cluster: ClusterSpec) -> None:
             print(f"  {n:<6} {s['count']:4d} values, {s['over_10pct']:4d} over 10% "
                   f"({s['over_10pct'] / max(1, s['count']):.0%}); median {s['median']:.1%}, p90 {s['p90']:.1%}, "
                   f"max {s['max']:.1%}")
+    if "step_repeatability" in r:
+        print("\nrepeatability of the whole steps the probe timed (train_step_s, run 2 / run 1): a bound on the above")
+        print("  host   " + "  ".join(f"b={b:<5}" for b in grid) + "  worst")
+        for n, ratios in r["step_repeatability"].items():
+            print(f"  {n:<6} " + "  ".join(f"{x:<7.3f}" for x in ratios)
+                  + f"  {max(abs(max(x, 1 / x) - 1) for x in ratios):.1%}")
     if r.get("noise_floor"):
         nf = r["noise_floor"]
         print(f"\nnoise floor: one fixed training step (batch 16, one thread) on this machine, outside the lab: "

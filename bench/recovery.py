@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -82,26 +81,26 @@ def replica_plan(plan):
     return manual_plan(plan.model, stages, global_batch=plan.global_batch, micro_batch=B)
 
 
-def hurt(case: str, session, victim: str) -> None:
+# Each case as `hppctl lab fault` injects it (hppctl/lab/faults.py).
+FAULTS = {"kill-single": "kill", "kill-replica": "kill", "sigstop": "stop", "link-cut": "link-down"}
+
+
+def hurt(case: str, work: Path, victim: str) -> None:
+    from hppctl.lab.faults import inject
+    from hppctl.lab.manager import the_lab
+
+    inject(the_lab(work / "state", NAME), victim, FAULTS[case])
+
+
+def heal(case: str, work: Path, victim: str) -> None:
+    from hppctl.lab.faults import inject
+    from hppctl.lab.manager import the_lab
+
     if case == "link-cut":
-        from hppctl.lab.layout import netns_name
-        from hppctl.lab.system import sh
-
-        sh(["ip", "-n", netns_name(NAME, victim), "link", "set", "eth0", "down"])
-        return
-    pid = session._pid_of(victim)
-    os.kill(pid, signal.SIGSTOP if case == "sigstop" else signal.SIGKILL)
+        inject(the_lab(work / "state", NAME), victim, "link-up")
 
 
-def heal(case: str, victim: str) -> None:
-    if case == "link-cut":
-        from hppctl.lab.layout import netns_name
-        from hppctl.lab.system import sh
-
-        sh(["ip", "-n", netns_name(NAME, victim), "link", "set", "eth0", "up"])
-
-
-def measure(case: str, method: str, plan, profile, cluster, args) -> dict:
+def measure(case: str, method: str, plan, profile, cluster, work: Path, args) -> dict:
     options = TrainOptions(rounds=args.rounds, dataset="digits", lr=0.05, timeout_s=300)
     recovery = RecoveryOptions(profile=profile, heartbeat_s=1.0, timeout_s=args.timeout, probe_s=2.0, replan=method)
     session = ResilientSession(RunRequest(plan, cluster, options), recovery)
@@ -110,12 +109,12 @@ def measure(case: str, method: str, plan, profile, cluster, args) -> dict:
     def on_round(row: dict) -> None:
         if row["round"] == args.fail_after and not failed_at:
             failed_at.append(time.time())
-            hurt(case, session, args.victim)
+            hurt(case, work, args.victim)
 
     try:
         result = session.run(on_round=on_round)
     finally:
-        heal(case, args.victim)
+        heal(case, work, args.victim)
     by = {e["event"]: e for e in session.events}
     t0 = failed_at[0]
     resume = by["replanned"]["resume_round"]
@@ -209,7 +208,7 @@ def main() -> None:
         for case in args.cases.split(","):
             case_plan = replica_plan(plan) if case == "kill-replica" else plan
             for method in args.methods.split(","):
-                measured = measure(case, method, case_plan, profile, cluster, args)
+                measured = measure(case, method, case_plan, profile, cluster, work, args)
                 measured["predicted"] = predicted(case_plan, profile, args.victim, method, args.timeout)
                 results.append(measured)
                 print(json.dumps(measured), flush=True)

@@ -20,6 +20,8 @@ Examples:
 
   ssh -F /run/hppctl-lab/env-d/ssh_config tx0 hostname
 
+  hppctl lab fault nano1 kill   (also stop, cont, link-down, link-up: failures for `hppctl run`)
+
   hppctl lab down              (safe to repeat, and after a crashed `up`)
 """
 
@@ -94,6 +96,28 @@ def down_command(
     note(f"lab down: {', '.join(report.labs) or 'no lab state found'}; {len(report.removed)} resources removed")
 
 
+def fault_command(
+    host: Annotated[str, typer.Argument(help="The lab host to hurt (a name from `hppctl lab status`).")],
+    action: Annotated[str, typer.Argument(
+        help="kill (SIGKILL its hppctl workers), stop / cont (SIGSTOP / SIGCONT them), "
+             "link-down / link-up (its eth0).")],
+    name: Name = None,
+    state_dir: StateDir = None,
+    as_json: AsJson = False,
+) -> None:
+    """Inject a failure into a running lab: a crashed, hung or disconnected device (and undo it)."""
+    from hppctl.lab.faults import inject
+    from hppctl.lab.manager import the_lab
+    from hppctl.lab.system import BASE_TOOLS, require
+
+    require("hppctl lab fault", tools=tuple(t for t in BASE_TOOLS if t.command == "ip"))
+    fault = inject(the_lab(_root(state_dir), name), host, action)
+    if as_json:
+        emit_json({"host": fault.host, "action": fault.action, "pids": list(fault.pids)})
+        return
+    note(fault.describe())
+
+
 def _render(report: dict) -> None:
     table = Table(title=f"lab {report['name']} ({'up' if report['complete'] else 'INCOMPLETE: run lab down'}, "
                         f"cgroup v{report['cgroup_version']}, delay: {report['delay_backend']})")
@@ -115,5 +139,6 @@ def register(app: typer.Typer) -> None:
                       no_args_is_help=True, add_completion=False, rich_markup_mode=None)
     lab.command("up", help=(up_command.__doc__ or "") + "\n" + EXAMPLES)(up_command)
     lab.command("status", help=(status_command.__doc__ or "") + "\n" + EXAMPLES)(status_command)
+    lab.command("fault", help=(fault_command.__doc__ or "") + "\n" + EXAMPLES)(fault_command)
     lab.command("down", help=(down_command.__doc__ or "") + "\n" + EXAMPLES)(down_command)
     app.add_typer(lab, name="lab")

@@ -352,6 +352,21 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
+def the_lab(state_root: Path = DEFAULT_STATE_ROOT, name: str | None = None) -> LabState:
+    """The lab named `name`, or the only one that is up."""
+    states = list_states(state_root)
+    if name is not None:
+        chosen = [s for s in states if s.name == name]
+        if not chosen:
+            raise BadInput(f"no lab named {name!r} under {state_root} (`hppctl lab status` lists them)")
+        return chosen[0]
+    if not states:
+        raise BadInput(f"no lab is up (state dir {state_root})")
+    if len(states) > 1:
+        raise BadInput(f"several labs are up ({', '.join(s.name for s in states)}): name one with --name")
+    return states[0]
+
+
 # --- status -----------------------------------------------------------------------------------------
 
 

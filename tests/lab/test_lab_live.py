@@ -189,6 +189,71 @@ def test_status_reports_limits_and_sshd(lab, cli):
     assert hosts["nano"]["preset"] == "jetson-nano" and hosts["nano"]["cpu"] == pytest.approx(0.2791)
 
 
+def _becomes(pid: int, stopped: bool, timeout_s: float = 10.0) -> bool:
+    """Whether the process reaches the state (stopped or not) in time: a signal is delivered asynchronously."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        [state] = [line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                   if line.startswith("State:")]
+        if (state == "T") == stopped:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_fault_freezes_resumes_and_kills_a_worker_and_cuts_a_link(lab, cli):
+    import time
+
+    from hppctl.lab import faults, sshd
+    from hppctl.lab.manager import the_lab
+
+    report = lab_status(cli, lab)
+    where = ["--name", NAME, "--state-dir", lab["state_dir"]]
+    code, _, err = cli("lab", "fault", "fast", "kill", *where)
+    assert code == 1 and "fast: no hppctl worker is running there" in err
+    code, _, err = cli("lab", "fault", "gone", "kill", *where)
+    assert code == 2 and "has no host 'gone'" in err
+    code, _, err = cli("lab", "fault", "fast", "explode", *where)
+    assert code == 2 and "unknown action 'explode'" in err
+
+    # A stand-in worker (a sleeping python whose command line names hppctl's worker module) and an
+    # ordinary process beside it, both started over SSH as a launcher would start a worker.
+    ssh = ["ssh", "-F", report["ssh_config"], "fast"]
+    worker = subprocess.Popen([*ssh, "python3 -c 'import time; time.sleep(120)' -m hppctl.runtime.worker"])
+    bystander = subprocess.Popen([*ssh, "sleep 120"])
+    try:
+        host = faults.find_host(the_lab(lab["state_dir"], NAME), "fast")
+        deadline = time.monotonic() + 30
+        while not (pids := faults.worker_pids(host)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        [pid] = pids
+        for action, stopped in (("stop", True), ("cont", False)):
+            code, out, err = cli("lab", "fault", "fast", action, "--json", *where)
+            assert code == 0, err
+            assert json.loads(out) == {"host": "fast", "action": action, "pids": [pid]}
+            assert _becomes(pid, stopped), action
+        code, _, err = cli("lab", "fault", "fast", "kill", *where)
+        assert code == 0 and f"fast: SIGKILL to worker pid {pid}" in err
+        worker.wait(timeout=30)
+        assert bystander.poll() is None  # only the worker: the host's other processes go on
+
+        address = next(h["address"] for h in report["hosts"] if h["name"] == "fast")
+        assert cli("lab", "fault", "fast", "link-down", *where)[0] == 0
+        assert not sshd.banner(address, timeout_s=1.0)
+        assert cli("lab", "fault", "fast", "link-up", *where)[0] == 0
+        deadline = time.monotonic() + 10
+        while not sshd.banner(address, timeout_s=1.0) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert sshd.banner(address, timeout_s=1.0)
+    finally:
+        cli("lab", "fault", "fast", "link-up", *where)
+        for proc in (worker, bystander):
+            proc.kill()
+            proc.wait()
+
+
 def test_crashed_up_is_cleaned_by_down(tmp_path, monkeypatch, lab):
     """An `up` that dies after making namespaces and cgroups (here: sshd fails, and the rollback is
     disabled to mimic a kill -9) leaves a state record; `down` removes it all, and so does the

@@ -240,3 +240,57 @@ def test_free_subnet_skips_every_subnet_a_route_overlaps(monkeypatch):
     monkeypatch.setattr(network, "sh", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, "10.213.0.0/16 dev x\n", ""))
     with pytest.raises(BadInput, match="no free /24"):
         network.free_subnet()
+
+
+# --- `hppctl lab fault` without a lab: which processes count as workers, which lab and host ------------
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["/usr/bin/python3", "-m", "hppctl.runtime.worker"], True),
+    (["env", "python3", "-m", "hppctl.runtime.galaxy.worker"], True),
+    (["python3", "-m", "hppctl.runtime.psl.worker", "--x"], True),
+    (["bash", "-c", "python3 -m hppctl.runtime.worker"], False),  # the shell that started it
+    (["python3", "-m", "hppctl.profiling.probe", "train"], False),
+    (["sshd: root@notty"], False),
+    ([], False),
+])
+def test_a_worker_is_a_process_running_a_worker_module(argv, expected):
+    from hppctl.lab.faults import is_worker
+
+    assert is_worker(argv) is expected
+
+
+def _state(tmp_path: Path, name: str):
+    from hppctl.lab.manager import Recorder
+    from hppctl.models.lab import HostState, LabState
+
+    host = HostState(name="a", address="10.0.0.2", netns="hppctl-x-a", veth="hl-x-0", cpu=1.0,
+                     memory_bytes=10**9, bandwidth_bytes_per_s=1e7, cgroups=[str(tmp_path / name / "cg")])
+    (tmp_path / name).mkdir()
+    return Recorder(LabState(name=name, tag="abcdef", state_dir=str(tmp_path / name), subnet="10.0.0.0/24",
+                             hosts=[host], complete=True)).state
+
+
+def test_fault_names_the_lab_host_and_action_it_cannot_use(tmp_path):
+    from hppctl.errors import RuntimeFailure
+    from hppctl.lab.faults import Fault, inject
+    from hppctl.lab.manager import the_lab
+
+    with pytest.raises(BadInput, match="no lab is up"):
+        the_lab(tmp_path)
+    state = _state(tmp_path, "one")
+    assert the_lab(tmp_path).name == "one"
+    with pytest.raises(BadInput, match="no lab named 'two'"):
+        the_lab(tmp_path, "two")
+    _state(tmp_path, "two")
+    with pytest.raises(BadInput, match=r"several labs are up \(one, two\)"):
+        the_lab(tmp_path)
+    assert the_lab(tmp_path, "two").name == "two"
+    with pytest.raises(BadInput, match=r"lab 'one' has no host 'b' \(hosts: a\)"):
+        inject(state, "b", "kill")
+    with pytest.raises(BadInput, match="unknown action 'crash'"):
+        inject(state, "a", "crash")
+    with pytest.raises(RuntimeFailure, match="a: no hppctl worker is running there"):
+        inject(state, "a", "stop")  # its cgroup holds no process
+    assert Fault("a", "kill", (12, 13)).describe() == "a: SIGKILL to worker pids 12, 13"
+    assert Fault("a", "link-down").describe() == "a: eth0 down"

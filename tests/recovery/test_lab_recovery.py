@@ -11,8 +11,8 @@ bench/recovery.py and docs/fault-tolerance.md. No wall-clock assertions.
 
 from __future__ import annotations
 
-import os
-import signal
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -42,6 +42,19 @@ hosts:
 PRESETS = {"tx0": "jetson-tx2", "nano0": "jetson-nano", "nano1": "jetson-nano", "nano2": "jetson-nano"}
 
 
+@dataclass(frozen=True)
+class Lab:
+    cluster: ClusterSpec
+    state_dir: Path
+
+    def fault(self, host: str, action: str) -> None:
+        """What `hppctl lab fault HOST ACTION` does."""
+        from hppctl.lab.faults import inject
+        from hppctl.lab.manager import the_lab
+
+        inject(the_lab(self.state_dir, NAME), host, action)
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     from hppctl.cli import run
@@ -56,7 +69,7 @@ def lab(tmp_path_factory):
     run(["lab", "down", "--name", NAME, "--state-dir", str(state_dir)])
     assert run(["lab", "up", "--spec", str(root / "lab.yaml"), "--out", str(cluster_file),
                 "--state-dir", str(state_dir)]) == 0
-    yield load(cluster_file, ClusterSpec)
+    yield Lab(load(cluster_file, ClusterSpec), state_dir)
     run(["lab", "down", "--name", NAME, "--state-dir", str(state_dir)])
 
 
@@ -64,19 +77,8 @@ SINGLE = [((0, 2), ["tx0"], [4]), ((2, 3), ["nano0"], [4]), ((3, 4), ["nano1"], 
 REPLICATED = [((0, 2), ["tx0"], [4]), ((2, 4), ["nano0", "nano1"], [2, 2]), ((4, 5), ["nano2"], [4])]
 
 
-def set_link(host: str, state: str) -> None:
-    from hppctl.lab.layout import netns_name
-    from hppctl.lab.system import sh
-
-    sh(["ip", "-n", netns_name(NAME, host), "link", "set", "eth0", state])
-
-
-def hurt(case: str, victim: str, session) -> None:
-    """The issue's failures: SIGKILL (of a single-device stage or of a replica), SIGSTOP, a cut link."""
-    if case == "link-cut":
-        set_link(victim, "down")
-    else:
-        os.kill(session._pid_of(victim), signal.SIGSTOP if case == "sigstop" else signal.SIGKILL)
+# The issue's failures: SIGKILL (of a single-device stage or of a replica), SIGSTOP, a cut link.
+FAULTS = {"kill": "kill", "sigstop": "stop", "link-cut": "link-down"}
 
 
 @pytest.mark.parametrize("stages,failures", [
@@ -88,21 +90,22 @@ def test_training_survives_each_failure_with_the_failure_free_parameters(lab, st
     # runs (a run's start-up on the throttled hosts is most of its time), and two recoveries in a row.
     plan = make_plan("tiny-mlp", stages, global_batch=16, micro_batch=4)
     options = TrainOptions(rounds=10, dataset="digits", lr=0.1, timeout_s=120)
-    session = ResilientSession(RunRequest(plan, lab, options),
+    session = ResilientSession(RunRequest(plan, lab.cluster, options),
                                RecoveryOptions(profile=preset_profile("tiny-mlp", PRESETS), timeout_s=3.0))
     pending = list(failures)
 
     def on_round(row: dict) -> None:
         resumed = sum(e["event"] == "resumed" for e in session.events)
         if pending and row["round"] >= 2 + 4 * resumed and resumed == len(failures) - len(pending):
-            hurt(*pending.pop(0), session)
+            case, victim = pending.pop(0)
+            lab.fault(victim, FAULTS[case])
 
     try:
         result = session.run(on_round=on_round)
     finally:
         for case, victim in failures:
             if case == "link-cut":
-                set_link(victim, "up")
+                lab.fault(victim, "link-up")
     assert not pending
     lost = [e for e in session.events if e["event"] == "lost"]
     assert [e["device"] for e in lost] == [victim for _, victim in failures]

@@ -58,6 +58,7 @@ LAB = """\
 name: prof-bench
 bandwidth: 100mbit
 subnet: {subnet}
+cpu_period: {period}
 hosts:
   - {name: fast, cpu: 1.0, memory: 1GB}
   - {name: mid, cpu: 0.5, memory: 1GB}
@@ -217,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-wait", type=float, default=900.0)
     p.add_argument("--noise-seconds", type=float, default=60.0,
                    help="how long to time one fixed step on this machine for the noise floor (0: skip)")
+    p.add_argument("--cpu-period", default="20ms",
+                   help="the lab's CFS period (lab spec `cpu_period`; docs/lab.md: what it changes)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="profile-speed-"))
@@ -224,14 +227,15 @@ def main(argv: list[str] | None = None) -> int:
     state_dir = work / "state"
     cluster_file = a.cluster
     if cluster_file is None:
-        (work / "lab.yaml").write_text(LAB.replace("{subnet}", free_subnet(first=200)))
+        (work / "lab.yaml").write_text(LAB.replace("{subnet}", free_subnet(first=200)).replace("{period}", a.cpu_period))
         cluster_file = work / "cluster.yaml"
         up = sh(["hppctl", "lab", "up", "--spec", str(work / "lab.yaml"), "--out", str(cluster_file),
                  "--state-dir", str(state_dir)])
         if up.returncode != 0:
             print(up.stderr, file=sys.stderr)
             return up.returncode
-    report: dict = {"model": a.model, "batch_sizes": a.batch_sizes, "repeats": a.repeats, "runs": []}
+    report: dict = {"model": a.model, "batch_sizes": a.batch_sizes, "repeats": a.repeats, "runs": [],
+                    "cpu_period": a.cpu_period if a.cluster is None else None}
     try:
         cluster = load(cluster_file, ClusterSpec)
         profiles = []
@@ -293,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def render(r: dict, cluster: ClusterSpec) -> None:
     print(f"hppctl profile: {r['model']}, batch sizes {r['batch_sizes']}, {r['repeats']} repeats, "
-          f"{len(cluster.devices)} hosts in parallel, links one pair at a time, empty cache")
+          f"{len(cluster.devices)} hosts in parallel, links one pair at a time, empty cache"
+          + (f"; lab CFS period {r['cpu_period']}" if r.get("cpu_period") else ""))
     for i, run in enumerate(r["runs"]):
         status = "ok" if run["exit"] == 0 else f"exit {run['exit']}: {run['error']}"
         print(f"  run {i + 1}: {run['seconds']:.1f} s ({run['seconds'] / 60:.2f} min; target 5 min)  {status}; "

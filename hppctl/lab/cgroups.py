@@ -23,7 +23,7 @@ from pathlib import Path
 
 from hppctl.errors import BadInput
 from hppctl.lab.layout import CGROUP_PREFIX, cgroup_lab_dir_name
-from hppctl.lab.presets import cfs_quota
+from hppctl.lab.presets import CFS_PERIOD_US, cfs_quota
 from hppctl.lab.system import LabCommandFailed
 
 CONTROLLERS = ("cpu", "memory")
@@ -123,9 +123,10 @@ def create_lab(hier: Hierarchy, lab: str, parent: str = "") -> list[Path]:
     return dirs
 
 
-def create_host(hier: Hierarchy, lab_dir_paths: list[Path], host: str, cpu: float, memory_bytes: int) -> list[Path]:
-    """Make the host's cgroup(s) under the lab's and set its CPU quota and memory limit."""
-    quota, period = cfs_quota(cpu)
+def create_host(hier: Hierarchy, lab_dir_paths: list[Path], host: str, cpu: float, memory_bytes: int,
+                period_us: int = CFS_PERIOD_US) -> list[Path]:
+    """Make the host's cgroup(s) under the lab's and set its CPU quota (per `period_us`) and memory limit."""
+    quota, period = cfs_quota(cpu, period_us)
     dirs = []
     for lab_dir in lab_dir_paths:
         d = lab_dir / host
@@ -207,7 +208,7 @@ def procs(dirs: list[str]) -> list[int]:
 def stats(dirs: list[str]) -> dict:
     """Memory use, limit, peak and OOM kills of a host's cgroup, and its CPU quota in cores."""
     out = {"memory_used_bytes": None, "memory_peak_bytes": None, "memory_limit_bytes": None,
-           "oom_kills": None, "cpu_quota_cores": None, "processes": len(procs(dirs))}
+           "oom_kills": None, "cpu_quota_cores": None, "cpu_period_s": None, "processes": len(procs(dirs))}
     for d in map(Path, dirs):
         if (d / "memory.events").exists():  # v2
             out["memory_used_bytes"] = _read_int(d / "memory.current")
@@ -222,9 +223,11 @@ def stats(dirs: list[str]) -> dict:
         if (d / "cpu.max").exists():
             quota, _, period = (d / "cpu.max").read_text().partition(" ")
             out["cpu_quota_cores"] = None if quota == "max" else int(quota) / int(period)
+            out["cpu_period_s"] = int(period) / 1e6
         elif (d / "cpu.cfs_quota_us").exists():
             quota, period = _read_int(d / "cpu.cfs_quota_us"), _read_int(d / "cpu.cfs_period_us")
             out["cpu_quota_cores"] = None if quota is None or quota < 0 else quota / period
+            out["cpu_period_s"] = None if period is None else period / 1e6
     return out
 
 

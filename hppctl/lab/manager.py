@@ -155,7 +155,8 @@ def _build(plan: LabPlan, rec: Recorder, hier: cgroups.Hierarchy, cgroup_parent:
         network.create_netns(netns)
         network.attach_host(netns, veth_name(plan.tag, h.index), peer_name(plan.tag, h.index), plan.bridge,
                             h.address, plan.prefixlen)
-        dirs = cgroups.create_host(hier, lab_dirs, h.name, h.cpu, h.memory_bytes)
+        dirs = cgroups.create_host(hier, lab_dirs, h.name, h.cpu, h.memory_bytes,
+                                   period_us=round(plan.spec.cpu_period * 1e6))
         rec.set_host(h.name, cgroups=[str(d) for d in dirs])
         shaping.apply(shaping.egress_commands("eth0", h.bandwidth_bytes_per_s, plan.egress_overrides(h.name)), netns)
 

@@ -62,9 +62,9 @@ def preset_memory(name: str, memory_scale: float = 0.25) -> int:
     return int(_get(name).memory_bytes * memory_scale) // 2**20 * 2**20
 
 
-def cfs_quota(cpu: float) -> tuple[int, int]:
+def cfs_quota(cpu: float, period_us: int = CFS_PERIOD_US) -> tuple[int, int]:
     """(quota_us, period_us) for `cpu` cores, honouring the kernel's 1 ms minimum quota."""
-    period = CFS_PERIOD_US
+    period = period_us
     if cpu * period < CFS_MIN_QUOTA_US:
         period = min(1_000_000, math.ceil(CFS_MIN_QUOTA_US / cpu))
     return max(CFS_MIN_QUOTA_US, round(cpu * period)), period

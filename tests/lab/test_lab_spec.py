@@ -43,6 +43,8 @@ def write(tmp_path: Path, text: str, name: str = "L.yaml") -> Path:
     (GOOD + "subnet: 8.8.8.0/24\n", ["L.yaml", "subnet", "not private"]),
     (GOOD.replace("{name: nano1, cpu: 0.25,", "{name: nano1, cpux: 0.25,"), ["L.yaml", "hosts.2", "cpux"]),
     (GOOD.replace("[tx0, nano0]", "[tx0, ghost]"), ["L.yaml", "ghost"]),
+    (GOOD + "cpu_period: 2s\n", ["L.yaml", "cpu_period", "2s"]),
+    (GOOD + "cpu_period: 0\n", ["L.yaml", "cpu_period", "0"]),
 ])
 def test_bad_spec_exits_2_with_one_line_naming_file_field_value(cli, tmp_path, text, expected):
     code, out, err = cli("lab", "up", "--spec", write(tmp_path, text), "--state-dir", tmp_path / "state")
@@ -99,6 +101,7 @@ def test_presets_follow_flops_ratios_and_scaled_memory():
 def test_cfs_quota_respects_the_kernel_minimum():
     assert cfs_quota(0.25) == (5000, 20000)
     assert cfs_quota(1.0) == (20000, 20000)
+    assert cfs_quota(0.25, 100_000) == (25000, 100000)  # the spec's `cpu_period: 100ms`
     quota, period = cfs_quota(0.02)
     assert quota == 1000 and quota / period == pytest.approx(0.02)
 

@@ -99,3 +99,35 @@ def test_peak_rss_reset_and_read():
     assert 0 < current <= peak
     if device.reset_peak_rss():
         assert device.rss_bytes()[1] <= peak
+
+
+@pytest.mark.lab
+@pytest.mark.parametrize("period_us", [20_000, 100_000])
+def test_a_one_core_quota_reads_as_one_core_whatever_its_period(period_us):
+    """Measured in a real cgroup (needs root): two busy threads under a 1-core quota, after a pause.
+    Over a 0.4 s window, 100 ms periods (the kernel's and docker's default) read 1.10-1.18 cores
+    (a window that opens on an unspent budget gets part of it on top), and a 1-core device could get
+    2 threads; the window now stretches to 2 s when the cores look limited."""
+    import subprocess
+    import sys
+
+    from hppctl.lab import cgroups
+    from tests.lab.conftest import lab_unavailable_reason
+
+    reason = lab_unavailable_reason()
+    if reason:
+        pytest.skip(f"needs root and cgroups: {reason}")
+    if device.affinity_cpus() < 2:
+        pytest.skip("needs two CPUs (two busy threads against a 1-core quota)")
+    hier = cgroups.detect()
+    lab_dirs = cgroups.create_lab(hier, f"pytest-duty-{period_us}")
+    try:
+        host = [str(d) for d in cgroups.create_host(hier, lab_dirs, "h", 1.0, 1 << 30, period_us=period_us)]
+        # idle first, as a probe waiting on its SSH session: the window then opens on an unspent budget
+        code = "import time; time.sleep(0.15); from hppctl.profiling.device import duty_cycle; print(duty_cycle(2))"
+        reads = [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                      preexec_fn=lambda: cgroups.enter(host)).stdout) for _ in range(4)]
+    finally:
+        cgroups.remove([str(d) for d in lab_dirs])
+    assert all(0.9 <= r <= 1.1 for r in reads), reads
+    assert {device.threads_for(r, 2) for r in reads} == {1}

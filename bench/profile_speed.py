@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-wait", type=float, default=900.0)
     p.add_argument("--noise-seconds", type=float, default=60.0,
                    help="how long to time one fixed step on this machine for the noise floor (0: skip)")
-    p.add_argument("--cpu-period", default="20ms",
+    p.add_argument("--cpu-period", default="100ms",
                    help="the lab's CFS period (lab spec `cpu_period`; docs/lab.md: what it changes)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)

@@ -20,11 +20,13 @@ from dataclasses import dataclass
 
 from hppctl.errors import BadInput
 
-CFS_PERIOD_US = 20_000
-"""20 ms: short periods make a throttled host slow *evenly* (a 0.25-core host runs 5 ms of every
-20 ms) instead of in the 75 ms stalls of the kernel's default 100 ms period. Not shorter: at 10 ms
-the kernel's per-CPU runtime slices cost a 1-core host 6-8% of its core (measured here; ~1% at
-20 ms), which would skew every speed ratio."""
+CFS_PERIOD_US = 100_000
+"""100 ms, the kernel's and docker's default. A throttled host resumes every period with caches
+that its neighbours' work has evicted, and pays for that in CPU time once per period: measured
+here, a 0.25-core host spent 12-17% more CPU per training step than a 1-core one at 20 ms periods
+and 4-7% at 100 ms (0.5 core: 9-12% and 4-6%), so at 20 ms a host was that much slower than its
+quota says. The price: a throttled host runs in bursts (a 0.25-core host 25 ms, then a 75 ms
+stall) rather than evenly; `cpu_period: 20ms` in a lab spec chooses evenness (docs/lab.md)."""
 CFS_MIN_QUOTA_US = 1_000
 """The kernel refuses quotas below 1 ms; the period grows for hosts slower than 0.05 core."""
 

@@ -97,7 +97,7 @@ class LabSpec(FrozenModel):
     """Cores given to the fastest preset; the others get their FLOP/s ratio of it (capped at nproc)."""
     delay_backend: Literal["auto", "netem", "nfqueue"] = "auto"
     """How delay and loss are emulated: tc netem, or an NFQUEUE delay line where netem is missing."""
-    cpu_period: Annotated[Seconds, Field(ge=0.001, le=1.0)] = 0.02
+    cpu_period: Annotated[Seconds, Field(ge=0.001, le=1.0)] = 0.1
     """CFS period of every host's CPU quota (the kernel allows 1 ms to 1 s): docs/lab.md, Presets."""
 
     @field_validator("subnet")

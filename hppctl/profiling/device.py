@@ -194,9 +194,9 @@ def threads_for(quota: float | None, cpus: int) -> int:
     """ceil(quota) threads, at most the CPUs we may run on (module docstring: why)."""
     if quota is None:
         return max(1, cpus)
-    # A measured duty cycle reads a 1-core quota as 0.95-1.05 (a 0.4 s window is 20 CFS periods of the
-    # lab's 20 ms): 1.03 must still mean one thread, or the device's fingerprint (which holds the
-    # threads) flips between runs and a rerun misses the cache (seen in the lab profile test).
+    # A measured duty cycle reads a 1-core quota as 0.95-1.05 (over its 2 s window, one period's budget
+    # more or less is up to 0.05 core): 1.03 must still mean one thread, or the device's fingerprint
+    # (which holds the threads) flips between runs and a rerun misses the cache (seen in the lab test).
     return max(1, min(cpus, math.ceil(quota - 0.1)))
 
 

@@ -184,7 +184,7 @@ def test_status_reports_limits_and_sshd(lab, cli):
     assert report["complete"] and report["cgroup_version"] in (1, 2)
     hosts = {h["name"]: h for h in report["hosts"]}
     assert all(h["ssh_answers"] and h["sshd_running"] for h in hosts.values())
-    assert hosts["slow"]["cpu_quota_cores"] == pytest.approx(0.25) and hosts["slow"]["cpu_period_s"] == pytest.approx(0.02)
+    assert hosts["slow"]["cpu_quota_cores"] == pytest.approx(0.25) and hosts["slow"]["cpu_period_s"] == pytest.approx(0.1)
     assert hosts["slow"]["memory_limit_bytes"] // 4096 == 256 * 10**6 // 4096
     assert hosts["nano"]["preset"] == "jetson-nano" and hosts["nano"]["cpu"] == pytest.approx(0.2791)
 

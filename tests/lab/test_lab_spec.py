@@ -99,11 +99,12 @@ def test_presets_follow_flops_ratios_and_scaled_memory():
 
 
 def test_cfs_quota_respects_the_kernel_minimum():
-    assert cfs_quota(0.25) == (5000, 20000)
-    assert cfs_quota(1.0) == (20000, 20000)
-    assert cfs_quota(0.25, 100_000) == (25000, 100000)  # the spec's `cpu_period: 100ms`
-    quota, period = cfs_quota(0.02)
-    assert quota == 1000 and quota / period == pytest.approx(0.02)
+    assert cfs_quota(0.25) == (25000, 100000)
+    assert cfs_quota(1.0) == (100000, 100000)
+    assert cfs_quota(0.25, 20_000) == (5000, 20000)  # the spec's `cpu_period: 20ms`
+    quota, period = cfs_quota(0.005)
+    assert quota == 1000 and quota / period == pytest.approx(0.005)
+    assert cfs_quota(0.02, 20_000) == (1000, 50000)
 
 
 def test_layout_addresses_rates_impairments_and_cluster_file():
@@ -190,13 +191,14 @@ def test_v2_limits_are_written_and_read_back(tmp_path):
     lab_dirs[0].mkdir()
     (lab_dirs[0] / "cgroup.subtree_control").write_text("cpu memory")
     [host] = cgroups.create_host(hier, lab_dirs, "h", 0.25, 256 * 2**20)
-    assert (host / "cpu.max").read_text() == "5000 20000\n"
+    assert (host / "cpu.max").read_text() == "25000 100000\n"
     assert (host / "memory.max").read_text() == f"{256 * 2**20}\n"
     (host / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
     (host / "memory.current").write_text("1234\n")
     (host / "cgroup.procs").write_text("")
     stats = cgroups.stats([str(host)])
     assert stats["oom_kills"] == 1 and stats["memory_used_bytes"] == 1234 and stats["cpu_quota_cores"] == 0.25
+    assert stats["cpu_period_s"] == 0.1
 
 
 def test_v1_limits_go_to_the_right_hierarchy(tmp_path):
@@ -206,7 +208,7 @@ def test_v1_limits_go_to_the_right_hierarchy(tmp_path):
     lab_dirs = cgroups.lab_dirs(hier, "x")
     for d in lab_dirs:
         d.mkdir()
-    cpu_dir, mem_dir = cgroups.create_host(hier, lab_dirs, "h", 0.5, 10**9)
+    cpu_dir, mem_dir = cgroups.create_host(hier, lab_dirs, "h", 0.5, 10**9, period_us=20_000)
     assert (cpu_dir / "cpu.cfs_quota_us").read_text() == "10000\n"
     assert (cpu_dir / "cpu.cfs_period_us").read_text() == "20000\n"
     assert not (cpu_dir / "memory.limit_in_bytes").exists()

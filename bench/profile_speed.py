@@ -83,10 +83,11 @@ for b in [int(x) for x in sys.argv[2].split(",")]:
         model.zero_grad(set_to_none=True)
         torch.nn.functional.cross_entropy(model(x), y).backward()
     step(); step()
-    n, t = 0, time.perf_counter()
+    n, t, c = 0, time.perf_counter(), time.process_time()
     while n < 3 or time.perf_counter() - t < float(sys.argv[3]):
         step(); n += 1
     out[b] = (time.perf_counter() - t) / n
+    out[f"cpu{b}"] = (time.process_time() - c) / n
 print(json.dumps(out))
 """
 
@@ -155,12 +156,14 @@ def independent_steps(cluster: ClusterSpec, model: str, grid: str, seconds: floa
         ep = SshEndpoint(device, cluster)
         command = f"cd /tmp && {ep.python} -c '{script}' {model} {grid} {seconds}"
         running[device.name] = (ep, ep.conn.run(command, hide=True, warn=True, asynchronous=True, in_stream=False))
-    steps = {}
+    steps, cpu = {}, {}
     for name, (ep, promise) in running.items():
         result = promise.join()
-        steps[name] = {int(k): v for k, v in json.loads(result.stdout.strip().splitlines()[-1]).items()}
+        timed = json.loads(result.stdout.strip().splitlines()[-1])
+        steps[name] = {int(k): v for k, v in timed.items() if not k.startswith("cpu")}
+        cpu[name] = {int(k[3:]): v for k, v in timed.items() if k.startswith("cpu")}
         ep.close()
-    return steps
+    return steps, cpu
 
 
 def repeatability(a: Profile, b: Profile, raw: bool = False) -> dict[str, dict]:
@@ -260,7 +263,10 @@ def main(argv: list[str] | None = None) -> int:
                                 "configured_bytes_per_s": cluster.bandwidth_between(*l.between), "rtt_s": l.rtt_s}
                                for l in first.links]
         wait_for_quiet(a.quiet_load, a.max_wait)
-        report["steps"] = independent_steps(cluster, a.model, a.batch_sizes, a.step_seconds)
+        report["steps"], report["steps_cpu"] = independent_steps(cluster, a.model, a.batch_sizes, a.step_seconds)
+        report["layer_sum_cpu"] = {d.name: {b: sum(f[k] + bw[k] for f, bw in zip(d.forward_s, d.backward_s))
+                                            / d.measurement.sustained_factor[k] for k, b in enumerate(d.batch_sizes)}
+                                   for d in first.devices}
         report["layer_sum"] = {d.name: {b: sum(f[k] + bw[k] for f, bw in zip(d.forward_s, d.backward_s))
                                         for k, b in enumerate(d.batch_sizes)} for d in first.devices}
         report["profile_steps"] = {d.name: dict(zip(d.batch_sizes, d.train_step_s)) for d in first.devices}
@@ -340,6 +346,15 @@ def render(r: dict, cluster: ClusterSpec) -> None:
             layers, step = r["layer_sum"][n][b], r["steps"][n][b]
             cells.append(f"{layers * 1e3:6.1f}/{step * 1e3:6.1f} {layers / step:.2f}")
         print(f"  {n:<6} " + "  ".join(cells))
+    print("\nthe same in CPU time (the probe's CPU clock; the independent step's process_time), and the "
+          "independent step's wall/CPU")
+    print("  host   " + "  ".join(f"b={b:<16}" for b in grid))
+    for n in names:
+        cells = []
+        for b in grid:
+            layers, step, wall = r["layer_sum_cpu"][n][b], r["steps_cpu"][n][b], r["steps"][n][b]
+            cells.append(f"{layers / step:.2f} (w/c {wall / step:.2f})")
+        print(f"  {n:<6} " + "  ".join(f"{c:<18}" for c in cells))
     for key, title in (("repeatability", "profile times"),
                        ("repeatability_clock", "the probe's CPU clock, before the sustained factor")):
         if key not in r:

@@ -76,6 +76,8 @@ class MeasurementInfo(FrozenModel):
     """Per batch size: median time of a whole training step on `clock` (to check the layer sum)."""
     optimizer_step_s: NonNegFloat | None = None
     """One SGD-with-momentum update of every parameter."""
+    stage_call_s: NonNegFloat | None = None
+    """Per layer, the cost of calling its one-layer stage on its own, taken off its forward times."""
     memory_budget_source: str
     memory_measured_bytes: NonNegInt | None = None
     """The cgroup limit, or MemAvailable when there is none."""

@@ -148,6 +148,16 @@ def sustained_factor(batch: Batch) -> float:
     return (batch.step.wall_s / batch.step.count) / step_clock if step_clock > 0 else 1.0
 
 
+STAGE_CALL_FLOOR = 0.1
+"""A layer keeps at least this share of its timed forward: a call cost measured once, on a busy
+machine, must not erase a short layer."""
+
+
+def without_stage_call(seconds: float, stage_call_s: float) -> float:
+    """A layer's forward as a runtime stage runs it: without the call of its own one-layer stage."""
+    return max(seconds - stage_call_s, STAGE_CALL_FLOOR * seconds)
+
+
 def device_profile(name: str, identity: Identity, setup: Setup, batches: Sequence[Batch], *,
                    memory_bytes: int | None, repeats: int, warmup: int, notes: Sequence[str] = (),
                    device_fingerprint: str | None = None) -> DeviceProfile:
@@ -160,7 +170,8 @@ def device_profile(name: str, identity: Identity, setup: Setup, batches: Sequenc
             raise ProbeOutputError(f"device {name}: batch {b.batch_size} has {len(b.forward)} layers, "
                                    f"setup says {setup.layers}")
     factors = [sustained_factor(b) for b in batches]
-    forward = [[median(b.forward[i]) * f for b, f in zip(batches, factors)] for i in range(setup.layers)]
+    forward = [[without_stage_call(median(b.forward[i]), setup.stage_call_s) * f for b, f in zip(batches, factors)]
+               for i in range(setup.layers)]
     backward = [[median(b.backward[i]) * f for b, f in zip(batches, factors)] for i in range(setup.layers)]
     budget, budget_source, measured = memory_budget(identity, setup.runtime_bytes, memory_bytes)
     optimizer = [s for b in batches for s in b.optimizer_step_s]
@@ -170,7 +181,7 @@ def device_profile(name: str, identity: Identity, setup: Setup, batches: Sequenc
         cpu_quota_cores=identity.cpu_quota_cores, cpu_quota_source=identity.cpu_quota_source,
         threads=setup.threads, clock=setup.clock, repeats=repeats, warmup=warmup,
         sustained_factor=factors, step_clock_s=[median(b.step.clock_s) for b in batches],
-        optimizer_step_s=median(optimizer) if optimizer else None,
+        optimizer_step_s=median(optimizer) if optimizer else None, stage_call_s=setup.stage_call_s,
         memory_budget_source=budget_source, memory_measured_bytes=measured,
         fingerprint=device_fingerprint or fingerprint(identity),
         python=identity.python, torch=identity.torch, hppctl=identity.hppctl, notes=all_notes,

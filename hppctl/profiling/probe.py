@@ -30,7 +30,7 @@ from typing import Any
 
 from hppctl.allocator import steady_heap
 
-PROBE_VERSION = 3
+PROBE_VERSION = 4
 """Bumped whenever a kind changes what or how it measures; part of every cache key."""
 
 Kind = Callable[[dict[str, Any]], Iterator[dict[str, Any]]]

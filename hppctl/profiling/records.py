@@ -54,6 +54,8 @@ class Setup(FrozenModel):
     param_bytes: NonNegInt
     setup_s: NonNegFloat
     model_fingerprint: str | None = None
+    stage_call_s: NonNegFloat = 0.0
+    """What timing a layer through its own one-layer stage adds to its forward (train_probe.py)."""
 
 
 class Step(FrozenModel):

@@ -88,6 +88,26 @@ def test_memory_budget_without_inventory_subtracts_the_worker_runtime():
     assert parse.memory_budget(no_limit, 10**9, 3 * 10**9)[:2] == (3 * 10**9, "inventory")
 
 
+def test_each_forward_loses_the_cost_of_calling_its_own_stage_and_backward_keeps_its_time():
+    setup, batches, _ = parse.batches_from_output(found("train-tiny-cnn-lab-h2.jsonl"))
+    ident = identity(hostname="h2")
+
+    def profile(stage_call_s: float):
+        return parse.device_profile("h2", ident, setup.model_copy(update={"stage_call_s": stage_call_s}), batches,
+                                    memory_bytes=None, repeats=5, warmup=1)
+
+    raw, calibrated = profile(0.0), profile(20e-6)
+    assert calibrated.measurement.stage_call_s == 20e-6 and raw.measurement.stage_call_s == 0.0
+    assert calibrated.backward_s == raw.backward_s
+    factors = raw.measurement.sustained_factor
+    for layer_raw, layer_calibrated in zip(raw.forward_s, calibrated.forward_s):
+        for t, c, f in zip(layer_raw, layer_calibrated, factors):
+            assert c == pytest.approx(max(t - 20e-6 * f, 0.1 * t))
+    assert sum(map(sum, calibrated.forward_s)) < sum(map(sum, raw.forward_s))
+    # a call cost larger than a layer (measured on a busy machine) leaves a tenth of it, never nothing
+    assert parse.without_stage_call(5e-6, 20e-6) == pytest.approx(5e-7)
+
+
 def test_a_batch_from_another_layer_count_is_refused():
     setup, batches, _ = parse.batches_from_output(found("train-tiny-cnn-lab-h2.jsonl"))
     _, memories, passes, _ = parse.train_output(found("train-tiny-cnn-lab-h2.jsonl"))

@@ -32,6 +32,16 @@ def test_layer_pass_times_every_layer_in_one_backward(measurement):
     assert all(p.grad is not None for p in measurement.model.parameters())
 
 
+def test_the_cost_of_calling_one_layer_stage_is_measured_against_one_module_over_all_layers(measurement):
+    # tiny-cnn's 11 one-layer stages: a few microseconds each of calls and clock reads on any machine,
+    # far below the smallest layer's forward (no wall-clock bound: just what it is made of)
+    x, labels = measurement.batch(4)
+    forward, _ = measurement.layer_pass(x, labels)
+    cost = measurement.stage_call_cost(reps=5)
+    assert 0.0 <= cost < max(forward)
+    assert not measurement.norms_in_eval  # BatchNorm back in training mode for what follows
+
+
 def test_batchnorm_falls_back_to_eval_mode_only_where_training_refuses(measurement):
     x, labels = measurement.batch(2)
     assert measurement.first_step(x, labels) == [] and not measurement.norms_in_eval
@@ -51,6 +61,7 @@ def test_probe_records_for_a_tiny_model(capsys):
     assert passes == [1, 2, 1]  # round-robin
     setup, batches, _ = parse.batches_from_output(found)
     assert setup.layers == 5 and setup.model_fingerprint
+    assert setup.stage_call_s >= 0.0  # measured before anything is timed (its value: test below)
 
 
 def test_memory_budget_skips_what_would_not_fit(capsys):

@@ -143,8 +143,9 @@ def without_fault_tolerance(plan, cluster, args) -> float:
     return statistics.median(r["samples_per_s"] for r in rows if r["round"] > 0)
 
 
-def predicted(plan, profile, victim: str, method: str, timeout: float) -> dict:
-    sim = simulate_failure(plan, profile, victim, 30.0, method=method, timeout_s=timeout, probe_s=2.0)
+def predicted(plan, profile, victim: str, method: str, timeout: float, case: str) -> dict:
+    kind = "crash" if FAULTS[case] == "kill" else "silent"  # a killed worker's end is seen at once
+    sim = simulate_failure(plan, profile, victim, 30.0, method=method, timeout_s=timeout, probe_s=2.0, kind=kind)
     return {"detection_s": sim.detection_s, "recovery_s": sim.recovery_s, "throughput_after": sim.throughput_after,
             "throughput_before": sim.throughput_before, "backup_link_s": sim.backup_link_s_before,
             "replan_and_move_s": sim.first_round_done_at_s - sim.detected_at_s}
@@ -209,7 +210,7 @@ def main() -> None:
             case_plan = replica_plan(plan) if case == "kill-replica" else plan
             for method in args.methods.split(","):
                 measured = measure(case, method, case_plan, profile, cluster, work, args)
-                measured["predicted"] = predicted(case_plan, profile, args.victim, method, args.timeout)
+                measured["predicted"] = predicted(case_plan, profile, args.victim, method, args.timeout, case)
                 results.append(measured)
                 print(json.dumps(measured), flush=True)
     finally:

@@ -51,6 +51,7 @@ def simulate_command(
     replan: Annotated[str, typer.Option("--replan", help="With --fail: light, heavy or both (side by side).")] = "both",
     timeout: Annotated[float, typer.Option("--timeout", help="With --fail: heartbeat silence before a device is suspect (s).")] = 3.0,
     replicate_every: Annotated[int, typer.Option("--replicate-every", help="With --fail: rounds between backups, as `hppctl run --replicate-every` (0: none).")] = 1,
+    fail_kind: Annotated[str, typer.Option("--fail-kind", help="With --fail: silent (hung, unreachable, powered off: found by heartbeat timeout and probe) or crash (the worker process dies: seen at once).")] = "silent",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
 ) -> None:
     """Simulate one training round of a plan: latency, throughput, per-device busy/bubble and peak memory."""
@@ -59,7 +60,7 @@ def simulate_command(
     from hppctl.models.schedule import Schedule
 
     if fail is not None:
-        _simulate_failure(plan_file, profile_file, fail, replan, timeout, replicate_every, as_json)
+        _simulate_failure(plan_file, profile_file, fail, replan, timeout, replicate_every, fail_kind, as_json)
         return
     if step_time < 0:
         raise BadInput(f"--step-time: must not be negative (got {step_time})")
@@ -102,9 +103,9 @@ def simulate_command(
 
 
 def _simulate_failure(plan_file, profile_file, fail: str, replan: str, timeout: float, replicate_every: int,
-                      as_json: bool) -> None:
+                      kind: str, as_json: bool) -> None:
     from hppctl.planner.explain import check_plan_matches
-    from hppctl.schedule.failure import simulate_failure
+    from hppctl.schedule.failure import FAILURE_KINDS, simulate_failure
 
     device, _, when = fail.partition("@")
     try:
@@ -116,6 +117,8 @@ def _simulate_failure(plan_file, profile_file, fail: str, replan: str, timeout: 
                        f"(got {fail!r}, {replan!r}, {timeout})")
     if replicate_every < 0:
         raise BadInput(f"--replicate-every: must be 0 (no backups) or a positive number of rounds, got {replicate_every}")
+    if kind not in FAILURE_KINDS:
+        raise BadInput(f"--fail-kind: expected {' or '.join(FAILURE_KINDS)}, got {kind!r}")
     if profile_file is None:
         raise BadInput("--fail: needs --profile (re-planning uses the per-layer timings)")
     plan, profile = load(plan_file, HppPlan), load(profile_file, Profile)
@@ -123,12 +126,12 @@ def _simulate_failure(plan_file, profile_file, fail: str, replan: str, timeout: 
     if device not in plan.devices():
         raise BadInput(f"--fail: device {device!r} is not in the plan (devices: {', '.join(plan.devices())})")
     methods = ["light", "heavy"] if replan == "both" else [replan]
-    runs = [simulate_failure(plan, profile, device, at_s, method=m, timeout_s=timeout, replicate_every=replicate_every)
-            for m in methods]
+    runs = [simulate_failure(plan, profile, device, at_s, method=m, timeout_s=timeout, replicate_every=replicate_every,
+                             kind=kind) for m in methods]
     if as_json:
         emit_json([{**r.__dict__, "detection_s": r.detection_s, "recovery_s": r.recovery_s} for r in runs])
         return
-    table = Table(box=None, pad_edge=False, title=f"{device} fails at {at_s:g} s")
+    table = Table(box=None, pad_edge=False, title=f"{device} fails ({kind}) at {at_s:g} s")
     for col in ("re-planning", "detected s", "replan s", "moved", "move s", "first round done s", "recovery s",
                 "throughput before", "throughput after", "stages after"):
         table.add_column(col)

@@ -27,6 +27,18 @@ def test_timeline_is_ordered_and_detection_follows_the_timeout(chain):
     assert r.recovery_s == pytest.approx(r.first_round_done_at_s - 10.2)
 
 
+def test_a_crashed_worker_is_seen_at_once_and_the_rest_of_the_timeline_is_the_same(chain):
+    profile, plan = chain
+    lost = plan.stages[1].devices[0]
+    silent = simulate_failure(plan, profile, lost, 10.2, method="light", timeout_s=3, probe_s=2)
+    crash = simulate_failure(plan, profile, lost, 10.2, method="light", timeout_s=3, probe_s=2, kind="crash")
+    assert crash.kind == "crash" and silent.kind == "silent"
+    assert crash.detection_s == 0.0 and silent.detection_s == pytest.approx(4.8)
+    assert crash.recovery_s == pytest.approx(silent.recovery_s - silent.detection_s, abs=0.05)  # replan time varies
+    with pytest.raises(ValueError, match="failure kind 'flood'"):
+        simulate_failure(plan, profile, lost, 10.2, kind="flood")
+
+
 def test_light_moves_less_than_heavy(chain):
     profile, plan = chain
     lost = plan.stages[-1].devices[0]
@@ -43,6 +55,12 @@ def test_cli_fail_json_and_bad_input(cli, chain, tmp_path):
     code, out, _ = cli("simulate", "--plan", tmp_path / "plan.json", "--profile", tmp_path / "p.json",
                        "--fail", f"{lost}@12", "--json")
     assert code == 0 and [r["requested"] for r in json.loads(out)] == ["light", "heavy"]
+    code, out, _ = cli("simulate", "--plan", tmp_path / "plan.json", "--profile", tmp_path / "p.json",
+                       "--fail", f"{lost}@12", "--fail-kind", "crash", "--json")
+    assert code == 0 and [(r["kind"], r["detection_s"]) for r in json.loads(out)] == [("crash", 0.0)] * 2
+    code, _, err = cli("simulate", "--plan", tmp_path / "plan.json", "--profile", tmp_path / "p.json",
+                       "--fail", f"{lost}@12", "--fail-kind", "meteor")
+    assert code == 2 and err.startswith("error: --fail-kind") and "'meteor'" in err
     for bad in ("ghost@3", f"{lost}@soon", f"{lost}@-1"):
         code, _, err = cli("simulate", "--plan", tmp_path / "plan.json", "--profile", tmp_path / "p.json", "--fail", bad)
         assert code == 2 and err.startswith("error: --fail") and len(err.strip().splitlines()) == 1

@@ -85,19 +85,12 @@ def replica_plan(plan):
 FAULTS = {"kill-single": "kill", "kill-replica": "kill", "sigstop": "stop", "link-cut": "link-down"}
 
 
-def hurt(case: str, work: Path, victim: str) -> None:
+def lab_fault(work: Path, host: str, action: str) -> None:
+    """`hppctl lab fault HOST ACTION` on the bench's lab."""
     from hppctl.lab.faults import inject
     from hppctl.lab.manager import the_lab
 
-    inject(the_lab(work / "state", NAME), victim, FAULTS[case])
-
-
-def heal(case: str, work: Path, victim: str) -> None:
-    from hppctl.lab.faults import inject
-    from hppctl.lab.manager import the_lab
-
-    if case == "link-cut":
-        inject(the_lab(work / "state", NAME), victim, "link-up")
+    inject(the_lab(work / "state", NAME), host, action)
 
 
 def measure(case: str, method: str, plan, profile, cluster, work: Path, args) -> dict:
@@ -109,12 +102,13 @@ def measure(case: str, method: str, plan, profile, cluster, work: Path, args) ->
     def on_round(row: dict) -> None:
         if row["round"] == args.fail_after and not failed_at:
             failed_at.append(time.time())
-            hurt(case, work, args.victim)
+            lab_fault(work, args.victim, FAULTS[case])
 
     try:
         result = session.run(on_round=on_round)
     finally:
-        heal(case, work, args.victim)
+        if case == "link-cut":
+            lab_fault(work, args.victim, "link-up")
     by = {e["event"]: e for e in session.events}
     t0 = failed_at[0]
     resume = by["replanned"]["resume_round"]

@@ -353,14 +353,18 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
+def _named(states: list[LabState], name: str, state_root: Path) -> list[LabState]:
+    chosen = [s for s in states if s.name == name]
+    if not chosen:
+        raise BadInput(f"no lab named {name!r} under {state_root} (`hppctl lab status` lists them)")
+    return chosen
+
+
 def the_lab(state_root: Path = DEFAULT_STATE_ROOT, name: str | None = None) -> LabState:
     """The lab named `name`, or the only one that is up."""
     states = list_states(state_root)
     if name is not None:
-        chosen = [s for s in states if s.name == name]
-        if not chosen:
-            raise BadInput(f"no lab named {name!r} under {state_root} (`hppctl lab status` lists them)")
-        return chosen[0]
+        return _named(states, name, state_root)[0]
     if not states:
         raise BadInput(f"no lab is up (state dir {state_root})")
     if len(states) > 1:
@@ -373,10 +377,8 @@ def the_lab(state_root: Path = DEFAULT_STATE_ROOT, name: str | None = None) -> L
 
 def status(state_root: Path = DEFAULT_STATE_ROOT, name: str | None = None) -> list[dict]:
     """What each lab is and how its hosts are doing: limits, memory use, OOM kills, sshd answering."""
-    states = [s for s in list_states(state_root) if name is None or s.name == name]
-    if name is not None and not states:
-        raise BadInput(f"no lab named {name!r} under {state_root} (`hppctl lab status` lists them)")
-    return [_lab_status(s) for s in states]
+    states = list_states(state_root)
+    return [_lab_status(s) for s in (states if name is None else _named(states, name, state_root))]
 
 
 def _lab_status(state: LabState) -> dict:

@@ -28,7 +28,8 @@ and 4-7% at 100 ms (0.5 core: 9-12% and 4-6%), so at 20 ms a host was that much 
 quota says. The price: a throttled host runs in bursts (a 0.25-core host 25 ms, then a 75 ms
 stall) rather than evenly; `cpu_period: 20ms` in a lab spec chooses evenness (docs/lab.md)."""
 CFS_MIN_QUOTA_US = 1_000
-"""The kernel refuses quotas below 1 ms; the period grows for hosts slower than 0.05 core."""
+"""The kernel refuses quotas below 1 ms; the period grows for hosts slower than 1 ms per period
+(0.01 core at 100 ms)."""
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from hppctl.models.base import FrozenModel
+from hppctl.lab.presets import CFS_PERIOD_US, PRESETS  # data and constants only (math, dataclasses)
 from hppctl.models.units import Bytes, BytesPerSecond, Seconds
 
 Percent = Annotated[float, Field(ge=0, le=100)]
@@ -27,8 +28,6 @@ _PRIVATE = [ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "19
 
 
 def _known_presets() -> list[str]:
-    from hppctl.lab.presets import PRESETS  # data only; imported late to keep models import-light
-
     return sorted(PRESETS)
 
 
@@ -97,7 +96,7 @@ class LabSpec(FrozenModel):
     """Cores given to the fastest preset; the others get their FLOP/s ratio of it (capped at nproc)."""
     delay_backend: Literal["auto", "netem", "nfqueue"] = "auto"
     """How delay and loss are emulated: tc netem, or an NFQUEUE delay line where netem is missing."""
-    cpu_period: Annotated[Seconds, Field(ge=0.001, le=1.0)] = 0.1
+    cpu_period: Annotated[Seconds, Field(ge=0.001, le=1.0)] = CFS_PERIOD_US / 1e6
     """CFS period of every host's CPU quota (the kernel allows 1 ms to 1 s): docs/lab.md, Presets."""
 
     @field_validator("subnet")

@@ -145,7 +145,7 @@ def duty_cycle(threads: int, seconds: float = 0.4, limited_s: float = 2.0) -> fl
     window may open on a fresh budget and close on the next): a 1-core quota reads up to
     1 + period / W. After `seconds` the window is stretched to `limited_s` when the cores look
     limited, so that the kernel's and docker's 100 ms periods read within 0.05 core per quota core
-    (0.4 s alone read 1.25 for one core); an unlimited process stops at `seconds`.
+    (0.4 s read one core as 1.10-1.18 after an idle spell); an unlimited process stops at `seconds`.
     """
     buffer = b"\x5a" * (256 << 10)
     stop = threading.Event()

@@ -25,9 +25,9 @@ What is measured (docs/profiling.md has the why):
 The clock is the process CPU time when torch runs one thread, wall time otherwise. A CFS quota
 stops a process for the rest of a period once its budget is spent: a 1 ms layer on a 0.25-core
 device takes 1 ms or 76 ms (100 ms periods) depending on where the period boundary falls, so
-wall-time samples of short layers are bimodal and their median is not the layer's cost. CPU time does not count the
-stalls. The sustained step measurement (many periods long) then gives the device's wall/CPU
-ratio, by which parse.py scales every layer (`sustained_factor`).
+wall-time samples of short layers are bimodal and their median is not the layer's cost. CPU time
+does not count the stalls. The sustained step measurement (many periods long) then gives the
+device's wall/CPU ratio, by which parse.py scales every layer (`sustained_factor`).
 """
 
 from __future__ import annotations

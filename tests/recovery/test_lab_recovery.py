@@ -77,13 +77,11 @@ SINGLE = [((0, 2), ["tx0"], [4]), ((2, 3), ["nano0"], [4]), ((3, 4), ["nano1"], 
 REPLICATED = [((0, 2), ["tx0"], [4]), ((2, 4), ["nano0", "nano1"], [2, 2]), ((4, 5), ["nano2"], [4])]
 
 
-# The failures: SIGKILL (of a single-device stage or of a replica), SIGSTOP, a cut link.
-FAULTS = {"kill": "kill", "sigstop": "stop", "link-cut": "link-down"}
-
-
 @pytest.mark.parametrize("stages,failures", [
-    pytest.param(SINGLE, [("kill", "nano1"), ("sigstop", "nano2")], id="sigkill-single-stage-then-sigstop"),
-    pytest.param(REPLICATED, [("kill", "nano1"), ("link-cut", "nano2")], id="sigkill-one-replica-then-link-cut"),
+    # the failures as `hppctl lab fault` actions: SIGKILL (of a single-device stage or of a
+    # replica), SIGSTOP, a cut link
+    pytest.param(SINGLE, [("kill", "nano1"), ("stop", "nano2")], id="sigkill-single-stage-then-sigstop"),
+    pytest.param(REPLICATED, [("kill", "nano1"), ("link-down", "nano2")], id="sigkill-one-replica-then-link-cut"),
 ])
 def test_training_survives_each_failure_with_the_failure_free_parameters(lab, stages, failures):
     # Two failures per run, the second once the first recovery has resumed: the four cases in two lab
@@ -97,14 +95,14 @@ def test_training_survives_each_failure_with_the_failure_free_parameters(lab, st
     def on_round(row: dict) -> None:
         resumed = sum(e["event"] == "resumed" for e in session.events)
         if pending and row["round"] >= 2 + 4 * resumed and resumed == len(failures) - len(pending):
-            case, victim = pending.pop(0)
-            lab.fault(victim, FAULTS[case])
+            action, victim = pending.pop(0)
+            lab.fault(victim, action)
 
     try:
         result = session.run(on_round=on_round)
     finally:
-        for case, victim in failures:
-            if case == "link-cut":
+        for action, victim in failures:
+            if action == "link-down":
                 lab.fault(victim, "link-up")
     assert not pending
     lost = [e for e in session.events if e["event"] == "lost"]

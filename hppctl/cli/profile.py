@@ -138,6 +138,11 @@ def profile_command(
 
     spec = load(cluster, ClusterSpec)
     preset_devices(spec, str(cluster))  # fail on a bad device before paying for the model
+    from hppctl.profiling.cluster import ProbeSettings
+
+    # checked even when every device is a preset (and the settings go unused): a typo must not pass
+    settings = ProbeSettings(repeats=repeats, warmup=warmup, threads=threads, timeout_s=timeout,
+                             link_seconds=link_seconds)
     layers, parts = model_layers(model, granularity)
     measured = [d for d in spec.devices if d.preset is None]
     failures: dict[str, str] = {}
@@ -148,10 +153,6 @@ def profile_command(
                                        optimizer_state_factor=OPTIMIZER_STATE_FACTORS[optimizer], parts=parts,
                                        source=str(cluster))
     else:
-        from hppctl.profiling.cluster import ProbeSettings
-
-        settings = ProbeSettings(repeats=repeats, warmup=warmup, threads=threads, timeout_s=timeout,
-                                 link_seconds=link_seconds)
         note(f"{model} ({granularity}): {len(layers)} layers; measuring {len(measured)} of {len(spec.devices)} "
              f"devices at batch sizes {','.join(map(str, grid))}")
         run = measure(spec, model, granularity, grid, layers, settings, OPTIMIZER_STATE_FACTORS[optimizer],

@@ -64,11 +64,15 @@ class ProbeSettings:
     ping_count: int = 20
 
     def __post_init__(self) -> None:
-        if self.repeats < 1 or self.warmup < 0 or self.min_steps < 1:
-            raise BadInput(f"probe settings: repeats >= 1, warmup >= 0, min_steps >= 1 (got {self.repeats}, "
-                           f"{self.warmup}, {self.min_steps})")
-        if self.window_s < 0 or self.timeout_s <= 0 or self.link_seconds <= 0 or self.ping_count < 1:
-            raise BadInput("probe settings: window_s >= 0, timeout_s > 0, link_seconds > 0, ping_count >= 1")
+        # (flag a user types, value, smallest allowed, whether the smallest itself is allowed)
+        checks = (("--repeats", self.repeats, 1, True), ("--warmup", self.warmup, 0, True),
+                  ("--timeout", self.timeout_s, 0, False), ("--link-seconds", self.link_seconds, 0, False),
+                  ("window_s", self.window_s, 0, True), ("min_steps", self.min_steps, 1, True),
+                  ("ping_count", self.ping_count, 1, True))
+        for flag, value, least, inclusive in checks:
+            if value < least or (value == least and not inclusive):
+                bound = f">= {least}" if inclusive else f"> {least}"
+                raise BadInput(f"{flag}: must be {bound} (got {value})")
         if self.threads is not None and self.threads < 1:
             raise BadInput(f"--threads: {self.threads} is not a positive number of threads")
 

@@ -79,7 +79,10 @@ class Measurement:
         self.spec = get_model(model_name)
         self.model = self.spec.build(seed=seed)
         self.model.train()
-        count = len(layer_costs(model_name, granularity))
+        costs = layer_costs(model_name, granularity)
+        count = len(costs)
+        self.activation_bytes_per_sample = sum(c.activation_bytes_per_sample for c in costs)
+        """What the forward keeps for the backward, per sample (the zoo's sizes): a lower bound on a step's peak."""
         self.stages = [build_stage(self.model, granularity, i, i + 1) for i in range(count)]
         self._granularity = granularity
         self.threads = threads
@@ -267,14 +270,11 @@ def _memory_phase(m: Measurement, sizes: list[int], budget: int | None) -> Itera
     step; stops before a batch size whose predicted peak would not fit 90% of the budget."""
     previous: tuple[int, int] | None = None  # (batch, peak bytes)
     for k, b in enumerate(sizes):
-        if budget and previous is not None:
-            predicted = m.model_rss + previous[1] * b / previous[0]
-            if predicted > 0.9 * budget:
-                for rest in sizes[k:]:
-                    yield {"type": "skip", "batch_size": rest,
-                           "reason": f"predicted peak {predicted / 1e6:.0f} MB at batch {b} exceeds 90% of the "
-                                     f"{budget / 1e6:.0f} MB budget"}
-                return
+        reason = _would_not_fit(m, b, budget, previous)
+        if reason:
+            for rest in sizes[k:]:
+                yield {"type": "skip", "batch_size": rest, "reason": reason}
+            return
         yield {"type": "progress", "batch_size": b, "phase": "memory", "done": k, "total": len(sizes)}
         x, labels = m.batch(b)
         notes = m.first_step(x, labels)
@@ -284,6 +284,23 @@ def _memory_phase(m: Measurement, sizes: list[int], budget: int | None) -> Itera
         previous = (b, peak)
         yield {"type": "memory", "batch_size": b, "peak_bytes": peak, "peak_method": method, "notes": notes,
                "optimizer_step_s": m.optimizer_step()}
+
+
+def _would_not_fit(m: Measurement, batch: int, budget: int | None, previous: tuple[int, int] | None) -> str | None:
+    """Why a step at `batch` would not fit 90% of the budget, or None. Predicted from the previous batch
+    size's measured peak, proportionally, and never below the activations the forward keeps (the zoo's
+    sizes: a lower bound, and the only estimate before the first step), so that a batch far too large
+    is skipped instead of asking the allocator for it (or waking the kernel's OOM killer)."""
+    if not budget:
+        return None
+    kept = m.activation_bytes_per_sample * batch
+    scaled = previous[1] * batch / previous[0] if previous else 0.0
+    predicted = m.model_rss + max(kept, scaled)
+    if predicted <= 0.9 * budget:
+        return None
+    basis = f"from batch {previous[0]}'s peak" if scaled >= kept else "at least, from the activations kept for the backward"
+    return (f"predicted peak {predicted / 1e6:.0f} MB at batch {batch} ({basis}) exceeds 90% of the "
+            f"{budget / 1e6:.0f} MB budget")
 
 
 @contextmanager

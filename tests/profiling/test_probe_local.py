@@ -65,13 +65,25 @@ def test_probe_records_for_a_tiny_model(capsys):
     assert raw["stage_call_s"] == setup.stage_call_s  # sent by the probe, not the record's default
 
 
-def test_memory_budget_skips_what_would_not_fit(capsys):
+def test_a_budget_below_the_model_itself_skips_every_batch_size(capsys):
+    # the probe with torch and the model is ~320 MB of RSS: nothing fits a 1-byte budget
     args = {"model": "tiny-mlp", "granularity": "fine", "batch_sizes": [1, 1 << 20], "threads": 1, "repeats": 1,
             "warmup": 0, "window_s": 0.0, "memory_budget_bytes": 1}
     assert probe.main(["train", "--args", json.dumps(args)]) == 0
     found = parse.records(capsys.readouterr().out)
-    [skip] = [r for r in found if r["type"] == "skip"]
-    assert skip["batch_size"] == 1 << 20 and "exceeds 90%" in skip["reason"]
+    assert [r["type"] for r in found if r["type"] in ("memory", "pass")] == []
+    skips = [r for r in found if r["type"] == "skip"]
+    assert [r["batch_size"] for r in skips] == [1, 1 << 20] and "exceeds 90%" in skips[0]["reason"]
+
+
+def test_a_first_batch_size_far_too_large_is_skipped_before_it_is_allocated(capsys):
+    # it used to run the step and fail the device with torch's allocation error
+    args = {"model": "tiny-mlp", "granularity": "fine", "batch_sizes": [1 << 34, 1 << 35], "threads": 1,
+            "repeats": 1, "warmup": 0, "window_s": 0.0, "memory_budget_bytes": 4 << 30}
+    assert probe.main(["train", "--args", json.dumps(args)]) == 0
+    found = parse.records(capsys.readouterr().out)
+    assert [r["batch_size"] for r in found if r["type"] == "skip"] == [1 << 34, 1 << 35]
+    assert "from the activations kept" in found[-2]["reason"] and found[-1]["type"] == "done"
 
 
 def test_registered_kinds_run_and_unknown_ones_are_errors(capsys):

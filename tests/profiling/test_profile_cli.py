@@ -134,6 +134,12 @@ def test_bad_cluster_files_exit_2_with_one_line(cli, tmp_path, content, needle):
     (["--cluster", None], "--cluster: required"),
     (["--model", None], "--model: required"),
     (["--cluster", "no/such.yaml"], "no/such.yaml: no such file"),
+    # the measurement flags are checked on a preset-only cluster too, each named with its value
+    (["--repeats", "0"], "--repeats: must be >= 1 (got 0)"),
+    (["--warmup", "-1"], "--warmup: must be >= 0 (got -1)"),
+    (["--timeout", "-1"], "--timeout: must be > 0 (got -1.0)"),
+    (["--link-seconds", "0"], "--link-seconds: must be > 0 (got 0.0)"),
+    (["--threads", "0"], "--threads: 0 is not a positive number of threads"),
 ])
 def test_bad_arguments_exit_2_with_one_line(cli, cluster_file, tmp_path, monkeypatch, args, needle):
     monkeypatch.chdir(tmp_path)

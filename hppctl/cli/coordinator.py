@@ -13,7 +13,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from hppctl.cli.output import emit_json, stdout
+from hppctl.cli.output import emit_json, stdout, writable_path
+from hppctl.runtime.bootstrap import check_listen
 from hppctl.errors import BadInput
 
 EXAMPLES = """
@@ -29,18 +30,19 @@ REPLAN_CHOICES = ("light", "heavy", "off")
 
 
 def recovery_options(profile, *, heartbeat: float, timeout: float, probe_timeout: float, replan: str,
-                     replicate_every: int):
-    """The embedded coordinator's settings, or None when re-planning is off (any loss ends the run)."""
+                     replicate_every: int, timeout_flag: str = "--failure-timeout"):
+    """The embedded coordinator's settings, or None when re-planning is off (any loss ends the run).
+    `timeout_flag`: what the silence timeout is called on this command's line."""
     from hppctl.runtime.recovery import RecoveryOptions
 
     if replan not in REPLAN_CHOICES:
         raise BadInput(f"--replan: unknown value {replan!r} ({', '.join(REPLAN_CHOICES)})")
-    for flag, value in (("--heartbeat", heartbeat), ("--failure-timeout", timeout), ("--probe-timeout", probe_timeout),
+    for flag, value in (("--heartbeat", heartbeat), (timeout_flag, timeout), ("--probe-timeout", probe_timeout),
                         ("--replicate-every", replicate_every)):
         if value <= 0:
             raise BadInput(f"{flag}: must be positive (got {value})")
     if timeout <= heartbeat:
-        raise BadInput(f"--failure-timeout: {timeout} s must exceed --heartbeat {heartbeat} s "
+        raise BadInput(f"{timeout_flag}: {timeout} s must exceed --heartbeat {heartbeat} s "
                        f"(a device is suspect after missing several beats)")
     if replan == "off" or profile is None:
         return None
@@ -111,13 +113,17 @@ def coordinator_command(
     for flag, value in (("--plan", plan), ("--cluster", cluster), ("--profile", profile)):
         if value is None:
             raise BadInput(f"{flag}: required")
+    if rounds <= 0:
+        raise BadInput(f"--rounds: must be positive (got {rounds})")
+    check_listen(listen)
+    writable_path("--events", events)
     hpp, inventory, prof = load(plan, HppPlan), load(cluster, ClusterSpec), load(profile, Profile)
-    data = preflight(hpp, inventory, dataset, profile=prof, plan_source=str(plan), cluster_source=str(cluster),
-                     profile_source=str(profile))
     recovery = recovery_options(prof, heartbeat=heartbeat, timeout=timeout, probe_timeout=probe_timeout,
-                                replan=replan, replicate_every=replicate_every)
+                                replan=replan, replicate_every=replicate_every, timeout_flag="--timeout")
     if recovery is None:
         raise BadInput("--replan: the coordinator needs light or heavy")
+    data = preflight(hpp, inventory, dataset, profile=prof, plan_source=str(plan), cluster_source=str(cluster),
+                     profile_source=str(profile))
     from hppctl.cli.run import train
 
     options = TrainOptions(dataset=dataset, rounds=rounds, threads=1 if all(inventory.device(d).local

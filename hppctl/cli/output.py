@@ -21,3 +21,30 @@ def emit_json(data: object) -> None:
 def note(message: str) -> None:
     """Progress for people, on stderr so that `--json` stdout stays clean."""
     stderr.print(message)
+
+
+def writable_path(flag: str, path, *, directory: bool = False) -> None:
+    """Fail now (exit 2, naming the flag) on an output path the command could not write at the end.
+
+    Its folder is created here, as writing would create it anyway; a run that trains for an hour
+    and then cannot save what it learned is the failure this prevents. `directory`: the path itself
+    is a folder (checkpoints)."""
+    import os
+    from pathlib import Path
+
+    from hppctl.errors import BadInput
+
+    if path is None:
+        return
+    path = Path(path)
+    folder = path if directory else path.parent
+    if not directory and path.is_dir():
+        raise BadInput(f"{flag}: {path} is a directory")
+    if directory and path.exists() and not path.is_dir():
+        raise BadInput(f"{flag}: {path} is a file, not a directory")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BadInput(f"{flag}: {path}: cannot create the folder {folder} ({e.strerror or e})") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise BadInput(f"{flag}: {path}: the folder {folder} is not writable")

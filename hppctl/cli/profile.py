@@ -20,7 +20,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from hppctl.cli.output import emit_json, note, stderr, stdout
+from hppctl.cli.output import emit_json, note, stderr, stdout, writable_path
 from hppctl.errors import BadInput, RuntimeFailure
 from hppctl.models.cluster import ClusterSpec
 from hppctl.models.profile import Profile
@@ -73,8 +73,7 @@ def _choice(flag: str, value: str, allowed) -> str:
 def _check_out(out: Path) -> None:
     if out.suffix.lower() not in (".json", ".yaml", ".yml"):
         raise BadInput(f"--out: {out}: unknown file extension {out.suffix!r} (use .json, .yaml or .yml)")
-    if out.exists() and out.is_dir():
-        raise BadInput(f"--out: {out} is a directory")
+    writable_path("--out", out)
 
 
 def model_layers(model: str, granularity: str):

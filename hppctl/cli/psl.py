@@ -13,8 +13,9 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from hppctl.cli.output import emit_json, note, stdout
+from hppctl.cli.output import emit_json, note, stdout, writable_path
 from hppctl.errors import BadInput
+from hppctl.runtime.bootstrap import check_listen
 from hppctl.models.psl import METHODS, OPTIMIZERS, PslPlan, PslRequest, PslSpec
 from hppctl.models.units import format_bytes, parse_duration
 from hppctl.store import load, save, write_text_atomic
@@ -308,6 +309,9 @@ def run_psl(plan_file: Path, cluster_file: Path, *, rounds: int = 1, local_batch
         raise BadInput(f"--order: unknown value {order!r} (plan or ltf)")
     if metrics is not None and metrics.suffix.lower() not in (".jsonl", ".json"):
         raise BadInput(f"--metrics: {metrics}: use a .jsonl file")
+    for flag, path in (("--metrics", metrics), ("--save-model", save_model), ("--log", log)):
+        writable_path(flag, path)
+    check_listen(listen)
     plan = load(plan_file, PslPlan)
     cluster = load(cluster_file, ClusterSpec)
     share_values = _parse_shares(shares)

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from hppctl.cli.output import emit_json, note, stderr, stdout
+from hppctl.cli.output import emit_json, note, stderr, stdout, writable_path
 from hppctl.errors import BadInput
 
 EXAMPLES = """
@@ -84,8 +84,12 @@ def run_command(
         raise BadInput("--plan: required (a plan file from `hppctl plan`)")
     if cluster is None:
         raise BadInput("--cluster: required (the inventory naming the plan's devices)")
+    from hppctl.runtime.bootstrap import check_listen
+    check_listen(listen)
     from hppctl.cli.galaxy import is_inference_file
     if is_inference_file(plan):  # collaborative inference (issue 8)
+        writable_path("--output", output)
+        writable_path("--log", log)
         from hppctl.cli.galaxy import run_inference_command
         return run_inference_command(plan, cluster, text=text, input_ids=input_ids, seq_len=seq_len, repeat=repeat,
                                      warmup=warmup, overlap=overlap, output=output, as_json=as_json, threads=threads,
@@ -114,6 +118,9 @@ def run_command(
     for flag, path, suffixes in (("--metrics", metrics, (".jsonl", ".json")), ("--trace", trace, (".json",))):
         if path is not None and path.suffix.lower() not in suffixes:
             raise BadInput(f"{flag}: {path}: use a {' or '.join(suffixes)} file")
+    for flag, path in (("--metrics", metrics), ("--trace", trace), ("--save-model", save_model), ("--log", log)):
+        writable_path(flag, path)
+    writable_path("--checkpoint-dir", checkpoint_dir, directory=True)
 
     hpp = load(plan, HppPlan)
     inventory = load(cluster, ClusterSpec)

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from hppctl.errors import RuntimeFailure
+from hppctl.errors import BadInput, RuntimeFailure
 
 CHUNK_BYTES = 4 * 2**20
 """The libuv TCPStore refuses values over 8 MiB; large values (state dicts) travel in chunks."""
@@ -52,6 +52,41 @@ def join_proof(token: str, nonce: str, device: str) -> str:
 
 # --- the host side ---------------------------------------------------------------------------------
 
+def parse_listen(text: str, flag: str = "--listen") -> tuple[str, int]:
+    """`HOST`, `HOST:PORT`, `[V6]:PORT` or a bare IPv6 address -> (host, port); port 0: any free one."""
+    text = text.strip()
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else rest
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+    else:  # a name, an IPv4 address, or an IPv6 one without a port
+        host, port_text = text, ""
+    if not host:
+        raise BadInput(f"{flag}: {text!r} has no host (HOST or HOST:PORT, e.g. 10.213.0.1:29500)")
+    try:
+        port = int(port_text) if port_text else 0
+    except ValueError:
+        raise BadInput(f"{flag}: {text!r}: port {port_text!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise BadInput(f"{flag}: {text!r}: port {port} is out of range (0-65535)")
+    return host, port
+
+
+def check_listen(text: str | None, flag: str = "--listen") -> None:
+    """Fail before any work if this machine cannot listen on `text`'s host (a name that does not
+    resolve, an address that is not this machine's). A port in use is found when the run starts."""
+    if text is None:
+        return
+    host, _ = parse_listen(text, flag)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+    except OSError as e:  # socket.gaierror (a name that does not resolve) is one
+        raise BadInput(f"{flag}: {text!r}: this machine cannot listen on {host} ({e.strerror or e})") from None
+
+
 def listen_socket(host: str, port: int = 0) -> socket.socket:
     """A listening TCP socket bound to `host` only (never 0.0.0.0 unless asked for)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -59,9 +94,9 @@ def listen_socket(host: str, port: int = 0) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
-    except OSError as e:
+    except OSError as e:  # socket.gaierror (a name that does not resolve) is one
         sock.close()
-        raise RuntimeFailure(f"cannot listen on {host}:{port}: {e.strerror}") from None
+        raise RuntimeFailure(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     sock.listen(512)
     return sock
 

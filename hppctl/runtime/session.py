@@ -158,9 +158,7 @@ class Session:
     def _host_store(self, timeout_s: float) -> bootstrap.RunStore:
         host, port = "127.0.0.1", 0
         if self.request.listen:
-            host, _, port_text = self.request.listen.rpartition(":") if self.request.listen.count(":") == 1 \
-                else (self.request.listen, "", "")
-            port = int(port_text) if port_text else 0
+            host, port = bootstrap.parse_listen(self.request.listen)
         else:
             remote = [d for d in self.topo.devices if self.request.cluster.device(d).host is not None]
             if remote:

@@ -39,6 +39,32 @@ def test_coordinator_needs_plan_cluster_and_profile(cli):
     assert code == 2 and "--cluster: required" in err
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--rounds", "0"], "--rounds: must be positive (got 0)"),
+    (["--timeout", "0.5"], "--timeout: 0.5 s must exceed --heartbeat 1.0 s"),  # it said --failure-timeout
+    (["--listen", "127.0.0.1:70000"], "--listen: '127.0.0.1:70000': port 70000 is out of range"),
+    (["--listen", "192.0.2.1:29500"], "--listen: '192.0.2.1:29500': this machine cannot listen on 192.0.2.1"),
+    (["--events", "{blocker}/ev.jsonl"], "--events: {blocker}/ev.jsonl: cannot create the folder"),
+])
+def test_coordinator_bad_values_exit_2_naming_the_flag(cli, tmp_path, profile, args, message):
+    # each used to end in a traceback (exit 1), --events only after the workers had started
+    from hppctl.store import save
+    from tests.runtime.factories import make_plan
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    save(tmp_path / "profile.json", profile)
+    save(tmp_path / "plan.yaml", make_plan("tiny-mlp", [((0, 2), ["a"], [4]), ((2, 5), ["b"], [4])],
+                                           global_batch=8, micro_batch=4))
+    (tmp_path / "cluster.yaml").write_text("name: local\ndevices:\n  - {name: a, local: true}\n  - {name: b, local: true}\n")
+    args = [a.format(blocker=blocker) for a in args]
+    code, out, err = cli("coordinator", "--plan", tmp_path / "plan.yaml", "--cluster", tmp_path / "cluster.yaml",
+                         "--profile", tmp_path / "profile.json", *args)
+    assert code == 2, err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+    assert message.format(blocker=blocker) in err and out == ""
+
+
 def test_events_read_as_one_line_each():
     assert describe({"event": "replanned", "method": "light", "lost": "b", "replan_s": 0.05, "resume_round": 7}) == \
         "re-planned (light) without b in 0.05 s; replaying from round 7"

@@ -82,6 +82,31 @@ def test_digits_needs_an_image_or_feature_model(cli, files):
     assert code == 2 and "token ids" in err
 
 
+@pytest.mark.parametrize("flag, value, message", [
+    ("--metrics", "{blocker}/m.jsonl", "--metrics: {blocker}/m.jsonl: cannot create the folder {blocker}"),
+    ("--trace", "{blocker}/t.json", "--trace: {blocker}/t.json: cannot create the folder"),
+    ("--save-model", "{blocker}/m.pt", "--save-model: {blocker}/m.pt: cannot create the folder"),
+    ("--log", "{blocker}/w.log", "--log: {blocker}/w.log: cannot create the folder"),
+    ("--checkpoint-dir", "{blocker}", "--checkpoint-dir: {blocker} is a file, not a directory"),
+    ("--metrics", "{tmp}/folder.jsonl", "--metrics: {tmp}/folder.jsonl is a directory"),
+    ("--listen", "127.0.0.1:99999", "--listen: '127.0.0.1:99999': port 99999 is out of range"),
+    ("--listen", "127.0.0.1:x", "--listen: '127.0.0.1:x': port 'x' is not a number"),
+    ("--listen", "192.0.2.1", "--listen: '192.0.2.1': this machine cannot listen on 192.0.2.1"),
+])
+def test_unusable_outputs_and_addresses_fail_before_any_worker(cli, files, tmp_path, flag, value, message):
+    # these used to start the workers and end in a traceback (exit 1) once the run reached them
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    (tmp_path / "folder.jsonl").mkdir()
+    plan, cluster = files()
+    fill = {"blocker": blocker, "tmp": tmp_path}
+    code, out, err = cli("run", "--plan", plan, "--cluster", cluster, "--rounds", "1", flag, value.format(**fill))
+    assert code == 2, err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+    assert message.format(**fill) in err
+    assert out == "" and blocker.read_text() == ""
+
+
 def test_resume_needs_a_checkpoint_dir(cli, files):
     plan, cluster = files()
     code, _, err = cli("run", "--plan", plan, "--cluster", cluster, "--resume")

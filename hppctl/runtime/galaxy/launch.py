@@ -195,8 +195,7 @@ class InferenceSession:
 
     def _listen_address(self) -> tuple[str, int]:
         if self.request.listen:
-            host, _, port = self.request.listen.partition(":")
-            return host, int(port or 0)
+            return bootstrap.parse_listen(self.request.listen)
         remote = [s.device for s in self.request.plan.shares if self.request.cluster.device(s.device).host]
         return (bootstrap.route_source(self.request.cluster.device(remote[0]).host) if remote else "127.0.0.1"), 0
 

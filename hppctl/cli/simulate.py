@@ -112,9 +112,12 @@ def _simulate_failure(plan_file, profile_file, fail: str, replan: str, timeout: 
         at_s = float(when)
     except ValueError:
         raise BadInput(f"--fail: expected DEVICE@SECONDS like nano1@30, got {fail!r}") from None
-    if at_s < 0 or replan not in ("light", "heavy", "both") or timeout <= 0:
-        raise BadInput(f"--fail/--replan/--timeout: need SECONDS >= 0, light|heavy|both and a positive timeout "
-                       f"(got {fail!r}, {replan!r}, {timeout})")
+    if not 0 <= at_s < float("inf"):  # also refuses nan
+        raise BadInput(f"--fail: SECONDS must be a finite time >= 0, got {fail!r}")
+    if replan not in ("light", "heavy", "both"):
+        raise BadInput(f"--replan: expected light, heavy or both, got {replan!r}")
+    if not 0 < timeout < float("inf"):
+        raise BadInput(f"--timeout: must be a positive number of seconds, got {timeout}")
     if replicate_every < 0:
         raise BadInput(f"--replicate-every: must be 0 (no backups) or a positive number of rounds, got {replicate_every}")
     if kind not in FAILURE_KINDS:

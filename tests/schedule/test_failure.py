@@ -61,9 +61,13 @@ def test_cli_fail_json_and_bad_input(cli, chain, tmp_path):
     code, _, err = cli("simulate", "--plan", tmp_path / "plan.json", "--profile", tmp_path / "p.json",
                        "--fail", f"{lost}@12", "--fail-kind", "meteor")
     assert code == 2 and err.startswith("error: --fail-kind") and "'meteor'" in err
-    for bad in ("ghost@3", f"{lost}@soon", f"{lost}@-1"):
+    for bad in ("ghost@3", f"{lost}@soon", f"{lost}@-1", f"{lost}@inf", f"{lost}@nan"):
         code, _, err = cli("simulate", "--plan", tmp_path / "plan.json", "--profile", tmp_path / "p.json", "--fail", bad)
-        assert code == 2 and err.startswith("error: --fail") and len(err.strip().splitlines()) == 1
+        assert code == 2 and err.startswith("error: --fail:") and len(err.strip().splitlines()) == 1
+    for flag, value in (("--replan", "sideways"), ("--timeout", "-1")):  # each named alone (it was one joint line)
+        code, _, err = cli("simulate", "--plan", tmp_path / "plan.json", "--profile", tmp_path / "p.json",
+                           "--fail", f"{lost}@3", flag, value)
+        assert code == 2 and err.startswith(f"error: {flag}:") and value in err
     code, _, err = cli("simulate", "--plan", tmp_path / "plan.json", "--fail", f"{lost}@3")
     assert code == 2 and "needs --profile" in err
     code, _, err = cli("simulate", "--plan", tmp_path / "plan.json", "--profile", tmp_path / "p.json",

@@ -64,6 +64,9 @@ def plan_command(
     if seq_len is not None:
         raise BadInput(f"--seq-len: {profile} is a training profile; profile with `hppctl profile --seq-len N` to plan inference")
     prof = load(profile, Profile)
+    for missing in prof.missing_devices:  # a profile a failed `hppctl profile` run wrote
+        note(f"note: {profile} has no measurement of {missing.name} ({missing.reason}); planning on the "
+             f"{len(prof.devices)} devices it has")
     if existing is not None:
         plan = load(existing, HppPlan)
         check_plan_matches(plan, prof, str(existing))

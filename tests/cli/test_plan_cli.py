@@ -26,6 +26,18 @@ def test_plan_writes_a_valid_plan_and_json(cli, profile_file, tmp_path):
     assert plan.num_micro_batches == 8
 
 
+def test_a_profile_with_missing_devices_plans_on_the_rest_and_says_so(cli, tmp_path):
+    from hppctl.models.profile import MissingDevice
+
+    profile = make_profile(layers=12, speeds=(1, 2), memory_gb=(4, 4))
+    profile = profile.model_copy(update={"missing_devices": [MissingDevice(name="pi9", reason="unreachable: refused")]})
+    save(tmp_path / "partial.json", profile)
+    code, stdout, stderr = cli("plan", "--profile", tmp_path / "partial.json", "--global-batch", 64,
+                               "--micro-batch", 16, "--json")
+    assert code == 0 and json.loads(stdout)["strategy"]
+    assert "has no measurement of pi9 (unreachable: refused); planning on the 2 devices it has" in stderr
+
+
 def test_compare_json_lists_every_strategy(cli, profile_file):
     code, stdout, _ = cli("plan", "--profile", profile_file, "--global-batch", 256, "--micro-batch", 32,
                           "--compare", "--json")

@@ -17,7 +17,7 @@ from typing import TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from hppctl.errors import BadInput
+from hppctl.errors import BadInput, RuntimeFailure
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -98,9 +98,17 @@ def dumps(obj: BaseModel, kind: str) -> str:
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write through a temporary file beside `path` and rename it: a reader sees the old file or the new
+    one, never half of one. A path that cannot be written is bad input (exit 2), named; a failure while
+    writing (a full disk) a runtime failure (exit 1), with nothing left behind."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    if path.is_dir():
+        raise BadInput(f"{path}: is a directory")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise BadInput(f"{path}: cannot write here ({e.strerror or e})") from None
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
@@ -108,6 +116,9 @@ def write_text_atomic(path: str | Path, text: str) -> None:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a saved file gets normal permissions
         os.replace(tmp, path)
+    except OSError as e:
+        os.unlink(tmp)
+        raise RuntimeFailure(f"{path}: writing failed ({e.strerror or e})") from None
     except BaseException:
         os.unlink(tmp)
         raise

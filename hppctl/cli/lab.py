@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from hppctl.cli.output import emit_json, note, stdout
+from hppctl.cli.output import emit_json, note, stdout, writable_path
 from hppctl.models.units import format_bytes, format_rate
 
 EXAMPLES = """
@@ -50,6 +50,7 @@ def up_command(
     from hppctl.store import load
 
     lab_spec = load(spec, LabSpec)
+    writable_path("--out", out)  # before building anything: a lab built and torn down for a typo is slow
     preflight()
     note(f"building lab {lab_spec.name!r} ({len(lab_spec.hosts)} hosts)…")
     result = up(lab_spec, str(spec), _root(state_dir), out, cgroup_parent)

@@ -127,3 +127,31 @@ def test_saved_files_get_normal_permissions(cli, profile_file, tmp_path):
     out = tmp_path / "plan.json"
     assert cli("plan", "--profile", profile_file, "--global-batch", 64, "--micro-batch", 8, "--out", out)[0] == 0
     assert out.stat().st_mode & 0o044  # regression: mkstemp's 0600 used to survive the rename
+
+
+def test_an_output_path_that_cannot_be_written_is_one_line_and_exit_2(cli, profile_file, tmp_path):
+    # it was a FileNotFoundError traceback (and exit 1) from the store's mkdir
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for out, needle in ((blocker / "plan.json", "cannot write here"), (tmp_path / "dir.json", "is a directory")):
+        if needle == "is a directory":
+            out.mkdir()
+        code, stdout, stderr = cli("plan", "--profile", profile_file, "--global-batch", 64, "--micro-batch", 8,
+                                   "--out", out)
+        assert code == 2 and stderr.startswith(f"error: {out}: {needle}") and len(stderr.splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "dir.json", "p.json"]  # nothing half-written
+
+
+def test_a_failed_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+    import os
+
+    from hppctl.errors import RuntimeFailure
+    from hppctl.store import write_text_atomic
+
+    def disk_full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    with pytest.raises(RuntimeFailure, match="out.json: writing failed \\(No space left on device\\)"):
+        write_text_atomic(tmp_path / "out.json", "{}")
+    assert list(tmp_path.iterdir()) == []

@@ -125,6 +125,9 @@ def run_command(
     hpp = load(plan, HppPlan)
     inventory = load(cluster, ClusterSpec)
     prof = load(profile, Profile) if profile is not None else None
+    lineage = None
+    if resume:
+        hpp, prof, lineage = _plan_to_resume(checkpoint_dir, hpp, prof, plan)
     data = preflight(hpp, inventory, dataset, profile=prof, plan_source=str(plan), cluster_source=str(cluster),
                      profile_source=str(profile))
     per_epoch = len(data.train) // hpp.global_batch
@@ -146,15 +149,36 @@ def run_command(
                                 replan=replan, replicate_every=replicate_every) if window is None else None
     summary = train(hpp, inventory, options, data, checkpoint_dir=checkpoint_dir, resume=resume, metrics=metrics,
                     trace=trace, save_model=save_model, listen=listen, log=log, plan_source=str(plan), schedule=window,
-                    recovery=recovery)
+                    recovery=recovery, lineage=lineage)
     if as_json:
         emit_json(summary)
     else:
         render(summary)
 
 
+def _plan_to_resume(checkpoint_dir: Path, plan, profile, plan_file: Path):
+    """(plan, profile, lineage) to resume on: a checkpoint that fault tolerance re-planned continues on
+    its re-planned plan, over the profile of the devices left (the re-planned plan was made from it)."""
+    from functools import reduce
+
+    from hppctl.planner.replan import without_device
+    from hppctl.runtime.checkpoint import CheckpointDir, plan_to_resume
+
+    resumed, lineage = plan_to_resume(CheckpointDir(checkpoint_dir).newest_meta(), plan)
+    if resumed is plan:
+        return plan, profile, lineage
+    stages = " | ".join(f"[{s.start}, {s.end}) {', '.join(s.devices)}" for s in resumed.stages)
+    note(f"--resume: fault tolerance re-planned {plan_file} without {', '.join(lineage.lost)}; resuming on the "
+         f"plan the run ended with: {stages} (re-plan by hand to bring a device back)")
+    names = {d.name for d in profile.devices} if profile is not None else set()
+    if profile is not None and set(lineage.lost) <= names:  # else preflight names the profile that does not match
+        profile = reduce(without_device, lineage.lost, profile)
+    return resumed, profile, lineage
+
+
 def train(plan, cluster, options, data, *, checkpoint_dir=None, resume=False, metrics=None, trace=None,
-          save_model=None, listen=None, log=None, plan_source="plan", quiet=False, schedule=None, recovery=None) -> dict:
+          save_model=None, listen=None, log=None, plan_source="plan", quiet=False, schedule=None, recovery=None,
+          lineage=None) -> dict:
     """Run the session with progress on stderr; write metrics, trace and model; return the summary."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -166,7 +190,7 @@ def train(plan, cluster, options, data, *, checkpoint_dir=None, resume=False, me
     metrics_file = None
     try:
         request = RunRequest(plan, cluster, options, checkpoint_dir=checkpoint_dir, resume=resume,
-                             listen=listen, log=log_file, schedule=schedule)
+                             listen=listen, log=log_file, schedule=schedule, lineage=lineage)
         if recovery is not None:  # the embedded coordinator (docs/fault-tolerance.md)
             from hppctl.cli.coordinator import describe, status_progress
             from hppctl.runtime.recovery import ResilientSession

@@ -118,6 +118,14 @@ class CheckpointDir:
                 except ValueError:
                     continue
 
+    def newest_meta(self) -> dict | None:
+        """What the newest complete round records (COMPLETE.json), with its path as `_file`; None: no round."""
+        rounds = self.complete_rounds()
+        if not rounds:
+            return None
+        where = _round_dir(self.path, rounds[-1]) / COMPLETE
+        return {**json.loads(where.read_text()), "_file": str(where)}
+
     def latest(self, expected: dict) -> tuple[int, dict[int, bytes]] | None:
         """The newest complete round (its number and stage files), refusing one made by another setup."""
         rounds = self.complete_rounds()
@@ -127,6 +135,39 @@ class CheckpointDir:
         meta = json.loads((where / COMPLETE).read_text())
         for key, value in expected.items():
             if meta.get(key) != value:
+                if key == "plan":  # two plans are pages of JSON: say how they differ
+                    raise BadInput(f"--resume: {where / COMPLETE}: written by another plan ({_stages_text(meta.get(key))}), "
+                                   f"this run's is {_stages_text(value)}; resume with that plan, or the plan the "
+                                   f"run was started with if fault tolerance re-planned it, or use another --checkpoint-dir")
                 raise BadInput(f"--resume: {where / COMPLETE}: {key} is {meta.get(key)!r}, this run has {value!r}; "
                                f"resume with the same settings or use another --checkpoint-dir")
         return rounds[-1], {p: (where / f"stage-{p}.pt").read_bytes() for p in meta["stages"]}
+
+
+def _stages_text(plan: object) -> str:
+    """`mobilenetv2: [0, 88) tx0 | [88, 142) nano0, nano2`, from a plan document (or whatever is there)."""
+    try:
+        stages = " | ".join(f"[{s['layers'][0]}, {s['layers'][1]}) {', '.join(s['devices'])}" for s in plan["stages"])
+        return f"{plan['model']}: {stages}"
+    except (TypeError, KeyError):
+        return repr(plan)[:200]
+
+
+def plan_to_resume(meta: dict | None, plan, plan_source: str = "--plan"):
+    """The plan a run resumed with `plan` continues on, and the checkpoint's lineage: (plan, Lineage).
+
+    A run whose fault tolerance re-planned it wrote its later rounds with the re-planned plan, and
+    recorded the plan it was started with (`origin_plan`) and the devices lost since (`lost`).
+    Resuming with the plan it was started with continues on the re-planned one, without the lost
+    devices (re-plan by hand to bring them back). Anything else is left to `latest` to accept or refuse."""
+    from hppctl.models.plan import HppPlan
+    from hppctl.runtime.session import Lineage, plan_digest, plan_document
+
+    if meta is None or "origin_plan" not in meta:
+        return plan, Lineage(origin=plan_digest(plan))
+    lineage = Lineage(origin=meta["origin_plan"], lost=tuple(meta.get("lost", ())))
+    if meta.get("plan") == plan_document(plan):
+        return plan, lineage
+    if meta["origin_plan"] == plan_digest(plan) and lineage.lost:
+        return HppPlan.model_validate(meta["plan"]), lineage
+    return plan, Lineage(origin=plan_digest(plan))

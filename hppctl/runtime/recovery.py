@@ -45,7 +45,7 @@ from hppctl.runtime import bootstrap
 from hppctl.runtime.config import RecoveryConfig, TrainOptions, WorkerConfig
 from hppctl.runtime.heartbeat import HeartbeatListener, probe
 from hppctl.runtime.metrics import TraceBuilder, aggregate
-from hppctl.runtime.session import RunResult, Session, WorkerFailed, _load_states, run_fingerprint
+from hppctl.runtime.session import Lineage, RunResult, Session, WorkerFailed, _load_states, run_fingerprint
 from hppctl.runtime.topology import Topology
 
 
@@ -69,6 +69,7 @@ class ResilientSession(Session):
         self.plan: HppPlan = request.plan
         self.generation = 0
         self.lost: set[str] = set()
+        self._lost_in_order: list[str] = []
         self.events: list[dict] = []
         self.listener: HeartbeatListener | None = None
         self.state: CoordinatorState | None = None
@@ -279,14 +280,14 @@ class ResilientSession(Session):
         for r in sorted(self._due):
             if all(bootstrap.has_blob(store, f"ckpt/{r}/{p}") for p in stages):
                 blobs = {p: bootstrap.get_blob(store, f"ckpt/{r}/{p}", delete=True) for p in stages}
-                self.ckpt.write_round(r, blobs, run_fingerprint(self.plan, options))
+                self.ckpt.write_round(r, blobs, self._checkpoint_meta(options))
                 self._due.discard(r)
 
     def _final_states(self, options: TrainOptions) -> dict[int, dict]:
         store = self.store.store
         blobs = {p: bootstrap.get_blob(store, f"final/{p}", delete=True) for p in range(self.topo.num_stages)}
         if self.ckpt:
-            self.ckpt.write_round(options.rounds, blobs, run_fingerprint(self.plan, options))
+            self.ckpt.write_round(options.rounds, blobs, self._checkpoint_meta(options))
         store.set("end", "1")
         deadline = time.monotonic() + 30.0
         while time.monotonic() < deadline and not store.check([f"done/{d}" for d in self.topo.devices]):
@@ -304,6 +305,7 @@ class ResilientSession(Session):
         self.state = apply(self.state, Lost(device=device, at_s=self._clock(), reason=reason))
         self._event("lost", device=device, reason=reason)
         self.lost.add(device)
+        self._lost_in_order.append(device)
         if not leaving:
             self._fence(device)
         self.generation += 1
@@ -414,6 +416,12 @@ class ResilientSession(Session):
             for key in [f"final/{p}"] + [f"ckpt/{r}/{p}" for r in range(resume + 1, self._options.rounds)]:
                 if bootstrap.has_blob(store, key):
                     bootstrap.get_blob(store, key, delete=True)
+
+    def _checkpoint_meta(self, options: TrainOptions) -> dict:
+        """The plan in force now (the re-planned one after a loss) and how it came from the first."""
+        lineage = self._lineage()
+        lineage = Lineage(origin=lineage.origin, lost=lineage.lost + tuple(self._lost_in_order))
+        return {**run_fingerprint(self.plan, options), **lineage.as_meta()}
 
     def _adopt(self, doc: dict, resume: int) -> None:
         from hppctl.schedule import check_schedule, schedule_for_plan

@@ -12,6 +12,7 @@ that last rule with recovery; the hooks are `_watch` (liveness) and `_fail`.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import sys
@@ -36,6 +37,21 @@ class WorkerFailed(RuntimeFailure):
 
 
 @dataclass(frozen=True)
+class Lineage:
+    """Where a run's plan comes from, written into every checkpoint: so that `--resume` with the plan a
+    run was started with continues on the plan fault tolerance re-planned it to (checkpoint.py:
+    `plan_to_resume`)."""
+
+    origin: str
+    """`plan_digest` of the plan the run was first started with."""
+    lost: tuple[str, ...] = ()
+    """Devices re-planned without since then, in the order they were lost."""
+
+    def as_meta(self) -> dict:
+        return {"origin_plan": self.origin, "lost": list(self.lost)}
+
+
+@dataclass(frozen=True)
 class RunRequest:
     plan: HppPlan
     cluster: ClusterSpec
@@ -52,6 +68,8 @@ class RunRequest:
     schedule: object = None
     """A `Schedule` to run instead of the plan's own round: an asynchronous window (nf1b, pipedream;
     hppctl.runtime.async_exec.plans.epoch_schedule), one round = one epoch."""
+    lineage: Lineage | None = None
+    """Where `plan` comes from (a resumed run's, from its checkpoint); None: the plan is its own origin."""
 
 
 @dataclass
@@ -76,8 +94,17 @@ class RunResult:
 def run_fingerprint(plan: HppPlan, options: TrainOptions) -> dict:
     """What a checkpoint must share with a run that resumes from it."""
     keep = ("dataset", "seed", "optimizer", "lr", "momentum", "weight_decay")
-    return {"plan": plan.model_dump(mode="json", exclude={"planning_time_s"}),
-            **{k: getattr(options, k) for k in keep}}
+    return {"plan": plan_document(plan), **{k: getattr(options, k) for k in keep}}
+
+
+def plan_document(plan: HppPlan) -> dict:
+    """The plan as a checkpoint records it (how long planning took is not part of a plan's identity)."""
+    return plan.model_dump(mode="json", exclude={"planning_time_s"})
+
+
+def plan_digest(plan: HppPlan) -> str:
+    text = json.dumps(plan_document(plan), sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _load_states(blobs: dict[int, bytes]) -> dict[int, dict]:
@@ -234,7 +261,7 @@ class Session:
             for r in sorted(due):
                 if all(bootstrap.has_blob(store, f"ckpt/{r}/{p}") for p in primaries):
                     blobs = {p: bootstrap.get_blob(store, f"ckpt/{r}/{p}", delete=True) for p in primaries}
-                    self.ckpt.write_round(r, blobs, run_fingerprint(self.request.plan, options))
+                    self.ckpt.write_round(r, blobs, self._checkpoint_meta(options))
                     due.discard(r)
             if store.check([f"done/{d}" for d in devices]) and next_round >= options.rounds:
                 break
@@ -252,8 +279,15 @@ class Session:
         states = {}
         blobs = {p: bootstrap.get_blob(store, f"final/{p}", delete=True) for p in range(self.topo.num_stages)}
         if self.ckpt:
-            self.ckpt.write_round(options.rounds, blobs, run_fingerprint(self.request.plan, options))
+            self.ckpt.write_round(options.rounds, blobs, self._checkpoint_meta(options))
         return _load_states(blobs)
+
+    def _lineage(self) -> Lineage:
+        return self.request.lineage or Lineage(origin=plan_digest(self.request.plan))
+
+    def _checkpoint_meta(self, options: TrainOptions) -> dict:
+        """What a checkpoint records: what a resuming run must share with it, and the plan's lineage."""
+        return {**run_fingerprint(self.request.plan, options), **self._lineage().as_meta()}
 
     # --- liveness -------------------------------------------------------------------------------
     def _check_alive(self) -> None:

@@ -1,0 +1,60 @@
+"""Which plan `--resume` continues on (pure: checkpoint.plan_to_resume over COMPLETE.json records)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hppctl.errors import BadInput
+from hppctl.runtime.checkpoint import CheckpointDir, plan_to_resume
+from hppctl.runtime.session import Lineage, plan_digest, plan_document
+from tests.runtime.factories import make_plan
+
+ORIGINAL = make_plan("tiny-mlp", [((0, 2), ["a"], [4]), ((2, 4), ["b"], [4]), ((4, 5), ["c"], [4])],
+                     global_batch=16, micro_batch=4)
+REPLANNED = make_plan("tiny-mlp", [((0, 3), ["a"], [4]), ((3, 5), ["c"], [4])], global_batch=16, micro_batch=4)
+OTHER = make_plan("tiny-mlp", [((0, 1), ["a"], [4]), ((1, 5), ["b"], [4])], global_batch=16, micro_batch=4)
+
+
+def meta(plan, origin=None, lost=()):
+    return {"plan": plan_document(plan), "origin_plan": origin or plan_digest(plan), "lost": list(lost)}
+
+
+def test_no_checkpoint_or_the_same_plan_resumes_on_the_plan_given():
+    assert plan_to_resume(None, ORIGINAL) == (ORIGINAL, Lineage(origin=plan_digest(ORIGINAL)))
+    assert plan_to_resume(meta(ORIGINAL), ORIGINAL) == (ORIGINAL, Lineage(origin=plan_digest(ORIGINAL)))
+
+
+def test_the_plan_a_run_started_with_resumes_on_the_plan_fault_tolerance_made():
+    record = meta(REPLANNED, origin=plan_digest(ORIGINAL), lost=["b"])
+    plan, lineage = plan_to_resume(record, ORIGINAL)
+    assert plan_document(plan) == plan_document(REPLANNED)
+    assert lineage == Lineage(origin=plan_digest(ORIGINAL), lost=("b",))
+
+
+def test_the_replanned_plan_itself_keeps_the_lineage():
+    # so that a later --resume with the first plan still finds its way
+    record = meta(REPLANNED, origin=plan_digest(ORIGINAL), lost=["b"])
+    assert plan_to_resume(record, REPLANNED) == (REPLANNED, Lineage(origin=plan_digest(ORIGINAL), lost=("b",)))
+
+
+def test_an_unrelated_plan_is_left_for_the_checkpoint_to_refuse(tmp_path):
+    record = meta(REPLANNED, origin=plan_digest(ORIGINAL), lost=["b"])
+    assert plan_to_resume(record, OTHER) == (OTHER, Lineage(origin=plan_digest(OTHER)))
+    ck = CheckpointDir(tmp_path)
+    ck.write_round(3, {0: b"x"}, {**record, "seed": 0})
+    with pytest.raises(BadInput) as refused:
+        ck.latest({"plan": plan_document(OTHER), "seed": 0})
+    message = str(refused.value)
+    # it used to print both plans' JSON whole
+    assert "written by another plan (tiny-mlp: [0, 3) a | [3, 5) c), this run's is tiny-mlp: [0, 1) a | [1, 5) b" in message
+    assert len(message) < 400
+
+
+def test_checkpoints_written_before_lineage_existed_still_resume():
+    record = {"plan": plan_document(ORIGINAL)}
+    assert plan_to_resume(record, ORIGINAL) == (ORIGINAL, Lineage(origin=plan_digest(ORIGINAL)))
+
+
+def test_the_digest_ignores_planning_time():
+    assert plan_digest(ORIGINAL) == plan_digest(ORIGINAL.model_copy(update={"planning_time_s": 9.0}))
+    assert plan_digest(ORIGINAL) != plan_digest(REPLANNED)

@@ -48,7 +48,8 @@ def run_command(
     weight_decay: Annotated[float, typer.Option("--weight-decay", help="L2 weight decay.")] = 0.0,
     checkpoint_dir: Annotated[Optional[Path], typer.Option("--checkpoint-dir", help="Per-stage checkpoints, written atomically; locked while the run lasts.")] = None,
     checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Checkpoint every K rounds (and at the end).")] = 1,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue from the newest complete round in --checkpoint-dir.")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from the newest complete round in --checkpoint-dir (re-cut to this plan's stages if another plan of the model wrote it).")] = False,
+    rejoin: Annotated[bool, typer.Option("--rejoin", help="With --resume after fault tolerance re-planned the run: continue on --plan as given, devices lost before included (default: on the re-planned plan).")] = False,
     metrics: Annotated[Optional[Path], typer.Option("--metrics", help="Per-round metrics, one JSON object per line.")] = None,
     trace: Annotated[Optional[Path], typer.Option("--trace", help="Chrome/Perfetto trace of the run (the simulator's layout).")] = None,
     save_model: Annotated[Optional[Path], typer.Option("--save-model", help="Write the trained model as one state dict (the model's own parameter names).")] = None,
@@ -113,6 +114,8 @@ def run_command(
         raise BadInput(f"--optimizer: unknown value {optimizer!r} (sgd or adam)")
     if resume and checkpoint_dir is None:
         raise BadInput("--resume: needs --checkpoint-dir")
+    if rejoin and not resume:
+        raise BadInput("--rejoin: goes with --resume")
     if lr <= 0:
         raise BadInput(f"--lr: must be positive (got {lr})")
     for flag, path, suffixes in (("--metrics", metrics, (".jsonl", ".json")), ("--trace", trace, (".json",))):
@@ -127,7 +130,7 @@ def run_command(
     prof = load(profile, Profile) if profile is not None else None
     lineage = None
     if resume:
-        hpp, prof, lineage = _plan_to_resume(checkpoint_dir, hpp, prof, plan)
+        hpp, prof, lineage = _plan_to_resume(checkpoint_dir, hpp, prof, plan, rejoin)
     data = preflight(hpp, inventory, dataset, profile=prof, plan_source=str(plan), cluster_source=str(cluster),
                      profile_source=str(profile))
     per_epoch = len(data.train) // hpp.global_batch
@@ -156,16 +159,23 @@ def run_command(
         render(summary)
 
 
-def _plan_to_resume(checkpoint_dir: Path, plan, profile, plan_file: Path):
+def _plan_to_resume(checkpoint_dir: Path, plan, profile, plan_file: Path, rejoin: bool = False):
     """(plan, profile, lineage) to resume on: a checkpoint that fault tolerance re-planned continues on
-    its re-planned plan, over the profile of the devices left (the re-planned plan was made from it)."""
+    its re-planned plan, over the profile of the devices left (the re-planned plan was made from it),
+    unless `rejoin`; a checkpoint of another plan of the same model is re-cut to `plan`'s stages."""
     from functools import reduce
 
     from hppctl.planner.replan import without_device
-    from hppctl.runtime.checkpoint import CheckpointDir, plan_to_resume
+    from hppctl.runtime.checkpoint import CheckpointDir, plan_to_resume, refuse_unless_recuttable
+    from hppctl.runtime.session import Lineage, plan_digest, plan_document
 
-    resumed, lineage = plan_to_resume(CheckpointDir(checkpoint_dir).newest_meta(), plan)
+    meta = CheckpointDir(checkpoint_dir).newest_meta()
+    resumed, lineage = (plan, Lineage(origin=plan_digest(plan))) if rejoin else plan_to_resume(meta, plan)
     if resumed is plan:
+        if meta is not None and meta.get("plan") != plan_document(plan):
+            refuse_unless_recuttable(meta["_file"], meta.get("plan"), plan_document(plan))  # before any worker
+            note(f"--resume: round {meta['round']} was written by another plan of {plan.model}; its state is re-cut to "
+                 f"{plan_file}'s stages")
         return plan, profile, lineage
     stages = " | ".join(f"[{s.start}, {s.end}) {', '.join(s.devices)}" for s in resumed.stages)
     note(f"--resume: fault tolerance re-planned {plan_file} without {', '.join(lineage.lost)}; resuming on the "

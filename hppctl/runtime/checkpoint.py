@@ -127,21 +127,93 @@ class CheckpointDir:
         return {**json.loads(where.read_text()), "_file": str(where)}
 
     def latest(self, expected: dict) -> tuple[int, dict[int, bytes]] | None:
-        """The newest complete round (its number and stage files), refusing one made by another setup."""
+        """The newest complete round (its number and stage files) for a run whose settings are `expected`.
+
+        Its settings must match, but for the plan: a plan of the same model, granularity and global
+        batch gets the round's state re-cut to its own stages (`recut`), so that a run can continue
+        on another plan (a device back, a re-profiled cluster) without losing what it learned."""
         rounds = self.complete_rounds()
         if not rounds:
             return None
         where = _round_dir(self.path, rounds[-1])
         meta = json.loads((where / COMPLETE).read_text())
         for key, value in expected.items():
-            if meta.get(key) != value:
-                if key == "plan":  # two plans are pages of JSON: say how they differ
-                    raise BadInput(f"--resume: {where / COMPLETE}: written by another plan ({_stages_text(meta.get(key))}), "
-                                   f"this run's is {_stages_text(value)}; resume with that plan, or the plan the "
-                                   f"run was started with if fault tolerance re-planned it, or use another --checkpoint-dir")
+            if key != "plan" and meta.get(key) != value:
                 raise BadInput(f"--resume: {where / COMPLETE}: {key} is {meta.get(key)!r}, this run has {value!r}; "
                                f"resume with the same settings or use another --checkpoint-dir")
-        return rounds[-1], {p: (where / f"stage-{p}.pt").read_bytes() for p in meta["stages"]}
+        blobs = {p: (where / f"stage-{p}.pt").read_bytes() for p in meta["stages"]}
+        old, new = meta.get("plan"), expected.get("plan")
+        if new is None or old == new:
+            return rounds[-1], blobs
+        refuse_unless_recuttable(where / COMPLETE, old, new)
+        return rounds[-1], recut(blobs, old, new)
+
+
+def refuse_unless_recuttable(source: object, old: object, new: dict) -> None:
+    """`BadInput` naming both plans' stages if a checkpoint of plan `old` cannot seed plan `new`."""
+    reason = why_not_recut(old, new)
+    if reason:
+        raise BadInput(f"--resume: {source}: written by another plan ({_stages_text(old)}), this run's is "
+                       f"{_stages_text(new)}, and {reason}; resume with that plan, or the plan the run was "
+                       f"started with if fault tolerance re-planned it, or use another --checkpoint-dir")
+
+
+def why_not_recut(old: object, new: dict) -> str | None:
+    """Why a checkpoint of plan `old` cannot seed plan `new` (documents), or None if it can."""
+    if not isinstance(old, dict):
+        return "the checkpoint names no plan"
+    for key in ("model", "granularity", "global_batch"):
+        if old.get(key) != new.get(key):
+            return f"its {key} is {old.get(key)!r} where this run's is {new.get(key)!r}"
+    if any(s.get("backward_layers") for plan in (old, new) for s in plan["stages"]):
+        return "Bi-Partition stages cannot be re-cut"
+    return None
+
+
+def recut(blobs: dict[int, bytes], old: dict, new: dict) -> dict[int, bytes]:
+    """The stage files of plan document `old` re-cut to the stages of `new` (same model and granularity).
+
+    Parameters and buffers are named the same in every stage (the model's names), so they are
+    joined and split by the new stages' names. The optimizer's state is kept per parameter *index*
+    of its stage (torch's `state_dict`); the indices are mapped through each stage's parameter
+    names, which a stage built on the meta device gives without allocating anything."""
+    import io
+
+    import torch
+
+    model, granularity = new["model"], new["granularity"]
+    tensors, per_param, groups, rounds = {}, {}, None, set()
+    for p, blob in blobs.items():
+        state = torch.load(io.BytesIO(blob), weights_only=True)
+        rounds.add(state["round"])
+        tensors.update(state["model"])
+        start, end = old["stages"][p]["layers"]
+        names = [n for n, _ in _meta_stage(model, granularity, start, end).named_parameters()]
+        optimizer = state["optimizer"]
+        for index, value in optimizer.get("state", {}).items():
+            per_param[names[int(index)]] = value
+        if optimizer.get("param_groups"):
+            groups = optimizer["param_groups"][0]
+    (completed,) = rounds
+    out = {}
+    for p, stage in enumerate(new["stages"]):
+        start, end = stage["layers"]
+        module = _meta_stage(model, granularity, start, end)
+        names = [n for n, _ in module.named_parameters()]
+        optimizer = {} if not names else {
+            "state": {i: per_param[n] for i, n in enumerate(names) if n in per_param},
+            "param_groups": [{**(groups or {}), "params": list(range(len(names)))}]}
+        buf = io.BytesIO()
+        torch.save({"round": completed, "stage": p, "layers": [start, end],
+                    "model": {k: tensors[k] for k in module.state_dict()}, "optimizer": optimizer}, buf)
+        out[p] = buf.getvalue()
+    return out
+
+
+def _meta_stage(model: str, granularity: str, start: int, end: int):
+    from hppctl.zoo import build_stage, get_model
+
+    return build_stage(get_model(model).build(device="meta").train(), granularity, start, end, mode="train")
 
 
 def _stages_text(plan: object) -> str:

@@ -3,7 +3,8 @@
 The first run loses worker b (SIGKILL) after round 3, re-plans without it and checkpoints every
 round on the new plan. `hppctl run --resume` with the original plan file and profile must then
 continue on the re-planned stages (it used to refuse, printing both plans' JSON), keep the lineage
-in the checkpoints it writes, and end with the parameters of one failure-free run of all rounds.
+in the checkpoints it writes, and end with the parameters of one failure-free run of all rounds;
+then `--resume --rejoin` brings b back on the original plan, the state re-cut to its stages.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tests.runtime.reference import train_reference
 
 pytestmark = [pytest.mark.gloo, pytest.mark.timeout(300)]
 
-FIRST, TOTAL = 6, 9
+FIRST, TOTAL, REJOINED = 6, 9, 11
 
 
 def test_resume_with_the_original_plan_continues_on_the_replanned_one(cli, tmp_path):
@@ -66,3 +67,17 @@ def test_resume_with_the_original_plan_continues_on_the_replanned_one(cli, tmp_p
     whole = train_reference(plan, options.model_copy(update={"rounds": TOTAL}))
     saved = torch.load(tmp_path / "model.pt")  # the model's own names; the reference's are the zoo module's
     assert_same({f"model.{name}": tensor for name, tensor in saved.items()}, whole)
+
+    # b is back: --rejoin continues on the original plan, the re-planned stages' state re-cut to it
+    code, out, err = cli("run", "--plan", tmp_path / "plan.yaml", "--cluster", tmp_path / "cluster.yaml",
+                         "--profile", tmp_path / "profile.json", "--rounds", REJOINED, "--lr", "0.1", "--threads", "1",
+                         "--checkpoint-dir", checkpoints, "--resume", "--rejoin", "--save-model", tmp_path / "model.pt",
+                         "--json")
+    assert code == 0, err
+    assert "re-cut to" in err
+    summary = json.loads(out)
+    assert summary["start_round"] == TOTAL and [s["devices"] for s in summary["final_stages"]] == [["a"], ["b"], ["c"]]
+    assert CheckpointDir(checkpoints).newest_meta()["lost"] == []  # a new lineage: the plan as given
+    saved = torch.load(tmp_path / "model.pt")
+    assert_same({f"model.{name}": tensor for name, tensor in saved.items()},
+                train_reference(plan, options.model_copy(update={"rounds": REJOINED})))

@@ -12,7 +12,7 @@ from tests.runtime.factories import make_plan
 ORIGINAL = make_plan("tiny-mlp", [((0, 2), ["a"], [4]), ((2, 4), ["b"], [4]), ((4, 5), ["c"], [4])],
                      global_batch=16, micro_batch=4)
 REPLANNED = make_plan("tiny-mlp", [((0, 3), ["a"], [4]), ((3, 5), ["c"], [4])], global_batch=16, micro_batch=4)
-OTHER = make_plan("tiny-mlp", [((0, 1), ["a"], [4]), ((1, 5), ["b"], [4])], global_batch=16, micro_batch=4)
+OTHER = make_plan("tiny-mlp", [((0, 1), ["a"], [4]), ((1, 5), ["b"], [4])], global_batch=32, micro_batch=4)
 
 
 def meta(plan, origin=None, lost=()):
@@ -47,7 +47,23 @@ def test_an_unrelated_plan_is_left_for_the_checkpoint_to_refuse(tmp_path):
     message = str(refused.value)
     # it used to print both plans' JSON whole
     assert "written by another plan (tiny-mlp: [0, 3) a | [3, 5) c), this run's is tiny-mlp: [0, 1) a | [1, 5) b" in message
-    assert len(message) < 400
+    assert "its global_batch is 16 where this run's is 32" in message
+    assert len(message) < 500
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"global_batch": 32}, "its global_batch is 16 where this run's is 32"),
+    ({"model": "tiny-cnn"}, "its model is 'tiny-mlp' where this run's is 'tiny-cnn'"),
+    ({"granularity": "block"}, "its granularity is 'fine'"),
+])
+def test_only_plans_of_the_same_model_granularity_and_global_batch_are_recut(change, reason):
+    from hppctl.runtime.checkpoint import why_not_recut
+
+    assert why_not_recut(plan_document(ORIGINAL), plan_document(REPLANNED)) is None
+    assert reason in why_not_recut(plan_document(ORIGINAL), {**plan_document(REPLANNED), **change})
+    bipartite = plan_document(REPLANNED)
+    bipartite["stages"][0]["backward_layers"] = [0, 2]
+    assert "Bi-Partition" in why_not_recut(plan_document(ORIGINAL), bipartite)
 
 
 def test_checkpoints_written_before_lineage_existed_still_resume():

@@ -107,6 +107,12 @@ def test_unusable_outputs_and_addresses_fail_before_any_worker(cli, files, tmp_p
     assert out == "" and blocker.read_text() == ""
 
 
+def test_rejoin_goes_with_resume(cli, files, tmp_path):
+    plan, cluster = files()
+    code, _, err = cli("run", "--plan", plan, "--cluster", cluster, "--checkpoint-dir", tmp_path / "ck", "--rejoin")
+    assert code == 2 and err.startswith("error: --rejoin: goes with --resume")
+
+
 def test_resume_needs_a_checkpoint_dir(cli, files):
     plan, cluster = files()
     code, _, err = cli("run", "--plan", plan, "--cluster", cluster, "--resume")

@@ -301,6 +301,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _cores(quota: float | None) -> str:
+    """A measured quota; None where the device read as not limited (e.g. a cpuset of whole cores)."""
+    return f"{quota:.3f}" if quota is not None else "none "
+
+
 def render(r: dict, cluster: ClusterSpec) -> None:
     print(f"hppctl profile: {r['model']}, batch sizes {r['batch_sizes']}, {r['repeats']} repeats, "
           f"{len(cluster.devices)} hosts in parallel, links one pair at a time, empty cache"
@@ -310,7 +315,7 @@ def render(r: dict, cluster: ClusterSpec) -> None:
         print(f"  run {i + 1}: {run['seconds']:.1f} s ({run['seconds'] / 60:.2f} min; target 5 min)  {status}; "
               f"machine load average {run['load_before']:.1f} -> {run['load_after']:.1f}")
         for name, factors in run.get("factors", {}).items():
-            print(f"      {name:<6} quota read {run['quota_measured'][name]:.3f}, sustained factor (wall/CPU) "
+            print(f"      {name:<6} quota read {_cores(run['quota_measured'][name])}, sustained factor (wall/CPU) "
                   f"{min(factors):.2f}-{max(factors):.2f}")
     names = list(r["capacity"])
     ref = names[0]
@@ -324,7 +329,7 @@ def render(r: dict, cluster: ClusterSpec) -> None:
         overall = r["capacity"][n]["overall"] / r["capacity"][ref]["overall"]
         error = f"{abs(overall / expected - 1):.1%}" if expected else "-"
         worst = f"{max(abs(x / expected - 1) for x in ratios):.1%}" if expected else "-"
-        print(f"  {n:<6} {str(quota):<5}({r['quota_measured'][n]:.3f})   {overall:.3f} ({error:>5})    "
+        print(f"  {n:<6} {str(quota):<5}({_cores(r['quota_measured'][n])})   {overall:.3f} ({error:>5})    "
               + "  ".join(f"{x:<7.3f}" for x in ratios) + f"  {worst}")
     print("\nbandwidth (goodput, each direction) against the configured rate")
     for link in r["bandwidth"]:

@@ -179,7 +179,7 @@ def _plan_to_resume(checkpoint_dir: Path, plan, profile, plan_file: Path, rejoin
         return plan, profile, lineage
     stages = " | ".join(f"[{s.start}, {s.end}) {', '.join(s.devices)}" for s in resumed.stages)
     note(f"--resume: fault tolerance re-planned {plan_file} without {', '.join(lineage.lost)}; resuming on the "
-         f"plan the run ended with: {stages} (re-plan by hand to bring a device back)")
+         f"plan the run ended with: {stages} (--rejoin when it is back)")
     names = {d.name for d in profile.devices} if profile is not None else set()
     if profile is not None and set(lineage.lost) <= names:  # else preflight names the profile that does not match
         profile = reduce(without_device, lineage.lost, profile)

@@ -181,14 +181,20 @@ def recut(blobs: dict[int, bytes], old: dict, new: dict) -> dict[int, bytes]:
 
     import torch
 
-    model, granularity = new["model"], new["granularity"]
+    from hppctl.zoo import build_stage, get_model
+
+    granularity = new["granularity"]
+    whole = get_model(new["model"]).build(device="meta").train()  # shapes only: nothing is allocated
+
+    def stage(start: int, end: int):
+        return build_stage(whole, granularity, start, end, mode="train")
+
     tensors, per_param, groups, rounds = {}, {}, None, set()
     for p, blob in blobs.items():
         state = torch.load(io.BytesIO(blob), weights_only=True)
         rounds.add(state["round"])
         tensors.update(state["model"])
-        start, end = old["stages"][p]["layers"]
-        names = [n for n, _ in _meta_stage(model, granularity, start, end).named_parameters()]
+        names = [n for n, _ in stage(*old["stages"][p]["layers"]).named_parameters()]
         optimizer = state["optimizer"]
         for index, value in optimizer.get("state", {}).items():
             per_param[names[int(index)]] = value
@@ -196,9 +202,9 @@ def recut(blobs: dict[int, bytes], old: dict, new: dict) -> dict[int, bytes]:
             groups = optimizer["param_groups"][0]
     (completed,) = rounds
     out = {}
-    for p, stage in enumerate(new["stages"]):
-        start, end = stage["layers"]
-        module = _meta_stage(model, granularity, start, end)
+    for p, stage_doc in enumerate(new["stages"]):
+        start, end = stage_doc["layers"]
+        module = stage(start, end)
         names = [n for n, _ in module.named_parameters()]
         optimizer = {} if not names else {
             "state": {i: per_param[n] for i, n in enumerate(names) if n in per_param},
@@ -210,12 +216,6 @@ def recut(blobs: dict[int, bytes], old: dict, new: dict) -> dict[int, bytes]:
     return out
 
 
-def _meta_stage(model: str, granularity: str, start: int, end: int):
-    from hppctl.zoo import build_stage, get_model
-
-    return build_stage(get_model(model).build(device="meta").train(), granularity, start, end, mode="train")
-
-
 def _stages_text(plan: object) -> str:
     """`mobilenetv2: [0, 88) tx0 | [88, 142) nano0, nano2`, from a plan document (or whatever is there)."""
     try:
@@ -225,13 +225,14 @@ def _stages_text(plan: object) -> str:
         return repr(plan)[:200]
 
 
-def plan_to_resume(meta: dict | None, plan, plan_source: str = "--plan"):
+def plan_to_resume(meta: dict | None, plan):
     """The plan a run resumed with `plan` continues on, and the checkpoint's lineage: (plan, Lineage).
 
     A run whose fault tolerance re-planned it wrote its later rounds with the re-planned plan, and
     recorded the plan it was started with (`origin_plan`) and the devices lost since (`lost`).
     Resuming with the plan it was started with continues on the re-planned one, without the lost
-    devices (re-plan by hand to bring them back). Anything else is left to `latest` to accept or refuse."""
+    devices (`hppctl run --rejoin` brings them back instead). Anything else is left to `latest`,
+    which re-cuts or refuses it."""
     from hppctl.models.plan import HppPlan
     from hppctl.runtime.session import Lineage, plan_digest, plan_document
 

@@ -140,18 +140,3 @@ def test_an_output_path_that_cannot_be_written_is_one_line_and_exit_2(cli, profi
                                    "--out", out)
         assert code == 2 and stderr.startswith(f"error: {out}: {needle}") and len(stderr.splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "dir.json", "p.json"]  # nothing half-written
-
-
-def test_a_failed_write_leaves_no_temporary_file(tmp_path, monkeypatch):
-    import os
-
-    from hppctl.errors import RuntimeFailure
-    from hppctl.store import write_text_atomic
-
-    def disk_full(fd):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(os, "fsync", disk_full)
-    with pytest.raises(RuntimeFailure, match="out.json: writing failed \\(No space left on device\\)"):
-        write_text_atomic(tmp_path / "out.json", "{}")
-    assert list(tmp_path.iterdir()) == []

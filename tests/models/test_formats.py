@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from hppctl.errors import BadInput
+from hppctl.errors import BadInput, RuntimeFailure
 from hppctl.models import ClusterSpec, HppPlan, Profile
 from hppctl.models.plan import PlanRequest
 from hppctl.models.units import parse_bytes, parse_duration, parse_rate
@@ -88,7 +88,7 @@ def test_failed_write_leaves_nothing_behind(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(RuntimeFailure, match="p.json: writing failed \\(disk full\\)"):  # one line at the CLI, exit 1
         save(target, make_profile(layers=2, speeds=(1,)))
     assert list(tmp_path.iterdir()) == []
 

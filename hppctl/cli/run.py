@@ -166,7 +166,7 @@ def _plan_to_resume(checkpoint_dir: Path, plan, profile, plan_file: Path, rejoin
     from functools import reduce
 
     from hppctl.planner.replan import without_device
-    from hppctl.runtime.checkpoint import CheckpointDir, plan_to_resume, refuse_unless_recuttable
+    from hppctl.runtime.checkpoint import CheckpointDir, plan_to_resume, refuse_unless_recuttable, stages_line
     from hppctl.runtime.session import Lineage, plan_digest, plan_document
 
     meta = CheckpointDir(checkpoint_dir).newest_meta()
@@ -177,11 +177,10 @@ def _plan_to_resume(checkpoint_dir: Path, plan, profile, plan_file: Path, rejoin
             note(f"--resume: round {meta['round']} was written by another plan of {plan.model}; its state is re-cut to "
                  f"{plan_file}'s stages")
         return plan, profile, lineage
-    stages = " | ".join(f"[{s.start}, {s.end}) {', '.join(s.devices)}" for s in resumed.stages)
     note(f"--resume: fault tolerance re-planned {plan_file} without {', '.join(lineage.lost)}; resuming on the "
-         f"plan the run ended with: {stages} (--rejoin when it is back)")
-    names = {d.name for d in profile.devices} if profile is not None else set()
-    if profile is not None and set(lineage.lost) <= names:  # else preflight names the profile that does not match
+         f"plan the run ended with: {stages_line(plan_document(resumed))} (--rejoin when it is back)")
+    # a profile without those devices is refused by preflight, naming the digest that does not match
+    if profile is not None and set(lineage.lost) <= {d.name for d in profile.devices}:
         profile = reduce(without_device, lineage.lost, profile)
     return resumed, profile, lineage
 

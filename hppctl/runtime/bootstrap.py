@@ -79,25 +79,31 @@ def check_listen(text: str | None, flag: str = "--listen") -> None:
     if text is None:
         return
     host, _ = parse_listen(text, flag)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.bind((host, 0))
-    except OSError as e:  # socket.gaierror (a name that does not resolve) is one
+        _bound(host, 0).close()
+    except OSError as e:
         raise BadInput(f"{flag}: {text!r}: this machine cannot listen on {host} ({e.strerror or e})") from None
 
 
 def listen_socket(host: str, port: int = 0) -> socket.socket:
     """A listening TCP socket bound to `host` only (never 0.0.0.0 unless asked for)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock = _bound(host, port)
+    except OSError as e:
+        raise RuntimeFailure(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.listen(512)
+    return sock
+
+
+def _bound(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to (host, port); OSError (socket.gaierror for a name that does not resolve)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
-    except OSError as e:  # socket.gaierror (a name that does not resolve) is one
+    except OSError:
         sock.close()
-        raise RuntimeFailure(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    sock.listen(512)
+        raise
     return sock
 
 

@@ -216,11 +216,15 @@ def recut(blobs: dict[int, bytes], old: dict, new: dict) -> dict[int, bytes]:
     return out
 
 
+def stages_line(plan: dict) -> str:
+    """`[0, 88) tx0 | [88, 142) nano0, nano2`, from a plan document."""
+    return " | ".join(f"[{s['layers'][0]}, {s['layers'][1]}) {', '.join(s['devices'])}" for s in plan["stages"])
+
+
 def _stages_text(plan: object) -> str:
-    """`mobilenetv2: [0, 88) tx0 | [88, 142) nano0, nano2`, from a plan document (or whatever is there)."""
+    """`mobilenetv2: [0, 88) tx0 | …`, from a plan document (or whatever a checkpoint holds there)."""
     try:
-        stages = " | ".join(f"[{s['layers'][0]}, {s['layers'][1]}) {', '.join(s['devices'])}" for s in plan["stages"])
-        return f"{plan['model']}: {stages}"
+        return f"{plan['model']}: {stages_line(plan)}"
     except (TypeError, KeyError):
         return repr(plan)[:200]
 

@@ -45,7 +45,7 @@ from hppctl.runtime import bootstrap
 from hppctl.runtime.config import RecoveryConfig, TrainOptions, WorkerConfig
 from hppctl.runtime.heartbeat import HeartbeatListener, probe
 from hppctl.runtime.metrics import TraceBuilder, aggregate
-from hppctl.runtime.session import Lineage, RunResult, Session, WorkerFailed, _load_states, run_fingerprint
+from hppctl.runtime.session import Lineage, RunResult, Session, WorkerFailed, _load_states
 from hppctl.runtime.topology import Topology
 
 
@@ -66,10 +66,9 @@ class ResilientSession(Session):
     def __init__(self, request, recovery: RecoveryOptions) -> None:
         super().__init__(request)
         self.recovery = recovery
-        self.plan: HppPlan = request.plan
         self.generation = 0
-        self.lost: set[str] = set()
-        self._lost_in_order: list[str] = []
+        self.lost: list[str] = []
+        """Devices lost so far, in the order they were lost (checkpoints record it: Lineage)."""
         self.events: list[dict] = []
         self.listener: HeartbeatListener | None = None
         self.state: CoordinatorState | None = None
@@ -109,7 +108,7 @@ class ResilientSession(Session):
 
     def _stop_all(self) -> None:
         # lost workers were fenced already; stopping one behind a cut link would hang on SSH
-        lost = {d: self.workers.pop(d) for d in list(self.lost) if d in self.workers}
+        lost = {d: self.workers.pop(d) for d in self.lost if d in self.workers}
         try:
             super()._stop_all()
         finally:
@@ -304,8 +303,7 @@ class ResilientSession(Session):
         detected = time.time()
         self.state = apply(self.state, Lost(device=device, at_s=self._clock(), reason=reason))
         self._event("lost", device=device, reason=reason)
-        self.lost.add(device)
-        self._lost_in_order.append(device)
+        self.lost.append(device)
         if not leaving:
             self._fence(device)
         self.generation += 1
@@ -417,11 +415,10 @@ class ResilientSession(Session):
                 if bootstrap.has_blob(store, key):
                     bootstrap.get_blob(store, key, delete=True)
 
-    def _checkpoint_meta(self, options: TrainOptions) -> dict:
-        """The plan in force now (the re-planned one after a loss) and how it came from the first."""
-        lineage = self._lineage()
-        lineage = Lineage(origin=lineage.origin, lost=lineage.lost + tuple(self._lost_in_order))
-        return {**run_fingerprint(self.plan, options), **lineage.as_meta()}
+    def _lineage(self) -> Lineage:
+        """The request's lineage and the devices this run lost: what its re-planned plan came from."""
+        first = super()._lineage()
+        return Lineage(origin=first.origin, lost=first.lost + tuple(self.lost))
 
     def _adopt(self, doc: dict, resume: int) -> None:
         from hppctl.schedule import check_schedule, schedule_for_plan

@@ -118,6 +118,8 @@ class Session:
         from hppctl.schedule import check_schedule, schedule_for_plan
 
         self.request = request
+        self.plan: HppPlan = request.plan
+        """The plan in force: the request's, until fault tolerance re-plans (runtime/recovery.py)."""
         self.schedule = request.schedule or schedule_for_plan(request.plan)
         check_schedule(self.schedule)
         self.topo = Topology.of(self.schedule)
@@ -287,7 +289,7 @@ class Session:
 
     def _checkpoint_meta(self, options: TrainOptions) -> dict:
         """What a checkpoint records: what a resuming run must share with it, and the plan's lineage."""
-        return {**run_fingerprint(self.request.plan, options), **self._lineage().as_meta()}
+        return {**run_fingerprint(self.plan, options), **self._lineage().as_meta()}
 
     # --- liveness -------------------------------------------------------------------------------
     def _check_alive(self) -> None:

@@ -43,7 +43,8 @@ def test_resume_with_the_original_plan_continues_on_the_replanned_one(cli, tmp_p
 
     def on_round(row: dict) -> None:
         if row["round"] == 3 and not hurt:
-            hurt.append(os.kill(session.workers["b"].proc.pid, signal.SIGKILL))
+            hurt.append("b")
+            os.kill(session.workers["b"].proc.pid, signal.SIGKILL)
 
     session.run(on_round=on_round)
     assert "b" not in session.plan.devices()

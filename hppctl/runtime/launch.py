@@ -109,6 +109,45 @@ class LocalWorker:
                 self.proc.wait()
 
 
+def _term_then_kill(pid: int, grace_s: float = 2.0) -> str:
+    """POSIX sh: SIGTERM, then SIGKILL if the process outlives `grace_s`. It returns as soon as the
+    process is gone: a worker that has just finished its run is usually exiting already, and a fixed
+    `sleep 2` here cost each SSH worker 2 s at the end of every run."""
+    ticks = max(1, round(grace_s / 0.1))
+    return (f"kill -TERM {pid} 2>/dev/null || exit 0; i=0; while [ $i -lt {ticks} ]; do "
+            f"kill -0 {pid} 2>/dev/null || exit 0; sleep 0.1; i=$((i+1)); done; kill -KILL {pid} 2>/dev/null; true")
+
+
+def stop_workers(workers) -> None:
+    """Stop every worker at once (each may wait for a grace period); best effort, with a warning
+    for a worker that could not be stopped: the run's own outcome matters more."""
+    def stop(worker: WorkerProcess) -> None:
+        try:
+            worker.stop()
+        except Exception as e:
+            print(f"warning: could not stop worker {worker.device}: {e}", file=sys.stderr)
+
+    threads = [threading.Thread(target=stop, args=(w,), daemon=True) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+class _WholeReads(io.StringIO):
+    """A worker's stdin payload for fabric. invoke copies a non-terminal `in_stream` to the remote
+    side one `read(1)` at a time with a 10 ms nap between reads (`Runner.input_sleep`), so a 3 KB
+    config took 30 s to reach each SSH worker; every read here returns all that is left."""
+
+    def read(self, size: int | None = -1) -> str:
+        return super().read()
+
+
+def payload_stream(payload: str) -> io.StringIO:
+    """The stdin fabric copies to an SSH worker: the payload line, handed over in one read."""
+    return _WholeReads(payload + "\n")
+
+
 class SshWorker:
     """A worker started with fabric on an SSH device. `pid_of()` (from the run's store) lets `stop`
     signal the remote process over a second connection."""
@@ -123,7 +162,7 @@ class SshWorker:
         python = device.python or "python3"
         prefix = " ".join(f"{k}={v}" for k, v in (env or {}).items())
         command = f"{'env ' + prefix + ' ' if prefix else ''}{python} -m {module}"
-        self.promise = self.conn.run(command, in_stream=io.StringIO(payload + "\n"), asynchronous=True,
+        self.promise = self.conn.run(command, in_stream=payload_stream(payload), asynchronous=True,
                                      hide=False, warn=True, out_stream=self._tail, err_stream=self._tail,
                                      pty=False)
         self._code: int | None = None
@@ -150,8 +189,7 @@ class SshWorker:
                 from hppctl.lab.connect import connect
 
                 with connect(self.cluster, self.device) as c:
-                    c.run(f"kill -TERM {int(pid)} 2>/dev/null; sleep 2; kill -KILL {int(pid)} 2>/dev/null; true",
-                          hide=True, warn=True, in_stream=False)
+                    c.run(_term_then_kill(int(pid)), hide=True, warn=True, in_stream=False)
             except Exception:
                 pass
         try:

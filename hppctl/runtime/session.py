@@ -27,7 +27,7 @@ from hppctl.models.plan import HppPlan
 from hppctl.runtime import bootstrap
 from hppctl.runtime.checkpoint import CheckpointDir
 from hppctl.runtime.config import TrainOptions, WorkerConfig
-from hppctl.runtime.launch import LocalWorker, SshWorker, WorkerProcess
+from hppctl.runtime.launch import LocalWorker, SshWorker, WorkerProcess, stop_workers
 from hppctl.runtime.metrics import TraceBuilder, aggregate
 from hppctl.runtime.topology import Topology
 
@@ -309,8 +309,4 @@ class Session:
                            + (f": {message}" if message else "") + (f"\n  last lines:\n{detail}" if detail else ""))
 
     def _stop_all(self) -> None:
-        for worker in self.workers.values():
-            try:
-                worker.stop()
-            except Exception as e:  # stopping is best effort; the run's own error matters more
-                print(f"warning: could not stop worker {worker.device}: {e}", file=sys.stderr)
+        stop_workers(list(self.workers.values()))

@@ -4,8 +4,8 @@ as a single-device stage, then nano2's frozen (SIGSTOP); nano1's worker killed a
 two-device stage, then nano2's link cut (`ip link set eth0 down` inside its network namespace).
 Each time the coordinator suspects the device, confirms the loss, re-plans light and replays; the
 run ends with the parameters of the failure-free single-process loop (tiny-mlp: no BatchNorm or
-dropout, so every plan gives them). Needs root; under a minute per run, most of it the workers'
-start-up on the throttled hosts (importing torch takes ~9 s on a 0.28-core host). Recovery times:
+dropout, so every plan gives them). Needs root; ~30 s per run, most of it the workers' start-up on
+the throttled hosts (importing torch takes ~9 s on a 0.28-core host). Recovery times:
 bench/recovery.py and docs/fault-tolerance.md. No wall-clock assertions.
 """
 
@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from hppctl.lab.faults import inject
+from hppctl.lab.manager import the_lab
 from hppctl.models.cluster import ClusterSpec
 from hppctl.runtime.config import TrainOptions
 from hppctl.runtime.recovery import RecoveryOptions, ResilientSession
@@ -48,10 +50,9 @@ class Lab:
     state_dir: Path
 
     def fault(self, host: str, action: str) -> None:
-        """What `hppctl lab fault HOST ACTION` does."""
-        from hppctl.lab.faults import inject
-        from hppctl.lab.manager import the_lab
-
+        """What `hppctl lab fault HOST ACTION` does. Imported and read before the run: a fault is sent
+        from the coordinator's round callback, and a first import there (~0.5 s) lets a 25-ms-a-round
+        run finish before the fault lands."""
         inject(the_lab(self.state_dir, NAME), host, action)
 
 
@@ -87,7 +88,8 @@ def test_training_survives_each_failure_with_the_failure_free_parameters(lab, st
     # Two failures per run, the second once the first recovery has resumed: the four cases in two lab
     # runs (a run's start-up on the throttled hosts is most of its time), and two recoveries in a row.
     plan = make_plan("tiny-mlp", stages, global_batch=16, micro_batch=4)
-    options = TrainOptions(rounds=10, dataset="digits", lr=0.1, timeout_s=120)
+    # 40 rounds: a round takes ~25 ms here, and each fault must land while training still runs
+    options = TrainOptions(rounds=40, dataset="digits", lr=0.1, timeout_s=120)
     session = ResilientSession(RunRequest(plan, lab.cluster, options),
                                RecoveryOptions(profile=preset_profile("tiny-mlp", PRESETS), timeout_s=3.0))
     pending = list(failures)

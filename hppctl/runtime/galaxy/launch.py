@@ -28,7 +28,7 @@ from hppctl.planner.galaxy import split_rows
 from hppctl.runtime import bootstrap
 from hppctl.runtime.galaxy.config import InferenceWorkerConfig
 from hppctl.runtime.galaxy.weights import for_request
-from hppctl.runtime.launch import LocalWorker, SshWorker
+from hppctl.runtime.launch import LocalWorker, SshWorker, stop_workers
 
 WORKER_MODULE = "hppctl.runtime.galaxy.worker"
 
@@ -168,8 +168,7 @@ class InferenceSession:
             reports = self._wait_reports()
             output = _load(bootstrap.get_blob(self.store.store, "output", delete=True))
         finally:
-            for worker in self.workers.values():
-                worker.stop()
+            stop_workers(list(self.workers.values()))
             self.store.close()
         return InferenceResult(output, reports, time.perf_counter() - started, plan, self._overlap(), self._ring_rate(),
                                req.wire_dtype)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -221,7 +223,11 @@ def test_fault_freezes_resumes_and_kills_a_worker_and_cuts_a_link(lab, cli):
     # A stand-in worker (a sleeping python whose command line names hppctl's worker module) and an
     # ordinary process beside it, both started over SSH as a launcher would start a worker.
     ssh = ["ssh", "-F", report["ssh_config"], "fast"]
-    worker = subprocess.Popen([*ssh, "python3 -c 'import time; time.sleep(120)' -m hppctl.runtime.worker"])
+    # The interpreter by its real path, as a launcher names it (the device's `python:`): `python3` on
+    # PATH may be pyenv's shim, a shell script whose subshells carry the same command line and were
+    # counted as a second worker (a flake: "too many values to unpack").
+    python = shlex.quote(os.path.realpath(sys.executable))
+    worker = subprocess.Popen([*ssh, f"{python} -c 'import time; time.sleep(120)' -m hppctl.runtime.worker"])
     bystander = subprocess.Popen([*ssh, "sleep 120"])
     try:
         host = faults.find_host(the_lab(lab["state_dir"], NAME), "fast")

@@ -40,10 +40,12 @@ def test_checker_accepts_every_generated_schedule(P, group, M, B, seed, policy):
 
 @pytest.mark.slow
 def test_checker_accepts_the_whole_envelope():
-    """Every P <= 8, max group 1..4, M in a spread up to 64, all five policies: 1280 schedules, ~12 s."""
+    """Every P <= 8, max group 1..4, M in a spread up to 64, all five policies: 1120 schedules, 10-25 s
+    (the time goes with the sum of the Ms: odd and prime Ms are covered by 3 and 5, and by the random
+    cases above)."""
     for P in range(1, 9):
         for group in range(1, 5):
-            for M in (1, 2, 3, 5, 8, 16, 33, 64):
+            for M in (1, 2, 3, 5, 8, 16, 64):
                 for policy in POLICIES:
                     rng = random.Random(f"{P}-{group}-{M}-{policy}")
                     groups = random_groups(rng, P, rng.randint(group, 32), group)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -278,7 +277,6 @@ class Session:
 
     def _final_states(self, options: TrainOptions) -> dict[int, dict]:
         store = self.store.store
-        states = {}
         blobs = {p: bootstrap.get_blob(store, f"final/{p}", delete=True) for p in range(self.topo.num_stages)}
         if self.ckpt:
             self.ckpt.write_round(options.rounds, blobs, self._checkpoint_meta(options))

@@ -36,10 +36,11 @@ class Shapes:
 
 def model_shapes(model: str) -> Shapes:
     """The transformer's dimensions from its config (no weights are built)."""
+    from hppctl.zoo.build import build_module  # noqa: F401, I001  (sets HF_HUB_OFFLINE before transformers reads it)
+
     import transformers
 
     from hppctl.zoo import get_model
-    from hppctl.zoo.build import build_module  # noqa: F401  (sets HF_HUB_OFFLINE before transformers reads it)
 
     spec = get_model(model)
     if spec.family not in ("bert", "distilbert", "gpt2", "opt"):

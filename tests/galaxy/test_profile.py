@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -50,3 +53,15 @@ def test_measured_local_device_through_the_cli(tmp_path, cli):
     assert [t.seq_len for t in device.timings] == [9, 16]
     assert device.timings[0].attention.sizes == [1, 2, 3, 4] and device.timings[1].connective.sizes[-1] == 16
     assert profile.family == "opt" and (profile.hidden, profile.heads, profile.intermediate) == (32, 4, 128)
+
+
+def test_reading_a_transformers_shape_keeps_the_hub_offline():
+    # hppctl never downloads (zoo/build.py sets HF_HUB_OFFLINE before transformers is imported);
+    # model_shapes imported transformers first, and the hub read "online" from then on.
+    code = ("import os; os.environ.pop('HF_HUB_OFFLINE', None)\n"
+            "from hppctl.profiling.inference import model_shapes\n"
+            "model_shapes('distilbert')\n"
+            "import huggingface_hub.constants as c; print(c.HF_HUB_OFFLINE)")
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.strip() == "True"

@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Iterable
 from typing import Protocol
 
 from hppctl.models.cluster import ClusterSpec, DeviceSpec
@@ -118,7 +119,7 @@ def _term_then_kill(pid: int, grace_s: float = 2.0) -> str:
             f"kill -0 {pid} 2>/dev/null || exit 0; sleep 0.1; i=$((i+1)); done; kill -KILL {pid} 2>/dev/null; true")
 
 
-def stop_workers(workers) -> None:
+def stop_workers(workers: Iterable[WorkerProcess]) -> None:
     """Stop every worker at once (each may wait for a grace period); best effort, with a warning
     for a worker that could not be stopped: the run's own outcome matters more."""
     def stop(worker: WorkerProcess) -> None:

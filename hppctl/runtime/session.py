@@ -307,4 +307,4 @@ class Session:
                            + (f": {message}" if message else "") + (f"\n  last lines:\n{detail}" if detail else ""))
 
     def _stop_all(self) -> None:
-        stop_workers(list(self.workers.values()))
+        stop_workers(self.workers.values())

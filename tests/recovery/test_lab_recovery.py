@@ -50,9 +50,9 @@ class Lab:
     state_dir: Path
 
     def fault(self, host: str, action: str) -> None:
-        """What `hppctl lab fault HOST ACTION` does. Imported and read before the run: a fault is sent
-        from the coordinator's round callback, and a first import there (~0.5 s) lets a 25-ms-a-round
-        run finish before the fault lands."""
+        """What `hppctl lab fault HOST ACTION` does. Imported at the module's top, not here: a fault is
+        sent from the coordinator's round callback, and a first import there (~0.5 s) let a
+        25-ms-a-round run finish before the fault landed."""
         inject(the_lab(self.state_dir, NAME), host, action)
 
 

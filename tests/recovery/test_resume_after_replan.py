@@ -19,6 +19,7 @@ import torch
 from hppctl.runtime.checkpoint import CheckpointDir
 from hppctl.runtime.config import TrainOptions
 from hppctl.runtime.recovery import RecoveryOptions, ResilientSession
+from hppctl.runtime.results import own_names
 from hppctl.runtime.session import RunRequest, plan_digest
 from hppctl.store import save
 from tests.recovery.factories import preset_profile
@@ -66,8 +67,8 @@ def test_resume_with_the_original_plan_continues_on_the_replanned_one(cli, tmp_p
     assert again["round"] == TOTAL and again["origin_plan"] == plan_digest(plan) and again["lost"] == ["b"]
 
     whole = train_reference(plan, options.model_copy(update={"rounds": TOTAL}))
-    saved = torch.load(tmp_path / "model.pt")  # the model's own names; the reference's are the zoo module's
-    assert_same({f"model.{name}": tensor for name, tensor in saved.items()}, whole)
+    # the saved model has the model's own names; the reference's are the zoo wrapper's
+    assert_same(torch.load(tmp_path / "model.pt"), own_names(whole))
 
     # b is back: --rejoin continues on the original plan, the re-planned stages' state re-cut to it
     code, out, err = cli("run", "--plan", tmp_path / "plan.yaml", "--cluster", tmp_path / "cluster.yaml",
@@ -79,6 +80,5 @@ def test_resume_with_the_original_plan_continues_on_the_replanned_one(cli, tmp_p
     summary = json.loads(out)
     assert summary["start_round"] == TOTAL and [s["devices"] for s in summary["final_stages"]] == [["a"], ["b"], ["c"]]
     assert CheckpointDir(checkpoints).newest_meta()["lost"] == []  # a new lineage: the plan as given
-    saved = torch.load(tmp_path / "model.pt")
-    assert_same({f"model.{name}": tensor for name, tensor in saved.items()},
-                train_reference(plan, options.model_copy(update={"rounds": REJOINED})))
+    assert_same(torch.load(tmp_path / "model.pt"),
+                own_names(train_reference(plan, options.model_copy(update={"rounds": REJOINED}))))

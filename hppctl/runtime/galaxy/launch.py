@@ -168,7 +168,7 @@ class InferenceSession:
             reports = self._wait_reports()
             output = _load(bootstrap.get_blob(self.store.store, "output", delete=True))
         finally:
-            stop_workers(list(self.workers.values()))
+            stop_workers(self.workers.values())
             self.store.close()
         return InferenceResult(output, reports, time.perf_counter() - started, plan, self._overlap(), self._ring_rate(),
                                req.wire_dtype)

@@ -76,7 +76,7 @@ def status_progress(console, disable: bool):
 def describe(event: dict) -> str:
     kind = event["event"]
     if kind == "replanned":
-        return (f"re-planned ({event['method']}) without {event['lost']} in {event['replan_s']:.2f} s; "
+        return (f"re-planned ({event['method']}) without {', '.join(event['lost'])} in {event['replan_s']:.2f} s; "
                 f"replaying from round {event['resume_round']}")
     if kind == "resumed":
         line = f"resumed: round {event['round']} done {event['recovery_s']:.1f} s after the loss was confirmed"

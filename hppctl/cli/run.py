@@ -163,9 +163,8 @@ def _plan_to_resume(checkpoint_dir: Path, plan, profile, plan_file: Path, rejoin
     """(plan, profile, lineage) to resume on: a checkpoint that fault tolerance re-planned continues on
     its re-planned plan, over the profile of the devices left (the re-planned plan was made from it),
     unless `rejoin`; a checkpoint of another plan of the same model is re-cut to `plan`'s stages."""
-    from functools import reduce
 
-    from hppctl.planner.replan import without_device
+    from hppctl.planner.replan import without_devices
     from hppctl.runtime.checkpoint import CheckpointDir, plan_to_resume, refuse_unless_recuttable, stages_line
     from hppctl.runtime.session import Lineage, plan_digest, plan_document
 
@@ -181,7 +180,7 @@ def _plan_to_resume(checkpoint_dir: Path, plan, profile, plan_file: Path, rejoin
          f"plan the run ended with: {stages_line(plan_document(resumed))} (--rejoin when it is back)")
     # a profile without those devices is refused by preflight, naming the digest that does not match
     if profile is not None and set(lineage.lost) <= {d.name for d in profile.devices}:
-        profile = reduce(without_device, lineage.lost, profile)
+        profile = without_devices(profile, lineage.lost)
     return resumed, profile, lineage
 
 

@@ -7,67 +7,123 @@
 - `transfer_plan`: the re-planner's migrations with their actual senders (a lost device's layers come
   from its backup holder, or from the device itself when it leaves on purpose).
 - `upload_plan`: heavy re-planning's gather step, one sender per old stage.
+- `common_layout`: which layout the survivors can replay from, when a device was lost while they
+  were moving to a new one (some still on the old layout, some on the new).
+
+`lost` is every device the re-plan drops, one or several lost together; `leavers` are those of them
+that left on purpose (they are still running and send their own state). A stage can be restored
+only if a device of it survives, or it had one device and that device's backup holder survives:
+losing a stage's device together with its backup holder, or every replica of a stage, loses layers,
+and the run fails naming them (its checkpoint directory still allows `--resume`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from hppctl.errors import RuntimeFailure
-from hppctl.planner.replan import Migration, backup_targets
+from hppctl.planner.replan import Migration, backup_ring, lost_devices
 
 
-def resume_round(stages: list[list[str]], lost: str, inventories: dict[str, dict], *, leaving: bool = False,
-                 reported: int | None = None) -> int:
+def common_layout(inventories: dict[str, dict], current: int, previous: int | None) -> tuple[int, dict[str, dict]] | None:
+    """The layout every reporter can restore from, with each reporter's inventory in it; None if none.
+
+    A reporter's inventory is of the layout it trains on (`layout`, the generation that made it), with
+    what it still keeps of the layout before (`previous`) until its first round in the new one. The
+    current layout wins when every reporter is on it; else the previous one, when every reporter
+    still holds it (a device lost while the survivors were moving to the current layout)."""
+    for layout in (current, previous):
+        if layout is None:
+            continue
+        chosen = {device: _inventory_in(inventory, layout) for device, inventory in inventories.items()}
+        if all(inventory is not None for inventory in chosen.values()):
+            return layout, chosen
+    return None
+
+
+def _inventory_in(inventory: dict, layout: int) -> dict | None:
+    for candidate in (inventory, inventory.get("previous")):
+        if candidate is not None and candidate.get("layout", 0) == layout:
+            return candidate
+    return None
+
+
+def resume_round(stages: list[list[str]], lost: str | Collection[str], inventories: dict[str, dict], *,
+                 leavers: Collection[str] = (), reported: int | None = None) -> int:
     """`inventories[device]` = {"snapshots": [rounds], "backups": {device: [rounds]}} of every reporter.
 
     `reported`: how many rounds every old device has reported to the coordinator. A worker snapshots a
     round before it reports it, so the newest snapshot can be a round the coordinator never heard of;
     resuming there would skip that round's report. Rounds past `reported` are not candidates."""
+    lost = lost_devices(lost)
+    gone = set(lost) - set(leavers)
     candidates: set[int] | None = None
     for inventory in inventories.values():
         rounds = set(inventory["snapshots"])
         candidates = rounds if candidates is None else candidates & rounds
-    lost_stage = next(devices for devices in stages if lost in devices)
-    if not leaving and not [d for d in lost_stage if d != lost]:
+    for p, devices in enumerate(stages):
+        if not set(devices) <= gone:
+            continue
+        if len(devices) > 1:
+            raise RuntimeFailure(f"stage {p} lost every replica ({', '.join(devices)}): replicas keep no "
+                                 f"backups, so its layers are gone")
+        _backup_sender(stages, devices[0], gone, f"stage {p}'s layers")
         held = set()
         for inventory in inventories.values():
-            held |= set(inventory["backups"].get(lost, []))
+            held |= set(inventory["backups"].get(devices[0], []))
         candidates = held if candidates is None else candidates & held
     if reported is not None and candidates is not None:
         candidates = {r for r in candidates if r <= reported}
     if not candidates:
-        raise RuntimeFailure(f"after losing {lost}: no round that every stage can restore "
+        raise RuntimeFailure(f"after losing {', '.join(lost)}: no round that every stage can restore "
                              f"(snapshots and backups: {inventories})")
     return max(candidates)
 
 
-def transfer_plan(old_plan, migrations: list[Migration], lost: str, *, leaving: bool = False) -> list[dict]:
+def transfer_plan(old_plan, migrations: list[Migration], lost: str | Collection[str], *,
+                  leavers: Collection[str] = ()) -> list[dict]:
     """Each migration as {device, start, end, source, backup_of}: who actually sends the layers."""
-    holder = backup_targets(old_plan).get(lost)
+    gone = set(lost_devices(lost)) - set(leavers)
     out = []
     for m in migrations:
         if m.source is not None:
-            out.append({"device": m.device, "start": m.start, "end": m.end, "source": m.source, "backup_of": None})
-        elif leaving:
-            out.append({"device": m.device, "start": m.start, "end": m.end, "source": lost, "backup_of": None})
-        elif holder is not None:
-            out.append({"device": m.device, "start": m.start, "end": m.end, "source": holder, "backup_of": lost})
+            source, backup_of = m.source, None
+        elif m.backup_of in leavers:
+            source, backup_of = m.backup_of, None
         else:
-            raise RuntimeFailure(f"layers [{m.start}, {m.end}) were held only by {lost}, which had no backup")
+            source = _backup_sender(_devices(old_plan), m.backup_of, gone, f"layers [{m.start}, {m.end})")
+            backup_of = m.backup_of
+        out.append({"device": m.device, "start": m.start, "end": m.end, "source": source, "backup_of": backup_of})
     return out
 
 
-def upload_plan(old_plan, lost: str, *, leaving: bool = False) -> dict[str, dict]:
+def upload_plan(old_plan, lost: str | Collection[str], *, leavers: Collection[str] = ()) -> dict[str, dict]:
     """Heavy: for every old stage, the device that sends its state to the coordinator."""
-    holder = backup_targets(old_plan).get(lost)
+    gone = set(lost_devices(lost)) - set(leavers)
     uploads = {}
     for p, stage in enumerate(old_plan.stages):
-        alive = [d for d in stage.devices if d != lost]
+        # a survivor that stays, else one that leaves (it still runs), else the only device's backup
+        alive = sorted((d for d in stage.devices if d not in gone), key=lambda d: d in leavers)
         if alive:
             uploads[str(p)] = {"device": alive[0], "backup_of": None}
-        elif leaving:
-            uploads[str(p)] = {"device": lost, "backup_of": None}
-        elif holder is not None:
-            uploads[str(p)] = {"device": holder, "backup_of": lost}
         else:
-            raise RuntimeFailure(f"stage {p} was held only by {lost}, which had no backup")
+            only = stage.devices[0] if len(stage.devices) == 1 else None
+            source = _backup_sender(_devices(old_plan), only, gone, f"stage {p}'s layers")
+            uploads[str(p)] = {"device": source, "backup_of": only}
     return uploads
+
+
+def _devices(plan) -> list[list[str]]:
+    return [list(s.devices) for s in plan.stages]
+
+
+def _backup_sender(stages: list[list[str]], owner: str | None, gone: set[str], what: str) -> str:
+    """The surviving holder of `owner`'s backup, or a RuntimeFailure saying why there is none."""
+    if owner is None:
+        raise RuntimeFailure(f"{what} were held only by lost replicas, which keep no backups")
+    holder = backup_ring(stages).get(owner)
+    if holder is None:
+        raise RuntimeFailure(f"{what} were held only by {owner}, which had no backup")
+    if holder in gone:
+        raise RuntimeFailure(f"{what} were held only by {owner}, whose backup holder {holder} was lost too")
+    return holder

@@ -10,12 +10,14 @@ every memory budget; if anything does not fit, fall back to heavy.
 
 Heavy ("straw-man rescheduling"): the full planner on the surviving devices, from scratch.
 
-Both return a plan over a profile without the lost device, and the layer migrations the new
-plan needs (which layers each device must receive and from whom).
+Both return a plan over a profile without the lost devices, and the layer migrations the new
+plan needs (which layers each device must receive and from whom). Devices lost together (a power
+strip, a switch: one seen while the re-plan for the other was being prepared) are dropped at once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from hppctl.errors import BadInput, Infeasible
@@ -31,14 +33,16 @@ from hppctl.planner.registry import Candidate
 class Migration:
     """Layers [start, end) that `device` must hold in the new plan and did not hold before.
 
-    `source` is a device that held them in the old plan and survives, or None when their only
-    holder was the lost device (they then come from its backup).
+    `source` is a device that held them in the old plan and survives, or None when every holder was
+    lost: `backup_of` then names the lost device whose backup holds them (None when the old stage
+    was replicated: replicas keep no backups, so the layers are gone).
     """
 
     device: str
     start: int
     end: int
     source: str | None
+    backup_of: str | None = None
 
 
 @dataclass(frozen=True)
@@ -50,24 +54,34 @@ class Replan:
     fallback_reason: str = ""
 
 
-def without_device(profile: Profile, lost: str) -> Profile:
-    """The profile of the surviving devices (links to the lost one dropped)."""
-    if lost not in {d.name for d in profile.devices}:
-        raise BadInput(f"device {lost!r} is not in the profile")
-    if len(profile.devices) == 1:
-        raise Infeasible(f"device {lost!r} was the last device: nothing is left to train on")
+def lost_devices(lost: str | Collection[str]) -> tuple[str, ...]:
+    """One lost device (a name) or several, as a tuple of names."""
+    return (lost,) if isinstance(lost, str) else tuple(lost)
+
+
+def without_devices(profile: Profile, lost: str | Collection[str]) -> Profile:
+    """The profile of the surviving devices (links to the lost ones dropped)."""
+    lost = lost_devices(lost)
+    names = {d.name for d in profile.devices}
+    for device in lost:
+        if device not in names:
+            raise BadInput(f"device {device!r} is not in the profile")
+    if names <= set(lost):
+        raise Infeasible(f"{', '.join(lost)} {'was' if len(lost) == 1 else 'were'} the last "
+                         f"device{'s' * (len(lost) > 1)}: nothing is left to train on")
     return profile.model_copy(update={
-        "devices": [d for d in profile.devices if d.name != lost],
-        "links": [link for link in profile.links if lost not in link.between],
+        "devices": [d for d in profile.devices if d.name not in lost],
+        "links": [link for link in profile.links if not set(link.between) & set(lost)],
     })
 
 
-def replan_light(plan: HppPlan, profile: Profile, lost: str) -> Replan:
-    survivors = without_device(profile, lost)
+def replan_light(plan: HppPlan, profile: Profile, lost: str | Collection[str]) -> Replan:
+    lost = lost_devices(lost)
+    survivors = without_devices(profile, lost)
     request = PlanRequest(global_batch=plan.global_batch, micro_batch=plan.micro_batch, schedule=plan.schedule)
     cm = cost_model(survivors, request)
     index = {name: i for i, name in enumerate(cm.names)}
-    groups = [tuple(index[d] for d in s.devices if d != lost) for s in plan.stages]
+    groups = [tuple(index[d] for d in s.devices if d not in lost) for s in plan.stages]
     ranges = [(s.start, s.end) for s in plan.stages]
     kept = [(g, r) for g, r in zip(groups, ranges) if g]
     capacities = [stage_capacity(cm, g, start, end) for g, (start, end) in kept]
@@ -89,8 +103,10 @@ def replan_light(plan: HppPlan, profile: Profile, lost: str) -> Replan:
     return Replan(new_plan, survivors, migrations(plan, new_plan, lost), "light")
 
 
-def replan_heavy(plan: HppPlan, profile: Profile, lost: str, strategy: str = DEFAULT_STRATEGY) -> Replan:
-    survivors = without_device(profile, lost)
+def replan_heavy(plan: HppPlan, profile: Profile, lost: str | Collection[str],
+                 strategy: str = DEFAULT_STRATEGY) -> Replan:
+    lost = lost_devices(lost)
+    survivors = without_devices(profile, lost)
     request = PlanRequest(global_batch=plan.global_batch, micro_batch=plan.micro_batch, schedule=plan.schedule)
     new_plan = make_plan(survivors, request, strategy)
     return Replan(new_plan, survivors, migrations(plan, new_plan, lost), "heavy")
@@ -197,49 +213,52 @@ def _allocate_stages(cm: CostModel, groups: list[tuple[int, ...]], cuts: list[in
     return stages
 
 
-def migrations(old: HppPlan, new: HppPlan, lost: str) -> list[Migration]:
+def migrations(old: HppPlan, new: HppPlan, lost: str | Collection[str]) -> list[Migration]:
     """For every device of the new plan, the layer runs it must fetch, and from whom."""
-    holders: dict[int, list[str]] = {}
+    lost = lost_devices(lost)
+    origin: dict[int, tuple[str | None, str | None]] = {}
+    """Per layer: (a surviving holder, None) or (None, the lost device whose backup holds it)."""
     for stage in old.stages:
+        alive = [d for d in stage.devices if d not in lost]
+        only = stage.devices[0] if len(stage.devices) == 1 else None
         for layer in range(stage.start, stage.end):
-            holders[layer] = [d for d in stage.devices if d != lost]
+            origin[layer] = (alive[0], None) if alive else (None, only)
     held = {d: set(range(s.start, s.end)) for s in old.stages for d in s.devices}
     moves: list[Migration] = []
     for stage in new.stages:
         for device in stage.devices:
             need = [layer for layer in range(stage.start, stage.end) if layer not in held.get(device, set())]
-            moves.extend(_runs(device, need, holders))
+            moves.extend(_runs(device, need, origin))
     return moves
 
 
-def _runs(device: str, layers: list[int], holders: dict[int, list[str]]) -> list[Migration]:
-    """Group consecutive layers with the same source into one migration."""
+def _runs(device: str, layers: list[int], origin: dict[int, tuple[str | None, str | None]]) -> list[Migration]:
+    """Group consecutive layers with the same origin into one migration (two lost stages' layers, next
+    to each other, come from two backups: two migrations)."""
     out: list[Migration] = []
     for layer in layers:
-        source = holders[layer][0] if holders[layer] else None
+        source, backup_of = origin[layer]
         last = out[-1] if out else None
-        if last and last.end == layer and last.source == source:
-            out[-1] = Migration(device, last.start, layer + 1, source)
+        if last and last.end == layer and (last.source, last.backup_of) == (source, backup_of):
+            out[-1] = Migration(device, last.start, layer + 1, source, backup_of)
         else:
-            out.append(Migration(device, layer, layer + 1, source))
+            out.append(Migration(device, layer, layer + 1, source, backup_of))
     return out
 
 
 def backup_targets(plan: HppPlan) -> dict[str, str | None]:
-    """Topology-driven replication: who keeps a copy of each device's stage.
+    """Topology-driven replication: who keeps a copy of each device's stage (`backup_ring`)."""
+    return backup_ring([list(s.devices) for s in plan.stages])
 
-    A single-device stage backs up to the first device of the next stage (the last stage to the
-    first stage); a device of a replicated stage needs no backup (its replicas hold the same
-    weights after every AllReduce), shown as None.
+
+def backup_ring(stages: list[list[str]]) -> dict[str, str | None]:
+    """For stages given as device lists: a single-device stage backs up to the first device of the next
+    stage (the last stage to the first stage); a device of a replicated stage needs no backup (its
+    replicas hold the same weights after every AllReduce), shown as None.
     """
     targets: dict[str, str | None] = {}
-    P = len(plan.stages)
-    for p, stage in enumerate(plan.stages):
-        for device in stage.devices:
-            if len(stage.devices) > 1:
-                targets[device] = None
-            elif P > 1:
-                targets[device] = plan.stages[(p + 1) % P].devices[0]
-            else:
-                targets[device] = None
+    P = len(stages)
+    for p, devices in enumerate(stages):
+        for device in devices:
+            targets[device] = stages[(p + 1) % P][0] if len(devices) == 1 and P > 1 else None
     return targets

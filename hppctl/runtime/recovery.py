@@ -35,9 +35,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from hppctl.coordinator.replay import resume_round, transfer_plan, upload_plan
+from hppctl.coordinator.replay import common_layout, resume_round, transfer_plan, upload_plan
 from hppctl.coordinator.state import CoordinatorState, apply, find_suspects
 from hppctl.coordinator.status import status_rows
+from hppctl.errors import RuntimeFailure
 from hppctl.models.events import Heartbeat, Lost, ProbeAnswered, Replanned, Suspected
 from hppctl.models.plan import HppPlan
 from hppctl.models.profile import Profile
@@ -78,6 +79,9 @@ class ResilientSession(Session):
         self._probes: dict[str, list] = {}
         self._probe_ports: dict[str, tuple[str, int]] = {}
         self._dropped_seen = 0
+        self._layout = Layout(0, self.plan, recovery.profile)
+        """The layout the workers train on (or are moving to); `_previous`: the one it was made from."""
+        self._previous: Layout | None = None
 
     def run(self, *, on_round=None, on_event=None, on_fault: Callable[[dict], None] | None = None,
             on_status: Callable[[list[dict]], None] | None = None) -> RunResult:
@@ -177,13 +181,20 @@ class ResilientSession(Session):
         if self.state is None:
             self._arm()
             return
+        losses = self._detect()
+        if losses:
+            self._recover(losses)
+
+    def _detect(self) -> list["Loss"]:
+        """Read the beats, suspect the silent, settle the probes: the devices confirmed lost since last time."""
+        losses: list[Loss] = []
         for beat in self.listener.drain():
-            if beat.device in self.lost:
+            if beat.device in self.lost or any(loss.device == beat.device for loss in losses):
                 continue
             self._probe_ports[beat.device] = (beat.address, int(beat.doc.get("probe_port", 0)))
             if beat.doc["kind"] == "leave":
-                self._recover(beat.device, "left", leaving=True)
-                return
+                losses.append(Loss(beat.device, "left", leaving=True))
+                continue
             self.state = apply(self.state, Heartbeat(device=beat.device, at_s=self._clock(),
                                                      round=int(beat.doc.get("round", 0)),
                                                      samples_per_s=float(beat.doc.get("samples_per_s", 0.0))))
@@ -197,9 +208,9 @@ class ResilientSession(Session):
             if result[0] or heard:
                 self.state = apply(self.state, ProbeAnswered(device=device, at_s=self._clock()))
                 self._event("probe-answered", device=device)
-            else:
-                self._recover(device, "probe unanswered")
-                return
+            elif not any(loss.device == device for loss in losses):
+                losses.append(Loss(device, "probe unanswered"))
+        return losses
 
     # --- the loop -----------------------------------------------------------------------------------
     def _watch(self, options: TrainOptions, start_round: int, on_round) -> tuple[list[dict], dict | None, dict]:
@@ -297,36 +308,84 @@ class ResilientSession(Session):
         return _load_states(blobs)
 
     # --- recovery -----------------------------------------------------------------------------------
-    def _recover(self, device: str, reason: str, *, leaving: bool = False) -> None:
+    def _recover(self, losses: list["Loss"]) -> None:
+        """Re-plan without the lost devices and replay.
+
+        A device lost before the new configuration goes out (devices that fail together: a power strip,
+        a switch) joins the same re-plan: the coordinator moves to a further generation and starts over,
+        nobody having trained since. One lost while the survivors move to the new configuration (before
+        any round completes in it) is re-planned away from the layout before, which they all still hold
+        (`coordinator/replay.py: common_layout`)."""
         if self.recovery.profile is None:
-            raise WorkerFailed(f"device {device} lost ({reason}); re-planning needs the plan's profile (--profile)")
+            loss = losses[0]
+            raise WorkerFailed(f"device {loss.device} lost ({loss.reason}); re-planning needs the plan's profile "
+                               f"(--profile)")
         detected = time.time()
-        self.state = apply(self.state, Lost(device=device, at_s=self._clock(), reason=reason))
-        self._event("lost", device=device, reason=reason)
-        self.lost.append(device)
-        if not leaving:
-            self._fence(device)
-        self.generation += 1
-        generation = self.generation
-        self.listener.generation = generation
-        self.listener.announce()
-        old_plan, survivors = self.plan, [d for d in self.topo.devices if d != device]
-        if not survivors:
-            raise WorkerFailed(f"device {device} lost ({reason}): it was the last device")
-        reporters = survivors + ([device] if leaving else [])
-        inventories = self._collect(generation, "stall", reporters)
-        resume = resume_round([list(s.devices) for s in old_plan.stages], device, inventories, leaving=leaving,
-                              reported=self._reported_rounds())
+        leavers: list[str] = []
+        while True:
+            for loss in losses:
+                self._lose(loss)
+                if loss.leaving:
+                    leavers.append(loss.device)
+            generation = self._next_generation()
+            survivors = [d for d in self._layout.plan.devices() if d not in self.lost]
+            if not survivors:
+                raise WorkerFailed(f"{', '.join(self.lost)} lost: no device is left")
+            losses, inventories = self._collect(generation, "stall", survivors + leavers)
+            if losses:
+                continue
+            base, inventories = self._base_layout(inventories)
+            gone = [d for d in base.plan.devices() if d in self.lost]
+            resume = resume_round([list(s.devices) for s in base.plan.stages], gone, inventories, leavers=leavers,
+                                  reported=self._reported_rounds())
+            gathered = None
+            if self.recovery.replan == "heavy":  # the straw man gathers first, then plans
+                losses, gathered = self._gather(generation, base, gone, leavers, resume)
+                if losses:
+                    continue
+            result, replan_s = self._replan(base, gone)
+            if result.method == "heavy" and gathered is None:  # light did not fit: heavy after all
+                losses, gathered = self._gather(generation, base, gone, leavers, resume)
+                if losses:
+                    continue
+            break
         self._consume_reports(resume)  # rows of the old layout before the resume round come first
-        doc, replan_s, method = self._replan(generation, old_plan, device, resume, leaving)
-        self._clear_stale(old_plan, resume)
+        doc = self._reconfiguration(generation, base, result, gathered, gone, leavers, resume)
+        self._clear_stale(base.plan, resume)
         self.store.store.set(f"reconf/{generation}", json.dumps(doc))
-        self._adopt(doc, resume)
-        self._event("replanned", method=method, requested=self.recovery.replan, lost=device, resume_round=resume,
-                    replan_s=round(replan_s, 4), devices=self.plan.devices(),
+        self._adopt(doc, resume, base, result.profile)
+        self._event("replanned", method=result.method, requested=self.recovery.replan, lost=gone,
+                    resume_round=resume, replan_s=round(replan_s, 4), devices=self.plan.devices(),
                     stages=[{"layers": s.layers, "devices": s.devices, "samples": s.samples} for s in self.plan.stages],
-                    moved_bytes=doc.get("moved_bytes", 0))
+                    moved_bytes=doc.get("moved_bytes", 0), layout=base.generation)
         self._resumed_pending = detected
+
+    def _base_layout(self, inventories: dict[str, dict]) -> tuple["Layout", dict[str, dict]]:
+        """The layout to re-plan from (the current one, or the one before when a device was lost while the
+        survivors were moving to the current one), with every survivor's inventory in it."""
+        previous = self._previous.generation if self._previous else None
+        picked = common_layout(inventories, self._layout.generation, previous)
+        if picked is None:
+            layouts = {d: inventory.get("layout", 0) for d, inventory in inventories.items()}
+            raise WorkerFailed(f"{', '.join(self.lost)} lost while the survivors were on different layouts "
+                               f"({layouts}): no state they all hold; the run stops (--resume continues from the "
+                               f"checkpoint directory)")
+        layout, chosen = picked
+        return (self._layout if layout == self._layout.generation else self._previous), chosen
+
+    def _next_generation(self) -> int:
+        """Tell every survivor, now rather than in its next acknowledgement, to stop and report."""
+        self.generation += 1
+        self.listener.generation = self.generation
+        self.listener.announce()
+        return self.generation
+
+    def _lose(self, loss: "Loss") -> None:
+        self.state = apply(self.state, Lost(device=loss.device, at_s=self._clock(), reason=loss.reason))
+        self._event("lost", device=loss.device, reason=loss.reason)
+        self.lost.append(loss.device)
+        if not loss.leaving:
+            self._fence(loss.device)
 
     def _fence(self, device: str) -> None:
         """A lost worker must not come back (a stopped process resumed, a link restored): end it."""
@@ -337,62 +396,75 @@ class ResilientSession(Session):
         else:
             threading.Thread(target=worker.stop, daemon=True, name=f"fence-{device}").start()
 
-    def _collect(self, generation: int, what: str, devices: list[str]) -> dict[str, dict]:
+    def _collect(self, generation: int, what: str, devices: list[str]) -> tuple[list["Loss"], dict[str, dict]]:
+        """Every device's `what/<generation>` report, watching them meanwhile: ([], reports), or the
+        devices lost before all had reported (and no reports)."""
         store, keys = self.store.store, [f"{what}/{generation}/{d}" for d in devices]
+        losses = self._await(lambda: store.check(keys), f"{', '.join(devices)} to stop for the re-plan")
+        return losses, ({} if losses else {d: json.loads(store.get(k)) for d, k in zip(devices, keys)})
 
-        def reported() -> bool:
-            for device in devices:  # a survivor that fails meanwhile fails the run (one loss at a time)
-                code = self.workers[device].poll()
-                if code not in (None, 0):
-                    self._fail(device, code)
-            return store.check(keys)
+    def _await(self, done: Callable[[], bool], what: str) -> list["Loss"]:
+        """Wait for `done` while detection goes on: [] once it holds, else the devices lost meanwhile.
+        A worker that reports an error of its own still fails the run (`_check_alive`)."""
+        deadline = time.monotonic() + self.recovery.stall_timeout_s
+        while time.monotonic() < deadline:
+            self._check_alive()
+            self._log_dropped()
+            losses = self._detect()
+            if losses:
+                return losses
+            if done():
+                return []
+            time.sleep(0.02)
+        raise RuntimeFailure(f"timed out after {self.recovery.stall_timeout_s:.0f} s waiting for {what}")
 
-        bootstrap.wait_for(reported, self.recovery.stall_timeout_s, f"{', '.join(devices)} to stop for the re-plan")
-        return {d: json.loads(store.get(k)) for d, k in zip(devices, keys)}
-
-    def _replan(self, generation: int, old_plan: HppPlan, device: str, resume: int, leaving: bool):
+    def _replan(self, base: "Layout", gone: list[str]):
+        """The plan without `gone` (light or heavy, as requested), and how long the planner took."""
         from hppctl.planner.replan import replan_heavy, replan_light
-        from hppctl.schedule import schedule_for_plan
 
-        profile = self.recovery.profile
-        doc = {"resume_round": resume, "lost": device}
-        gathered = None
-        if self.recovery.replan == "heavy":
-            gathered = self._gather(generation, old_plan, device, resume, leaving)
         begin = time.perf_counter()
         planner = replan_heavy if self.recovery.replan == "heavy" else replan_light
-        result = planner(old_plan, profile, device)
-        replan_s = time.perf_counter() - begin
-        schedule = schedule_for_plan(result.plan)
-        doc.update(method=result.method, plan=result.plan.model_dump(mode="json"),
-                   schedule=schedule.model_dump(mode="json"))
+        result = planner(base.plan, base.profile, gone)
+        return result, time.perf_counter() - begin
+
+    def _reconfiguration(self, generation: int, base: "Layout", result, gathered: dict | None,
+                         gone: list[str], leavers: list[str], resume: int) -> dict:
+        """`reconf/<generation>`: the new plan and schedule, the resume round, the layout whose state it
+        starts from, and where that state comes from."""
+        from hppctl.schedule import schedule_for_plan
+
+        doc = {"resume_round": resume, "layout": base.generation, "lost": gone, "method": result.method,
+               "plan": result.plan.model_dump(mode="json"),
+               "schedule": schedule_for_plan(result.plan).model_dump(mode="json")}
         if result.method == "heavy":
-            if gathered is None:
-                gathered = self._gather(generation, old_plan, device, resume, leaving)
             doc["moved_bytes"] = self._redistribute(generation, result.plan, gathered)
             doc["migrations"] = []
         else:
-            doc["migrations"] = transfer_plan(old_plan, result.migrations, device, leaving=leaving)
-            doc["helpers"] = [device] if leaving and any(m["source"] == device for m in doc["migrations"]) else []
-        self._replanned_profile = result.profile
-        return doc, replan_s, result.method
+            doc["migrations"] = transfer_plan(base.plan, result.migrations, gone, leavers=leavers)
+            sources = {m["source"] for m in doc["migrations"]}
+            doc["helpers"] = [d for d in leavers if d in sources]
+        return doc
 
-    def _gather(self, generation: int, old_plan: HppPlan, device: str, resume: int, leaving: bool) -> dict:
-        """Heavy: every old stage's state comes to the coordinator (through the store, on its links)."""
+    def _gather(self, generation: int, base: "Layout", gone: list[str], leavers: list[str],
+                resume: int) -> tuple[list["Loss"], dict | None]:
+        """Heavy: every old stage's state comes to the coordinator (through the store, on its links);
+        or the devices lost meanwhile."""
         import torch
 
         store = self.store.store
-        uploads = upload_plan(old_plan, device, leaving=leaving)
-        store.set(f"gather/{generation}", json.dumps({"resume_round": resume, "uploads": uploads}))
+        uploads = upload_plan(base.plan, gone, leavers=leavers)
+        store.set(f"gather/{generation}", json.dumps({"resume_round": resume, "layout": base.generation,
+                                                      "uploads": uploads}))
         keys = [f"heavy/{generation}/old/{p}" for p in uploads]
-        bootstrap.wait_for(lambda: all(bootstrap.has_blob(store, k) for k in keys), self.recovery.stall_timeout_s,
-                           "every stage's state")
+        losses = self._await(lambda: all(bootstrap.has_blob(store, k) for k in keys), "every stage's state")
+        if losses:
+            return losses, None
         merged = {"tensors": {}, "optim": {}}
         for key in keys:
             part = torch.load(io.BytesIO(bootstrap.get_blob(store, key, delete=True)), weights_only=True)
             merged["tensors"].update(part["tensors"])
             merged["optim"].update(part["optim"])
-        return merged
+        return [], merged
 
     def _redistribute(self, generation: int, plan: HppPlan, state: dict) -> int:
         from hppctl.runtime.replication import layer_names, subset, to_bytes
@@ -420,19 +492,39 @@ class ResilientSession(Session):
         first = super()._lineage()
         return Lineage(origin=first.origin, lost=first.lost + tuple(self.lost))
 
-    def _adopt(self, doc: dict, resume: int) -> None:
+    def _adopt(self, doc: dict, resume: int, base: "Layout", profile: Profile) -> None:
         from hppctl.schedule import check_schedule, schedule_for_plan
 
         self.plan = HppPlan.model_validate(doc["plan"])
         self.schedule = schedule_for_plan(self.plan)
         check_schedule(self.schedule)
         self.topo = Topology.of(self.schedule)
-        self.recovery = _with_profile(self.recovery, self._replanned_profile)
+        self.recovery = _with_profile(self.recovery, profile)
+        self._previous, self._layout = base, Layout(self.generation, self.plan, profile)
         self.state = apply(self.state, Replanned(at_s=self._clock(), method=doc["method"],
                                                  devices=list(self.topo.devices), resume_round=resume))
         self._resume_round = resume
         self._next_round = min(self._next_round, resume)  # rounds from `resume` on are replayed
         self._due = {r for r in self._due_rounds(self._options, resume)}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A plan the workers trained on, or are moving to: made by generation `generation`, over `profile`."""
+
+    generation: int
+    plan: HppPlan
+    profile: Profile
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A device confirmed lost: it left on purpose (`leaving`: it still runs and hands its layers over),
+    or crashed, hung or dropped off the network."""
+
+    device: str
+    reason: str
+    leaving: bool = False
 
 
 def slowest_phases(reports) -> dict[str, float]:

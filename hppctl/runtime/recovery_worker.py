@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 
 from hppctl.errors import RuntimeFailure
 from hppctl.runtime import bootstrap
@@ -172,7 +173,12 @@ class ResilientRun:
         self.generation = 0
         self.helpers: list[str] = []
         """Devices in the process group that are not in the schedule (a leaver handing its layers over)."""
-        self.snapshots, self.backups = Snapshots(), Backups()
+        self.kept = Kept(0, Snapshots(), Backups())
+        """This worker's snapshots and the backups it holds, in the layout it trains on."""
+        self.previous: Kept | None = None
+        """What was kept in the layout the current one was made from, until the first round in the new
+        layout completes: a device lost while the survivors move to a new configuration leaves some of
+        them on each layout, and the coordinator then replays from the previous one, which all still hold."""
         self._sends: list = []
         self._finished = False
         self.backup_bytes = 0
@@ -188,9 +194,12 @@ class ResilientRun:
         self._protect(r)
         meta_model(self.w.config.model)  # built now rather than in the middle of a recovery
         self.store.set(f"ready/{self.device}", "1")  # the coordinator arms failure detection once all are
+        reconfigure = False
         while True:
             try:
-                if r < self.opts.rounds:
+                if reconfigure:  # itself interrupted when another device is lost meanwhile
+                    r, reconfigure = self._reconfigure(), False
+                elif r < self.opts.rounds:
                     r = self._one_round(r)
                 elif self._finish():
                     return
@@ -199,12 +208,13 @@ class ResilientRun:
                     raise Orphaned(f"no word from the coordinator for {self.beats.orphan_after_s:.1f} s") from None
                 if not (_recoverable(e) or self.beats.interrupt.is_set()):
                     raise
-                r = self._reconfigure()
+                reconfigure = True
 
     def _one_round(self, r: int) -> int:
         from hppctl.runtime.bootstrap import put_blob
 
         stats = self.w.run_round(self.executor, r)
+        self.previous = None  # a round completed in this layout: every worker has left the previous one
         completed = r + 1
         self.backup_bytes, self.backup_s = 0, 0.0
         if completed % self.rc.replicate_every == 0 or completed == self.opts.rounds:
@@ -227,7 +237,7 @@ class ResilientRun:
 
         if not self._finished:
             self._wait_sends()  # the last backups must be on their holders before anyone may leave the group
-            if not self.backups.settle(self.beats.interrupt):
+            if not self.kept.backups.settle(self.beats.interrupt):
                 raise Interrupted("interrupted while the last backups arrived")
             if self.w.topo.replica_index(self.device) == 0:
                 put_blob(self.store, f"final/{self.w.stage_index}", self.w.state_blob(self.opts.rounds))
@@ -244,7 +254,7 @@ class ResilientRun:
         """Snapshot this stage after `completed` rounds; exchange backups along the stage ring."""
         begin = time.perf_counter()
         state = stage_state(self.w.stage, self.w.optimizer)
-        self.snapshots.add(completed, state)
+        self.kept.snapshots.add(completed, state)
         self._wait_sends()
         target = self.targets.get(self.device)
         if target:
@@ -252,7 +262,7 @@ class ResilientRun:
             self._sends = send_bytes(self.state_comm, data, target)
             self.backup_bytes += len(data)
         for source in sorted(d for d, t in self.targets.items() if t == self.device):
-            self.backups.receive_later(self.state_comm, source, completed)
+            self.kept.backups.receive_later(self.state_comm, source, completed)
         self.backup_s += time.perf_counter() - begin
 
     def _wait_sends(self) -> None:
@@ -311,34 +321,45 @@ class ResilientRun:
         clock.lap("stop")
         self._retire_group()
         self.w.optimizer.zero_grad(set_to_none=True)
-        inventory = {"snapshots": self.snapshots.rounds(), "backups": self.backups.inventory()}
-        self.store.set(f"stall/{generation}/{self.device}", json.dumps(inventory))
-        key = self._wait_key([f"gather/{generation}", f"reconf/{generation}"])
-        if key.startswith("gather/"):
-            clock.lap("wait_gather")
-            self._upload(generation, json.loads(self.store.get(key)))
-            clock.lap("upload")
-            key = self._wait_key([f"reconf/{generation}"])
+        inventory = self.kept.inventory()
+        if self.previous is not None:
+            inventory["previous"] = self.previous.inventory()
+        while True:  # a further generation: another device was lost before the new configuration came
+            self.store.set(f"stall/{generation}/{self.device}", json.dumps(inventory))
+            key = self._wait_key([f"gather/{generation}", f"reconf/{generation}"], generation)
+            if key is not None and key.startswith("gather/"):
+                clock.lap("wait_gather")
+                self._upload(generation, json.loads(self.store.get(key)))
+                clock.lap("upload")
+                key = self._wait_key([f"reconf/{generation}"], generation)
+            if key is not None:
+                break
+            generation = self.beats.coordinator_generation
         clock.lap("wait_plan")
         resume = self._apply(generation, json.loads(self.store.get(key)), clock)
         self.phases = clock.phases
         return resume
 
-    def _wait_key(self, keys: list[str]) -> str:
+    def _wait_key(self, keys: list[str], generation: int) -> str | None:
+        """The first of `keys` to appear; None when the coordinator moves past `generation` meanwhile."""
         deadline = time.monotonic() + self.rc.stall_timeout_s
         while time.monotonic() < deadline:
             for key in keys:
                 if self.store.check([key]):
                     return key
+            if self.beats.coordinator_generation > generation:
+                return None
             if self.beats.orphaned.is_set():
                 raise Orphaned(f"no word from the coordinator for {self.beats.orphan_after_s:.1f} s")
             time.sleep(0.02)
         raise RuntimeFailure(f"{self.device}: no new configuration within {self.rc.stall_timeout_s:.0f} s")
 
-    def _state_at(self, round_index: int, backup_of: str | None) -> dict:
-        if backup_of:
-            return from_bytes(self.backups.get(backup_of, round_index))
-        return self.snapshots.states[round_index]
+    def _kept_in(self, layout: int) -> "Kept":
+        """What this worker kept in `layout` (the coordinator re-plans from a layout every survivor holds)."""
+        for kept in (self.kept, self.previous):
+            if kept is not None and kept.layout == layout:
+                return kept
+        raise RuntimeFailure(f"{self.device}: asked to restore layout {layout}, which it no longer holds")
 
     def _upload(self, generation: int, doc: dict) -> None:
         """Heavy re-planning: send whole old stages to the coordinator."""
@@ -346,7 +367,7 @@ class ResilientRun:
 
         for stage, source in doc["uploads"].items():
             if source["device"] == self.device:
-                state = self._state_at(doc["resume_round"], source.get("backup_of"))
+                state = self._kept_in(doc["layout"]).state_at(doc["resume_round"], source.get("backup_of"))
                 put_blob(self.store, f"heavy/{generation}/old/{stage}", to_bytes(state))
 
     def _apply(self, generation: int, doc: dict, clock: "_PhaseClock") -> int:
@@ -360,15 +381,16 @@ class ResilientRun:
         self.helpers = list(doc.get("helpers", []))
         if self.device not in topo.devices and self.device not in self.helpers:
             raise Dismissed()
-        own = self.snapshots.states.get(resume)
+        base = self._kept_in(doc["layout"])
         self.beats.generation = generation  # first, so that the acknowledgements stop interrupting
         self.beats.interrupt.clear()
         self.w.config = self.w.config.model_copy(update={"schedule": schedule})
         self.w.topo = topo
+        self._await_members(generation, list(topo.devices) + self.helpers)
         self._connect()
         clock.lap("regroup")
         if self.device not in topo.devices:  # a leaver: hand the layers over, then go
-            self._migrate(doc, own, frozenset())
+            self._migrate(doc, base, frozenset())
             raise Dismissed()
         self.w.rank, self.w.stage_index = topo.rank(self.device), topo.stage_of[self.device]
         start, end = schedule.stages[self.w.stage_index].layers
@@ -376,24 +398,42 @@ class ResilientRun:
         if doc["method"] == "heavy":
             state = from_bytes(bootstrap.get_blob(self.store, f"heavy/{generation}/new/{self.w.stage_index}"))
         else:
-            state = self._migrate(doc, own, names)
+            state = self._migrate(doc, base, names)
         clock.lap("move")
         self._rebuild(start, end, state)
         clock.lap("rebuild")
-        self.snapshots, self.backups = Snapshots(), Backups()
+        self.kept, self.previous = Kept(generation, Snapshots(), Backups()), base
         self.beats.round = resume
         self._finished = False
         self._protect(resume)
         clock.lap("backup")
         return resume
 
-    def _migrate(self, doc: dict, own: dict | None, names: frozenset[str]) -> dict:
+    def _await_members(self, generation: int, members: list[str]) -> None:
+        """Wait, interruptibly, until every member of the new group has come for it. gloo's rendezvous
+        cannot be abandoned: entered while a member is already gone, it waits out the run's whole
+        timeout (minutes) instead of reporting to the coordinator, which re-plans again."""
+        store = _prefixed(self.store, f"gen{generation}/")
+        store.set(f"arrived/{self.device}", "1")
+        keys = [f"arrived/{d}" for d in members]
+        deadline = time.monotonic() + self.rc.stall_timeout_s
+        while not store.check(keys):
+            if self.beats.coordinator_generation > generation:
+                raise Interrupted("another device was lost before the new group formed")
+            if self.beats.orphaned.is_set():
+                raise Orphaned(f"no word from the coordinator for {self.beats.orphan_after_s:.1f} s")
+            if time.monotonic() > deadline:
+                raise RuntimeFailure(f"{self.device}: the new group did not form within {self.rc.stall_timeout_s:.0f} s")
+            time.sleep(0.02)
+
+    def _migrate(self, doc: dict, base: "Kept", names: frozenset[str]) -> dict:
         """Light re-planning: only the layers that change owner move, all transfers posted at once."""
         model, granularity = self.w.config.model, self.w.config.granularity
+        own = base.snapshots.states.get(int(doc["resume_round"]))
         sends, parts = [], [subset(own, names)] if own is not None else []
         for m in doc["migrations"]:
             if m["source"] == self.device:
-                state = own if not m.get("backup_of") else self._state_at(doc["resume_round"], m["backup_of"])
+                state = own if not m.get("backup_of") else base.state_at(doc["resume_round"], m["backup_of"])
                 part = subset(state, layer_names(model, granularity, m["start"], m["end"]))
                 if m["device"] == self.device:  # the backup holder takes over the lost layers itself
                     parts.append(part)
@@ -420,6 +460,25 @@ class ResilientRun:
             self.w.feed = DataFeed(data, SampleOrder(len(data.train), topo.global_batch, topo.micro_batch,
                                                      self.opts.seed))
         self._new_executor()
+
+
+@dataclass
+class Kept:
+    """A worker's snapshots and the backups it holds, all in the layout of generation `layout`."""
+
+    layout: int
+    snapshots: Snapshots
+    backups: Backups
+
+    def inventory(self) -> dict:
+        """What the coordinator needs to choose a resume round (coordinator/replay.py)."""
+        return {"layout": self.layout, "snapshots": self.snapshots.rounds(), "backups": self.backups.inventory()}
+
+    def state_at(self, round_index: int, backup_of: str | None) -> dict:
+        """This worker's own state after `round_index` rounds, or the backup it holds of `backup_of`'s."""
+        if backup_of:
+            return from_bytes(self.backups.get(backup_of, round_index))
+        return self.snapshots.states[round_index]
 
 
 class _PhaseClock:

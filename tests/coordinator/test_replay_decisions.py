@@ -2,7 +2,7 @@
 
 import pytest
 
-from hppctl.coordinator.replay import resume_round, transfer_plan, upload_plan
+from hppctl.coordinator.replay import common_layout, resume_round, transfer_plan, upload_plan
 from hppctl.errors import RuntimeFailure
 from tests.runtime.factories import make_plan
 
@@ -25,7 +25,7 @@ def test_a_lost_single_device_stage_needs_its_backup():
 
 def test_a_leaver_reports_its_own_snapshots_and_needs_no_backup():
     inventories = {"a": inventory([5, 6, 7]), "b": inventory([5, 6, 7]), "c": inventory([5, 6, 7])}
-    assert resume_round(THREE, "b", inventories, leaving=True) == 7
+    assert resume_round(THREE, "b", inventories, leavers={"b"}) == 7
 
 
 def test_snapshots_of_rounds_not_yet_reported_are_not_candidates():
@@ -33,8 +33,8 @@ def test_snapshots_of_rounds_not_yet_reported_are_not_candidates():
     # re-plan that interrupts it there leaves round 6 unreported. Resuming at 7 skipped round 6's row
     # and the launcher waited for it forever (the intermittent hang of the SIGTERM replay test).
     inventories = {"a": inventory([5, 6, 7]), "b": inventory([5, 6, 7]), "c": inventory([5, 6, 7])}
-    assert resume_round(THREE, "b", inventories, leaving=True, reported=6) == 6
-    assert resume_round(THREE, "b", inventories, leaving=True, reported=8) == 7
+    assert resume_round(THREE, "b", inventories, leavers={"b"}, reported=6) == 6
+    assert resume_round(THREE, "b", inventories, leavers={"b"}, reported=8) == 7
 
 
 def test_no_common_round_is_an_error_naming_the_lost_device():
@@ -51,5 +51,69 @@ def test_heavy_uploads_one_sender_per_old_stage_and_the_lost_stage_from_its_back
     uploads = upload_plan(plan, "b")
     assert uploads["0"] == {"device": "a", "backup_of": None}
     assert uploads["1"] == {"device": "c", "backup_of": "b"}  # b backs up to the next stage's device
-    assert upload_plan(plan, "b", leaving=True)["1"] == {"device": "b", "backup_of": None}
+    assert upload_plan(plan, "b", leavers={"b"})["1"] == {"device": "b", "backup_of": None}
     assert transfer_plan(plan, [], "b") == []
+
+
+FOUR = [["a"], ["b"], ["c"], ["d"]]
+
+
+def test_two_devices_lost_together_each_restore_from_their_own_backup():
+    # a|b|c|d back up along the ring a->b->c->d->a: losing b and d leaves their backups on c and a
+    inventories = {"a": inventory([5, 6, 7], {"d": [5, 6]}), "c": inventory([5, 6, 7], {"b": [6, 7]})}
+    assert resume_round(FOUR, ["b", "d"], inventories) == 6
+
+
+def test_a_device_lost_with_its_backup_holder_is_an_error_naming_both():
+    inventories = {"a": inventory([7], {"d": [7]}), "d": inventory([7], {"c": [7]})}
+    with pytest.raises(RuntimeFailure, match="held only by b, whose backup holder c was lost too"):
+        resume_round(FOUR, ["b", "c"], inventories)
+
+
+def test_every_replica_of_a_stage_lost_is_an_error():
+    with pytest.raises(RuntimeFailure, match=r"stage 0 lost every replica \(a, b\)"):
+        resume_round([["a", "b"], ["c"]], ["a", "b"], {"c": inventory([7])})
+
+
+def test_a_leaver_lost_with_a_crashed_device_sends_its_own_layers():
+    plan = make_plan("tiny-mlp", [((0, 1), ["a"], [4]), ((1, 2), ["b"], [4]), ((2, 4), ["c"], [4]),
+                                  ((4, 5), ["d"], [4])], global_batch=16, micro_batch=4)
+    inventories = {"a": inventory([6, 7], {"d": [6, 7]}), "b": inventory([6, 7]), "c": inventory([6, 7])}
+    assert resume_round([list(s.devices) for s in plan.stages], ["b", "d"], inventories, leavers={"b"}) == 7
+    uploads = upload_plan(plan, ["b", "d"], leavers={"b"})
+    assert uploads["1"] == {"device": "b", "backup_of": None}  # the leaver still runs: its own state
+    assert uploads["3"] == {"device": "a", "backup_of": "d"}  # the crashed tail: its backup on the head
+    with pytest.raises(RuntimeFailure, match="stage 1's layers were held only by b, whose backup holder c"):
+        upload_plan(plan, ["b", "c"])
+
+
+def test_migrations_of_two_lost_stages_come_from_two_backups():
+    from hppctl.planner.replan import migrations
+
+    old = make_plan("tiny-mlp", [((0, 1), ["a"], [4]), ((1, 2), ["b"], [4]), ((2, 3), ["c"], [4]),
+                                 ((3, 5), ["d"], [4])], global_batch=16, micro_batch=4)
+    new = make_plan("tiny-mlp", [((0, 3), ["a"], [4]), ((3, 5), ["d"], [4])], global_batch=16, micro_batch=4)
+    moves = migrations(old, new, ["b", "c"])
+    # layers 1 and 2 are adjacent, and both go to a, but they were b's and c's: two runs, two origins
+    assert [(m.device, m.start, m.end, m.source, m.backup_of) for m in moves] == [
+        ("a", 1, 2, None, "b"), ("a", 2, 3, None, "c")]
+    transfers = transfer_plan(old, moves, ["b", "c"], leavers={"c"})
+    assert [(t["source"], t["backup_of"]) for t in transfers] == [("c", "b"), ("c", None)]
+
+
+def test_the_current_layout_is_replayed_when_every_survivor_is_on_it():
+    on_new = {"layout": 1, "snapshots": [4], "backups": {}, "previous": {"layout": 0, "snapshots": [3, 4], "backups": {}}}
+    assert common_layout({"a": on_new, "c": on_new}, current=1, previous=0) == (1, {"a": on_new, "c": on_new})
+
+
+def test_the_previous_layout_is_replayed_when_a_survivor_never_reached_the_current_one():
+    behind = {"layout": 0, "snapshots": [3, 4], "backups": {"d": [4]}}
+    moved = {"layout": 1, "snapshots": [4], "backups": {}, "previous": {"layout": 0, "snapshots": [3, 4], "backups": {}}}
+    layout, chosen = common_layout({"a": behind, "c": moved}, current=1, previous=0)
+    assert layout == 0 and chosen == {"a": behind, "c": moved["previous"]}
+
+
+def test_no_common_layout_when_a_survivor_has_already_dropped_the_previous_one():
+    behind = {"layout": 0, "snapshots": [3, 4], "backups": {}}
+    trained_on = {"layout": 1, "snapshots": [4, 5], "backups": {}}
+    assert common_layout({"a": behind, "c": trained_on}, current=1, previous=0) is None

@@ -6,7 +6,7 @@ from hppctl.errors import BadInput
 from hppctl.models.plan import PlanRequest
 from hppctl.planner import make_plan
 from hppctl.planner.replan import (backup_targets, flops_proportional_cuts, migrations, replan_heavy, replan_light,
-                                   without_device)
+                                   without_devices)
 from tests.conftest import make_profile
 
 
@@ -74,7 +74,7 @@ def test_heavy_uses_the_full_planner_on_survivors():
     profile, plan = plan_with(None)
     lost = plan.stages[0].devices[0]
     result = replan_heavy(plan, profile, lost)
-    assert lost not in result.plan.devices() and result.plan.profile_digest == without_device(profile, lost).digest()
+    assert lost not in result.plan.devices() and result.plan.profile_digest == without_devices(profile, lost).digest()
 
 
 def test_migrations_list_only_layers_that_change_owner():
@@ -95,3 +95,18 @@ def test_unknown_device():
     profile, plan = plan_with(None)
     with pytest.raises(BadInput, match="not in the profile"):
         replan_light(plan, profile, "ghost")
+
+
+def test_losing_two_devices_at_once_drops_both_and_fetches_each_stage_from_its_own_backup():
+    profile, plan = plan_with(None, layers=16, speeds=(1, 1, 1, 1))
+    assert len(plan.stages) == 4 and all(len(s.devices) == 1 for s in plan.stages)
+    lost = [plan.stages[1].devices[0], plan.stages[3].devices[0]]
+    result = replan_light(plan, profile, lost)
+    assert result.method == "light" and len(result.plan.stages) == 2 and not set(lost) & set(result.plan.devices())
+    assert result.profile.digest() == without_devices(profile, lost).digest()
+    owner = {layer: s.devices[0] for s in plan.stages for layer in range(s.start, s.end)}
+    for m in result.migrations:
+        assert m.source not in lost
+        if m.source is None:  # a lost stage's layers: from that stage's own device's backup
+            assert {owner[layer] for layer in range(m.start, m.end)} == {m.backup_of}
+    assert {m.backup_of for m in result.migrations} - {None} == set(lost)

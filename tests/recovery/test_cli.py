@@ -66,8 +66,10 @@ def test_coordinator_bad_values_exit_2_naming_the_flag(cli, tmp_path, profile, a
 
 
 def test_events_read_as_one_line_each():
-    assert describe({"event": "replanned", "method": "light", "lost": "b", "replan_s": 0.05, "resume_round": 7}) == \
+    assert describe({"event": "replanned", "method": "light", "lost": ["b"], "replan_s": 0.05, "resume_round": 7}) == \
         "re-planned (light) without b in 0.05 s; replaying from round 7"
+    assert describe({"event": "replanned", "method": "light", "lost": ["b", "d"], "replan_s": 0.05,
+                     "resume_round": 7}) == "re-planned (light) without b, d in 0.05 s; replaying from round 7"
     assert describe({"event": "suspected", "device": "b", "why": "silent for 3.1 s"}) == "suspected: b silent for 3.1 s"
     resumed = {"event": "resumed", "round": 5, "recovery_s": 2.31,
                "phases": {"stop": 0.01, "move": 0.4, "rebuild": 0.2, "replayed_round": 1.04}}

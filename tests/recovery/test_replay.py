@@ -29,15 +29,19 @@ pytestmark = [pytest.mark.gloo, pytest.mark.timeout(300)]
 ROUNDS = 8
 THREE_STAGES = [((0, 2), ["a"], [4]), ((2, 4), ["b"], [4]), ((4, 5), ["c"], [4])]
 REPLICATED_HEAD = [((0, 2), ["a", "b"], [2, 2]), ((2, 5), ["c"], [4])]
-PRESETS = {"a": "jetson-nano", "b": "jetson-nano", "c": "jetson-tx2"}
+FOUR_STAGES = [((0, 1), ["a"], [4]), ((1, 2), ["b"], [4]), ((2, 4), ["c"], [4]), ((4, 5), ["d"], [4])]
+PRESETS = {"a": "jetson-nano", "b": "jetson-nano", "c": "jetson-tx2", "d": "jetson-nano"}
 
 
-def run_with_failure(stages, victim: str | None, sig: int = signal.SIGKILL, *, replan: str = "light",
-                     after_round: int = 3, on_round_1=None):
+def run_with_failure(stages, victim: str | list[str] | None, sig: int = signal.SIGKILL, *, replan: str = "light",
+                     after_round: int = 3, on_round_1=None, then_kill: str | None = None):
+    """`victim`: one device, or several hurt at the same moment (devices that fail together).
+    `then_kill`: a device killed as soon as the first re-plan is published (the survivors are moving)."""
     plan = make_plan("tiny-mlp", stages, global_batch=16, micro_batch=4)
     options = TrainOptions(rounds=ROUNDS, threads=1, dataset="synthetic", lr=0.1)
     session = ResilientSession(RunRequest(plan, local_cluster(*plan.devices()), options),
-                               RecoveryOptions(profile=preset_profile("tiny-mlp", PRESETS), heartbeat_s=0.5,
+                               RecoveryOptions(profile=preset_profile("tiny-mlp", {d: PRESETS[d] for d in plan.devices()}),
+                                               heartbeat_s=0.5,
                                                timeout_s=2.0, probe_s=1.0, replan=replan))
     hurt: list[str] = []
 
@@ -45,10 +49,15 @@ def run_with_failure(stages, victim: str | None, sig: int = signal.SIGKILL, *, r
         if on_round_1 is not None and row["round"] == 1:
             on_round_1(session)
         if victim and row["round"] == after_round and not hurt:
-            hurt.append(victim)
-            os.kill(session.workers[victim].proc.pid, sig)
+            hurt.extend([victim] if isinstance(victim, str) else victim)
+            for device in hurt:
+                os.kill(session.workers[device].proc.pid, sig)
 
-    result = session.run(on_round=on_round)
+    def on_fault(event: dict) -> None:
+        if then_kill and event["event"] == "replanned" and then_kill not in session.lost:
+            os.kill(session.workers[then_kill].proc.pid, signal.SIGKILL)
+
+    result = session.run(on_round=on_round, on_fault=on_fault)
     return plan, options, session, result
 
 
@@ -113,3 +122,40 @@ def test_a_worker_sent_sigterm_leaves_gracefully_and_hands_its_layers_over():
     assert session.workers["b"].proc.wait(timeout=30) == 0  # it left on its own after the hand-over
     assert [row["round"] for row in result.rounds] == list(range(ROUNDS))
     assert_same(result.model_state(), train_reference(plan, options))
+
+
+@pytest.mark.parametrize("sig,replan", [
+    pytest.param(signal.SIGKILL, "light", id="sigkill-light"),
+    pytest.param(signal.SIGSTOP, "light", id="sigstop-light"),
+    pytest.param(signal.SIGKILL, "heavy", id="sigkill-heavy"),
+])
+def test_two_devices_lost_together_are_replanned_away_at_once(sig, replan):
+    # b and d fail at the same moment (a power strip): whichever is confirmed first starts the re-plan,
+    # the other is confirmed while the survivors report, and one re-plan drops both (before, the
+    # second loss failed the run). Their stages come back from their backups on c and a.
+    plan, options, session, result = run_with_failure(FOUR_STAGES, ["b", "d"], sig, replan=replan)
+    assert sorted(e["device"] for e in events(session, "lost")) == ["b", "d"]
+    (replanned,) = events(session, "replanned")
+    assert sorted(replanned["lost"]) == ["b", "d"] and replanned["method"] == replan
+    assert sorted(session.plan.devices()) == ["a", "c"]
+    assert [row["round"] for row in result.rounds] == list(range(ROUNDS))
+    assert_same(result.model_state(), train_reference(plan, options))
+
+
+def test_a_device_lost_while_the_survivors_move_to_the_new_layout_is_replanned_from_the_one_before():
+    # d dies just as the re-plan without b goes out: nobody can finish moving to that layout (d is in
+    # it), so the survivors re-plan from the layout they all still hold, without b and d (before,
+    # they waited in gloo's rendezvous until the coordinator gave up on them)
+    plan, options, session, result = run_with_failure(FOUR_STAGES, "b", then_kill="d")
+    first, second = events(session, "replanned")
+    assert first["lost"] == ["b"] and second["lost"] == ["b", "d"] and second["layout"] == 0
+    assert sorted(session.plan.devices()) == ["a", "c"]
+    assert [row["round"] for row in result.rounds] == list(range(ROUNDS))
+    assert_same(result.model_state(), train_reference(plan, options))
+
+
+def test_a_device_lost_with_its_backup_holder_fails_the_run_naming_both():
+    from hppctl.errors import RuntimeFailure
+
+    with pytest.raises(RuntimeFailure, match="held only by b, whose backup holder c was lost too"):
+        run_with_failure(FOUR_STAGES, "b", then_kill="c")

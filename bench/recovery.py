@@ -27,7 +27,9 @@ nano0+nano1. For each case the bench starts a fresh run under the embedded coord
 
 Cases: kill-single (SIGKILL of a single-device stage's worker), kill-replica (SIGKILL of one device
 of a replicated stage), sigstop (the worker frozen), link-cut (`ip link set eth0 down` in the host's
-namespace; restored after the run).
+namespace; restored after the run), kill-two (SIGKILL of `--victim` and `--second-victim`, default
+tx0, at the same moment: devices that fail together, dropped by one re-plan; not among the
+defaults, `--cases kill-two`). For kill-two, detection is the failure -> the second loss confirmed.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ PRESETS = {"tx0": "jetson-tx2", "nano0": "jetson-nano", "nano1": "jetson-nano", 
 SPEC = "name: {name}\nbandwidth: 100mbit\nsubnet: {subnet}\nhosts:\n" + "".join(
     f"  - {{{{name: {d}, preset: {p}}}}}\n" for d, p in PRESETS.items())
 CASES = ("kill-single", "kill-replica", "sigstop", "link-cut")
+"""The default cases; `kill-two` runs when asked for."""
 
 
 def preset_profile(model: str):
@@ -82,7 +85,11 @@ def replica_plan(plan):
 
 
 # Each case as `hppctl lab fault` injects it (hppctl/lab/faults.py).
-FAULTS = {"kill-single": "kill", "kill-replica": "kill", "sigstop": "stop", "link-cut": "link-down"}
+FAULTS = {"kill-single": "kill", "kill-replica": "kill", "sigstop": "stop", "link-cut": "link-down", "kill-two": "kill"}
+
+
+def victims(case: str, args) -> list[str]:
+    return [args.victim, args.second_victim] if case == "kill-two" else [args.victim]
 
 
 def lab_fault(work: Path, host: str, action: str) -> None:
@@ -102,7 +109,8 @@ def measure(case: str, method: str, plan, profile, cluster, work: Path, args) ->
     def on_round(row: dict) -> None:
         if row["round"] == args.fail_after and not failed_at:
             failed_at.append(time.time())
-            lab_fault(work, args.victim, FAULTS[case])
+            for victim in victims(case, args):
+                lab_fault(work, victim, FAULTS[case])
 
     try:
         result = session.run(on_round=on_round)
@@ -137,7 +145,7 @@ def without_fault_tolerance(plan, cluster, args) -> float:
     return statistics.median(r["samples_per_s"] for r in rows if r["round"] > 0)
 
 
-def predicted(plan, profile, victim: str, method: str, timeout: float, case: str) -> dict:
+def predicted(plan, profile, victim: str | list[str], method: str, timeout: float, case: str) -> dict:
     kind = "crash" if FAULTS[case] == "kill" else "silent"  # a killed worker's end is seen at once
     sim = simulate_failure(plan, profile, victim, 30.0, method=method, timeout_s=timeout, probe_s=2.0, kind=kind)
     return {"detection_s": sim.detection_s, "recovery_s": sim.recovery_s, "throughput_after": sim.throughput_after,
@@ -185,6 +193,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=14)
     parser.add_argument("--fail-after", type=int, default=4)
     parser.add_argument("--victim", default="nano1")
+    parser.add_argument("--second-victim", default="tx0",
+                        help="kill-two's other device (not --victim's backup holder, nor one backing up to it)")
     parser.add_argument("--timeout", type=float, default=3.0)
     parser.add_argument("--measured", action="store_true",
                         help="plan, re-plan and simulate on `hppctl profile` of the lab itself instead of the presets")
@@ -204,7 +214,7 @@ def main() -> None:
             case_plan = replica_plan(plan) if case == "kill-replica" else plan
             for method in args.methods.split(","):
                 measured = measure(case, method, case_plan, profile, cluster, work, args)
-                measured["predicted"] = predicted(case_plan, profile, args.victim, method, args.timeout, case)
+                measured["predicted"] = predicted(case_plan, profile, victims(case, args), method, args.timeout, case)
                 results.append(measured)
                 print(json.dumps(measured), flush=True)
     finally:

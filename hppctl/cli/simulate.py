@@ -28,6 +28,7 @@ Examples:
   hppctl simulate --plan plans/c.yaml --schedule s.json --blocking               # replay a schedule file
 
   hppctl simulate --plan plans/d.yaml --profile P.json --fail nano1@30            # recovery what-if
+  hppctl simulate --plan plans/d.yaml --profile P.json --fail nano0,nano2@30      # two failing together
 
 Without --profile the simulator uses the plan's own per-stage figures (E_f, E_b, T_a, transfer
 times) and cannot report memory in bytes. --fail needs --profile: it predicts detection,
@@ -47,7 +48,7 @@ def simulate_command(
     step_time: Annotated[float, typer.Option("--step-time", help="Seconds of one optimizer step per device (the profile has none; default 0).")] = 0.0,
     trace: Annotated[Optional[Path], typer.Option("--trace", help="Write Chrome trace events (.json) for Perfetto / chrome://tracing.")] = None,
     png: Annotated[Optional[Path], typer.Option("--png", help="Render the timeline to a PNG (needs matplotlib: pip install 'hppctl[plot]').")] = None,
-    fail: Annotated[Optional[str], typer.Option("--fail", help="DEVICE@SECONDS: predict recovery from this device failing at this time (needs --profile).")] = None,
+    fail: Annotated[Optional[str], typer.Option("--fail", help="DEVICE@SECONDS: predict recovery from this device failing at this time (needs --profile); DEVICE,DEVICE@SECONDS: several failing together.")] = None,
     replan: Annotated[str, typer.Option("--replan", help="With --fail: light, heavy or both (side by side).")] = "both",
     timeout: Annotated[float, typer.Option("--timeout", help="With --fail: heartbeat silence before a device is suspect (s).")] = 3.0,
     replicate_every: Annotated[int, typer.Option("--replicate-every", help="With --fail: rounds between backups, as `hppctl run --replicate-every` (0: none).")] = 1,
@@ -107,11 +108,12 @@ def _simulate_failure(plan_file, profile_file, fail: str, replan: str, timeout: 
     from hppctl.planner.explain import check_plan_matches
     from hppctl.schedule.failure import FAILURE_KINDS, simulate_failure
 
-    device, _, when = fail.partition("@")
+    named, _, when = fail.rpartition("@")
+    devices = named.split(",")
     try:
         at_s = float(when)
     except ValueError:
-        raise BadInput(f"--fail: expected DEVICE@SECONDS like nano1@30, got {fail!r}") from None
+        raise BadInput(f"--fail: expected DEVICE@SECONDS like nano1@30 (or nano1,nano2@30), got {fail!r}") from None
     if not 0 <= at_s < float("inf"):  # also refuses nan
         raise BadInput(f"--fail: SECONDS must be a finite time >= 0, got {fail!r}")
     if replan not in ("light", "heavy", "both"):
@@ -126,15 +128,19 @@ def _simulate_failure(plan_file, profile_file, fail: str, replan: str, timeout: 
         raise BadInput("--fail: needs --profile (re-planning uses the per-layer timings)")
     plan, profile = load(plan_file, HppPlan), load(profile_file, Profile)
     check_plan_matches(plan, profile, str(plan_file))
-    if device not in plan.devices():
-        raise BadInput(f"--fail: device {device!r} is not in the plan (devices: {', '.join(plan.devices())})")
+    for device in devices:
+        if device not in plan.devices():
+            raise BadInput(f"--fail: device {device!r} is not in the plan (devices: {', '.join(plan.devices())})")
+        if devices.count(device) > 1:
+            raise BadInput(f"--fail: device {device!r} is named twice in {fail!r}")
     methods = ["light", "heavy"] if replan == "both" else [replan]
-    runs = [simulate_failure(plan, profile, device, at_s, method=m, timeout_s=timeout, replicate_every=replicate_every,
+    runs = [simulate_failure(plan, profile, devices, at_s, method=m, timeout_s=timeout, replicate_every=replicate_every,
                              kind=kind) for m in methods]
     if as_json:
         emit_json([{**r.__dict__, "detection_s": r.detection_s, "recovery_s": r.recovery_s} for r in runs])
         return
-    table = Table(box=None, pad_edge=False, title=f"{device} fails ({kind}) at {at_s:g} s")
+    table = Table(box=None, pad_edge=False, title=f"{', '.join(devices)} fail{'s' * (len(devices) == 1)} ({kind}) "
+                                                  f"at {at_s:g} s")
     for col in ("re-planning", "detected s", "replan s", "moved", "move s", "first round done s", "recovery s",
                 "throughput before", "throughput after", "stages after"):
         table.add_column(col)

@@ -1,7 +1,8 @@
-"""What-if of a device failure (`hppctl simulate --fail DEVICE@SECONDS`): the recovery timeline.
+"""What-if of a device failure (`hppctl simulate --fail DEVICE[,DEVICE...]@SECONDS`): the recovery timeline.
 
-Training runs round after round at the plan's simulated round latency. At `at_s` the device
-dies. The model of what follows mirrors Asteroid's pipeline replay (§3.4) as hppctl runs it:
+Training runs round after round at the plan's simulated round latency. At `at_s` the device (or
+several together: a power strip, a switch) dies. The model of what follows mirrors Asteroid's
+pipeline replay (§3.4) as hppctl runs it (devices lost together are dropped by one re-plan):
 
 1. detection: for a `silent` failure (a hung device, a cut link, a power loss) the coordinator
    hears nothing for `timeout_s` after the last heartbeat, then a probe waits `probe_s`
@@ -29,8 +30,10 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 
+from hppctl.errors import Infeasible, RuntimeFailure
 from hppctl.models.plan import HppPlan
 from hppctl.models.profile import Profile
 
@@ -43,6 +46,7 @@ class Recovery:
     method: str  # light, or heavy (also when light fell back to heavy)
     requested: str
     failed_device: str
+    """The device that fails, or several joined by ", " (they fail together)."""
     fail_at_s: float
     detected_at_s: float
     replan_s: float
@@ -77,11 +81,20 @@ def optimizer_factor(profile: Profile) -> float:
     return 1.0 + profile.optimizer_state_factor
 
 
-def simulate_failure(plan: HppPlan, profile: Profile, device: str, at_s: float, *, method: str = "light",
-                     heartbeat_s: float = 1.0, timeout_s: float = 3.0, probe_s: float = 2.0,
+def simulate_failure(plan: HppPlan, profile: Profile, device: str | Collection[str], at_s: float, *,
+                     method: str = "light", heartbeat_s: float = 1.0, timeout_s: float = 3.0, probe_s: float = 2.0,
                      regroup_s: float = 1.0, replicate_every: int = 1, kind: str = "silent") -> Recovery:
-    from hppctl.planner.replan import replan_heavy, replan_light
+    """Infeasible when the devices take layers with them: a stage's device with its backup holder,
+    or every replica of a stage (the run would stop; coordinator/replay.py)."""
+    from hppctl.coordinator.replay import upload_plan
+    from hppctl.planner.replan import lost_devices, replan_heavy, replan_light
     from hppctl.schedule import simulate_plan
+
+    lost = lost_devices(device)
+    try:
+        upload_plan(plan, lost)  # every old stage has a surviving holder of its state
+    except RuntimeFailure as e:
+        raise Infeasible(f"losing {', '.join(lost)} loses state: {e}") from None
 
     before = round_with_replication(plan, profile, simulate_plan(plan, profile)[1].round_latency_s,
                                     replicate_every)
@@ -90,15 +103,15 @@ def simulate_failure(plan: HppPlan, profile: Profile, device: str, at_s: float, 
     last_beat = math.floor(at_s / heartbeat_s) * heartbeat_s
     detected = max(at_s, last_beat + timeout_s) + probe_s if kind == "silent" else at_s
     started = time.perf_counter()
-    result = (replan_light if method == "light" else replan_heavy)(plan, profile, device)
+    result = (replan_light if method == "light" else replan_heavy)(plan, profile, lost)
     replan_s = time.perf_counter() - started
-    moved, move_s = _movement(plan, profile, result, device)
+    moved, move_s = _movement(plan, profile, result, lost)
     resumed = detected + replan_s + move_s + regroup_s
     after = round_with_replication(result.plan, result.profile,
                                    simulate_plan(result.plan, result.profile)[1].round_latency_s, replicate_every)
     round_start = math.floor(at_s / before) * before
     return Recovery(
-        method=result.method, requested=method, failed_device=device, fail_at_s=at_s, detected_at_s=detected,
+        method=result.method, requested=method, failed_device=", ".join(lost), fail_at_s=at_s, detected_at_s=detected,
         replan_s=replan_s, moved_bytes=moved, move_s=move_s, resumed_at_s=resumed,
         first_round_done_at_s=resumed + after, round_latency_before_s=before, round_latency_after_s=after,
         throughput_before=plan.global_batch / before, throughput_after=plan.global_batch / after,
@@ -138,7 +151,7 @@ def round_with_replication(plan: HppPlan, profile: Profile, latency_s: float, re
     return busiest
 
 
-def _movement(plan: HppPlan, profile: Profile, result, lost: str) -> tuple[int, float]:
+def _movement(plan: HppPlan, profile: Profile, result, lost: tuple[str, ...]) -> tuple[int, float]:
     layers = profile.layers
     factor = optimizer_factor(profile)
 
@@ -149,7 +162,7 @@ def _movement(plan: HppPlan, profile: Profile, result, lost: str) -> tuple[int, 
         backups = _backup_holders(plan)
         moved, slowest = 0, 0.0
         for m in result.migrations:
-            source = m.source or backups.get(lost)
+            source = m.source or backups.get(m.backup_of)
             size = layer_bytes(m.start, m.end)
             moved += size
             if source and source != m.device:
@@ -157,7 +170,7 @@ def _movement(plan: HppPlan, profile: Profile, result, lost: str) -> tuple[int, 
         return moved, slowest
     coordinator = result.plan.devices()[0]
     gather = sum(layer_bytes(s.start, s.end) / profile.bandwidth_between(d, coordinator)
-                 for s in plan.stages for d in s.devices[:1] if d not in (lost, coordinator))
+                 for s in plan.stages for d in s.devices[:1] if d not in lost and d != coordinator)
     scatter = sum(layer_bytes(s.start, s.end) / profile.bandwidth_between(coordinator, d)
                   for s in result.plan.stages for d in s.devices if d != coordinator)
     total = sum(layer_bytes(s.start, s.end) * len(s.devices) for s in result.plan.stages)

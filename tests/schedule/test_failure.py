@@ -95,3 +95,27 @@ def test_backups_share_the_uplinks_and_bound_the_round_when_they_outweigh_it(cha
     r = simulate_failure(plan, profile, plan.stages[1].devices[0], 5.0, replicate_every=1)
     assert r.throughput_before == pytest.approx(plan.global_batch / round_with_replication(plan, profile, compute, 1))
     assert r.backup_link_s_before == pytest.approx(max(links.values()))
+
+
+def test_devices_failing_together_are_dropped_by_one_replan_or_refused_when_they_take_state_with_them(cli, tmp_path):
+    from hppctl.errors import Infeasible
+
+    profile = make_profile(layers=16, speeds=(1, 1, 1, 1), memory_gb=(8, 8, 8, 8))
+    plan = make_plan(profile, PlanRequest(global_batch=256, micro_batch=32), "pp")
+    firsts = [s.devices[0] for s in plan.stages]
+    assert len(firsts) == 4  # a ring of backups: 0 -> 1 -> 2 -> 3 -> 0
+    both = simulate_failure(plan, profile, [firsts[1], firsts[3]], 10.2, method="light")
+    one = simulate_failure(plan, profile, firsts[1], 10.2, method="light")
+    assert both.failed_device == f"{firsts[1]}, {firsts[3]}" and both.stages_after == 2
+    assert not {firsts[1], firsts[3]} & set(both.devices_after) and both.moved_bytes > one.moved_bytes
+    with pytest.raises(Infeasible, match=f"held only by {firsts[1]}, whose backup holder {firsts[2]} was lost too"):
+        simulate_failure(plan, profile, [firsts[1], firsts[2]], 10.2)
+    save(tmp_path / "p.json", profile)
+    save(tmp_path / "plan.json", plan)
+    args = ("simulate", "--plan", tmp_path / "plan.json", "--profile", tmp_path / "p.json", "--json", "--fail")
+    code, out, _ = cli(*args, f"{firsts[1]},{firsts[3]}@12")
+    assert code == 0 and {r["stages_after"] for r in json.loads(out)} <= {1, 2}
+    code, _, err = cli(*args, f"{firsts[1]},{firsts[2]}@12")
+    assert code == 3 and "was lost too" in err and len(err.strip().splitlines()) == 1
+    code, _, err = cli(*args, f"{firsts[1]},{firsts[1]}@12")
+    assert code == 2 and "named twice" in err

@@ -33,9 +33,10 @@ FOUR_STAGES = [((0, 1), ["a"], [4]), ((1, 2), ["b"], [4]), ((2, 4), ["c"], [4]),
 PRESETS = {"a": "jetson-nano", "b": "jetson-nano", "c": "jetson-tx2", "d": "jetson-nano"}
 
 
-def run_with_failure(stages, victim: str | list[str] | None, sig: int = signal.SIGKILL, *, replan: str = "light",
-                     after_round: int = 3, on_round_1=None, then_kill: str | None = None):
-    """`victim`: one device, or several hurt at the same moment (devices that fail together).
+def run_with_failure(stages, victim: str | list[str] | None, sig: int | list[int] = signal.SIGKILL, *,
+                     replan: str = "light", after_round: int = 3, on_round_1=None, then_kill: str | None = None):
+    """`victim`: one device, or several hurt at the same moment (devices that fail together), each with
+    `sig` or with its own signal from a list.
     `then_kill`: a device killed as soon as the first re-plan is published (the survivors are moving)."""
     plan = make_plan("tiny-mlp", stages, global_batch=16, micro_batch=4)
     options = TrainOptions(rounds=ROUNDS, threads=1, dataset="synthetic", lr=0.1)
@@ -50,8 +51,8 @@ def run_with_failure(stages, victim: str | list[str] | None, sig: int = signal.S
             on_round_1(session)
         if victim and row["round"] == after_round and not hurt:
             hurt.extend([victim] if isinstance(victim, str) else victim)
-            for device in hurt:
-                os.kill(session.workers[device].proc.pid, sig)
+            for device, signum in zip(hurt, sig if isinstance(sig, list) else [sig] * len(hurt)):
+                os.kill(session.workers[device].proc.pid, signum)
 
     def on_fault(event: dict) -> None:
         if then_kill and event["event"] == "replanned" and then_kill not in session.lost:
@@ -128,11 +129,13 @@ def test_a_worker_sent_sigterm_leaves_gracefully_and_hands_its_layers_over():
     pytest.param(signal.SIGKILL, "light", id="sigkill-light"),
     pytest.param(signal.SIGSTOP, "light", id="sigstop-light"),
     pytest.param(signal.SIGKILL, "heavy", id="sigkill-heavy"),
+    pytest.param([signal.SIGTERM, signal.SIGKILL], "light", id="b-leaves-as-d-crashes"),
 ])
 def test_two_devices_lost_together_are_replanned_away_at_once(sig, replan):
     # b and d fail at the same moment (a power strip): whichever is confirmed first starts the re-plan,
     # the other is confirmed while the survivors report, and one re-plan drops both (before, the
-    # second loss failed the run). Their stages come back from their backups on c and a.
+    # second loss failed the run). Their stages come back from their backups on c and a (a device that
+    # leaves on purpose sends its own).
     plan, options, session, result = run_with_failure(FOUR_STAGES, ["b", "d"], sig, replan=replan)
     assert sorted(e["device"] for e in events(session, "lost")) == ["b", "d"]
     (replanned,) = events(session, "replanned")

@@ -324,6 +324,10 @@ class ResilientSession(Session):
         leavers: list[str] = []
         while True:
             for loss in losses:
+                if loss.device in leavers:  # it left, then ended before it had handed its layers over
+                    leavers.remove(loss.device)
+                    self._event("lost", device=loss.device, reason=loss.reason)
+                    continue
                 self._lose(loss)
                 if loss.leaving:
                     leavers.append(loss.device)
@@ -331,7 +335,7 @@ class ResilientSession(Session):
             survivors = [d for d in self._layout.plan.devices() if d not in self.lost]
             if not survivors:
                 raise WorkerFailed(f"{', '.join(self.lost)} lost: no device is left")
-            losses, inventories = self._collect(generation, "stall", survivors + leavers)
+            losses, inventories = self._collect(generation, "stall", survivors, leavers)
             if losses:
                 continue
             base, inventories = self._base_layout(inventories)
@@ -396,27 +400,35 @@ class ResilientSession(Session):
         else:
             threading.Thread(target=worker.stop, daemon=True, name=f"fence-{device}").start()
 
-    def _collect(self, generation: int, what: str, devices: list[str]) -> tuple[list["Loss"], dict[str, dict]]:
+    def _collect(self, generation: int, what: str, survivors: list[str],
+                 leavers: list[str]) -> tuple[list["Loss"], dict[str, dict]]:
         """Every device's `what/<generation>` report, watching them meanwhile: ([], reports), or the
         devices lost before all had reported (and no reports)."""
+        devices = survivors + leavers
         store, keys = self.store.store, [f"{what}/{generation}/{d}" for d in devices]
-        losses = self._await(lambda: store.check(keys), f"{', '.join(devices)} to stop for the re-plan")
+        losses = self._await(lambda: store.check(keys), f"{', '.join(devices)} to stop for the re-plan", leavers)
         return losses, ({} if losses else {d: json.loads(store.get(k)) for d, k in zip(devices, keys)})
 
-    def _await(self, done: Callable[[], bool], what: str) -> list["Loss"]:
-        """Wait for `done` while detection goes on: [] once it holds, else the devices lost meanwhile.
-        A worker that reports an error of its own still fails the run (`_check_alive`)."""
+    def _await(self, done: Callable[[], bool], what: str, leavers: list[str]) -> list["Loss"]:
+        """Wait for `done` while detection goes on: [] once it holds, else the devices lost meanwhile
+        (a leaver whose process ended counts: it has not handed its layers over yet). A worker that
+        reports an error of its own still fails the run (`_check_alive`)."""
         deadline = time.monotonic() + self.recovery.stall_timeout_s
         while time.monotonic() < deadline:
             self._check_alive()
             self._log_dropped()
-            losses = self._detect()
+            losses = self._detect() + self._ended_leavers(leavers)
             if losses:
                 return losses
             if done():
                 return []
             time.sleep(0.02)
         raise RuntimeFailure(f"timed out after {self.recovery.stall_timeout_s:.0f} s waiting for {what}")
+
+    def _ended_leavers(self, leavers: list[str]) -> list["Loss"]:
+        ended = [(d, self.workers[d].poll()) for d in leavers]
+        return [Loss(d, f"left, then ended (exit {code}) before handing its layers over")
+                for d, code in ended if code is not None]
 
     def _replan(self, base: "Layout", gone: list[str]):
         """The plan without `gone` (light or heavy, as requested), and how long the planner took."""
@@ -456,7 +468,7 @@ class ResilientSession(Session):
         store.set(f"gather/{generation}", json.dumps({"resume_round": resume, "layout": base.generation,
                                                       "uploads": uploads}))
         keys = [f"heavy/{generation}/old/{p}" for p in uploads]
-        losses = self._await(lambda: all(bootstrap.has_blob(store, k) for k in keys), "every stage's state")
+        losses = self._await(lambda: all(bootstrap.has_blob(store, k) for k in keys), "every stage's state", leavers)
         if losses:
             return losses, None
         merged = {"tensors": {}, "optim": {}}

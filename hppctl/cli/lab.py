@@ -21,6 +21,7 @@ Examples:
   ssh -F /run/hppctl-lab/env-d/ssh_config tx0 hostname
 
   hppctl lab fault nano1 kill   (also stop, cont, link-down, link-up: failures for `hppctl run`)
+  hppctl lab fault nano1,tx0 link-down   (several hosts at once: devices that fail together)
 
   hppctl lab down              (safe to repeat, and after a crashed `up`)
 """
@@ -98,7 +99,8 @@ def down_command(
 
 
 def fault_command(
-    host: Annotated[str, typer.Argument(help="The lab host to hurt (a name from `hppctl lab status`).")],
+    host: Annotated[str, typer.Argument(help="The lab host to hurt (a name from `hppctl lab status`), or several "
+                                             "joined by commas, hurt together.")],
     action: Annotated[str, typer.Argument(
         help="kill (SIGKILL its hppctl workers), stop / cont (SIGSTOP / SIGCONT them), "
              "link-down / link-up (its eth0).")],
@@ -107,16 +109,18 @@ def fault_command(
     as_json: AsJson = False,
 ) -> None:
     """Inject a failure into a running lab: a crashed, hung or disconnected device (and undo it)."""
-    from hppctl.lab.faults import inject
+    from hppctl.lab.faults import inject_together
     from hppctl.lab.manager import the_lab
     from hppctl.lab.system import BASE_TOOLS, require
 
     require("hppctl lab fault", tools=tuple(t for t in BASE_TOOLS if t.command == "ip"))
-    fault = inject(the_lab(_root(state_dir), name), host, action)
-    if as_json:
-        emit_json({"host": fault.host, "action": fault.action, "pids": list(fault.pids)})
+    faults = inject_together(the_lab(_root(state_dir), name), host.split(","), action)
+    if as_json:  # one host: its object, as before; several: a list of them
+        docs = [{"host": f.host, "action": f.action, "pids": list(f.pids)} for f in faults]
+        emit_json(docs[0] if len(docs) == 1 else docs)
         return
-    note(fault.describe())
+    for fault in faults:
+        note(fault.describe())
 
 
 def _render(report: dict) -> None:

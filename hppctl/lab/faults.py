@@ -1,6 +1,6 @@
 """Failures on demand in a running lab (`hppctl lab fault`): what fault tolerance must survive.
 
-Issue 7's four failures, and their undoing:
+Issue 7's four failures, and their undoing, on one host or several at once (`nano1,tx0`):
 
 - `kill`: SIGKILL to the host's hppctl workers (a crashed device);
 - `stop` / `cont`: SIGSTOP / SIGCONT to them (a hung device: alive, silent);
@@ -72,15 +72,31 @@ def find_host(state: LabState, name: str) -> HostState:
 
 def inject(state: LabState, host_name: str, action: str) -> Fault:
     """Apply `action` to host `host_name` of a running lab; RuntimeFailure if it has no worker to signal."""
+    [fault] = inject_together(state, [host_name], action)
+    return fault
+
+
+def inject_together(state: LabState, host_names: list[str], action: str) -> list[Fault]:
+    """Apply `action` to several hosts at once (devices that fail together: a power strip, a switch).
+    Every host is checked first — known, with a worker to signal — so that a bad name hurts none."""
     if action not in ACTIONS:
         raise BadInput(f"fault: unknown action {action!r} ({', '.join(ACTIONS)})")
-    host = find_host(state, host_name)
+    hosts = [find_host(state, name) for name in host_names]
+    for host in hosts:
+        if host_names.count(host.name) > 1:
+            raise BadInput(f"fault: host {host.name!r} is named twice")
     if action in LINKS:
-        sh(in_netns(host.netns, ["ip", "link", "set", "eth0", LINKS[action]]))
-        return Fault(host.name, action)
-    pids = worker_pids(host)
-    if not pids:
-        raise RuntimeFailure(f"{host.name}: no hppctl worker is running there (nothing to {action})")
+        for host in hosts:
+            sh(in_netns(host.netns, ["ip", "link", "set", "eth0", LINKS[action]]))
+        return [Fault(host.name, action) for host in hosts]
+    targets = [(host, worker_pids(host)) for host in hosts]
+    for host, pids in targets:
+        if not pids:
+            raise RuntimeFailure(f"{host.name}: no hppctl worker is running there (nothing to {action})")
+    return [_signal(host, pids, action) for host, pids in targets]
+
+
+def _signal(host: HostState, pids: list[int], action: str) -> Fault:
     sent = []
     for pid in pids:
         try:

@@ -235,6 +235,11 @@ def test_fault_freezes_resumes_and_kills_a_worker_and_cuts_a_link(lab, cli):
         while not (pids := faults.worker_pids(host)) and time.monotonic() < deadline:
             time.sleep(0.1)
         [pid] = pids
+        # several hosts are checked before any is hurt: one without a worker, or named twice, hurts none
+        code, _, err = cli("lab", "fault", "fast,slow", "stop", *where)
+        assert code == 1 and "slow: no hppctl worker is running there" in err and not _becomes(pid, True, timeout_s=0.5)
+        code, _, err = cli("lab", "fault", "fast,fast", "stop", *where)
+        assert code == 2 and "named twice" in err
         for action, stopped in (("stop", True), ("cont", False)):
             code, out, err = cli("lab", "fault", "fast", action, "--json", *where)
             assert code == 0, err
@@ -245,16 +250,17 @@ def test_fault_freezes_resumes_and_kills_a_worker_and_cuts_a_link(lab, cli):
         worker.wait(timeout=30)
         assert bystander.poll() is None  # only the worker: the host's other processes go on
 
-        address = next(h["address"] for h in report["hosts"] if h["name"] == "fast")
-        assert cli("lab", "fault", "fast", "link-down", *where)[0] == 0
-        assert not sshd.banner(address, timeout_s=1.0)
-        assert cli("lab", "fault", "fast", "link-up", *where)[0] == 0
+        addresses = [next(h["address"] for h in report["hosts"] if h["name"] == n) for n in ("fast", "slow")]
+        code, out, _ = cli("lab", "fault", "fast,slow", "link-down", "--json", *where)  # together
+        assert code == 0 and [f["host"] for f in json.loads(out)] == ["fast", "slow"]
+        assert not any(sshd.banner(address, timeout_s=1.0) for address in addresses)
+        assert cli("lab", "fault", "fast,slow", "link-up", *where)[0] == 0
         deadline = time.monotonic() + 10
-        while not sshd.banner(address, timeout_s=1.0) and time.monotonic() < deadline:
+        while not all(sshd.banner(a, timeout_s=1.0) for a in addresses) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert sshd.banner(address, timeout_s=1.0)
+        assert all(sshd.banner(address, timeout_s=1.0) for address in addresses)
     finally:
-        cli("lab", "fault", "fast", "link-up", *where)
+        cli("lab", "fault", "fast,slow", "link-up", *where)
         for proc in (worker, bystander):
             proc.kill()
             proc.wait()

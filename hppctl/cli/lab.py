@@ -20,7 +20,7 @@ Examples:
 
   ssh -F /run/hppctl-lab/env-d/ssh_config tx0 hostname
 
-  hppctl lab fault nano1 kill   (also stop, cont, link-down, link-up: failures for `hppctl run`)
+  hppctl lab fault nano1 kill   (also stop, cont, term, link-down, link-up: failures for `hppctl run`)
   hppctl lab fault nano1,tx0 link-down   (several hosts at once: devices that fail together)
 
   hppctl lab down              (safe to repeat, and after a crashed `up`)
@@ -102,8 +102,8 @@ def fault_command(
     host: Annotated[str, typer.Argument(help="The lab host to hurt (a name from `hppctl lab status`), or several "
                                              "joined by commas, hurt together.")],
     action: Annotated[str, typer.Argument(
-        help="kill (SIGKILL its hppctl workers), stop / cont (SIGSTOP / SIGCONT them), "
-             "link-down / link-up (its eth0).")],
+        help="kill (SIGKILL its hppctl workers), stop / cont (SIGSTOP / SIGCONT them), term (SIGTERM: "
+             "a graceful leave), link-down / link-up (its eth0).")],
     name: Name = None,
     state_dir: StateDir = None,
     as_json: AsJson = False,

@@ -4,6 +4,7 @@ Issue 7's four failures, and their undoing, on one host or several at once (`nan
 
 - `kill`: SIGKILL to the host's hppctl workers (a crashed device);
 - `stop` / `cont`: SIGSTOP / SIGCONT to them (a hung device: alive, silent);
+- `term`: SIGTERM to them (a device taken out on purpose: its worker hands its layers over and leaves);
 - `link-down` / `link-up`: the host's `eth0` down or up inside its namespace (a device that drops
   off the network; its processes go on running).
 
@@ -24,7 +25,7 @@ from hppctl.lab import cgroups
 from hppctl.lab.system import in_netns, sh
 from hppctl.models.lab import HostState, LabState
 
-SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "cont": signal.SIGCONT}
+SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "cont": signal.SIGCONT, "term": signal.SIGTERM}
 LINKS = {"link-down": "down", "link-up": "up"}
 ACTIONS = (*SIGNALS, *LINKS)
 

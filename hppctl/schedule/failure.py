@@ -12,8 +12,9 @@ pipeline replay (§3.4) as hppctl runs it (devices lost together are dropped by 
 2. re-planning: the light or heavy planner runs (its real time on this machine is measured);
 3. state movement: light — every device fetches only the layers that change owner, all
    migrations concurrently, each at its link's bandwidth (the slowest one decides), the lost
-   stage's layers from its backup holder; heavy — every survivor sends its stage's weights and
-   optimizer state to the coordinator (the first survivor) and receives its new stage back;
+   stage's layers from its backup holder; heavy — every old stage's weights and optimizer state go
+   to the coordinator (the first survivor) from a survivor of it, or for a lost stage from its
+   backup holder, and every survivor receives its new stage back;
 4. the survivors rebuild their process group (`regroup_s`);
 5. the interrupted round is replayed from its start on the new plan: the first round after the
    failure completes one (new) round latency later.
@@ -168,9 +169,12 @@ def _movement(plan: HppPlan, profile: Profile, result, lost: tuple[str, ...]) ->
             if source and source != m.device:
                 slowest = max(slowest, size / profile.bandwidth_between(source, m.device))
         return moved, slowest
+    from hppctl.coordinator.replay import upload_plan
+
     coordinator = result.plan.devices()[0]
-    gather = sum(layer_bytes(s.start, s.end) / profile.bandwidth_between(d, coordinator)
-                 for s in plan.stages for d in s.devices[:1] if d not in lost and d != coordinator)
+    senders = upload_plan(plan, lost)  # one per old stage: a survivor, or a lost stage's backup holder
+    gather = sum(layer_bytes(s.start, s.end) / profile.bandwidth_between(senders[str(p)]["device"], coordinator)
+                 for p, s in enumerate(plan.stages) if senders[str(p)]["device"] != coordinator)
     scatter = sum(layer_bytes(s.start, s.end) / profile.bandwidth_between(coordinator, d)
                   for s in result.plan.stages for d in s.devices if d != coordinator)
     total = sum(layer_bytes(s.start, s.end) * len(s.devices) for s in result.plan.stages)

@@ -6,6 +6,7 @@ import pytest
 
 from hppctl.models.plan import PlanRequest
 from hppctl.planner import make_plan
+from hppctl.planner.replan import replan_heavy
 from hppctl.schedule.failure import simulate_failure
 from hppctl.store import save
 from tests.conftest import make_profile
@@ -119,3 +120,26 @@ def test_devices_failing_together_are_dropped_by_one_replan_or_refused_when_they
     assert code == 3 and "was lost too" in err and len(err.strip().splitlines()) == 1
     code, _, err = cli(*args, f"{firsts[1]},{firsts[1]}@12")
     assert code == 2 and "named twice" in err
+
+
+def test_heavy_gathers_a_lost_stage_from_its_backup_holder(chain):
+    # the lost stage's state reaches the coordinator too, from the device holding its backup (the
+    # estimate used to leave it out, as if it came for free)
+    from hppctl.schedule.failure import optimizer_factor
+
+    profile, plan = chain
+
+    def seconds(stage, src, dst) -> float:
+        size = optimizer_factor(profile) * sum(l.param_bytes for l in profile.layers[stage.start:stage.end])
+        return size / profile.bandwidth_between(src, dst)
+
+    lost_stage = plan.stages[1]
+    lost, holder = lost_stage.devices[0], plan.stages[2].devices[0]
+    r = simulate_failure(plan, profile, lost, 5.0, method="heavy")
+    coordinator = r.devices_after[0]
+    assert holder != coordinator
+    from_holder = seconds(lost_stage, holder, coordinator)
+    others = sum(seconds(s, s.devices[0], coordinator) for s in plan.stages if s.devices[0] not in (lost, coordinator))
+    new = replan_heavy(plan, profile, lost).plan
+    scatter = sum(seconds(s, coordinator, d) for s in new.stages for d in s.devices if d != coordinator)
+    assert r.move_s == pytest.approx(others + from_holder + scatter)

@@ -2,12 +2,13 @@
 
     link = measure_link(endpoint_a, endpoint_b, settings)     # a LinkProfile with source "measured"
 
-For each direction a `recv` server starts on the receiving device, bound to the address the
-sender reaches it at, on a random port, and a `send` client on the other device streams for
-`settings.link_seconds`; the receiver's goodput is the figure. Then an `echo` server and a `ping`
-client give the median one-byte round trip. A port that is taken (or any failure) is retried on
-another port. The caller runs pairs one after the other, so no two measurements share a wire or
-a CPU. netprobe.py is the device side.
+A `link-serve` server starts on `b`, bound to the address `a` reaches it at, on a random port, and a
+`link-test` client on `a` then streams to it for `settings.link_seconds` (b's goodput is a->b),
+takes a stream back for as long (a's goodput is b->a) and times one-byte round trips
+(netprobe.py). One server and one client per link: every launch costs a device its SSH session
+and interpreter start-up (~1 s on a 0.25-core lab host), and a link used to take six. A port that
+is taken (or any failure) is retried on another port. The caller runs pairs one after the other,
+so no two measurements share a wire or a CPU.
 """
 
 from __future__ import annotations
@@ -27,11 +28,15 @@ def link_text(link: LinkProfile) -> str:
 
 
 def measure_link(a, b, settings, attempts: int = 3) -> LinkProfile:
-    """Both directions' goodput and the round trip between endpoints `a` and `b`, one at a time."""
-    a_to_b = parse.received(_transfer(a, b, settings, attempts))
-    b_to_a = parse.received(_transfer(b, a, settings, attempts))
-    ping = parse.pinged(_ping(a, b, settings, attempts))
-    return parse.link_profile(a.name, b.name, a_to_b, b_to_a, ping)
+    """Both directions' goodput and the round trip between endpoints `a` and `b`."""
+    address = b.address_for(a)
+    timeout = 2 * settings.link_seconds + 30
+    served, tested = _serve_and_call(
+        b, a, "link-serve", "link-test", {"bind": address, "seconds": settings.link_seconds},
+        {"to": address, "seconds": settings.link_seconds, "count": settings.ping_count}, attempts, timeout)
+    a_to_b = parse.received(served)  # measured where the bytes arrived
+    b_to_a = parse.received(tested)
+    return parse.link_profile(a.name, b.name, a_to_b, b_to_a, parse.pinged(tested))
 
 
 def _serve_and_call(server, client, server_kind: str, client_kind: str, server_args: dict, client_args: dict,
@@ -54,19 +59,6 @@ def _serve_and_call(server, client, server_kind: str, client_kind: str, server_a
             continue
         return running.wait(), client_records
     raise last if last is not None else DeviceFailure("link measurement failed")
-
-
-def _transfer(src, dst, settings, attempts: int) -> list[dict[str, Any]]:
-    address = dst.address_for(src)
-    timeout = settings.link_seconds + 30
-    return _serve_and_call(dst, src, "recv", "send", {"bind": address}, {"to": address, "seconds": settings.link_seconds},
-                           attempts, timeout)[0]
-
-
-def _ping(a, b, settings, attempts: int) -> list[dict[str, Any]]:
-    address = b.address_for(a)
-    return _serve_and_call(b, a, "echo", "ping", {"bind": address}, {"to": address, "count": settings.ping_count},
-                           attempts, timeout=30)[1]
 
 
 def merge_links(configured: list[LinkProfile], measured: list[LinkProfile]) -> list[LinkProfile]:

@@ -1,7 +1,18 @@
 """Link measurement ON the devices: an iperf-like TCP transfer and a one-byte ping-pong.
 
-Standard library only. The orchestrator (remote.py / cluster.py) starts a server kind on one
-device, then the matching client kind on the other, one pair at a time:
+Standard library only. The orchestrator (links.py) starts a server kind on one device, then the
+matching client kind on the other, one pair at a time. A whole link is one pair of launches:
+
+    link-serve --args {"bind": ADDR, "port": P, "seconds": S, "timeout_s": T}
+        -> {"type": "recv", ...} (client -> server), {"type": "send", ...}, {"type": "echo", ...}
+    link-test  --args {"to": ADDR, "port": P, "seconds": S, "count": N}
+        -> {"type": "send", ...}, {"type": "recv", ...} (server -> client), {"type": "ping", ...}
+
+over three connections the client opens in turn: it streams to the server for S seconds (the
+server measures), the server streams back for S seconds (the client measures), then N one-byte
+round trips. (Each launch costs a device ~1 s of SSH session and interpreter start-up on a
+0.25-core host: a link used to take six, one server and one client per measurement.) The single
+measurements are kinds of their own too:
 
     recv  --args {"bind": ADDR, "port": P, "timeout_s": T}     -> {"type": "recv", "bytes", "seconds", "bytes_per_s"}
     send  --args {"to": ADDR, "port": P, "seconds": S}         -> {"type": "send", "bytes", "seconds"}
@@ -60,13 +71,19 @@ def recv(args: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield {"type": "listening", "bound": bound, "port": int(args["port"])}
         conn, _ = server.accept()
         conn.settimeout(float(args.get("timeout_s", 30)))
-        total, readings = 0, []
         with conn:
-            while data := conn.recv(CHUNK):
-                total += len(data)
-                readings.append((time.perf_counter(), total))
+            record = _receive(conn)
+    yield {**record, "bound": bound}
+
+
+def _receive(conn: socket.socket) -> dict[str, Any]:
+    """Read until the sender shuts its side: the `recv` record (closing tells the sender all arrived)."""
+    total, readings = 0, []
+    while data := conn.recv(CHUNK):
+        total += len(data)
+        readings.append((time.perf_counter(), total))
     seconds = readings[-1][0] - readings[0][0] if readings else 0.0
-    yield {"type": "recv", "bound": bound, "bytes": total, "seconds": seconds, "bytes_per_s": steady_rate(readings)}
+    return {"type": "recv", "bytes": total, "seconds": seconds, "bytes_per_s": steady_rate(readings)}
 
 
 def steady_rate(readings: list[tuple[float, int]], ramp: float = 0.1) -> float:
@@ -95,16 +112,20 @@ def steady_rate(readings: list[tuple[float, int]], ramp: float = 0.1) -> float:
 
 
 def send(args: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    payload = b"\x5a" * CHUNK
-    seconds = float(args.get("seconds", 2.0))
     with _connect(args["to"], int(args["port"]), float(args.get("timeout_s", 10))) as conn:
-        start, total = time.perf_counter(), 0
-        while time.perf_counter() - start < seconds:
-            conn.sendall(payload)
-            total += len(payload)
-        conn.shutdown(socket.SHUT_WR)
-        conn.recv(1)  # the receiver closes once every byte has arrived
-    yield {"type": "send", "bytes": total, "seconds": time.perf_counter() - start}
+        yield _stream(conn, float(args.get("seconds", 2.0)))
+
+
+def _stream(conn: socket.socket, seconds: float) -> dict[str, Any]:
+    """Send for `seconds`, then wait for the receiver to close (every byte has arrived): the `send` record."""
+    payload = b"\x5a" * CHUNK
+    start, total = time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        conn.sendall(payload)
+        total += len(payload)
+    conn.shutdown(socket.SHUT_WR)
+    conn.recv(1)  # the receiver closes once every byte has arrived
+    return {"type": "send", "bytes": total, "seconds": time.perf_counter() - start}
 
 
 def echo(args: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -112,23 +133,57 @@ def echo(args: dict[str, Any]) -> Iterator[dict[str, Any]]:
     with server:
         yield {"type": "listening", "bound": bound, "port": int(args["port"])}
         conn, _ = server.accept()
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        count = 0
         with conn:
-            while data := conn.recv(64):
-                conn.sendall(data)
-                count += 1
-    yield {"type": "echo", "bound": bound, "echoed": count}
+            yield {**_echo(conn), "bound": bound}
+
+
+def _echo(conn: socket.socket) -> dict[str, Any]:
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    count = 0
+    while data := conn.recv(64):
+        conn.sendall(data)
+        count += 1
+    return {"type": "echo", "echoed": count}
 
 
 def ping(args: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """One-byte TCP round trips (no ICMP needed); the first is a warm-up and is dropped."""
-    rtts = []
     with _connect(args["to"], int(args["port"]), float(args.get("timeout_s", 10))) as conn:
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for _ in range(int(args.get("count", 20)) + 1):
-            t = time.perf_counter()
-            conn.sendall(b"p")
-            conn.recv(64)
-            rtts.append(time.perf_counter() - t)
-    yield {"type": "ping", "rtt_s": rtts[1:]}
+        yield _ping(conn, int(args.get("count", 20)))
+
+
+def _ping(conn: socket.socket, count: int) -> dict[str, Any]:
+    """One-byte TCP round trips (no ICMP needed); the first is a warm-up and is dropped."""
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    rtts = []
+    for _ in range(count + 1):
+        t = time.perf_counter()
+        conn.sendall(b"p")
+        conn.recv(64)
+        rtts.append(time.perf_counter() - t)
+    return {"type": "ping", "rtt_s": rtts[1:]}
+
+
+def link_serve(args: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The server side of a whole link: receive, send back, echo (three connections, in that order)."""
+    timeout_s = float(args.get("timeout_s", 30))
+    server, bound = _listen(args["bind"], int(args["port"]), timeout_s)
+    with server:
+        yield {"type": "listening", "bound": bound, "port": int(args["port"])}
+        for step in (_receive, lambda conn: _stream(conn, float(args.get("seconds", 2.0))), _echo):
+            conn, _ = server.accept()
+            conn.settimeout(timeout_s)
+            with conn:
+                yield {**step(conn), "bound": bound}
+
+
+def link_test(args: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The client side of a whole link: send, receive, ping (each on a connection of its own)."""
+    address, port, timeout_s = args["to"], int(args["port"]), float(args.get("timeout_s", 10))
+    seconds = float(args.get("seconds", 2.0))
+    with _connect(address, port, timeout_s) as conn:
+        yield _stream(conn, seconds)
+    with _connect(address, port, timeout_s) as conn:
+        conn.settimeout(seconds + timeout_s)
+        yield {**_receive(conn), "bound": conn.getsockname()[0]}  # the address the bytes came to
+    with _connect(address, port, timeout_s) as conn:
+        yield _ping(conn, int(args.get("count", 20)))

@@ -60,17 +60,20 @@ class FakeEndpoint:
     def probe(self, kind: str, args: dict[str, Any], *, on_record=None, timeout=None, imports=()):
         with self.lock:
             self.device.calls.append((kind, args))
-        records = list(getattr(self, "_" + kind)(args, on_record or (lambda r: None)))
+        records = list(getattr(self, "_" + kind.replace("-", "_"))(args, on_record or (lambda r: None)))
         return records + [{"type": "done", "seconds": 0.0}]
 
     def start_probe(self, kind: str, args: dict[str, Any], *, timeout=None):
         with self.lock:
             self.device.calls.append((kind, args))
-        if kind == "recv":
-            rate = 12e6 * min(1.0, self.device.quota + 0.5)
-            return FakeRunning([{"type": "recv", "bound": args["bind"], "bytes": int(rate), "seconds": 1.0,
-                                 "bytes_per_s": rate}, {"type": "done", "seconds": 1.0}])
-        return FakeRunning([{"type": "echo", "bound": args["bind"], "echoed": 3}, {"type": "done", "seconds": 0.1}])
+        assert kind == "link-serve", kind
+        return FakeRunning([{**self._received(), "bound": args["bind"]}, {"type": "send", "bytes": 1, "seconds": 1.0},
+                            {"type": "echo", "bound": args["bind"], "echoed": 3}, {"type": "done", "seconds": 1.0}])
+
+    def _received(self) -> dict:
+        """What this device's receiver reads: the rate follows its quota (a slow receiver reads slowly)."""
+        rate = 12e6 * min(1.0, self.device.quota + 0.5)
+        return {"type": "recv", "bytes": int(rate), "seconds": 1.0, "bytes_per_s": rate}
 
     # -- probe kinds ------------------------------------------------------------------------
 
@@ -117,10 +120,9 @@ class FakeEndpoint:
                 passes += 1
         yield from []
 
-    def _send(self, args, on_record):
+    def _link_test(self, args, on_record):
         yield {"type": "send", "bytes": 1, "seconds": 1.0}
-
-    def _ping(self, args, on_record):
+        yield {**self._received(), "bound": self.address_for(None)}
         yield {"type": "ping", "rtt_s": [0.001, 0.002, 0.003]}
 
 

@@ -7,6 +7,7 @@
 - `transfer_plan`: the re-planner's migrations with their actual senders (a lost device's layers come
   from its backup holder, or from the device itself when it leaves on purpose).
 - `upload_plan`: heavy re-planning's gather step, one sender per old stage.
+- `stage_sources`: behind all three, who can send each old stage's state, or why nobody can.
 - `common_layout`: which layout the survivors can replay from, when a device was lost while they
   were moving to a new one (some still on the old layout, some on the new).
 
@@ -56,21 +57,16 @@ def resume_round(stages: list[list[str]], lost: str | Collection[str], inventori
     round before it reports it, so the newest snapshot can be a round the coordinator never heard of;
     resuming there would skip that round's report. Rounds past `reported` are not candidates."""
     lost = lost_devices(lost)
-    gone = set(lost) - set(leavers)
     candidates: set[int] | None = None
     for inventory in inventories.values():
         rounds = set(inventory["snapshots"])
         candidates = rounds if candidates is None else candidates & rounds
-    for p, devices in enumerate(stages):
-        if not set(devices) <= gone:
+    for _, backup_of in stage_sources(stages, lost, leavers):
+        if backup_of is None:
             continue
-        if len(devices) > 1:
-            raise RuntimeFailure(f"stage {p} lost every replica ({', '.join(devices)}): replicas keep no "
-                                 f"backups, so its layers are gone")
-        _backup_sender(stages, devices[0], gone, f"stage {p}'s layers")
         held = set()
         for inventory in inventories.values():
-            held |= set(inventory["backups"].get(devices[0], []))
+            held |= set(inventory["backups"].get(backup_of, []))
         candidates = held if candidates is None else candidates & held
     if reported is not None and candidates is not None:
         candidates = {r for r in candidates if r <= reported}
@@ -80,50 +76,51 @@ def resume_round(stages: list[list[str]], lost: str | Collection[str], inventori
     return max(candidates)
 
 
+def stage_sources(stages: list[list[str]], lost: str | Collection[str],
+                  leavers: Collection[str] = ()) -> list[tuple[str, str | None]]:
+    """Per old stage, who can send its state: (a device of it that still runs — one that stays before
+    one that leaves —, None), or for a single-device stage whose device is gone (its backup holder,
+    that device). A RuntimeFailure names the layers that are gone with it otherwise."""
+    gone = set(lost_devices(lost)) - set(leavers)
+    ring = backup_ring(stages)
+    sources: list[tuple[str, str | None]] = []
+    for p, devices in enumerate(stages):
+        running = sorted((d for d in devices if d not in gone), key=lambda d: d in leavers)
+        if running:
+            sources.append((running[0], None))
+            continue
+        if len(devices) > 1:
+            raise RuntimeFailure(f"stage {p} lost every replica ({', '.join(devices)}): replicas keep no "
+                                 f"backups, so its layers are gone")
+        owner, holder = devices[0], ring[devices[0]]
+        if holder is None:
+            raise RuntimeFailure(f"stage {p}'s layers were held only by {owner}, which had no backup")
+        if holder in gone:
+            raise RuntimeFailure(f"stage {p}'s layers were held only by {owner}, whose backup holder {holder} "
+                                 f"was lost too")
+        sources.append((holder, owner))
+    return sources
+
+
 def transfer_plan(old_plan, migrations: list[Migration], lost: str | Collection[str], *,
                   leavers: Collection[str] = ()) -> list[dict]:
     """Each migration as {device, start, end, source, backup_of}: who actually sends the layers."""
-    gone = set(lost_devices(lost)) - set(leavers)
+    sources = stage_sources(_devices(old_plan), lost, leavers)
     out = []
     for m in migrations:
         if m.source is not None:
             source, backup_of = m.source, None
-        elif m.backup_of in leavers:
-            source, backup_of = m.backup_of, None
-        else:
-            source = _backup_sender(_devices(old_plan), m.backup_of, gone, f"layers [{m.start}, {m.end})")
-            backup_of = m.backup_of
+        else:  # every device of the old stage holding them is lost: whoever can send that stage's state
+            source, backup_of = sources[next(p for p, s in enumerate(old_plan.stages) if s.start <= m.start < s.end)]
         out.append({"device": m.device, "start": m.start, "end": m.end, "source": source, "backup_of": backup_of})
     return out
 
 
 def upload_plan(old_plan, lost: str | Collection[str], *, leavers: Collection[str] = ()) -> dict[str, dict]:
     """Heavy: for every old stage, the device that sends its state to the coordinator."""
-    gone = set(lost_devices(lost)) - set(leavers)
-    uploads = {}
-    for p, stage in enumerate(old_plan.stages):
-        # a survivor that stays, else one that leaves (it still runs), else the only device's backup
-        alive = sorted((d for d in stage.devices if d not in gone), key=lambda d: d in leavers)
-        if alive:
-            uploads[str(p)] = {"device": alive[0], "backup_of": None}
-        else:
-            only = stage.devices[0] if len(stage.devices) == 1 else None
-            source = _backup_sender(_devices(old_plan), only, gone, f"stage {p}'s layers")
-            uploads[str(p)] = {"device": source, "backup_of": only}
-    return uploads
+    return {str(p): {"device": source, "backup_of": backup_of}
+            for p, (source, backup_of) in enumerate(stage_sources(_devices(old_plan), lost, leavers))}
 
 
 def _devices(plan) -> list[list[str]]:
     return [list(s.devices) for s in plan.stages]
-
-
-def _backup_sender(stages: list[list[str]], owner: str | None, gone: set[str], what: str) -> str:
-    """The surviving holder of `owner`'s backup, or a RuntimeFailure saying why there is none."""
-    if owner is None:
-        raise RuntimeFailure(f"{what} were held only by lost replicas, which keep no backups")
-    holder = backup_ring(stages).get(owner)
-    if holder is None:
-        raise RuntimeFailure(f"{what} were held only by {owner}, which had no backup")
-    if holder in gone:
-        raise RuntimeFailure(f"{what} were held only by {owner}, whose backup holder {holder} was lost too")
-    return holder

@@ -159,18 +159,16 @@ def _movement(plan: HppPlan, profile: Profile, result, lost: tuple[str, ...]) ->
     def layer_bytes(start: int, end: int) -> int:
         return int(factor * sum(layer.param_bytes for layer in layers[start:end]))
 
-    if result.method == "light":
-        backups = _backup_holders(plan)
-        moved, slowest = 0, 0.0
-        for m in result.migrations:
-            source = m.source or backups.get(m.backup_of)
-            size = layer_bytes(m.start, m.end)
-            moved += size
-            if source and source != m.device:
-                slowest = max(slowest, size / profile.bandwidth_between(source, m.device))
-        return moved, slowest
-    from hppctl.coordinator.replay import upload_plan
+    from hppctl.coordinator.replay import transfer_plan, upload_plan
 
+    if result.method == "light":
+        moved, slowest = 0, 0.0
+        for t in transfer_plan(plan, result.migrations, lost):  # the lost stages' layers from their backups
+            size = layer_bytes(t["start"], t["end"])
+            moved += size
+            if t["source"] != t["device"]:
+                slowest = max(slowest, size / profile.bandwidth_between(t["source"], t["device"]))
+        return moved, slowest
     coordinator = result.plan.devices()[0]
     senders = upload_plan(plan, lost)  # one per old stage: a survivor, or a lost stage's backup holder
     gather = sum(layer_bytes(s.start, s.end) / profile.bandwidth_between(senders[str(p)]["device"], coordinator)

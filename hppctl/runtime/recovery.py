@@ -187,13 +187,13 @@ class ResilientSession(Session):
 
     def _detect(self) -> list["Loss"]:
         """Read the beats, suspect the silent, settle the probes: the devices confirmed lost since last time."""
-        losses: list[Loss] = []
+        losses: dict[str, Loss] = {}
         for beat in self.listener.drain():
-            if beat.device in self.lost or any(loss.device == beat.device for loss in losses):
+            if beat.device in self.lost or beat.device in losses:
                 continue
             self._probe_ports[beat.device] = (beat.address, int(beat.doc.get("probe_port", 0)))
             if beat.doc["kind"] == "leave":
-                losses.append(Loss(beat.device, "left", leaving=True))
+                losses[beat.device] = Loss(beat.device, "left", leaving=True)
                 continue
             self.state = apply(self.state, Heartbeat(device=beat.device, at_s=self._clock(),
                                                      round=int(beat.doc.get("round", 0)),
@@ -208,9 +208,9 @@ class ResilientSession(Session):
             if result[0] or heard:
                 self.state = apply(self.state, ProbeAnswered(device=device, at_s=self._clock()))
                 self._event("probe-answered", device=device)
-            elif not any(loss.device == device for loss in losses):
-                losses.append(Loss(device, "probe unanswered"))
-        return losses
+            elif device not in losses:
+                losses[device] = Loss(device, "probe unanswered")
+        return list(losses.values())
 
     # --- the loop -----------------------------------------------------------------------------------
     def _watch(self, options: TrainOptions, start_round: int, on_round) -> tuple[list[dict], dict | None, dict]:
@@ -511,7 +511,6 @@ class ResilientSession(Session):
         self.schedule = schedule_for_plan(self.plan)
         check_schedule(self.schedule)
         self.topo = Topology.of(self.schedule)
-        self.recovery = _with_profile(self.recovery, profile)
         self._previous, self._layout = base, Layout(self.generation, self.plan, profile)
         self.state = apply(self.state, Replanned(at_s=self._clock(), method=doc["method"],
                                                  devices=list(self.topo.devices), resume_round=resume))
@@ -546,9 +545,3 @@ def slowest_phases(reports) -> dict[str, float]:
         for name, seconds in report.get("recovery_phases", {}).items():
             out[name] = max(out.get(name, 0.0), seconds)
     return out
-
-
-def _with_profile(options: RecoveryOptions, profile: Profile) -> RecoveryOptions:
-    from dataclasses import replace
-
-    return replace(options, profile=profile)

@@ -205,7 +205,7 @@ class ResilientRun:
                     return
             except Exception as e:
                 if self.beats.orphaned.is_set():
-                    raise Orphaned(f"no word from the coordinator for {self.beats.orphan_after_s:.1f} s") from None
+                    raise self._orphaned() from None
                 if not (_recoverable(e) or self.beats.interrupt.is_set()):
                     raise
                 reconfigure = True
@@ -315,7 +315,7 @@ class ResilientRun:
         generation = self.beats.wait_generation(self.rc.stall_timeout_s)
         if generation is None:
             if self.beats.orphaned.is_set():
-                raise Orphaned(f"no word from the coordinator for {self.beats.orphan_after_s:.1f} s")
+                raise self._orphaned()
             raise RuntimeFailure(f"{self.device}: a peer failed and the coordinator did not re-plan within "
                                  f"{self.rc.stall_timeout_s:.0f} s")
         clock.lap("stop")
@@ -342,17 +342,31 @@ class ResilientRun:
 
     def _wait_key(self, keys: list[str], generation: int) -> str | None:
         """The first of `keys` to appear; None when the coordinator moves past `generation` meanwhile."""
+        found: list[str] = []
+
+        def appeared() -> bool:
+            found.extend(key for key in keys if self.store.check([key]))
+            return bool(found)
+
+        return found[0] if self._wait_until(appeared, generation, "no new configuration") else None
+
+    def _wait_until(self, done, generation: int, failure: str) -> bool:
+        """Poll `done` until it holds (True) or the coordinator moves past `generation` (False: another
+        device was lost meanwhile); an orphaned worker stops, and `failure` is reported after the stall
+        timeout."""
         deadline = time.monotonic() + self.rc.stall_timeout_s
         while time.monotonic() < deadline:
-            for key in keys:
-                if self.store.check([key]):
-                    return key
+            if done():
+                return True
             if self.beats.coordinator_generation > generation:
-                return None
+                return False
             if self.beats.orphaned.is_set():
-                raise Orphaned(f"no word from the coordinator for {self.beats.orphan_after_s:.1f} s")
+                raise self._orphaned()
             time.sleep(0.02)
-        raise RuntimeFailure(f"{self.device}: no new configuration within {self.rc.stall_timeout_s:.0f} s")
+        raise RuntimeFailure(f"{self.device}: {failure} within {self.rc.stall_timeout_s:.0f} s")
+
+    def _orphaned(self) -> "Orphaned":
+        return Orphaned(f"no word from the coordinator for {self.beats.orphan_after_s:.1f} s")
 
     def _kept_in(self, layout: int) -> "Kept":
         """What this worker kept in `layout` (the coordinator re-plans from a layout every survivor holds)."""
@@ -416,15 +430,8 @@ class ResilientRun:
         store = _prefixed(self.store, f"gen{generation}/")
         store.set(f"arrived/{self.device}", "1")
         keys = [f"arrived/{d}" for d in members]
-        deadline = time.monotonic() + self.rc.stall_timeout_s
-        while not store.check(keys):
-            if self.beats.coordinator_generation > generation:
-                raise Interrupted("another device was lost before the new group formed")
-            if self.beats.orphaned.is_set():
-                raise Orphaned(f"no word from the coordinator for {self.beats.orphan_after_s:.1f} s")
-            if time.monotonic() > deadline:
-                raise RuntimeFailure(f"{self.device}: the new group did not form within {self.rc.stall_timeout_s:.0f} s")
-            time.sleep(0.02)
+        if not self._wait_until(lambda: store.check(keys), generation, "the new group did not form"):
+            raise Interrupted("another device was lost before the new group formed")
 
     def _migrate(self, doc: dict, base: "Kept", names: frozenset[str]) -> dict:
         """Light re-planning: only the layers that change owner move, all transfers posted at once."""

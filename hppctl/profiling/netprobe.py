@@ -11,13 +11,8 @@ matching client kind on the other, one pair at a time. A whole link is one pair 
 over three connections the client opens in turn: it streams to the server for S seconds (the
 server measures), the server streams back for S seconds (the client measures), then N one-byte
 round trips. (Each launch costs a device ~1 s of SSH session and interpreter start-up on a
-0.25-core host: a link used to take six, one server and one client per measurement.) The single
-measurements are kinds of their own too:
-
-    recv  --args {"bind": ADDR, "port": P, "timeout_s": T}     -> {"type": "recv", "bytes", "seconds", "bytes_per_s"}
-    send  --args {"to": ADDR, "port": P, "seconds": S}         -> {"type": "send", "bytes", "seconds"}
-    echo  --args {"bind": ADDR, "port": P, "timeout_s": T}     -> {"type": "echo", "echoed"}
-    ping  --args {"to": ADDR, "port": P, "count": N}           -> {"type": "ping", "rtt_s": [...]}
+0.25-core host: a link used to take six, one server and one client per measurement.) The records:
+recv {bytes, seconds, bytes_per_s, bound}, send {bytes, seconds}, echo {echoed}, ping {rtt_s}.
 
 Servers bind the device's own address (the one its peers use), so the traffic takes the path a
 training run would; if that address is not local to the device (NAT, an SSH alias resolving
@@ -65,17 +60,6 @@ def _connect(address: str, port: int, timeout_s: float) -> socket.socket:
             time.sleep(0.05)
 
 
-def recv(args: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    server, bound = _listen(args["bind"], int(args["port"]), float(args.get("timeout_s", 30)))
-    with server:
-        yield {"type": "listening", "bound": bound, "port": int(args["port"])}
-        conn, _ = server.accept()
-        conn.settimeout(float(args.get("timeout_s", 30)))
-        with conn:
-            record = _receive(conn)
-    yield {**record, "bound": bound}
-
-
 def _receive(conn: socket.socket) -> dict[str, Any]:
     """Read until the sender shuts its side: the `recv` record (closing tells the sender all arrived)."""
     total, readings = 0, []
@@ -111,11 +95,6 @@ def steady_rate(readings: list[tuple[float, int]], ramp: float = 0.1) -> float:
     return max(0.0, sum((t - mean_t) * (b - mean_b) for t, b in steady) / spread)
 
 
-def send(args: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    with _connect(args["to"], int(args["port"]), float(args.get("timeout_s", 10))) as conn:
-        yield _stream(conn, float(args.get("seconds", 2.0)))
-
-
 def _stream(conn: socket.socket, seconds: float) -> dict[str, Any]:
     """Send for `seconds`, then wait for the receiver to close (every byte has arrived): the `send` record."""
     payload = b"\x5a" * CHUNK
@@ -128,15 +107,6 @@ def _stream(conn: socket.socket, seconds: float) -> dict[str, Any]:
     return {"type": "send", "bytes": total, "seconds": time.perf_counter() - start}
 
 
-def echo(args: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    server, bound = _listen(args["bind"], int(args["port"]), float(args.get("timeout_s", 30)))
-    with server:
-        yield {"type": "listening", "bound": bound, "port": int(args["port"])}
-        conn, _ = server.accept()
-        with conn:
-            yield {**_echo(conn), "bound": bound}
-
-
 def _echo(conn: socket.socket) -> dict[str, Any]:
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     count = 0
@@ -144,11 +114,6 @@ def _echo(conn: socket.socket) -> dict[str, Any]:
         conn.sendall(data)
         count += 1
     return {"type": "echo", "echoed": count}
-
-
-def ping(args: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    with _connect(args["to"], int(args["port"]), float(args.get("timeout_s", 10))) as conn:
-        yield _ping(conn, int(args.get("count", 20)))
 
 
 def _ping(conn: socket.socket, count: int) -> dict[str, Any]:

@@ -14,8 +14,8 @@ Kinds are a registry, so other measurements plug in without touching this file:
 and the orchestrator runs `python -m hppctl.profiling.probe inference-blocks --import package.module`
 (`run_probe(..., imports=[...])` in remote.py), which imports the module that registers the kind.
 
-Built-in kinds: `identify` (device.py), `train` (train_probe.py), `link-serve`/`link-test` and
-`recv`/`send`/`echo`/`ping` (netprobe.py), `sleep` (tests).
+Built-in kinds: `identify` (device.py), `train` (train_probe.py), `link-serve`/`link-test`
+(netprobe.py), `sleep` (tests).
 """
 
 from __future__ import annotations
@@ -36,10 +36,6 @@ PROBE_VERSION = 4
 Kind = Callable[[dict[str, Any]], Iterator[dict[str, Any]]]
 KINDS: dict[str, Kind | str] = {
     "train": "hppctl.profiling.train_probe:measure",
-    "recv": "hppctl.profiling.netprobe:recv",
-    "send": "hppctl.profiling.netprobe:send",
-    "echo": "hppctl.profiling.netprobe:echo",
-    "ping": "hppctl.profiling.netprobe:ping",
     "link-serve": "hppctl.profiling.netprobe:link_serve",
     "link-test": "hppctl.profiling.netprobe:link_test",
 }

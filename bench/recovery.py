@@ -92,12 +92,12 @@ def victims(case: str, args) -> list[str]:
     return [args.victim, args.second_victim] if case == "kill-two" else [args.victim]
 
 
-def lab_fault(work: Path, host: str, action: str) -> None:
-    """`hppctl lab fault HOST ACTION` on the bench's lab."""
-    from hppctl.lab.faults import inject
+def lab_fault(work: Path, hosts: list[str], action: str) -> None:
+    """`hppctl lab fault HOST[,HOST] ACTION` on the bench's lab."""
+    from hppctl.lab.faults import inject_together
     from hppctl.lab.manager import the_lab
 
-    inject(the_lab(work / "state", NAME), host, action)
+    inject_together(the_lab(work / "state", NAME), hosts, action)
 
 
 def measure(case: str, method: str, plan, profile, cluster, work: Path, args) -> dict:
@@ -109,14 +109,13 @@ def measure(case: str, method: str, plan, profile, cluster, work: Path, args) ->
     def on_round(row: dict) -> None:
         if row["round"] == args.fail_after and not failed_at:
             failed_at.append(time.time())
-            for victim in victims(case, args):
-                lab_fault(work, victim, FAULTS[case])
+            lab_fault(work, victims(case, args), FAULTS[case])
 
     try:
         result = session.run(on_round=on_round)
     finally:
         if case == "link-cut":
-            lab_fault(work, args.victim, "link-up")
+            lab_fault(work, victims(case, args), "link-up")
     by = {e["event"]: e for e in session.events}
     t0 = failed_at[0]
     resume = by["replanned"]["resume_round"]

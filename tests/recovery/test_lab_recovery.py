@@ -96,6 +96,7 @@ def test_training_survives_each_failure_with_the_failure_free_parameters(lab, st
     session = ResilientSession(RunRequest(plan, lab.cluster, options),
                                RecoveryOptions(profile=preset_profile("tiny-mlp", PRESETS), timeout_s=3.0))
     pending = list(failures)
+    faults = [fault for step in failures for fault in step]
 
     def on_round(row: dict) -> None:
         resumed = sum(e["event"] == "resumed" for e in session.events)
@@ -106,14 +107,14 @@ def test_training_survives_each_failure_with_the_failure_free_parameters(lab, st
     try:
         result = session.run(on_round=on_round)
     finally:
-        for action, victim in [fault for step in failures for fault in step]:
+        for action, victim in faults:
             if action == "link-down":
                 lab.fault(victim, "link-up")
     assert not pending
     lost = {e["device"]: e["reason"] for e in session.events if e["event"] == "lost"}
-    victims = [victim for step in failures for _, victim in step]
+    victims = [victim for _, victim in faults]
     assert sorted(lost) == sorted(victims)
-    for action, victim in [fault for step in failures for fault in step]:
+    for action, victim in faults:
         if action in ("stop", "link-down"):
             assert lost[victim] == "probe unanswered"  # a frozen process or a cut link answers no probe
     replanned = [e["lost"] for e in session.events if e["event"] == "replanned"]

@@ -41,23 +41,18 @@ def solve(c: BiCosts, search: str = "exact") -> BiResult | None:
     D = np.full((L + 1, L + 1), np.inf)
     D[0, 0] = 0.0
     back = np.zeros((W, L + 1, L + 1, 2), dtype=np.int64)
+    # With equal cuts there is no backward cut to search for: BSA degenerates to the exact DP.
+    bsa = search == "bsa" and not c.options.equal_cuts
     for w in range(W):
         link = _link_table(c, w)
         last = w == W - 1
         new = np.full((L + 1, L + 1), np.inf)
-        targets = [(L, L)] if last else [(j1, j2) for j1 in range(L + 1) for j2 in range(L + 1)]
-        for j1, j2 in targets:
-            if c.options.equal_cuts and j1 != j2:
-                continue
-            # Interleaved cuts (see the module docstring) unless the options ask for the paper's whole
-            # space, which is exact only without split traffic (every term is then local to one
-            # worker or one neighbour link).
-            k = (min(j1, j2),) * 2 if c.options.interleaved_only else (j1, j2)
-            # With equal cuts there is no backward cut to search for: BSA degenerates to the exact DP.
-            step = _bsa if search == "bsa" and not c.options.equal_cuts else _exact
-            value, arg = step(c, w, D, link, j1, j2, k)
-            new[j1, j2] = value
-            back[w, j1, j2] = arg
+        for j1 in [L] if last else range(L + 1):
+            j2s = np.array([L]) if last else np.arange(L + 1)
+            if c.options.equal_cuts:
+                j2s = j2s[j2s == j1]
+            step = _bsa_row if bsa else _exact_row
+            new[j1, j2s], back[w, j1, j2s] = step(c, w, D, link, j1, j2s)
         D = new
     if not np.isfinite(D[L, L]):
         return None
@@ -83,11 +78,12 @@ def _link_table(c: BiCosts, w: int) -> np.ndarray:
     return link_bytes(c, i1, i2) / c.bandwidth[w - 1, w]
 
 
-def _uplink_forward(c: BiCosts, w: int, j1: int, j2: int) -> float:
-    """Seconds of what worker w sends forward to w+1 when w+1 starts at (j1, j2) (uplink model)."""
+def _uplink_forward(c: BiCosts, w: int, j1: int, j2):
+    """Seconds of what worker w sends forward to w+1 when w+1 starts at (j1, j2) (uplink model;
+    `j2` may be an array)."""
     if not c.options.uplink or w + 1 >= c.W:
         return 0.0
-    return float(forward_bytes(c, j1, j2) / c.bandwidth[w, w + 1])
+    return forward_bytes(c, j1, j2) / c.bandwidth[w, w + 1]
 
 
 def _candidates(c: BiCosts, w: int, D: np.ndarray, link: np.ndarray, j1: int, j2: int, i1, i2) -> np.ndarray:
@@ -103,21 +99,45 @@ def _candidates(c: BiCosts, w: int, D: np.ndarray, link: np.ndarray, j1: int, j2
     return np.where(empty | over, np.inf, value)
 
 
-def _exact(c, w, D, link, j1, j2, k) -> tuple[float, tuple[int, int]]:
-    i1, i2 = np.meshgrid(np.arange(k[0] + 1), np.arange(k[1] + 1), indexing="ij")
+def _window(c: BiCosts, j1: int, j2):
+    """The largest start cuts (i1, i2) a worker ending at (j1, j2) may have (`j2` may be an array). Interleaved cuts (see the
+    module docstring) unless the options ask for the paper's whole space, which is exact only without
+    split traffic (every term is then local to one worker or one neighbour link)."""
+    return (np.minimum(j1, j2),) * 2 if c.options.interleaved_only else (j1, j2)
+
+
+def _exact_row(c: BiCosts, w: int, D: np.ndarray, link: np.ndarray, j1: int,
+               j2s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The best (i1, i2) for worker w ending at (j1, j2), for every j2 of `j2s` at once: one
+    (j2, i1, i2) grid instead of a numpy pass per target (the DP's time was those passes' overhead).
+    Ties go to the first (i1, i2) in row-major order, as a per-target grid would give them."""
+    n = D.shape[0]
+    j2 = j2s[:, None, None]
+    i1, i2 = np.arange(n)[None, :, None], np.arange(n)[None, None, :]
+    k1, k2 = _window(c, j1, j2)
     values = _candidates(c, w, D, link, j1, j2, i1, i2)
-    a, b = np.unravel_index(int(np.argmin(values)), values.shape)
-    return float(values[a, b]), (int(a), int(b))
+    values = np.where((i1 > k1) | (i2 > k2), np.inf, values)
+    flat = values.reshape(len(j2s), n * n)
+    best = flat.argmin(axis=1)
+    return flat[np.arange(len(j2s)), best], np.stack([best // n, best % n], axis=1)
 
 
-def _bsa(c, w, D, link, j1, j2, k) -> tuple[float, tuple[int, int]]:
-    """Alg. 2 for every i1 at once: binary search on i2 in [0, k] where D stops being <= T."""
-    i1, k = np.arange(k[0] + 1), k[1]
+def _bsa_row(c: BiCosts, w: int, D: np.ndarray, link: np.ndarray, j1: int,
+             j2s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Alg. 2 for every i1 and every j2 of `j2s` at once: binary search on i2 in [0, k] where D stops
+    being <= T. Rows are (j2, i1); an i1 beyond the target's window takes no part."""
+    n = D.shape[0]
+    j2 = j2s[:, None]
+    i1 = np.arange(n)[None, :]
+    k1, k2 = _window(c, j1, j2)
+    rows = i1 <= k1
     # Search where the sub-pipeline exists (D finite): the paper's D is finite everywhere, ours is
     # not (interleaving, memory), and a search through infinities would only find the edge.
-    finite = np.isfinite(D[: i1.size, : k + 1])
-    first, last = finite.argmax(axis=1), k - finite[:, ::-1].argmax(axis=1)
-    lo, hi = first.astype(np.int64), last.astype(np.int64)
+    finite = np.isfinite(D)[None, :, :] & (np.arange(n)[None, None, :] <= k2[:, :, None])
+    some = finite.any(axis=2)
+    first = finite.argmax(axis=2)
+    last = np.where(some, n - 1 - finite[:, :, ::-1].argmax(axis=2), k2)
+    lo, hi = first.astype(np.int64), np.where(rows, last, first).astype(np.int64)
     # Invariant: the crossing lies in [lo, hi]. Floor-mid with lo = mid + 1 terminates (notes §7.2).
     while np.any(lo < hi):
         mid = (lo + hi) // 2
@@ -125,14 +145,21 @@ def _bsa(c, w, D, link, j1, j2, k) -> tuple[float, tuple[int, int]]:
         right = worker_time(c, w, i1, j1, mid, j2)
         active, go_right = lo < hi, left <= right
         lo, hi = np.where(active & go_right, mid + 1, lo), np.where(active & ~go_right, mid, hi)
-    best, arg = math.inf, (0, 0)
-    for i2 in (lo - 1, lo):  # the crossing's two neighbours, compared on the full objective
+    # The crossing's two neighbours, compared on the full objective; the second replaces the first
+    # only when strictly better (each row's first minimum over i1, as in a per-target search).
+    found = []
+    for i2 in (lo - 1, lo):
         i2 = np.clip(i2, first, last)
-        values = _candidates(c, w, D, link, j1, j2, i1, i2)
-        a = int(np.argmin(values))
-        if values[a] < best:
-            best, arg = float(values[a]), (int(i1[a]), int(i2[a]))
-    return best, arg
+        values = np.where(rows, _candidates(c, w, D, link, j1, j2, i1, i2), np.inf)
+        a = values.argmin(axis=1)
+        at = np.arange(len(j2s))
+        found.append((values[at, a], a, i2[at, a]))
+    (v1, a1, b1), (v2, a2, b2) = found
+    second, first_ok = v2 < v1, np.isfinite(v1)
+    value = np.where(second, v2, np.where(first_ok, v1, np.inf))
+    arg = np.where(second[:, None], np.stack([a2, b2], axis=1),
+                   np.where(first_ok[:, None], np.stack([a1, b1], axis=1), 0))
+    return value, arg
 
 
 def exhaustive(c: BiCosts, *, interleaved_only: bool = True) -> BiResult | None:

@@ -68,6 +68,7 @@ class TracedModel:
         self.values2 = {node: node.meta.get(META_KEY) for node in self.nodes}
         self.values1 = self._propagate(spec.example_input(1, device="meta"))
         self._block_pattern = re.compile(spec.family_info.block_pattern)
+        self._lifetimes_of: dict[str, list[tuple[torch.fx.Node, int, int]]] = {}
 
     # --- shape propagation -------------------------------------------------------------------
     def _propagate(self, example: torch.Tensor) -> dict[torch.fx.Node, Any]:
@@ -179,7 +180,14 @@ class TracedModel:
 
     def _lifetimes(self, granularity: str) -> list[tuple[torch.fx.Node, int, int]]:
         """(value node, producing layer, last consuming layer) for every value used in a later layer.
-        The model input is produced at layer -1; the model output is consumed at layer L."""
+        The model input is produced at layer -1; the model output is consumed at layer L.
+        Kept per granularity: the graph never changes once traced, and building every stage of a
+        plan asks for the crossings of each of its cuts (bert-large fine: 7 s uncached)."""
+        if granularity not in self._lifetimes_of:
+            self._lifetimes_of[granularity] = self._find_lifetimes(granularity)
+        return self._lifetimes_of[granularity]
+
+    def _find_lifetimes(self, granularity: str) -> list[tuple[torch.fx.Node, int, int]]:
         index = self.layer_index(granularity)
         count = len(self.layers(granularity))
         result = []

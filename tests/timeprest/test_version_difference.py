@@ -21,9 +21,10 @@ def test_first_mini_batch_ramps_up_from_one():
 
 
 def test_v_is_one_exactly_when_w_at_most_n_plus_one():
-    # eq. 11: W <= N + 1  <=>  v = 1, for all W, N in 2..16. A short window suffices: v > 1 shows
-    # from the second mini-batch on (the ramp of test above).
-    wrong = [(W, N) for W in range(2, 17) for N in range(2, 17)
+    # eq. 11: W <= N + 1  <=>  v = 1, for all W, N in 2..12 (121 pairs, each side of the line at every
+    # N; 2..16 took twice as long and found nothing more). A short window suffices: v > 1 shows from
+    # the second mini-batch on (the ramp of test above).
+    wrong = [(W, N) for W in range(2, 13) for N in range(2, 13)
              if (simulated_version_difference(W, N, K=4).simulated == 1) != (W <= N + 1)]
     assert wrong == []
 

@@ -25,7 +25,6 @@ the optimum; `bench/bipartition_search.py` reports the gap.
 from __future__ import annotations
 
 import itertools
-import math
 
 import numpy as np
 

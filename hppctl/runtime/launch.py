@@ -4,6 +4,11 @@ A launched worker is a `WorkerProcess`: `poll()` gives its exit code once it end
 last output lines, `stop()` ends it. Each worker reads one JSON line on its standard input
 (`{"token", "config"}`), so the token never appears on a command line.
 
+A local worker is forked by the launcher's zygote (`runtime/zygote.py`), a process that imported
+torch and the worker modules once: started as `python -m`, each worker spent 4-6 s of CPU on those
+imports. It is still its own process (own pid and session, the module run as `__main__`).
+`HPPCTL_LOCAL_START=exec` starts each worker as a fresh `python -m` process instead.
+
 Over SSH the command is `<python> -m hppctl.runtime.worker` with the device's `python:` (default
 `python3`); hppctl must be installed there. On the edge lab every SSH session already runs in the
 host's network namespace and cgroup, so the worker gets the host's CPU quota, memory limit and
@@ -21,10 +26,15 @@ import threading
 from collections.abc import Iterable
 from typing import Protocol
 
+from hppctl.errors import BadInput
 from hppctl.models.cluster import ClusterSpec, DeviceSpec
 
 TAIL_LINES = 40
 WORKER_MODULE = "hppctl.runtime.worker"
+LOCAL_START_ENV = "HPPCTL_LOCAL_START"
+PRELOAD = ["torch", "torch._dynamo", "hppctl.cli", "hppctl.runtime.worker", "hppctl.runtime.recovery_worker",
+           "hppctl.runtime.psl.worker", "hppctl.runtime.galaxy.worker", "hppctl.zoo.layers"]
+"""What the zygote imports before it forks any worker (a module that fails to import is skipped)."""
 
 
 class WorkerProcess(Protocol):
@@ -73,23 +83,67 @@ def _die_with_parent() -> None:
         pass
 
 
+def prepare_local_workers(cluster: ClusterSpec, devices: Iterable[str]) -> None:
+    """Start the zygote now if any of `devices` is local, so that its imports overlap the
+    launcher's own preparation (the initial weights) instead of following it."""
+    if _local_start() == "fork" and any(cluster.device(d).host is None for d in devices):
+        from hppctl.runtime.zygote import zygote
+
+        zygote(PRELOAD)
+
+
+def _local_start() -> str:
+    start = os.environ.get(LOCAL_START_ENV, "fork")
+    if start not in ("fork", "exec"):
+        raise BadInput(f"{LOCAL_START_ENV}={start!r}: expected fork or exec")
+    return start
+
+
+def _fork_worker(module: str, payload: str, env: dict[str, str]) -> tuple[object, int]:
+    """Fork the worker from this launcher's zygote; returns it and the read end of its output."""
+    from hppctl.runtime.zygote import zygote
+
+    read_fd, write_fd = os.pipe()
+    try:
+        proc = zygote(PRELOAD).fork(module, payload, env, os.getcwd(), write_fd)
+    except BaseException:
+        os.close(read_fd)
+        raise
+    finally:
+        os.close(write_fd)  # the child holds its own copy: EOF on read_fd means it is gone
+    return proc, read_fd
+
+
+def _exec_worker(module: str, payload: str, env: dict[str, str]) -> tuple[subprocess.Popen, int]:
+    """Start the worker as a fresh `python -m` process; returns it and the read end of its output."""
+    read_fd, write_fd = os.pipe()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE, stdout=write_fd,
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                preexec_fn=_die_with_parent)
+    finally:
+        os.close(write_fd)
+    proc.stdin.write((payload + "\n").encode())
+    proc.stdin.close()
+    return proc, read_fd
+
+
 class LocalWorker:
     def __init__(self, device: str, payload: str, *, env: dict[str, str] | None = None, log=None,
                  module: str = WORKER_MODULE) -> None:
         self.device = device
         self._tail = _Tail(device, log)
-        self.proc = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env={**os.environ, **(env or {})}, start_new_session=True,
-                                     preexec_fn=_die_with_parent)
-        self.proc.stdin.write(payload + "\n")
-        self.proc.stdin.close()
+        full_env = {**os.environ, **(env or {})}
+        start = _fork_worker if _local_start() == "fork" else _exec_worker
+        self.proc, read_fd = start(module, payload, full_env)
+        self._output = open(read_fd, encoding="utf-8", errors="replace")
         self._reader = threading.Thread(target=self._read, daemon=True, name=f"tail-{device}")
         self._reader.start()
 
     def _read(self) -> None:
-        for line in self.proc.stdout:
-            self._tail.write(line)
+        with self._output:
+            for line in self._output:
+                self._tail.write(line)
 
     def poll(self) -> int | None:
         code = self.proc.poll()

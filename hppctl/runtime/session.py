@@ -26,7 +26,7 @@ from hppctl.models.plan import HppPlan
 from hppctl.runtime import bootstrap
 from hppctl.runtime.checkpoint import CheckpointDir
 from hppctl.runtime.config import TrainOptions, WorkerConfig
-from hppctl.runtime.launch import LocalWorker, SshWorker, WorkerProcess, stop_workers
+from hppctl.runtime.launch import LocalWorker, SshWorker, WorkerProcess, prepare_local_workers, stop_workers
 from hppctl.runtime.metrics import TraceBuilder, aggregate
 from hppctl.runtime.topology import Topology
 
@@ -134,6 +134,7 @@ class Session:
         if self.ckpt:
             self.ckpt.lock()
         try:
+            prepare_local_workers(self.request.cluster, self.topo.devices)
             start_round, init = self._resume_point()
             options = self.request.options.model_copy(update={"start_round": start_round})
             if start_round >= options.rounds:

@@ -28,7 +28,7 @@ from hppctl.planner.galaxy import split_rows
 from hppctl.runtime import bootstrap
 from hppctl.runtime.galaxy.config import InferenceWorkerConfig
 from hppctl.runtime.galaxy.weights import for_request
-from hppctl.runtime.launch import LocalWorker, SshWorker, stop_workers
+from hppctl.runtime.launch import LocalWorker, SshWorker, prepare_local_workers, stop_workers
 
 WORKER_MODULE = "hppctl.runtime.galaxy.worker"
 
@@ -151,6 +151,7 @@ class InferenceSession:
         req, plan = self.request, self.request.plan
         refuse_over_budget(plan)
         self._check_devices()
+        prepare_local_workers(req.cluster, [s.device for s in plan.shares])
         started = time.perf_counter()
         parts = shards(plan, req.seed)
         self.ids = token_ids(req, next(iter(parts.values()))["embed"]["word"].shape[0])

@@ -23,7 +23,7 @@ from typing import Callable
 from hppctl.models.cluster import ClusterSpec
 from hppctl.models.psl import PslPlan
 from hppctl.runtime import bootstrap
-from hppctl.runtime.launch import LocalWorker, SshWorker
+from hppctl.runtime.launch import LocalWorker, SshWorker, prepare_local_workers
 from hppctl.runtime.psl.config import PslOptions, PslWorkerConfig
 from hppctl.runtime.psl.topology import PslTopology
 from hppctl.runtime.session import Session
@@ -88,6 +88,7 @@ class PslSession(Session):
         started = time.perf_counter()
         notify = on_event or (lambda message: None)
         timeout = self.request.options.train.timeout_s
+        prepare_local_workers(self.request.cluster, self.topo.devices)
         self.store = self._host_store(timeout)
         try:
             self._ship_initial_parts()

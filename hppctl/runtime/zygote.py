@@ -1,0 +1,251 @@
+"""A fork server for local workers: torch is imported once, each worker is a fork of that process.
+
+Why: a local worker started as `python -m hppctl.runtime.worker` spent 4-6 s of CPU importing torch
+and torch._dynamo (the meta trace's kernels import it) before it could join. A 3-worker local
+run on a 2-core machine waited 10 s for its first round, most of it those imports. The zygote
+imports them once, then forks one child per worker: the child is still its own process (own pid,
+own session, `python -m` semantics: the module runs as `__main__`, its payload on stdin).
+
+Not `multiprocessing`'s forkserver: that one re-imports the launcher's `__main__` in every child,
+which re-runs a user's script that has no `if __name__ == "__main__"` guard.
+
+Protocol, over one AF_UNIX stream socket pair (launcher <-> zygote):
+- launcher -> zygote: an 8-byte big-endian length with the worker's output pipe (write end)
+  attached as SCM_RIGHTS, then that many bytes of JSON {id, module, payload, env, cwd};
+- zygote -> launcher: JSON lines {"id", "pid"} once a worker is forked, {"pid", "code"} once it
+  has ended (code as `subprocess` gives it: negative for a signal).
+The zygote ends when the launcher's end closes (the launcher exited or died); its children get
+SIGTERM then (PR_SET_PDEATHSIG), as `python -m` workers do when their launcher dies.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import os
+import runpy
+import select
+import socket
+import struct
+import sys
+import threading
+import traceback
+
+HEADER = struct.Struct(">Q")
+
+
+# --- the zygote process ---------------------------------------------------------------------------
+
+def serve(fd: int, preload: list[str]) -> None:
+    """The zygote's main loop (`python -c "...serve(fd, preload)"`)."""
+    for name in preload:
+        try:
+            importlib.import_module(name)
+        except Exception:  # a worker that needs it will report the error itself
+            pass
+    channel = socket.socket(fileno=fd)
+    children: set[int] = set()
+    while True:
+        readable, _, _ = select.select([channel], [], [], 0.05)
+        if readable:
+            request = _receive(channel)
+            if request is None:
+                return  # the launcher is gone
+            spec, out_fd = request
+            pid = os.fork()
+            if pid == 0:
+                channel.close()
+                _become_worker(spec, out_fd)  # never returns
+            os.close(out_fd)
+            children.add(pid)
+            _send_line(channel, {"id": spec["id"], "pid": pid})
+        for pid in list(children):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                children.discard(pid)
+                _send_line(channel, {"pid": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _receive(channel: socket.socket) -> tuple[dict, int] | None:
+    header, fds, _, _ = socket.recv_fds(channel, HEADER.size, 1)
+    if not header:
+        return None
+    while len(header) < HEADER.size:
+        header += _recv_exactly(channel, HEADER.size - len(header))
+    body = _recv_exactly(channel, HEADER.unpack(header)[0])
+    return json.loads(body), fds[0]
+
+
+def _recv_exactly(channel: socket.socket, n: int) -> bytes:
+    chunks = []
+    while n:
+        chunk = channel.recv(min(n, 1 << 20))
+        if not chunk:
+            raise EOFError("the launcher closed the zygote's socket mid-request")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def _send_line(channel: socket.socket, doc: dict) -> None:
+    try:
+        channel.sendall((json.dumps(doc) + "\n").encode())
+    except OSError:  # the launcher is gone; the loop ends at the next read
+        pass
+
+
+def _become_worker(spec: dict, out_fd: int) -> None:
+    """In the forked child: what `python -m module` with the payload on stdin would be."""
+    code = 1
+    try:
+        from hppctl.runtime.launch import _die_with_parent
+
+        os.setsid()  # like start_new_session: a Ctrl-C at the launcher's terminal is the launcher's to handle
+        _die_with_parent()
+        os.dup2(out_fd, 1)
+        os.dup2(out_fd, 2)
+        os.close(out_fd)
+        os.chdir(spec["cwd"])
+        os.environ.clear()
+        os.environ.update(spec["env"])
+        # what `python -m` would have put on sys.path from this environment (the zygote's started earlier)
+        for entry in reversed(spec["env"].get("PYTHONPATH", "").split(os.pathsep)):
+            if entry and entry not in sys.path:
+                sys.path.insert(1, entry)
+        sys.stdin = io.StringIO(spec["payload"] + "\n")
+        runpy.run_module(spec["module"], run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            code = e.code or 0
+        else:
+            print(e.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)
+
+
+# --- the launcher's side --------------------------------------------------------------------------
+
+class ForkedProcess:
+    """A worker forked by the zygote, with the part of `subprocess.Popen` launchers and tests use."""
+
+    def __init__(self, zygote: "Zygote", pid: int) -> None:
+        self._zygote, self.pid = zygote, pid
+
+    def poll(self) -> int | None:
+        return self._zygote.exit_code(self.pid)
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self._zygote.wait_exit(self.pid, timeout)
+        if code is None:
+            import subprocess
+
+            raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout)
+        return code
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGKILL)
+
+
+class Zygote:
+    """The launcher's handle on its zygote (one per launcher process, started on first use)."""
+
+    START_TIMEOUT_S = 120.0
+
+    def __init__(self, preload: list[str]) -> None:
+        import subprocess
+
+        from hppctl.runtime.launch import _die_with_parent
+
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        code = f"from hppctl.runtime.zygote import serve; serve({theirs.fileno()}, {preload!r})"
+        self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(),),
+                                     stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
+        theirs.close()
+        self._channel = ours
+        self._send_lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._pids: dict[int, int] = {}  # request id -> pid
+        self._codes: dict[int, int] = {}  # pid -> exit code
+        self._next_id = 0
+        self._closed = False
+        threading.Thread(target=self._read, daemon=True, name="zygote").start()
+
+    def _read(self) -> None:
+        with self._channel.makefile("r", encoding="utf-8") as lines:
+            for line in lines:
+                doc = json.loads(line)
+                with self._cond:
+                    if "id" in doc:
+                        self._pids[doc["id"]] = doc["pid"]
+                    else:
+                        self._codes[doc["pid"]] = doc["code"]
+                    self._cond.notify_all()
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None and not self._closed
+
+    def fork(self, module: str, payload: str, env: dict[str, str], cwd: str, out_fd: int) -> ForkedProcess:
+        with self._cond:
+            request_id, self._next_id = self._next_id, self._next_id + 1
+        body = json.dumps({"id": request_id, "module": module, "payload": payload, "env": env, "cwd": cwd}).encode()
+        with self._send_lock:
+            socket.send_fds(self._channel, [HEADER.pack(len(body))], [out_fd])
+            self._channel.sendall(body)
+        with self._cond:
+            if not self._cond.wait_for(lambda: request_id in self._pids or self._closed, self.START_TIMEOUT_S):
+                raise RuntimeError(f"the worker fork server did not start {module} within {self.START_TIMEOUT_S:.0f} s")
+            if request_id not in self._pids:
+                raise RuntimeError(f"the worker fork server ended (exit {self.proc.poll()}) before starting {module}")
+            return ForkedProcess(self, self._pids.pop(request_id))
+
+    def exit_code(self, pid: int) -> int | None:
+        with self._cond:
+            return self._codes.get(pid, self._lost_code())
+
+    def wait_exit(self, pid: int, timeout: float | None) -> int | None:
+        with self._cond:
+            self._cond.wait_for(lambda: pid in self._codes or self._closed, timeout)
+            return self._codes.get(pid, self._lost_code())
+
+    def _lost_code(self) -> int | None:
+        """A worker's code once the zygote itself is gone: its children got SIGTERM with it."""
+        return -15 if self._closed else None
+
+
+_ZYGOTE: Zygote | None = None
+_ZYGOTE_LOCK = threading.Lock()
+
+
+def zygote(preload: list[str]) -> Zygote:
+    """This process's zygote, started (again) if it is not running."""
+    global _ZYGOTE
+    with _ZYGOTE_LOCK:
+        if _ZYGOTE is None or not _ZYGOTE.alive():
+            _ZYGOTE = Zygote(preload)
+        return _ZYGOTE

@@ -1,0 +1,103 @@
+"""Local workers: forked by the launcher's zygote (the default) or started as `python -m` (exec).
+
+Both must give a worker the same things: the payload on stdin, the launcher's environment plus the
+run's, the launcher's directory, `__main__` semantics, its own session, its output and exit code,
+and signals to its own pid. The module is a stand-in (`echo_worker`) so that each case takes
+milliseconds once the zygote runs; the real workers go through the same path in every gloo test.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hppctl.errors import BadInput
+from hppctl.runtime.launch import LOCAL_START_ENV, LocalWorker
+
+MODULE = "tests.runtime.echo_worker"
+
+pytestmark = pytest.mark.timeout(120)
+
+
+REPO = str(Path(__file__).parents[2])
+
+
+def start(payload: dict, **env: str) -> LocalWorker:
+    # PYTHONPATH: the stand-in is found from any directory (a worker's sys.path starts with its cwd)
+    return LocalWorker("w", json.dumps(payload), env={"PYTHONPATH": REPO, **env}, module=MODULE)
+
+
+def echoed(worker: LocalWorker) -> dict:
+    deadline = time.monotonic() + 60
+    while not worker.tail() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return json.loads(worker.tail()[0])
+
+
+def wait(worker: LocalWorker) -> int:
+    code = worker.proc.wait(timeout=60)
+    assert worker.poll() == code
+    return code
+
+
+@pytest.fixture(params=["fork", "exec"])
+def mode(request, monkeypatch):
+    monkeypatch.setenv(LOCAL_START_ENV, request.param)
+    return request.param
+
+
+def test_a_worker_gets_its_payload_environment_directory_and_session(mode, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the launcher's directory at the time of the start, not the zygote's
+    worker = start({"exit": 3, "x": [1, 2]}, HPPCTL_ECHO=mode)
+    assert wait(worker) == 3
+    seen = echoed(worker)
+    assert seen == {"payload": {"exit": 3, "x": [1, 2]}, "env": mode, "cwd": str(tmp_path), "name": "__main__",
+                    "session_leader": True}
+
+
+def test_signals_reach_the_worker_and_its_exit_code_says_so(mode):
+    worker = start({"sleep": 60})
+    echoed(worker)
+    worker.proc.send_signal(signal.SIGSTOP)  # a frozen worker is still running
+    time.sleep(0.2)
+    assert worker.poll() is None
+    worker.proc.kill()
+    assert wait(worker) == -signal.SIGKILL
+
+
+def test_stop_ends_a_running_worker(mode):
+    worker = start({"sleep": 60})
+    echoed(worker)
+    worker.stop()
+    assert worker.poll() == -signal.SIGTERM
+
+
+def test_an_unknown_start_mode_is_named(monkeypatch):
+    monkeypatch.setenv(LOCAL_START_ENV, "spawn")
+    with pytest.raises(BadInput, match="HPPCTL_LOCAL_START='spawn': expected fork or exec"):
+        start({})
+
+
+def test_a_script_without_a_main_guard_is_not_run_again_in_the_workers(tmp_path):
+    # multiprocessing's forkserver re-imports the launcher's __main__ in every child; a user's script
+    # around Session without `if __name__ == "__main__"` would start its run again in each worker.
+    script = tmp_path / "launcher.py"
+    script.write_text(
+        "import json, sys\n"
+        f"sys.path.insert(0, {REPO!r})\n"
+        "from hppctl.runtime.launch import LocalWorker\n"
+        "print('launcher body ran', flush=True)\n"
+        f"w = LocalWorker('w', json.dumps({{'exit': 0}}), module={MODULE!r})\n"
+        "assert w.proc.wait(timeout=60) == 0\n"
+        "import time; time.sleep(0.2)\n"
+        "print(w.tail()[0], flush=True)\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("launcher body ran") == 1
+    assert json.loads(out.stdout.splitlines()[-1])["name"] == "__main__"

@@ -177,12 +177,13 @@ class Zygote:
     def __init__(self, preload: list[str]) -> None:
         import subprocess
 
-        from hppctl.runtime.launch import _die_with_parent
-
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         code = f"from hppctl.runtime.zygote import serve; serve({theirs.fileno()}, {preload!r})"
+        # No PR_SET_PDEATHSIG here: it fires when the *thread* that started the zygote ends, and a
+        # launcher may start its first run from a thread. The zygote ends when its socket reads EOF,
+        # which the kernel gives when the launcher process is gone, however it ended.
         self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(),),
-                                     stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
         theirs.close()
         self._channel = ours
         self._send_lock = threading.Lock()

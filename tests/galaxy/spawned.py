@@ -1,4 +1,4 @@
-"""Run inference cases on D spawned gloo processes; imported by the children (torch only, no transformers).
+"""Run inference cases on D gloo processes (forked by tests/ranks.py); imported by the children (torch only, no transformers).
 
 `run_cases(world, cases)` starts `world` processes; each case is (strategy, overlap, weights, heads,
 columns, rows, ids) and every process runs all of them in order, so one spawn covers many cases.
@@ -13,10 +13,9 @@ import tempfile
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-
 from hppctl.runtime.galaxy.device import run_device
 from hppctl.runtime.galaxy.weights import device_shard, ranges
+from tests.ranks import manager, start_ranks
 
 
 def _child(rank: int, world: int, init_file: str, cases: list, results) -> None:
@@ -37,9 +36,7 @@ def _child(rank: int, world: int, init_file: str, cases: list, results) -> None:
 
 
 def run_cases(world: int, cases: list) -> list[torch.Tensor]:
-    ctx = mp.get_context("spawn")
-    with tempfile.TemporaryDirectory() as tmp, ctx.Manager() as manager:
-        results = manager.dict()
-        mp.start_processes(_child, args=(world, os.path.join(tmp, "init"), cases, results), nprocs=world,
-                           join=True, start_method="spawn")
+    with tempfile.TemporaryDirectory() as tmp, manager() as shared:
+        results = shared.dict()
+        start_ranks(_child, (world, os.path.join(tmp, "init"), cases, results), world)
         return [results[n] for n in range(len(cases))]

@@ -84,18 +84,23 @@ def test_an_unknown_start_mode_is_named(monkeypatch):
         start({})
 
 
-def test_a_script_without_a_main_guard_is_not_run_again_in_the_workers(tmp_path):
+def test_a_script_without_a_main_guard_is_not_run_again_and_a_thread_may_start_the_zygote(tmp_path):
     # multiprocessing's forkserver re-imports the launcher's __main__ in every child; a user's script
     # around Session without `if __name__ == "__main__"` would start its run again in each worker.
+    # The worker is started from a thread that ends at once: a zygote bound to that thread's life
+    # (PR_SET_PDEATHSIG) would die with it and take the worker along (exit -15).
     script = tmp_path / "launcher.py"
     script.write_text(
-        "import json, sys\n"
+        "import json, sys, threading, time\n"
         f"sys.path.insert(0, {REPO!r})\n"
         "from hppctl.runtime.launch import LocalWorker\n"
         "print('launcher body ran', flush=True)\n"
-        f"w = LocalWorker('w', json.dumps({{'exit': 0}}), module={MODULE!r})\n"
-        "assert w.proc.wait(timeout=60) == 0\n"
-        "import time; time.sleep(0.2)\n"
+        "started = []\n"
+        f"t = threading.Thread(target=lambda: started.append(LocalWorker('w', json.dumps({{'sleep': 1}}), module={MODULE!r})))\n"
+        "t.start(); t.join()\n"
+        "w = started[0]\n"
+        "assert w.proc.wait(timeout=60) == 0, w.proc.poll()\n"
+        "time.sleep(0.2)\n"
         "print(w.tail()[0], flush=True)\n")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

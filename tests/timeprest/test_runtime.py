@@ -12,7 +12,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from hppctl.models.schedule import ScheduleStage
 from hppctl.runtime.async_exec.executor import AsyncExecutor, version_lifetimes
@@ -25,6 +24,7 @@ from hppctl.runtime.worker import DataFeed, make_optimizer
 from hppctl.schedule import check_schedule
 from hppctl.schedule.async_check import versions_held
 from hppctl.schedule.nf1b import build_async
+from tests.ranks import start_ranks
 from tests.timeprest.reference import train_async_reference
 
 EPOCHS = 2
@@ -63,7 +63,7 @@ def _rank(rank: int, schedule, options: TrainOptions, rendezvous: str, out: str)
 
 def run_async(schedule, options: TrainOptions, tmp_path) -> tuple[dict, list[int]]:
     rendezvous = f"file://{tmp_path}/rendezvous"
-    mp.spawn(_rank, args=(schedule, options, rendezvous, str(tmp_path)), nprocs=len(schedule.stages), join=True)
+    start_ranks(_rank, (schedule, options, rendezvous, str(tmp_path)), len(schedule.stages))
     merged, peaks = {}, []
     for rank in range(len(schedule.stages)):
         saved = torch.load(tmp_path / f"{rank}.pt", weights_only=True)

@@ -78,6 +78,8 @@ class ResilientSession(Session):
         self._on_status: Callable[[list[dict]], None] | None = None
         self._probes: dict[str, list] = {}
         self._probe_ports: dict[str, tuple[str, int]] = {}
+        self._leaver_heard: dict[str, float] = {}
+        """When each device that left was last heard from (its beats say `leave` until it has gone)."""
         self._dropped_seen = 0
         self._layout = Layout(0, self.plan, recovery.profile)
         """The layout the workers train on (or are moving to); `_previous`: the one it was made from."""
@@ -189,6 +191,8 @@ class ResilientSession(Session):
         """Read the beats, suspect the silent, settle the probes: the devices confirmed lost since last time."""
         losses: dict[str, Loss] = {}
         for beat in self.listener.drain():
+            if beat.device in self._leaver_heard:
+                self._leaver_heard[beat.device] = self._clock()
             if beat.device in self.lost or beat.device in losses:
                 continue
             self._probe_ports[beat.device] = (beat.address, int(beat.doc.get("probe_port", 0)))
@@ -324,13 +328,15 @@ class ResilientSession(Session):
         leavers: list[str] = []
         while True:
             for loss in losses:
-                if loss.device in leavers:  # it left, then ended before it had handed its layers over
+                if loss.device in leavers:  # it left, then ended or went silent before its hand-over
                     leavers.remove(loss.device)
                     self._event("lost", device=loss.device, reason=loss.reason)
+                    self._fence(loss.device)
                     continue
                 self._lose(loss)
                 if loss.leaving:
                     leavers.append(loss.device)
+                    self._leaver_heard[loss.device] = self._clock()
             generation = self._next_generation()
             survivors = [d for d in self._layout.plan.devices() if d not in self.lost]
             if not survivors:
@@ -417,7 +423,7 @@ class ResilientSession(Session):
         while time.monotonic() < deadline:
             self._check_alive()
             self._log_dropped()
-            losses = self._detect() + self._ended_leavers(leavers)
+            losses = self._detect() + self._failed_leavers(leavers)
             if losses:
                 return losses
             if done():
@@ -425,10 +431,19 @@ class ResilientSession(Session):
             time.sleep(0.02)
         raise RuntimeFailure(f"timed out after {self.recovery.stall_timeout_s:.0f} s waiting for {what}")
 
-    def _ended_leavers(self, leavers: list[str]) -> list["Loss"]:
-        ended = [(d, self.workers[d].poll()) for d in leavers]
-        return [Loss(d, f"left, then ended (exit {code}) before handing its layers over")
-                for d, code in ended if code is not None]
+    def _failed_leavers(self, leavers: list[str]) -> list["Loss"]:
+        """Leavers that can no longer hand their layers over: their process ended, or they have been
+        silent (frozen, or behind a cut link while their SSH session lives on) for as long as a
+        silent device gets before it is lost, the failure timeout plus the probe's."""
+        losses = []
+        for d in leavers:
+            code = self.workers[d].poll()
+            silent = self._clock() - self._leaver_heard.get(d, self._clock())
+            if code is not None:
+                losses.append(Loss(d, f"left, then ended (exit {code}) before handing its layers over"))
+            elif silent > self.recovery.timeout_s + self.recovery.probe_s:
+                losses.append(Loss(d, f"left, then silent for {silent:.1f} s before handing its layers over"))
+        return losses
 
     def _replan(self, base: "Layout", gone: list[str]):
         """The plan without `gone` (light or heavy, as requested), and how long the planner took."""

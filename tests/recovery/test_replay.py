@@ -35,12 +35,12 @@ PRESETS = {"a": "jetson-nano", "b": "jetson-nano", "c": "jetson-tx2", "d": "jets
 
 def run_with_failure(stages, victim: str | list[str] | None, sig: int | list[int] = signal.SIGKILL, *,
                      replan: str = "light", after_round: int = 3, on_round_1=None, then_kill: str | None = None,
-                     kill_on_leave: bool = False):
+                     on_leave: int | None = None):
     """`victim`: one device, or several hurt at the same moment (devices that fail together), each with
     `sig` or with its own signal from a list.
     `then_kill`: a device killed as soon as the first re-plan is published (the survivors are moving).
-    `kill_on_leave`: a device that leaves is killed as soon as the coordinator takes note, before it
-    can hand its layers over."""
+    `on_leave`: the signal a device that leaves gets as soon as the coordinator takes note, before it
+    can hand its layers over (SIGKILL: it ends; SIGSTOP: it goes silent, as behind a cut link)."""
     plan = make_plan("tiny-mlp", stages, global_batch=16, micro_batch=4)
     options = TrainOptions(rounds=ROUNDS, threads=1, dataset="synthetic", lr=0.1)
     session = ResilientSession(RunRequest(plan, local_cluster(*plan.devices()), options),
@@ -60,8 +60,8 @@ def run_with_failure(stages, victim: str | list[str] | None, sig: int | list[int
     def on_fault(event: dict) -> None:
         if then_kill and event["event"] == "replanned" and then_kill not in session.lost:
             os.kill(session.workers[then_kill].proc.pid, signal.SIGKILL)
-        if kill_on_leave and event["event"] == "lost" and event["reason"] == "left":
-            os.kill(session.workers[event["device"]].proc.pid, signal.SIGKILL)
+        if on_leave and event["event"] == "lost" and event["reason"] == "left":
+            os.kill(session.workers[event["device"]].proc.pid, on_leave)
 
     result = session.run(on_round=on_round, on_fault=on_fault)
     return plan, options, session, result
@@ -161,11 +161,17 @@ def test_a_device_lost_while_the_survivors_move_to_the_new_layout_is_replanned_f
     assert_same(result.model_state(), train_reference(plan, options))
 
 
-def test_a_device_that_leaves_and_dies_before_its_hand_over_is_restored_from_its_backup():
-    # before, the coordinator waited for the leaver's report until its stall timeout (120 s) failed the run
-    plan, options, session, result = run_with_failure(THREE_STAGES, "b", signal.SIGTERM, kill_on_leave=True)
-    assert [(e["device"], e["reason"].split(" (")[0]) for e in events(session, "lost")] == [
-        ("b", "left"), ("b", "left, then ended")]
+@pytest.mark.parametrize("on_leave,why", [
+    pytest.param(signal.SIGKILL, "left, then ended", id="dies"),
+    pytest.param(signal.SIGSTOP, "left, then silent", id="goes-silent"),
+])
+def test_a_device_that_leaves_and_fails_before_its_hand_over_is_restored_from_its_backup(on_leave, why):
+    # before, the coordinator waited for the leaver's report until its stall timeout (120 s) failed the
+    # run; a silent leaver (frozen, or behind a cut link) is given the failure timeout and the probe's
+    # time, as a silent device is, then fenced
+    plan, options, session, result = run_with_failure(THREE_STAGES, "b", signal.SIGTERM, on_leave=on_leave)
+    assert [(e["device"], e["reason"].split(" (")[0].split(" for ")[0]) for e in events(session, "lost")] == [
+        ("b", "left"), ("b", why)]
     (replanned,) = events(session, "replanned")
     assert replanned["lost"] == ["b"] and "b" not in session.plan.devices()
     assert [row["round"] for row in result.rounds] == list(range(ROUNDS))

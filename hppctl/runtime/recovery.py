@@ -80,6 +80,8 @@ class ResilientSession(Session):
         self._probe_ports: dict[str, tuple[str, int]] = {}
         self._leaver_heard: dict[str, float] = {}
         """When each device that left was last heard from (its beats say `leave` until it has gone)."""
+        self._helpers: list[str] = []
+        """Devices that left and are sending their layers to their new owners (until they end, exit 0)."""
         self._dropped_seen = 0
         self._layout = Layout(0, self.plan, recovery.profile)
         """The layout the workers train on (or are moving to); `_previous`: the one it was made from."""
@@ -183,7 +185,7 @@ class ResilientSession(Session):
         if self.state is None:
             self._arm()
             return
-        losses = self._detect()
+        losses = self._detect() + self._failed_helpers()
         if losses:
             self._recover(losses)
 
@@ -257,6 +259,7 @@ class ResilientSession(Session):
                 self._event("resumed", round=r, recovery_s=round(time.time() - self._resumed_pending, 3),
                             phases=slowest_phases(reports.values()))
                 self._resumed_pending = None
+                self._helpers = []  # a round completed in the new layout: every layer reached its owner
             if r >= self._emitted:  # rounds before were replayed: their rows exist already
                 if self._trace:
                     for d in devices:
@@ -326,10 +329,12 @@ class ResilientSession(Session):
                                f"(--profile)")
         detected = time.time()
         leavers: list[str] = []
+        self._helpers = []  # a helper that failed is in `losses`; the new layout names its own
         while True:
             for loss in losses:
-                if loss.device in leavers:  # it left, then ended or went silent before its hand-over
-                    leavers.remove(loss.device)
+                if loss.device in leavers or loss.device in self.lost:  # it left, then failed before its
+                    if loss.device in leavers:                          # hand-over, or during it
+                        leavers.remove(loss.device)
                     self._event("lost", device=loss.device, reason=loss.reason)
                     self._fence(loss.device)
                     continue
@@ -363,6 +368,7 @@ class ResilientSession(Session):
         doc = self._reconfiguration(generation, base, result, gathered, gone, leavers, resume)
         self._clear_stale(base.plan, resume)
         self.store.store.set(f"reconf/{generation}", json.dumps(doc))
+        self._helpers = list(doc.get("helpers", []))
         self._adopt(doc, resume, base, result.profile)
         self._event("replanned", method=result.method, requested=self.recovery.replan, lost=gone,
                     resume_round=resume, replan_s=round(replan_s, 4), devices=self.plan.devices(),
@@ -423,7 +429,7 @@ class ResilientSession(Session):
         while time.monotonic() < deadline:
             self._check_alive()
             self._log_dropped()
-            losses = self._detect() + self._failed_leavers(leavers)
+            losses = self._detect() + self._failed_leavers(leavers, "before handing its layers over")
             if losses:
                 return losses
             if done():
@@ -431,18 +437,24 @@ class ResilientSession(Session):
             time.sleep(0.02)
         raise RuntimeFailure(f"timed out after {self.recovery.stall_timeout_s:.0f} s waiting for {what}")
 
-    def _failed_leavers(self, leavers: list[str]) -> list["Loss"]:
-        """Leavers that can no longer hand their layers over: their process ended, or they have been
-        silent (frozen, or behind a cut link while their SSH session lives on) for as long as a
-        silent device gets before it is lost, the failure timeout plus the probe's."""
+    def _failed_helpers(self) -> list["Loss"]:
+        """Helpers of the current layout that failed while sending their layers (one that ended with
+        exit 0 has sent them all)."""
+        self._helpers = [d for d in self._helpers if self.workers[d].poll() != 0]
+        return self._failed_leavers(self._helpers, "while handing its layers over")
+
+    def _failed_leavers(self, leavers: list[str], when: str) -> list["Loss"]:
+        """Leavers that can no longer hand their layers over: their process ended, or they have been silent
+        (frozen, or behind a cut link while their SSH session lives on) for as long as a silent device
+        gets before it is lost, the failure timeout plus the probe's."""
         losses = []
-        for d in leavers:
+        for d in list(leavers):
             code = self.workers[d].poll()
             silent = self._clock() - self._leaver_heard.get(d, self._clock())
             if code is not None:
-                losses.append(Loss(d, f"left, then ended (exit {code}) before handing its layers over"))
+                losses.append(Loss(d, f"left, then ended (exit {code}) {when}"))
             elif silent > self.recovery.timeout_s + self.recovery.probe_s:
-                losses.append(Loss(d, f"left, then silent for {silent:.1f} s before handing its layers over"))
+                losses.append(Loss(d, f"left, then silent for {silent:.1f} s {when}"))
         return losses
 
     def _replan(self, base: "Layout", gone: list[str]):

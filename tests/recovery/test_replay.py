@@ -35,12 +35,14 @@ PRESETS = {"a": "jetson-nano", "b": "jetson-nano", "c": "jetson-tx2", "d": "jets
 
 def run_with_failure(stages, victim: str | list[str] | None, sig: int | list[int] = signal.SIGKILL, *,
                      replan: str = "light", after_round: int = 3, on_round_1=None, then_kill: str | None = None,
-                     on_leave: int | None = None):
+                     on_leave: int | None = None, on_hand_over: int | None = None):
     """`victim`: one device, or several hurt at the same moment (devices that fail together), each with
     `sig` or with its own signal from a list.
     `then_kill`: a device killed as soon as the first re-plan is published (the survivors are moving).
     `on_leave`: the signal a device that leaves gets as soon as the coordinator takes note, before it
-    can hand its layers over (SIGKILL: it ends; SIGSTOP: it goes silent, as behind a cut link)."""
+    can hand its layers over (SIGKILL: it ends; SIGSTOP: it goes silent, as behind a cut link).
+    `on_hand_over`: the signal a device that left gets as soon as the re-plan that makes it send its
+    layers to their new owners goes out."""
     plan = make_plan("tiny-mlp", stages, global_batch=16, micro_batch=4)
     options = TrainOptions(rounds=ROUNDS, threads=1, dataset="synthetic", lr=0.1)
     session = ResilientSession(RunRequest(plan, local_cluster(*plan.devices()), options),
@@ -48,6 +50,7 @@ def run_with_failure(stages, victim: str | list[str] | None, sig: int | list[int
                                                heartbeat_s=0.5,
                                                timeout_s=2.0, probe_s=1.0, replan=replan))
     hurt: list[str] = []
+    left: list[str] = []
 
     def on_round(row: dict) -> None:
         if on_round_1 is not None and row["round"] == 1:
@@ -62,6 +65,10 @@ def run_with_failure(stages, victim: str | list[str] | None, sig: int | list[int
             os.kill(session.workers[then_kill].proc.pid, signal.SIGKILL)
         if on_leave and event["event"] == "lost" and event["reason"] == "left":
             os.kill(session.workers[event["device"]].proc.pid, on_leave)
+        if event["event"] == "lost" and event["reason"] == "left":
+            left.append(event["device"])
+        if on_hand_over and event["event"] == "replanned" and left and len(events(session, "replanned")) == 1:
+            os.kill(session.workers[left[0]].proc.pid, on_hand_over)
 
     result = session.run(on_round=on_round, on_fault=on_fault)
     return plan, options, session, result
@@ -174,6 +181,23 @@ def test_a_device_that_leaves_and_fails_before_its_hand_over_is_restored_from_it
         ("b", "left"), ("b", why)]
     (replanned,) = events(session, "replanned")
     assert replanned["lost"] == ["b"] and "b" not in session.plan.devices()
+    assert [row["round"] for row in result.rounds] == list(range(ROUNDS))
+    assert_same(result.model_state(), train_reference(plan, options))
+
+
+@pytest.mark.parametrize("sig,why", [
+    pytest.param(signal.SIGKILL, "left, then ended", id="dies"),
+    pytest.param(signal.SIGSTOP, "left, then silent", id="goes-silent"),
+])
+def test_a_device_that_fails_while_handing_its_layers_over_is_restored_from_its_backup(sig, why):
+    # b leaves; as the re-plan that has it send its layers goes out, it dies or freezes: the survivors
+    # re-plan from the layout they all still hold, b's layers from its backup on c (before, nobody
+    # watched a device that had left: they waited for its layers until the stall timeout)
+    plan, options, session, result = run_with_failure(THREE_STAGES, "b", signal.SIGTERM, on_hand_over=sig)
+    assert [(e["device"], e["reason"].split(" (")[0].split(" for ")[0]) for e in events(session, "lost")] == [
+        ("b", "left"), ("b", why)]
+    first, second = events(session, "replanned")
+    assert second["lost"] == ["b"] and second["layout"] == 0 and "b" not in session.plan.devices()
     assert [row["round"] for row in result.rounds] == list(range(ROUNDS))
     assert_same(result.model_state(), train_reference(plan, options))
 

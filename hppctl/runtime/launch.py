@@ -100,12 +100,16 @@ def _local_start() -> str:
 
 
 def _fork_worker(module: str, payload: str, env: dict[str, str]) -> tuple[object, int]:
-    """Fork the worker from this launcher's zygote; returns it and the read end of its output."""
+    """Fork the worker from this launcher's zygote; returns it and the read end of its output. A worker
+    whose start-up environment differs from the zygote's (`Zygote.can_fork`) starts with exec."""
     from hppctl.runtime.zygote import zygote
 
+    server = zygote(PRELOAD)
+    if not server.can_fork(env):
+        return _exec_worker(module, payload, env)
     read_fd, write_fd = os.pipe()
     try:
-        proc = zygote(PRELOAD).fork(module, payload, env, os.getcwd(), write_fd)
+        proc = server.fork(module, payload, env, os.getcwd(), write_fd)
     except BaseException:
         os.close(read_fd)
         raise

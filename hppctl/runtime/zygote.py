@@ -169,6 +169,12 @@ class ForkedProcess:
         self.send_signal(signal.SIGKILL)
 
 
+IMPORT_TIME_ENV = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH", "PYTORCH", "CUDA", "MALLOC_",
+                   "GLIBC_TUNABLES", "LD_", "PYTHONHASHSEED", "PYTHONOPTIMIZE", "PYTHONMALLOC")
+"""Environment read when torch and the interpreter start (thread pools, allocators, libraries): a
+forked worker inherits what the zygote saw, so a worker whose values differ must not fork."""
+
+
 class Zygote:
     """The launcher's handle on its zygote (one per launcher process, started on first use)."""
 
@@ -182,7 +188,8 @@ class Zygote:
         # No PR_SET_PDEATHSIG here: it fires when the *thread* that started the zygote ends, and a
         # launcher may start its first run from a thread. The zygote ends when its socket reads EOF,
         # which the kernel gives when the launcher process is gone, however it ended.
-        self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(),),
+        self.env = dict(os.environ)
+        self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(),), env=self.env,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         theirs.close()
         self._channel = ours
@@ -207,6 +214,13 @@ class Zygote:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+
+    def can_fork(self, env: dict[str, str]) -> bool:
+        """Would a fork see the environment `env` describes? Not if what torch or the interpreter read
+        at start-up differs (OMP_NUM_THREADS=1 for one worker, say): that worker starts with exec."""
+        def startup(e: dict[str, str]) -> dict[str, str]:
+            return {k: v for k, v in e.items() if k.startswith(IMPORT_TIME_ENV)}
+        return startup(env) == startup(self.env)
 
     def alive(self) -> bool:
         return self.proc.poll() is None and not self._closed

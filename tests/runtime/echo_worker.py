@@ -10,6 +10,10 @@ import time
 doc = json.loads(sys.stdin.readline())
 print(json.dumps({"payload": doc, "env": os.environ.get("HPPCTL_ECHO"), "cwd": os.getcwd(), "name": __name__,
                   "session_leader": os.getsid(0) == os.getpid()}), flush=True)
+if doc.get("threads"):
+    import torch
+
+    print(json.dumps({"threads": torch.get_num_threads(), "pid": os.getpid(), "ppid": os.getppid()}), flush=True)
 if doc.get("sleep"):
     time.sleep(doc["sleep"])
 sys.exit(doc.get("exit", 0))

@@ -68,8 +68,10 @@ class Measurement:
 
     def __init__(self, model_name: str, granularity: str, threads: int, seed: int = 0) -> None:
         import os
+        import sys
 
-        os.environ["OMP_NUM_THREADS"] = str(threads)
+        if "torch" not in sys.modules:  # read when torch starts (the probe's own process); in a process
+            os.environ["OMP_NUM_THREADS"] = str(threads)  # that has torch already it would only leak
         import torch
 
         torch.set_num_threads(threads)

@@ -83,13 +83,13 @@ def _die_with_parent() -> None:
         pass
 
 
-def prepare_local_workers(cluster: ClusterSpec, devices: Iterable[str]) -> None:
+def prepare_local_workers(cluster: ClusterSpec, devices: Iterable[str], env: dict[str, str] | None = None) -> None:
     """Start the zygote now if any of `devices` is local, so that its imports overlap the
     launcher's own preparation (the initial weights) instead of following it."""
     if _local_start() == "fork" and any(cluster.device(d).host is None for d in devices):
         from hppctl.runtime.zygote import zygote
 
-        zygote(PRELOAD)
+        zygote(PRELOAD, {**os.environ, **(env or {})})
 
 
 def _local_start() -> str:
@@ -100,12 +100,12 @@ def _local_start() -> str:
 
 
 def _fork_worker(module: str, payload: str, env: dict[str, str]) -> tuple[object, int]:
-    """Fork the worker from this launcher's zygote; returns it and the read end of its output. A worker
-    whose start-up environment differs from the zygote's (`Zygote.can_fork`) starts with exec."""
+    """Fork the worker from the zygote of its start-up environment (`zygote.zygote`); returns it and the
+    read end of its output."""
     from hppctl.runtime.zygote import zygote
 
-    server = zygote(PRELOAD)
-    if not server.can_fork(env):
+    server = zygote(PRELOAD, env)
+    if server is None:
         return _exec_worker(module, payload, env)
     read_fd, write_fd = os.pipe()
     try:

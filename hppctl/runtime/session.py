@@ -134,7 +134,7 @@ class Session:
         if self.ckpt:
             self.ckpt.lock()
         try:
-            prepare_local_workers(self.request.cluster, self.topo.devices)
+            prepare_local_workers(self.request.cluster, self.topo.devices, self.request.env)
             start_round, init = self._resume_point()
             options = self.request.options.model_copy(update={"start_round": start_round})
             if start_round >= options.rounds:

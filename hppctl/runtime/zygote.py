@@ -180,7 +180,7 @@ class Zygote:
 
     START_TIMEOUT_S = 120.0
 
-    def __init__(self, preload: list[str]) -> None:
+    def __init__(self, preload: list[str], env: dict[str, str]) -> None:
         import subprocess
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -188,8 +188,7 @@ class Zygote:
         # No PR_SET_PDEATHSIG here: it fires when the *thread* that started the zygote ends, and a
         # launcher may start its first run from a thread. The zygote ends when its socket reads EOF,
         # which the kernel gives when the launcher process is gone, however it ended.
-        self.env = dict(os.environ)
-        self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(),), env=self.env,
+        self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(),), env=env,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         theirs.close()
         self._channel = ours
@@ -214,13 +213,6 @@ class Zygote:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-
-    def can_fork(self, env: dict[str, str]) -> bool:
-        """Would a fork see the environment `env` describes? Not if what torch or the interpreter read
-        at start-up differs (OMP_NUM_THREADS=1 for one worker, say): that worker starts with exec."""
-        def startup(e: dict[str, str]) -> dict[str, str]:
-            return {k: v for k, v in e.items() if k.startswith(IMPORT_TIME_ENV)}
-        return startup(env) == startup(self.env)
 
     def alive(self) -> bool:
         return self.proc.poll() is None and not self._closed
@@ -253,14 +245,27 @@ class Zygote:
         return -15 if self._closed else None
 
 
-_ZYGOTE: Zygote | None = None
-_ZYGOTE_LOCK = threading.Lock()
+MAX_ZYGOTES = 4
+"""Zygotes a launcher keeps, one per start-up environment; workers of further environments use exec."""
+
+_ZYGOTES: dict[frozenset, Zygote] = {}
+_ZYGOTES_LOCK = threading.Lock()
 
 
-def zygote(preload: list[str]) -> Zygote:
-    """This process's zygote, started (again) if it is not running."""
-    global _ZYGOTE
-    with _ZYGOTE_LOCK:
-        if _ZYGOTE is None or not _ZYGOTE.alive():
-            _ZYGOTE = Zygote(preload)
-        return _ZYGOTE
+def startup_env(env: dict[str, str]) -> frozenset:
+    """The part of an environment that torch and the interpreter read when they start."""
+    return frozenset((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME_ENV))
+
+
+def zygote(preload: list[str], env: dict[str, str]) -> Zygote | None:
+    """The zygote for workers with environment `env`, started (again) if it is not running: one per
+    start-up environment (a forked worker keeps what its zygote read when torch started, such as the
+    thread count from OMP_NUM_THREADS). None past MAX_ZYGOTES environments: start with exec."""
+    key = startup_env(env)
+    with _ZYGOTES_LOCK:
+        found = _ZYGOTES.get(key)
+        if found is None or not found.alive():
+            if found is None and len(_ZYGOTES) >= MAX_ZYGOTES:
+                return None
+            found = _ZYGOTES[key] = Zygote(preload, env)
+        return found

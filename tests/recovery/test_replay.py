@@ -168,36 +168,24 @@ def test_a_device_lost_while_the_survivors_move_to_the_new_layout_is_replanned_f
     assert_same(result.model_state(), train_reference(plan, options))
 
 
-@pytest.mark.parametrize("on_leave,why", [
-    pytest.param(signal.SIGKILL, "left, then ended", id="dies"),
-    pytest.param(signal.SIGSTOP, "left, then silent", id="goes-silent"),
-])
-def test_a_device_that_leaves_and_fails_before_its_hand_over_is_restored_from_its_backup(on_leave, why):
-    # before, the coordinator waited for the leaver's report until its stall timeout (120 s) failed the
-    # run; a silent leaver (frozen, or behind a cut link) is given the failure timeout and the probe's
-    # time, as a silent device is, then fenced
-    plan, options, session, result = run_with_failure(THREE_STAGES, "b", signal.SIGTERM, on_leave=on_leave)
-    assert [(e["device"], e["reason"].split(" (")[0].split(" for ")[0]) for e in events(session, "lost")] == [
-        ("b", "left"), ("b", why)]
-    (replanned,) = events(session, "replanned")
-    assert replanned["lost"] == ["b"] and "b" not in session.plan.devices()
-    assert [row["round"] for row in result.rounds] == list(range(ROUNDS))
-    assert_same(result.model_state(), train_reference(plan, options))
-
-
 @pytest.mark.parametrize("sig,why", [
     pytest.param(signal.SIGKILL, "left, then ended", id="dies"),
     pytest.param(signal.SIGSTOP, "left, then silent", id="goes-silent"),
 ])
-def test_a_device_that_fails_while_handing_its_layers_over_is_restored_from_its_backup(sig, why):
-    # b leaves; as the re-plan that has it send its layers goes out, it dies or freezes: the survivors
-    # re-plan from the layout they all still hold, b's layers from its backup on c (before, nobody
-    # watched a device that had left: they waited for its layers until the stall timeout)
-    plan, options, session, result = run_with_failure(THREE_STAGES, "b", signal.SIGTERM, on_hand_over=sig)
+@pytest.mark.parametrize("during", [pytest.param(False, id="before-hand-over"), pytest.param(True, id="during-hand-over")])
+def test_a_device_that_leaves_and_fails_before_or_during_its_hand_over_is_restored_from_its_backup(during, sig, why):
+    # b leaves (SIGTERM), then dies or freezes (as behind a cut link) as soon as the coordinator takes
+    # note, or as the re-plan that has it send its layers goes out. A silent leaver gets the failure
+    # timeout and the probe's time, as a silent device does, then is fenced; b's layers come from its
+    # backup on c (during the hand-over: re-planned from the layout every survivor still holds).
+    # Before, nobody watched a device that had left: the run waited until the stall timeout (120 s).
+    plan, options, session, result = run_with_failure(THREE_STAGES, "b", signal.SIGTERM,
+                                                      **{"on_hand_over" if during else "on_leave": sig})
     assert [(e["device"], e["reason"].split(" (")[0].split(" for ")[0]) for e in events(session, "lost")] == [
         ("b", "left"), ("b", why)]
-    first, second = events(session, "replanned")
-    assert second["lost"] == ["b"] and second["layout"] == 0 and "b" not in session.plan.devices()
+    replans = events(session, "replanned")
+    assert len(replans) == (2 if during else 1) and replans[-1]["lost"] == ["b"] and replans[-1]["layout"] == 0
+    assert "b" not in session.plan.devices()
     assert [row["round"] for row in result.rounds] == list(range(ROUNDS))
     assert_same(result.model_state(), train_reference(plan, options))
 

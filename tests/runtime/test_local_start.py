@@ -63,13 +63,15 @@ def test_a_worker_gets_its_payload_environment_directory_and_session(mode, tmp_p
 
 def test_a_worker_whose_thread_settings_differ_from_the_launchers_gets_its_own(mode):
     # OMP_NUM_THREADS is read when torch starts: a worker forked from a zygote started with another
-    # value would keep the zygote's thread count, so such a worker is started with exec
+    # value kept the zygote's thread count. Each start-up environment has its own zygote, so such a
+    # worker is still forked (a launcher whose environment changed fell back to exec for every worker).
     import os
 
     wanted = "1" if os.environ.get("OMP_NUM_THREADS") != "1" else "2"
     worker = start({"threads": True}, OMP_NUM_THREADS=wanted)
     assert wait(worker) == 0
     assert json.loads(worker.tail()[1])["threads"] == int(wanted)
+    assert type(worker.proc).__name__ == ("ForkedProcess" if mode == "fork" else "Popen")
 
 
 def test_signals_reach_the_worker_and_its_exit_code_says_so(mode):

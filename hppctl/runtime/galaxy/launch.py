@@ -151,7 +151,7 @@ class InferenceSession:
         req, plan = self.request, self.request.plan
         refuse_over_budget(plan)
         self._check_devices()
-        prepare_local_workers(req.cluster, [s.device for s in plan.shares])
+        prepare_local_workers(req.cluster, [s.device for s in plan.shares], req.env)
         started = time.perf_counter()
         parts = shards(plan, req.seed)
         self.ids = token_ids(req, next(iter(parts.values()))["embed"]["word"].shape[0])

@@ -88,7 +88,7 @@ class PslSession(Session):
         started = time.perf_counter()
         notify = on_event or (lambda message: None)
         timeout = self.request.options.train.timeout_s
-        prepare_local_workers(self.request.cluster, self.topo.devices)
+        prepare_local_workers(self.request.cluster, self.topo.devices, self.request.env)
         self.store = self._host_store(timeout)
         try:
             self._ship_initial_parts()

@@ -15,13 +15,17 @@ PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "hppctl.runtime.stage"
            "hppctl.runtime.async_exec.executor", "hppctl.zoo.layers"]
 
 
+def _forkserver():
+    mp.set_forkserver_preload(PRELOAD)  # takes effect when the server starts (the session's first call)
+    return mp.get_context("forkserver")
+
+
 def start_ranks(fn, args: tuple, nprocs: int) -> None:
     """`fn(rank, *args)` in `nprocs` processes; raises if any of them fails (as `mp.spawn` does)."""
-    mp.set_forkserver_preload(PRELOAD)  # takes effect when the server starts (the session's first call)
+    _forkserver()
     mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
 
 
 def manager():
     """A multiprocessing manager forked from the same server (for results shared with the test)."""
-    mp.set_forkserver_preload(PRELOAD)
-    return mp.get_context("forkserver").Manager()
+    return _forkserver().Manager()

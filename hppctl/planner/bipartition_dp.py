@@ -99,9 +99,10 @@ def _candidates(c: BiCosts, w: int, D: np.ndarray, link: np.ndarray, j1: int, j2
 
 
 def _window(c: BiCosts, j1: int, j2):
-    """The largest start cuts (i1, i2) a worker ending at (j1, j2) may have (`j2` may be an array). Interleaved cuts (see the
-    module docstring) unless the options ask for the paper's whole space, which is exact only without
-    split traffic (every term is then local to one worker or one neighbour link)."""
+    """The largest start cuts (i1, i2) a worker ending at (j1, j2) may have (`j2` may be an array).
+    Interleaved cuts (see the module docstring) unless the options ask for the paper's whole space,
+    which is exact only without split traffic (every term is then local to one worker or one
+    neighbour link)."""
     return (np.minimum(j1, j2),) * 2 if c.options.interleaved_only else (j1, j2)
 
 

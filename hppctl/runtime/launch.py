@@ -89,7 +89,12 @@ def prepare_local_workers(cluster: ClusterSpec, devices: Iterable[str], env: dic
     if _local_start() == "fork" and any(cluster.device(d).host is None for d in devices):
         from hppctl.runtime.zygote import zygote
 
-        zygote(PRELOAD, {**os.environ, **(env or {})})
+        zygote(PRELOAD, _worker_env(env))
+
+
+def _worker_env(extra: dict[str, str] | None) -> dict[str, str]:
+    """A local worker's environment: the launcher's, with the run's additions."""
+    return {**os.environ, **(extra or {})}
 
 
 def _local_start() -> str:
@@ -99,37 +104,24 @@ def _local_start() -> str:
     return start
 
 
-def _fork_worker(module: str, payload: str, env: dict[str, str]) -> tuple[object, int]:
-    """Fork the worker from the zygote of its start-up environment (`zygote.zygote`); returns it and the
-    read end of its output."""
+def _fork_worker(module: str, payload: str, env: dict[str, str], out_fd: int):
+    """Fork the worker, its output to `out_fd`, from the zygote of its start-up environment
+    (`zygote.zygote`), or start it with exec past the zygotes a launcher keeps."""
     from hppctl.runtime.zygote import zygote
 
     server = zygote(PRELOAD, env)
     if server is None:
-        return _exec_worker(module, payload, env)
-    read_fd, write_fd = os.pipe()
-    try:
-        proc = server.fork(module, payload, env, os.getcwd(), write_fd)
-    except BaseException:
-        os.close(read_fd)
-        raise
-    finally:
-        os.close(write_fd)  # the child holds its own copy: EOF on read_fd means it is gone
-    return proc, read_fd
+        return _exec_worker(module, payload, env, out_fd)
+    return server.fork(module, payload, env, os.getcwd(), out_fd)
 
 
-def _exec_worker(module: str, payload: str, env: dict[str, str]) -> tuple[subprocess.Popen, int]:
-    """Start the worker as a fresh `python -m` process; returns it and the read end of its output."""
-    read_fd, write_fd = os.pipe()
-    try:
-        proc = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE, stdout=write_fd,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                preexec_fn=_die_with_parent)
-    finally:
-        os.close(write_fd)
+def _exec_worker(module: str, payload: str, env: dict[str, str], out_fd: int) -> subprocess.Popen:
+    """Start the worker as a fresh `python -m` process, its output to `out_fd`."""
+    proc = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE, stdout=out_fd,
+                            stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=_die_with_parent)
     proc.stdin.write((payload + "\n").encode())
     proc.stdin.close()
-    return proc, read_fd
+    return proc
 
 
 class LocalWorker:
@@ -137,9 +129,15 @@ class LocalWorker:
                  module: str = WORKER_MODULE) -> None:
         self.device = device
         self._tail = _Tail(device, log)
-        full_env = {**os.environ, **(env or {})}
         start = _fork_worker if _local_start() == "fork" else _exec_worker
-        self.proc, read_fd = start(module, payload, full_env)
+        read_fd, write_fd = os.pipe()
+        try:
+            self.proc = start(module, payload, _worker_env(env), write_fd)
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)  # the worker holds its own copy: EOF on read_fd means it is gone
         self._output = open(read_fd, encoding="utf-8", errors="replace")
         self._reader = threading.Thread(target=self._read, daemon=True, name=f"tail-{device}")
         self._reader.start()

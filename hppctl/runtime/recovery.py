@@ -332,8 +332,10 @@ class ResilientSession(Session):
         self._helpers = []  # a helper that failed is in `losses`; the new layout names its own
         while True:
             for loss in losses:
-                if loss.device in leavers or loss.device in self.lost:  # it left, then failed before its
-                    if loss.device in leavers:                          # hand-over, or during it
+                if loss.device in leavers or loss.device in self.lost:
+                    # it left, then failed before its hand-over (a leaver of this re-plan) or during
+                    # it (a helper of the last one): lost already, its layers from its backup
+                    if loss.device in leavers:
                         leavers.remove(loss.device)
                     self._event("lost", device=loss.device, reason=loss.reason)
                     self._fence(loss.device)

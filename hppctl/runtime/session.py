@@ -134,12 +134,12 @@ class Session:
         if self.ckpt:
             self.ckpt.lock()
         try:
-            prepare_local_workers(self.request.cluster, self.topo.devices, self.request.env)
             start_round, init = self._resume_point()
             options = self.request.options.model_copy(update={"start_round": start_round})
             if start_round >= options.rounds:
                 notify(f"the checkpoint already holds round {start_round} of {options.rounds}; nothing to run")
                 return RunResult(start_round, [], _load_states(init), time.perf_counter() - started)
+            prepare_local_workers(self.request.cluster, self.topo.devices, self.request.env)
             self.store = self._host_store(options.timeout_s)
             try:
                 for p, blob in enumerate(self._initial_blobs(options.seed)):

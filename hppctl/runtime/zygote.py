@@ -26,8 +26,10 @@ import json
 import os
 import runpy
 import select
+import signal
 import socket
 import struct
+import subprocess
 import sys
 import threading
 import traceback
@@ -48,7 +50,7 @@ def serve(fd: int, preload: list[str]) -> None:
     children: set[int] = set()
     while True:
         readable, _, _ = select.select([channel], [], [], 0.05)
-        if readable:
+        if readable:  # a request, or EOF
             request = _receive(channel)
             if request is None:
                 return  # the launcher is gone
@@ -127,7 +129,7 @@ def _become_worker(spec: dict, out_fd: int) -> None:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
-            except Exception:
+            except Exception:  # the launcher closed its end: the exit code must still be reported
                 pass
         os._exit(code)
 
@@ -146,8 +148,6 @@ class ForkedProcess:
     def wait(self, timeout: float | None = None) -> int:
         code = self._zygote.wait_exit(self.pid, timeout)
         if code is None:
-            import subprocess
-
             raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout)
         return code
 
@@ -155,34 +155,28 @@ class ForkedProcess:
         if self.poll() is None:
             try:
                 os.kill(self.pid, signum)
-            except ProcessLookupError:
+            except ProcessLookupError:  # it ended between the poll and the signal
                 pass
 
     def terminate(self) -> None:
-        import signal
-
         self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
-        import signal
-
         self.send_signal(signal.SIGKILL)
 
 
 IMPORT_TIME_ENV = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH", "PYTORCH", "CUDA", "MALLOC_",
                    "GLIBC_TUNABLES", "LD_", "PYTHONHASHSEED", "PYTHONOPTIMIZE", "PYTHONMALLOC")
 """Environment read when torch and the interpreter start (thread pools, allocators, libraries): a
-forked worker inherits what the zygote saw, so a worker whose values differ must not fork."""
+forked worker inherits what its zygote saw, so workers whose values differ fork from different zygotes."""
 
 
 class Zygote:
-    """The launcher's handle on its zygote (one per launcher process, started on first use)."""
+    """The launcher's handle on one zygote (one per start-up environment, started on first use)."""
 
     START_TIMEOUT_S = 120.0
 
     def __init__(self, preload: list[str], env: dict[str, str]) -> None:
-        import subprocess
-
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         code = f"from hppctl.runtime.zygote import serve; serve({theirs.fileno()}, {preload!r})"
         # No PR_SET_PDEATHSIG here: it fires when the *thread* that started the zygote ends, and a

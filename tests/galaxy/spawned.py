@@ -13,6 +13,7 @@ import tempfile
 
 import torch
 import torch.distributed as dist
+
 from hppctl.runtime.galaxy.device import run_device
 from hppctl.runtime.galaxy.weights import device_shard, ranges
 from tests.ranks import manager, start_ranks

@@ -21,6 +21,7 @@ Examples:
   hppctl run --plan P.yaml --cluster C.yaml --rounds 200 --checkpoint-dir ckpt/ --resume --metrics m.jsonl
   hppctl run --plan P.yaml --cluster lab.yaml --profile prof.json --trace run-trace.json --json
   hppctl run --plan P.yaml --cluster C.yaml --dataset mypkg.data:make_dataset --save-model model.pt
+  hppctl run --plan P.yaml --cluster C.yaml --epochs 8 --optimizer adam --lr 0.002 --lr-schedule cosine --bn-recalibrate 2048
   hppctl run --plan galaxy.yaml --cluster C.yaml --seq-len 284 --repeat 5 --output hidden.pt --json
 
 From cron, `--checkpoint-dir D --resume` continues from the newest complete round; a second run on
@@ -43,7 +44,10 @@ def run_command(
     dataset: Annotated[str, typer.Option("--dataset", help="synthetic, digits, or package.module:factory.")] = "synthetic",
     seed: Annotated[int, typer.Option("--seed", help="Weights, sample order and dropout derive from it.")] = 0,
     optimizer: Annotated[str, typer.Option("--optimizer", help="sgd (with --momentum) or adam.")] = "sgd",
-    lr: Annotated[float, typer.Option("--lr", help="Learning rate.")] = 0.05,
+    lr: Annotated[float, typer.Option("--lr", help="Learning rate (the peak, under a schedule).")] = 0.05,
+    lr_schedule: Annotated[str, typer.Option("--lr-schedule", help="constant, or cosine: decays to 0 over the run's rounds (after any warm-up).")] = "constant",
+    warmup_rounds: Annotated[int, typer.Option("--warmup-rounds", help="Rounds of linear warm-up to --lr.")] = 0,
+    bn_recalibrate: Annotated[int, typer.Option("--bn-recalibrate", help="After training, re-estimate BatchNorm statistics over N training samples before saving and testing (0: keep the running averages).")] = 0,
     momentum: Annotated[float, typer.Option("--momentum", help="SGD momentum.")] = 0.9,
     weight_decay: Annotated[float, typer.Option("--weight-decay", help="L2 weight decay.")] = 0.0,
     checkpoint_dir: Annotated[Optional[Path], typer.Option("--checkpoint-dir", help="Per-stage checkpoints, written atomically; locked while the run lasts.")] = None,
@@ -99,7 +103,8 @@ def run_command(
     if is_psl_file(plan):  # parallel split learning (issue 11); `hppctl psl run` has its PSL-only flags
         from hppctl.cli.psl import run_psl
         for flag, value in (("--epochs", epochs), ("--checkpoint-dir", checkpoint_dir), ("--profile", profile),
-                            ("--trace", trace)):
+                            ("--trace", trace), ("--lr-schedule", None if lr_schedule == "constant" else lr_schedule),
+                            ("--warmup-rounds", warmup_rounds or None), ("--bn-recalibrate", bn_recalibrate or None)):
             if value is not None:
                 raise BadInput(f"{flag}: not supported for psl plans (see `hppctl psl run --help`)")
         return run_psl(plan, cluster, rounds=rounds or 1, dataset=dataset, seed=seed, optimizer=optimizer, lr=lr,
@@ -118,6 +123,12 @@ def run_command(
         raise BadInput("--rejoin: goes with --resume")
     if lr <= 0:
         raise BadInput(f"--lr: must be positive (got {lr})")
+    if lr_schedule not in ("constant", "cosine"):
+        raise BadInput(f"--lr-schedule: unknown value {lr_schedule!r} (constant or cosine)")
+    _positive("--warmup-rounds", warmup_rounds, allow_zero=True)
+    _positive("--bn-recalibrate", bn_recalibrate, allow_zero=True)
+    if bn_recalibrate == 1:
+        raise BadInput("--bn-recalibrate: 1 sample has no batch statistics (give 2 or more, or 0)")
     for flag, path, suffixes in (("--metrics", metrics, (".jsonl", ".json")), ("--trace", trace, (".json",))):
         if path is not None and path.suffix.lower() not in suffixes:
             raise BadInput(f"{flag}: {path}: use a {' or '.join(suffixes)} file")
@@ -141,10 +152,13 @@ def run_command(
         if rounds is not None:
             raise BadInput(f"--rounds: --schedule {schedule} trains whole epochs; use --epochs")
         window, total = epoch_schedule(hpp, schedule, dataset), epochs or 1
+    if warmup_rounds >= total:
+        raise BadInput(f"--warmup-rounds: {warmup_rounds} leaves none of the run's {total} rounds at --lr")
     local = [d for d in hpp.devices() if inventory.device(d).local]
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // len(local)) if len(local) == len(hpp.devices()) else 0
-    options = TrainOptions(dataset=dataset, seed=seed, rounds=total, optimizer=optimizer, lr=lr, momentum=momentum,
+    options = TrainOptions(dataset=dataset, seed=seed, rounds=total, optimizer=optimizer, lr=lr, lr_schedule=lr_schedule,
+                           warmup_rounds=warmup_rounds, momentum=momentum,
                            weight_decay=weight_decay, checkpoint_every=checkpoint_every if checkpoint_dir else 0,
                            threads=threads, trace=trace is not None, timeout_s=timeout)
     from hppctl.cli.coordinator import recovery_options
@@ -152,7 +166,7 @@ def run_command(
                                 replan=replan, replicate_every=replicate_every) if window is None else None
     summary = train(hpp, inventory, options, data, checkpoint_dir=checkpoint_dir, resume=resume, metrics=metrics,
                     trace=trace, save_model=save_model, listen=listen, log=log, plan_source=str(plan), schedule=window,
-                    recovery=recovery, lineage=lineage)
+                    recovery=recovery, lineage=lineage, bn_recalibrate=bn_recalibrate)
     if as_json:
         emit_json(summary)
     else:
@@ -186,8 +200,11 @@ def _plan_to_resume(checkpoint_dir: Path, plan, profile, plan_file: Path, rejoin
 
 def train(plan, cluster, options, data, *, checkpoint_dir=None, resume=False, metrics=None, trace=None,
           save_model=None, listen=None, log=None, plan_source="plan", quiet=False, schedule=None, recovery=None,
-          lineage=None) -> dict:
-    """Run the session with progress on stderr; write metrics, trace and model; return the summary."""
+          lineage=None, bn_recalibrate=0) -> dict:
+    """Run the session with progress on stderr; write metrics, trace and model; return the summary.
+
+    bn_recalibrate: re-estimate BatchNorm statistics over this many training samples before saving
+    and testing the model (0: keep the running averages the workers trained)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from hppctl.runtime.results import accuracy, save_model as write_model
@@ -244,6 +261,9 @@ def train(plan, cluster, options, data, *, checkpoint_dir=None, resume=False, me
         if log_file is not None:
             log_file.close()
     state = result.model_state()
+    recalibration = None
+    if bn_recalibrate:
+        state, recalibration = _recalibrate(plan, options, data, state, bn_recalibrate)
     if save_model is not None:
         write_model(state, save_model)
     if trace is not None and result.trace is not None:
@@ -251,11 +271,27 @@ def train(plan, cluster, options, data, *, checkpoint_dir=None, resume=False, me
     test_accuracy = accuracy(plan.model, state, data.test) if data.test is not None else None
     summary = summarize(plan, options, result, test_accuracy, plan_source=plan_source, checkpoint_dir=checkpoint_dir,
                         metrics=metrics, trace=trace, save_model=save_model)
+    summary["bn_recalibration"] = recalibration
     if recovery is not None:  # the plan the run ended with, and what happened on the way
         final = session.plan
         summary.update(events=session.events, final_stages=[{"layers": s.layers, "devices": s.devices,
                                                              "samples": s.samples} for s in final.stages])
     return summary
+
+
+def _recalibrate(plan, options, data, state: dict, samples: int) -> tuple[dict, dict | None]:
+    """Precise BatchNorm (runtime/results.py) over the first `samples` of epoch 0's sample order, in
+    the plan's micro-batches; also the test accuracy with the trained running averages, for comparison."""
+    from hppctl.runtime.data import SampleOrder
+    from hppctl.runtime.results import accuracy, recalibrate_batchnorm
+
+    order = SampleOrder(len(data.train), plan.global_batch, plan.micro_batch, options.seed)
+    indices = order.permutation(0)[:samples]
+    new = recalibrate_batchnorm(plan.model, state, data.train, indices, plan.micro_batch)
+    if new is None:
+        return state, None
+    before = accuracy(plan.model, state, data.test) if data.test is not None else None
+    return new, {"samples": len(indices), "test_accuracy_running_averages": before}
 
 
 def summarize(plan, options, result, test_accuracy, *, plan_source, checkpoint_dir, metrics, trace, save_model) -> dict:
@@ -294,6 +330,11 @@ def render(summary: dict) -> None:
     if acc is not None:
         parts.append(f"test accuracy {acc:.1%}")
     stdout.print("; ".join(parts))
+    recal = summary.get("bn_recalibration")
+    if recal:
+        before = recal["test_accuracy_running_averages"]
+        note(f"BatchNorm statistics re-estimated over {recal['samples']} training samples"
+             + (f" (test accuracy with the trained running averages: {before:.1%})" if before is not None else ""))
     for d, m in summary["memory"].items():
         stdout.print(f"  {d}: peak RSS {format_bytes(m['peak_rss_bytes'])} "
                      f"(process baseline {format_bytes(m['baseline_rss_bytes'])})")

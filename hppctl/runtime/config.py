@@ -3,6 +3,7 @@ as one JSON line on the worker's standard input (with the run's token beside it,
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 from pydantic import Field
@@ -29,6 +30,11 @@ class TrainOptions(FrozenModel):
     """First round to run (the checkpoint's round when resuming)."""
     optimizer: Literal["sgd", "adam"] = "sgd"
     lr: PosFloat = 0.05
+    """Peak learning rate (the rate throughout with `lr_schedule="constant"`)."""
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """cosine: after the warm-up, decays from `lr` to 0 along half a cosine over the remaining rounds."""
+    warmup_rounds: NonNegInt = 0
+    """Rounds over which the rate rises linearly from lr / warmup_rounds to `lr` (either schedule)."""
     momentum: NonNegFloat = 0.9
     """SGD momentum (0: plain SGD); ignored by Adam."""
     weight_decay: NonNegFloat = 0.0
@@ -39,6 +45,17 @@ class TrainOptions(FrozenModel):
     trace: bool = False
     timeout_s: PosFloat = 300.0
     """How long a worker waits for the rendezvous and for any collective before failing."""
+
+
+    def learning_rate(self, round_index: int) -> float:
+        """The rate of round `round_index` (0-based). A function of the round alone, so a resumed run
+        and a replayed round use the rate the uninterrupted run would have."""
+        if round_index < self.warmup_rounds:
+            return self.lr * (round_index + 1) / self.warmup_rounds
+        if self.lr_schedule == "constant":
+            return self.lr
+        span = max(1, self.rounds - self.warmup_rounds)
+        return self.lr * 0.5 * (1.0 + math.cos(math.pi * (round_index - self.warmup_rounds) / span))
 
 
 class WorkerConfig(FrozenModel):

@@ -2,8 +2,8 @@
 
 One metrics row per round (`--metrics F.jsonl`, one JSON object per line):
 
-    {"round": 3, "epoch": 0, "loss": 1.93, "train_accuracy": 0.41, "samples_per_s": 212.4, "round_s": 0.60,
-     "bytes_sent": 3276800,
+    {"round": 3, "epoch": 0, "loss": 1.93, "train_accuracy": 0.41, "lr": 0.05, "samples_per_s": 212.4,
+     "round_s": 0.60, "bytes_sent": 3276800,
      "stages": [{"stage": 0, "devices": ["nx0", "tx0"], "compute_s": 0.41, "wait_s": 0.12, "allreduce_s": 0.03,
                  "bytes_sent": 1638400}, …],
      "devices": {"nx0": {"stage": 0, "compute_s": …, "wait_s": …, "allreduce_s": …, "step_s": …,
@@ -42,6 +42,7 @@ def aggregate(round_index: int, reports: dict[str, dict], topo: Topology, previo
         "epoch": round_index // rounds_per_epoch,
         "loss": sum(r["loss"] for r in tails),
         "train_accuracy": sum(r["correct"] for r in tails) / samples if samples else None,
+        "lr": max((r["lr"] for r in reports.values() if "lr" in r), default=None),
         "samples_per_s": topo.global_batch / round_s,
         "round_s": round_s,
         "ended_at": end,

@@ -93,7 +93,16 @@ class RunResult:
 def run_fingerprint(plan: HppPlan, options: TrainOptions) -> dict:
     """What a checkpoint must share with a run that resumes from it."""
     keep = ("dataset", "seed", "optimizer", "lr", "momentum", "weight_decay")
-    return {"plan": plan_document(plan), **{k: getattr(options, k) for k in keep}}
+    return {"plan": plan_document(plan), **{k: getattr(options, k) for k in keep}, "lr_schedule": _schedule_text(options)}
+
+
+def _schedule_text(options: TrainOptions) -> str | None:
+    """The learning-rate schedule as a checkpoint records it: None for a constant rate (what
+    checkpoints written before schedules existed hold); a cosine's total rounds are part of it."""
+    if options.lr_schedule == "constant" and not options.warmup_rounds:
+        return None
+    parts = [options.lr_schedule] + ([f"{options.rounds} rounds"] if options.lr_schedule == "cosine" else [])
+    return ", ".join(parts + ([f"{options.warmup_rounds} warm-up rounds"] if options.warmup_rounds else []))
 
 
 def plan_document(plan: HppPlan) -> dict:

@@ -141,6 +141,7 @@ class Worker:
         opts = self.config.options
         cpu = time.process_time()
         torch.manual_seed(opts.seed * 1_000_003 + r * 1_009 + self.rank)  # dropout masks, reproducible on resume
+        set_learning_rate(self.optimizer, opts.learning_rate(r))
         stats = executor.run_round(r)
         stats.cpu_s = time.process_time() - cpu
         return stats
@@ -150,7 +151,8 @@ class Worker:
         report = stats.as_json()
         report.update(device=self.device, stage=self.stage_index, rss_bytes=rss_bytes(),
                       peak_rss_bytes=peak_rss_bytes(), baseline_rss_bytes=self.baseline_rss,
-                      host=socket.gethostname(), cgroup=self.cgroup)
+                      host=socket.gethostname(), cgroup=self.cgroup,
+                      lr=self.config.options.learning_rate(stats.round))
         if self.config.options.trace:
             report["spans"] = [s.__dict__ for s in stats.spans]
         return report
@@ -173,8 +175,16 @@ class DataFeed:
         return self.data.train.take(self.order.indices(round_index, micro_batch, lo, hi))[1]
 
 
+def set_learning_rate(optimizer, lr: float) -> None:
+    """Before each round: the schedule's rate for it (a resumed optimizer state carries an old one)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
 class NoParameters:
     """The optimizer of a stage without parameters (say, a lone activation layer)."""
+
+    param_groups: list = []
 
     def step(self) -> None:
         pass

@@ -20,7 +20,7 @@ from torch.func import functional_call
 from hppctl.models.plan import HppPlan
 from hppctl.runtime.config import TrainOptions
 from hppctl.runtime.data import SampleOrder, load_data
-from hppctl.runtime.worker import make_optimizer
+from hppctl.runtime.worker import make_optimizer, set_learning_rate
 from hppctl.schedule.routing import owned_ranges
 from hppctl.zoo import build_stage, get_model
 
@@ -38,6 +38,7 @@ def train_reference(plan: HppPlan, options: TrainOptions) -> dict[str, torch.Ten
     model, data, order = _setup(plan, options)
     opt = make_optimizer(model.parameters(), options)
     for r in range(options.rounds):
+        set_learning_rate(opt, options.learning_rate(r))
         idx = torch.cat([order.indices(r, m, 0, plan.micro_batch) for m in range(plan.num_micro_batches)])
         x, y = data.train.take(idx)
         loss = F.cross_entropy(model(x), y)
@@ -56,6 +57,7 @@ def train_sharded_reference(plan: HppPlan, options: TrainOptions) -> dict[str, t
                for st, s in zip(stages, plan.stages)]
     G, B = plan.global_batch, plan.micro_batch
     for r in range(options.rounds):
+        set_learning_rate(opt, options.learning_rate(r))
         opt.zero_grad()
         for m in range(plan.num_micro_batches):
             x, y = data.train.take(order.indices(r, m, 0, B))

@@ -3,7 +3,8 @@
 The interrupted run is a real `hppctl run` process killed with SIGKILL once a few rounds are
 checkpointed (its workers follow it: they get SIGTERM when the launcher dies); the second start
 takes the released lock, continues from the newest complete round, and its saved model must equal
-the uninterrupted run's (the single-process loop, which `hppctl run` equals).
+the uninterrupted run's (the single-process loop, which `hppctl run` equals). Under a warm-up and
+cosine schedule, so the resumed rounds must also take the rates the uninterrupted run gave them.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def test_killed_and_resumed_equals_uninterrupted(cli, tmp_path):
     save(tmp_path / "plan.yaml", plan)
     save(tmp_path / "cluster.yaml", local_cluster("a", "b", "c"))
     common = ["run", "--plan", tmp_path / "plan.yaml", "--cluster", tmp_path / "cluster.yaml", "--rounds", str(ROUNDS),
-              "--dataset", DATASET, "--optimizer", "adam", "--lr", "0.01", "--threads", "1"]
+              "--dataset", DATASET, "--optimizer", "adam", "--lr", "0.01", "--lr-schedule", "cosine",
+              "--warmup-rounds", "3", "--threads", "1"]
 
     ck = CheckpointDir(tmp_path / "ck")
     killed = subprocess.Popen([sys.executable, "-m", "hppctl", *map(str, common), "--checkpoint-dir", str(ck.path)],
@@ -54,6 +56,10 @@ def test_killed_and_resumed_equals_uninterrupted(cli, tmp_path):
     assert code == 0, err
     summary = json.loads(out)
     assert summary["start_round"] >= reached and summary["rounds_run"] == ROUNDS - summary["start_round"]
-    # the uninterrupted run: `hppctl run` equals the single-process loop (tests/runtime/test_equivalence.py)
+    # the uninterrupted run: `hppctl run` equals the single-process loop (tests/runtime/test_equivalence.py).
+    # rtol 1e-3: Adam turns a near-zero gradient into a full step of its sign, so the replicated
+    # stage's different summation order moves one weight of 4096 by 2e-4 relative over these 24
+    # rounds — an uninterrupted `hppctl run` differs from the loop by the same amount there.
     assert_same(torch.load(tmp_path / "resumed.pt"), own_names(train_reference(plan, TrainOptions(
-        rounds=ROUNDS, dataset=DATASET, optimizer="adam", lr=0.01))))
+        rounds=ROUNDS, dataset=DATASET, optimizer="adam", lr=0.01, lr_schedule="cosine", warmup_rounds=3))),
+        rtol=1e-3, atol=1e-5)

@@ -26,10 +26,10 @@ def run_plan(plan, **options):
     return result, opts
 
 
-def assert_same(actual: dict, expected: dict) -> None:
+def assert_same(actual: dict, expected: dict, rtol: float = 1e-4, atol: float = 1e-6) -> None:
     assert sorted(actual) == sorted(expected)
     for name in expected:
-        torch.testing.assert_close(actual[name], expected[name], rtol=1e-4, atol=1e-6, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(actual[name], expected[name], rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
 
 
 # (layers, devices, samples) from head to tail; tiny-mlp has 5 fine layers.
@@ -46,6 +46,14 @@ def test_hpp_equals_single_process(name):
     plan = make_plan("tiny-mlp", CASES[name], global_batch=16, micro_batch=4)
     result, opts = run_plan(plan, dataset="synthetic", lr=0.1)
     assert [row["round"] for row in result.rounds] == list(range(ROUNDS))
+    assert_same(result.model_state(), train_reference(plan, opts))
+
+
+def test_warmup_and_cosine_schedule():
+    plan = make_plan("tiny-mlp", CASES["three stages, head replicated 3:1"], global_batch=16, micro_batch=4)
+    result, opts = run_plan(plan, dataset="synthetic", lr=0.1, lr_schedule="cosine", warmup_rounds=2)
+    assert [row["lr"] for row in result.rounds] == [opts.learning_rate(r) for r in range(ROUNDS)]
+    assert [row["lr"] for row in result.rounds] == pytest.approx([0.05, 0.1, 0.1, 0.075, 0.025])
     assert_same(result.model_state(), train_reference(plan, opts))
 
 

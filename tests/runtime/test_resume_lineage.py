@@ -74,3 +74,38 @@ def test_checkpoints_written_before_lineage_existed_still_resume():
 def test_the_digest_ignores_planning_time():
     assert plan_digest(ORIGINAL) == plan_digest(ORIGINAL.model_copy(update={"planning_time_s": 9.0}))
     assert plan_digest(ORIGINAL) != plan_digest(REPLANNED)
+
+
+@pytest.mark.parametrize("written, resumed, accepted", [
+    (dict(), dict(), True),
+    (dict(lr_schedule="cosine", rounds=20), dict(lr_schedule="cosine", rounds=20), True),
+    (dict(lr_schedule="cosine", rounds=20), dict(), False),
+    (dict(), dict(lr_schedule="cosine", rounds=20), False),
+    (dict(lr_schedule="cosine", rounds=20), dict(lr_schedule="cosine", rounds=40), False),  # the decay would jump back up
+    (dict(warmup_rounds=3), dict(warmup_rounds=3, rounds=50), True),  # a constant rate may be extended
+    (dict(warmup_rounds=3), dict(), False),
+])
+def test_resume_needs_the_learning_rate_schedule_it_was_trained_with(tmp_path, written, resumed, accepted):
+    from hppctl.runtime.config import TrainOptions
+    from hppctl.runtime.session import run_fingerprint
+
+    ck = CheckpointDir(tmp_path / "ck")
+    ck.write_round(4, {0: b"0", 1: b"1", 2: b"2"},
+                   {**run_fingerprint(ORIGINAL, TrainOptions(**{"rounds": 20, **written})), "stages": [0, 1, 2]})
+    expected = run_fingerprint(ORIGINAL, TrainOptions(**{"rounds": 20, **resumed}))
+    if accepted:
+        assert ck.latest(expected)[0] == 4
+    else:
+        with pytest.raises(BadInput, match="lr_schedule is .*, this run has"):
+            ck.latest(expected)
+
+
+def test_a_checkpoint_from_before_schedules_resumes_a_constant_rate(tmp_path):
+    from hppctl.runtime.config import TrainOptions
+    from hppctl.runtime.session import run_fingerprint
+
+    old = run_fingerprint(ORIGINAL, TrainOptions(rounds=20))
+    del old["lr_schedule"]
+    ck = CheckpointDir(tmp_path / "ck")
+    ck.write_round(4, {0: b"0", 1: b"1", 2: b"2"}, {**old, "stages": [0, 1, 2]})
+    assert ck.latest(run_fingerprint(ORIGINAL, TrainOptions(rounds=20)))[0] == 4

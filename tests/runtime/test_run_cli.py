@@ -107,6 +107,19 @@ def test_unusable_outputs_and_addresses_fail_before_any_worker(cli, files, tmp_p
     assert out == "" and blocker.read_text() == ""
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--lr-schedule", "linear"], "--lr-schedule: unknown value 'linear' (constant or cosine)"),
+    (["--warmup-rounds", "-1"], "--warmup-rounds: must be non-negative (got -1)"),
+    (["--warmup-rounds", "4"], "--warmup-rounds: 4 leaves none of the run's 4 rounds at --lr"),
+])
+def test_bad_learning_rate_schedules(cli, files, args, message):
+    plan, cluster = files()
+    code, out, err = cli("run", "--plan", plan, "--cluster", cluster, "--rounds", "4", *args)
+    assert code == 2 and out == ""
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+    assert message in err
+
+
 def test_rejoin_goes_with_resume(cli, files, tmp_path):
     plan, cluster = files()
     code, _, err = cli("run", "--plan", plan, "--cluster", cluster, "--checkpoint-dir", tmp_path / "ck", "--rejoin")

@@ -115,12 +115,17 @@ class ResilientSession(Session):
             timeout_s=r.timeout_s, replicate_every=r.replicate_every, stall_timeout_s=r.stall_timeout_s)})
 
     def _stop_all(self) -> None:
-        # lost workers were fenced already; stopping one behind a cut link would hang on SSH
+        # Lost workers are fenced, not stopped: stopping one behind a cut link would hang on SSH. A
+        # failed one was fenced when it was lost; one that left may still be handing its layers over
+        # when the run ends (a failure elsewhere), so it is fenced here.
         lost = {d: self.workers.pop(d) for d in self.lost if d in self.workers}
         try:
             super()._stop_all()
         finally:
             self.workers.update(lost)
+            for device, worker in lost.items():
+                if worker.poll() is None:
+                    self._fence(device)
             if self.listener is not None:
                 self.listener.stop()
 

@@ -204,9 +204,13 @@ class Groups:
 
 
 def init_process_groups(store, rank: int, world_size: int, stage_ranks: list[list[int]], my_stage: int,
-                        *, store_host: str, timeout_s: float) -> Groups:
+                        *, store_host: str, timeout_s: float, connect_timeout_s: float | None = None) -> Groups:
     """gloo over the interface that reaches the store; `new_group` for every replicated stage, in
-    the same order on every rank (torch requires it)."""
+    the same order on every rank (torch requires it).
+
+    connect_timeout_s: a bound on forming the groups (the rendezvous and gloo's connections), shorter
+    than `timeout_s`, which then applies to their operations. gloo takes both from one setting, so the
+    groups are made with the bound and given `timeout_s` once formed."""
     import torch.distributed as dist
 
     if "GLOO_SOCKET_IFNAME" not in os.environ:
@@ -214,24 +218,38 @@ def init_process_groups(store, rank: int, world_size: int, stage_ranks: list[lis
         if ifname:
             os.environ["GLOO_SOCKET_IFNAME"] = ifname
 
+    forming = datetime.timedelta(seconds=connect_timeout_s or timeout_s)
     pg_store = dist.PrefixStore("pg/", store)
-    dist.init_process_group("gloo", store=pg_store, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
-    mine = None
+    dist.init_process_group("gloo", store=pg_store, rank=rank, world_size=world_size, timeout=forming)
+    made, mine = [dist.group.WORLD], None
     for p, ranks in enumerate(stage_ranks):
         if len(ranks) > 1:
-            group = dist.new_group(ranks, backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+            group = dist.new_group(ranks, backend="gloo", timeout=forming)
+            made.append(group)
             if p == my_stage:
                 mine = group
+    if connect_timeout_s is not None:
+        for group in made:
+            _operations_timeout(group, timeout_s)
     return Groups(rank, world_size, mine)
 
 
-def new_world_group(timeout_s: float):
+def new_world_group(timeout_s: float, connect_timeout_s: float | None = None):
     """Another gloo group over every rank, with connections of its own (made in the same order on every
     rank, as torch requires): traffic on it does not queue behind the default group's."""
     import torch.distributed as dist
 
-    return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=connect_timeout_s or timeout_s))
+    if connect_timeout_s is not None:
+        _operations_timeout(group, timeout_s)
+    return group
+
+
+def _operations_timeout(group, timeout_s: float) -> None:
+    from torch.distributed.distributed_c10d import _rank_not_in_group, _set_pg_timeout
+
+    if not _rank_not_in_group(group):  # new_group returns a placeholder on ranks outside the group
+        _set_pg_timeout(datetime.timedelta(seconds=timeout_s), group)
 
 
 def destroy_process_groups() -> None:

@@ -279,18 +279,45 @@ class ResilientRun:
         for i, helper in enumerate(self.helpers):
             ranks[helper] = topo.world_size + i
         stage = topo.stage_of.get(self.device, -1)
-        groups = bootstrap.init_process_groups(
-            store, ranks[self.device], topo.world_size + len(self.helpers),
-            [topo.group_ranks(p) for p in range(topo.num_stages)], stage,
-            store_host=self.w.config.store_host, timeout_s=self.opts.timeout_s)
+        # A re-plan's group is formed by members that have all come for it (`_await_members`): seconds
+        # at most. One that dies meanwhile would hold the others in gloo's rendezvous, which cannot be
+        # abandoned, for the run's whole --timeout; bounded, they take the coordinator's next re-plan.
+        bound = None if self.generation == 0 else min(self.opts.timeout_s, self.regroup_timeout_s)
+        try:
+            groups = bootstrap.init_process_groups(
+                store, ranks[self.device], topo.world_size + len(self.helpers),
+                [topo.group_ranks(p) for p in range(topo.num_stages)], stage,
+                store_host=self.w.config.store_host, timeout_s=self.opts.timeout_s, connect_timeout_s=bound)
+            # Backups get process group (and TCP connections) of their own: on the pipeline's connection
+            # a stage's backup, megabytes posted at the end of a round, held up the next round's
+            # activations to the same neighbour until all of it had gone (head-of-line blocking: the
+            # Env D lab ran at half the speed of the same plan without fault tolerance). On its own
+            # connection it shares the link with them instead.
+            state_group = bootstrap.new_world_group(self.opts.timeout_s, connect_timeout_s=bound)
+        except Exception as e:
+            if bound is None:
+                raise
+            self._abandon_groups()
+            raise Interrupted(f"{self.device}: the group of re-plan {self.generation} did not form within "
+                              f"{bound:.0f} s (a member lost meanwhile?)") from e
         self.comm = AbortableComm(ranks, groups, self.beats.interrupt)
-        # Backups get process group (and TCP connections) of their own: on the pipeline's connection
-        # a stage's backup, megabytes posted at the end of a round, held up the next round's
-        # activations to the same neighbour until all of it had gone (head-of-line blocking: the
-        # Env D lab ran at half the speed of the same plan without fault tolerance). On its own
-        # connection it shares the link with them instead.
-        self.state_comm = AbortableComm(ranks, groups, self.beats.interrupt, p2p_group=bootstrap.new_world_group(self.opts.timeout_s))
+        self.state_comm = AbortableComm(ranks, groups, self.beats.interrupt, p2p_group=state_group)
         self.targets = backup_targets_of(self.w.config.schedule)
+
+    @property
+    def regroup_timeout_s(self) -> float:
+        """How long a re-plan's group may take to form: well past the coordinator's detection of a
+        member that died meanwhile (failure timeout and probe), so that its next re-plan is out."""
+        return max(10.0, 3 * self.rc.timeout_s)
+
+    def _abandon_groups(self) -> None:
+        """After a group that did not form: drop what was made from torch's registry (so that the next
+        re-plan can make a new default group), keeping references as `_retire_group` does."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            RETIRED_GROUPS.append((dist.group.WORLD,))
+            dist.destroy_process_group()
 
     def _new_executor(self) -> None:
         from hppctl.runtime.executor import Executor

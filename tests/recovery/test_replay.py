@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import threading
+import time
 
 import pytest
 import torch
@@ -35,14 +37,16 @@ PRESETS = {"a": "jetson-nano", "b": "jetson-nano", "c": "jetson-tx2", "d": "jets
 
 def run_with_failure(stages, victim: str | list[str] | None, sig: int | list[int] = signal.SIGKILL, *,
                      replan: str = "light", after_round: int = 3, on_round_1=None, then_kill: str | None = None,
-                     on_leave: int | None = None, on_hand_over: int | None = None):
+                     on_leave: int | None = None, on_hand_over: int | None = None, kill_in_regroup: str | None = None):
     """`victim`: one device, or several hurt at the same moment (devices that fail together), each with
     `sig` or with its own signal from a list.
     `then_kill`: a device killed as soon as the first re-plan is published (the survivors are moving).
     `on_leave`: the signal a device that leaves gets as soon as the coordinator takes note, before it
     can hand its layers over (SIGKILL: it ends; SIGSTOP: it goes silent, as behind a cut link).
     `on_hand_over`: the signal a device that left gets as soon as the re-plan that makes it send its
-    layers to their new owners goes out."""
+    layers to their new owners goes out.
+    `kill_in_regroup`: a device killed once every member of the first re-plan's group has come for it
+    (`_await_members` passed): the others are then in gloo's rendezvous, or about to enter it."""
     plan = make_plan("tiny-mlp", stages, global_batch=16, micro_batch=4)
     options = TrainOptions(rounds=ROUNDS, threads=1, dataset="synthetic", lr=0.1)
     session = ResilientSession(RunRequest(plan, local_cluster(*plan.devices()), options),
@@ -60,7 +64,20 @@ def run_with_failure(stages, victim: str | list[str] | None, sig: int | list[int
             for device, signum in zip(hurt, sig if isinstance(sig, list) else [sig] * len(hurt)):
                 os.kill(session.workers[device].proc.pid, signum)
 
+    def kill_once_all_arrived() -> None:
+        import torch.distributed as dist
+
+        gen1 = dist.PrefixStore("gen1/", session.store.store)
+        members = [d for d in plan.devices() if d not in hurt]
+        while not gen1.check([f"arrived/{d}" for d in members]):
+            if session.generation > 1:
+                return
+            time.sleep(0.001)
+        os.kill(session.workers[kill_in_regroup].proc.pid, signal.SIGKILL)
+
     def on_fault(event: dict) -> None:
+        if kill_in_regroup and event["event"] == "lost" and not events(session, "replanned"):
+            threading.Thread(target=kill_once_all_arrived, daemon=True).start()
         if then_kill and event["event"] == "replanned" and then_kill not in session.lost:
             os.kill(session.workers[then_kill].proc.pid, signal.SIGKILL)
         if on_leave and event["event"] == "lost" and event["reason"] == "left":
@@ -161,6 +178,19 @@ def test_a_device_lost_while_the_survivors_move_to_the_new_layout_is_replanned_f
     # it), so the survivors re-plan from the layout they all still hold, without b and d (before,
     # they waited in gloo's rendezvous until the coordinator gave up on them)
     plan, options, session, result = run_with_failure(FOUR_STAGES, "b", then_kill="d")
+    first, second = events(session, "replanned")
+    assert first["lost"] == ["b"] and second["lost"] == ["b", "d"] and second["layout"] == 0
+    assert sorted(session.plan.devices()) == ["a", "c"]
+    assert [row["round"] for row in result.rounds] == list(range(ROUNDS))
+    assert_same(result.model_state(), train_reference(plan, options))
+
+
+def test_a_device_lost_inside_the_new_groups_rendezvous_is_replanned_away():
+    # d dies once every member of the re-plan without b has come for the new group: the others are in
+    # (or entering) gloo's rendezvous, which cannot be abandoned and waited for d until the run's
+    # --timeout; the coordinator gave up after the stall timeout (120 s) and the run failed. The
+    # rendezvous of a re-plan is now bounded (10 s here), then the survivors take the next re-plan.
+    plan, options, session, result = run_with_failure(FOUR_STAGES, "b", kill_in_regroup="d")
     first, second = events(session, "replanned")
     assert first["lost"] == ["b"] and second["lost"] == ["b", "d"] and second["layout"] == 0
     assert sorted(session.plan.devices()) == ["a", "c"]

@@ -116,16 +116,10 @@ class Worker:
 
     def train(self, comm) -> None:
         from hppctl.runtime.bootstrap import put_blob
-        from hppctl.runtime.executor import Executor
 
         opts = self.config.options
-        if self.bipartition:
-            from hppctl.runtime.bipartition import BiExecutor as Executor  # noqa: F811
-        if self.config.schedule.micro_batches_per_update is not None:  # nf1b, pipedream (docs/timeprest.md)
-            from hppctl.runtime.async_exec import async_executor_class
-            Executor = async_executor_class(self.config.schedule)  # noqa: N806
-        executor = Executor(self.device, self.config.schedule.actions[self.device], self.topo, self.stage,
-                            self.optimizer, comm, self.feed, trace=opts.trace)
+        executor = self._executor_class()(self.device, self.config.schedule.actions[self.device], self.topo,
+                                          self.stage, self.optimizer, comm, self.feed, trace=opts.trace)
         primary = self.topo.replica_index(self.device) == 0
         for r in range(opts.start_round, opts.rounds):
             stats = self.run_round(executor, r)
@@ -134,6 +128,17 @@ class Worker:
                 put_blob(self.store, f"ckpt/{r + 1}/{self.stage_index}", self.state_blob(r + 1))
         if primary:
             put_blob(self.store, f"final/{self.stage_index}", self.state_blob(opts.rounds))
+
+    def _executor_class(self):
+        """Asynchronous windows (nf1b, pipedream: docs/timeprest.md), Bi-Partition stages, or the plain executor."""
+        if self.config.schedule.micro_batches_per_update is not None:
+            from hppctl.runtime.async_exec import async_executor_class
+            return async_executor_class(self.config.schedule)
+        if self.bipartition:
+            from hppctl.runtime.bipartition import BiExecutor
+            return BiExecutor
+        from hppctl.runtime.executor import Executor
+        return Executor
 
     def run_round(self, executor, r: int):
         import torch

@@ -289,6 +289,7 @@ def _recalibrate(plan, options, data, state: dict, samples: int) -> tuple[dict, 
     indices = order.permutation(0)[:samples]
     new = recalibrate_batchnorm(plan.model, state, data.train, indices, plan.micro_batch)
     if new is None:
+        note(f"--bn-recalibrate: {plan.model} has no BatchNorm layer; the model is saved and tested as trained")
         return state, None
     before = accuracy(plan.model, state, data.test) if data.test is not None else None
     return new, {"samples": len(indices), "test_accuracy_running_averages": before}

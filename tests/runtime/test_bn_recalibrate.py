@@ -102,3 +102,16 @@ def test_hppctl_run_saves_and_tests_the_recalibrated_model(cli, tmp_path):
     assert summary["bn_recalibration"]["test_accuracy_running_averages"] == pytest.approx(
         accuracy("tiny-cnn", trained, data.test), abs=1 / len(data.test))
     assert summary["test_accuracy"] == pytest.approx(accuracy("tiny-cnn", expected, data.test), abs=1 / len(data.test))
+
+
+@pytest.mark.gloo
+@pytest.mark.timeout(300)
+def test_hppctl_run_says_when_there_is_no_batchnorm_to_recalibrate(cli, tmp_path):
+    plan = make_plan("tiny-mlp", [((0, 2), ["a"], [4]), ((2, 5), ["b"], [4])], global_batch=16, micro_batch=4)
+    save(tmp_path / "plan.yaml", plan)
+    save(tmp_path / "cluster.yaml", local_cluster("a", "b"))
+    code, out, err = cli("run", "--plan", tmp_path / "plan.yaml", "--cluster", tmp_path / "cluster.yaml", "--rounds", "1",
+                         "--dataset", "digits", "--threads", "1", "--bn-recalibrate", "64", "--json")
+    assert code == 0, err
+    assert json.loads(out)["bn_recalibration"] is None
+    assert "--bn-recalibrate: tiny-mlp has no BatchNorm layer" in err

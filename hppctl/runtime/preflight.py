@@ -65,6 +65,41 @@ def _check_cuts(plan: HppPlan, plan_source: str) -> None:
             if batch_dim(traced, node) is None and value.dtype.is_floating_point:
                 raise PlanMismatch(f"{plan_source}: stages.{p}: tensor {node.name} crossing the cut has no batch "
                                    f"dimension; the runtime cannot split it by sample")
+    _check_one_sample_shares(plan, plan_source, traced)
+
+
+def _check_one_sample_shares(plan: HppPlan, plan_source: str, traced) -> None:
+    """A device given 1 sample of each micro-batch normalises each BatchNorm over that sample alone
+    (docs/runtime.md, "BatchNorm"); where a BatchNorm sees one value per channel for a sample (a 1x1
+    feature map) PyTorch refuses to train it, so the run would fail on that device after start-up."""
+    singles = _one_value_batchnorms(traced, plan.granularity)
+    for p, stage in enumerate(plan.stages):
+        lo, hi = min(stage.start, stage.backward[0]), max(stage.end, stage.backward[1])
+        blocked = sorted(i for i in singles if lo <= i < hi)
+        for device, y in zip(stage.devices, stage.samples):
+            if y == 1 and blocked:
+                raise PlanMismatch(
+                    f"{plan_source}: stages.{p}.samples: {device} gets 1 sample of each micro-batch, and "
+                    f"BatchNorm {singles[blocked[0]]} (layer {blocked[0]}) sees one value per channel for one "
+                    f"sample, which PyTorch cannot train; plan with a larger --micro-batch")
+
+
+def _one_value_batchnorms(traced, granularity: str) -> dict[int, str]:
+    """Layer index -> the first BatchNorm in it whose input has one value per channel at batch 1."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    index = traced.layer_index(granularity)
+    found: dict[int, str] = {}
+    for node in traced.nodes:
+        if node.op != "call_module" or node not in index:
+            continue
+        module = traced.root.get_submodule(node.target)
+        if not isinstance(module, _BatchNorm):
+            continue
+        value = traced.values1.get(node.args[0])
+        if value is not None and value.dim() >= 2 and value.numel() == value.shape[1]:
+            found.setdefault(index[node], node.target)
+    return found
 
 
 def check_schedule(plan: HppPlan, plan_source: str) -> None:

@@ -120,6 +120,31 @@ def test_bad_learning_rate_schedules(cli, files, args, message):
     assert message in err
 
 
+@pytest.mark.parametrize("replicated, refused", [
+    pytest.param("tail", True, id="one-sample-share-where-batchnorm-sees-1x1-maps"),
+    pytest.param("head", False, id="one-sample-share-where-maps-are-larger"),
+])
+def test_a_one_sample_share_is_refused_where_batchnorm_cannot_train_on_it(cli, files, replicated, refused):
+    # mobilenetv2 (block layers, 32x32 inputs): from layer 13 on, BatchNorm sees 1x1 maps, so one sample
+    # gives one value per channel and PyTorch raises in the first forward — on that device, after every
+    # worker had started. Earlier layers normalise over the sample's pixels, which trains.
+    shares = {"head": [((0, 13), ["a", "b"], [3, 1]), ((13, 18), ["c"], [4])],
+              "tail": [((0, 13), ["a"], [4]), ((13, 18), ["b", "c"], [3, 1])]}[replicated]
+    plan, cluster = files(make_plan("mobilenetv2", shares, global_batch=16, micro_batch=4, granularity="block"))
+    from hppctl.models.plan import HppPlan
+    from hppctl.runtime.preflight import check_model
+    from hppctl.store import load
+
+    if not refused:
+        check_model(load(plan, HppPlan), str(plan))
+        return
+    code, out, err = cli("run", "--plan", plan, "--cluster", cluster, "--rounds", "1", "--dataset", "digits")
+    assert code == 2 and out == ""
+    assert err.strip() == (f"error: {plan}: stages.1.samples: c gets 1 sample of each micro-batch, and BatchNorm "
+                           f"model.mobilenet_v2.layer.12.conv_3x3.normalization (layer 13) sees one value per channel "
+                           f"for one sample, which PyTorch cannot train; plan with a larger --micro-batch")
+
+
 def test_rejoin_goes_with_resume(cli, files, tmp_path):
     plan, cluster = files()
     code, _, err = cli("run", "--plan", plan, "--cluster", cluster, "--checkpoint-dir", tmp_path / "ck", "--rejoin")

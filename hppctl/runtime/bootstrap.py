@@ -246,6 +246,7 @@ def new_world_group(timeout_s: float, connect_timeout_s: float | None = None):
 
 
 def _operations_timeout(group, timeout_s: float) -> None:
+    # torch's own setter (private, since 2.2; torch pinned <= 2.13): a gloo group has no public one.
     from torch.distributed.distributed_c10d import _rank_not_in_group, _set_pg_timeout
 
     if not _rank_not_in_group(group):  # new_group returns a placeholder on ranks outside the group

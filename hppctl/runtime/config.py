@@ -46,7 +46,6 @@ class TrainOptions(FrozenModel):
     timeout_s: PosFloat = 300.0
     """How long a worker waits for the rendezvous and for any collective before failing."""
 
-
     def learning_rate(self, round_index: int) -> float:
         """The rate of round `round_index` (0-based). A function of the round alone, so a resumed run
         and a replayed round use the rate the uninterrupted run would have."""

@@ -253,6 +253,22 @@ def _operations_timeout(group, timeout_s: float) -> None:
         _set_pg_timeout(datetime.timedelta(seconds=timeout_s), group)
 
 
+def abandon_process_groups(retired: list) -> None:
+    """After groups that did not form: drop what was made from torch's registry, keeping a reference
+    in `retired` (a group's destructor waits for operations stuck on a lost peer), and restart torch's
+    group numbering. torch names an unnamed group by a per-process counter that `init_process_group`
+    advances before the rendezvous, and only destroying the default group resets it: a rank whose
+    default group failed to form would name its next groups one further than its peers, and their
+    rendezvous would never meet."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    if dist.is_initialized():
+        retired.append(dist.group.WORLD)
+        dist.destroy_process_group()
+    distributed_c10d._world.group_count = 0
+
+
 def destroy_process_groups() -> None:
     import torch.distributed as dist
 

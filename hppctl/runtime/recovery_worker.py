@@ -311,13 +311,9 @@ class ResilientRun:
         return max(10.0, 3 * self.rc.timeout_s)
 
     def _abandon_groups(self) -> None:
-        """After a group that did not form: drop what was made from torch's registry (so that the next
-        re-plan can make a new default group), keeping references as `_retire_group` does."""
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            RETIRED_GROUPS.append((dist.group.WORLD,))
-            dist.destroy_process_group()
+        """After a group that did not form: so that the next re-plan can make a new default group with
+        the same names as its peers (`bootstrap.abandon_process_groups`)."""
+        bootstrap.abandon_process_groups(RETIRED_GROUPS)
 
     def _new_executor(self) -> None:
         from hppctl.runtime.executor import Executor

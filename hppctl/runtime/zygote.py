@@ -33,6 +33,7 @@ import subprocess
 import sys
 import threading
 import traceback
+import warnings
 
 HEADER = struct.Struct(">Q")
 
@@ -116,6 +117,10 @@ def _become_worker(spec: dict, out_fd: int) -> None:
             if entry and entry not in sys.path:
                 sys.path.insert(1, entry)
         sys.stdin = io.StringIO(spec["payload"] + "\n")
+        # The zygote imported the worker module already; running it again as __main__ is the point, so
+        # runpy's warning about it would only open every worker's output (and a failure's last lines).
+        warnings.filterwarnings("ignore", message=r".*found in sys\.modules after import of package",
+                                category=RuntimeWarning)
         runpy.run_module(spec["module"], run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as e:

@@ -119,3 +119,12 @@ def test_a_script_without_a_main_guard_is_not_run_again_and_a_thread_may_start_t
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("launcher body ran") == 1
     assert json.loads(out.stdout.splitlines()[-1])["name"] == "__main__"
+
+
+def test_the_real_worker_module_says_only_its_own_words(mode):
+    # The zygote imported hppctl.runtime.worker before forking, so runpy warned, in every worker's
+    # output, that it found the module in sys.modules (a failure's "last lines" included).
+    worker = LocalWorker("w", json.dumps({"bad": 1}))
+    assert wait(worker) == 2
+    assert [line.strip() for line in worker.tail() if line.strip()] == [
+        "error: worker needs one JSON line {token, config} on stdin ('token')"]

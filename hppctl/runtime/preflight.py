@@ -56,8 +56,7 @@ def _check_cuts(plan: HppPlan, plan_source: str) -> None:
     traced = trace(plan.model, "train")
     for p, stage in enumerate(plan.stages):
         try:
-            held = min(stage.start, stage.backward[0]), max(stage.end, stage.backward[1])  # Bi-Partition
-            inputs, outputs = stage_signature(traced, plan.granularity, *held)
+            inputs, outputs = stage_signature(traced, plan.granularity, *_held_layers(stage))
         except BadInput as e:
             raise PlanMismatch(f"{plan_source}: stages.{p}: {e}") from None
         for node in (*inputs, *outputs):
@@ -68,13 +67,18 @@ def _check_cuts(plan: HppPlan, plan_source: str) -> None:
     _check_one_sample_shares(plan, plan_source, traced)
 
 
+def _held_layers(stage) -> tuple[int, int]:
+    """The layers a stage's devices hold: its forward range, widened by a Bi-Partition backward range."""
+    return min(stage.start, stage.backward[0]), max(stage.end, stage.backward[1])
+
+
 def _check_one_sample_shares(plan: HppPlan, plan_source: str, traced) -> None:
     """A device given 1 sample of each micro-batch normalises each BatchNorm over that sample alone
     (docs/runtime.md, "BatchNorm"); where a BatchNorm sees one value per channel for a sample (a 1x1
     feature map) PyTorch refuses to train it, so the run would fail on that device after start-up."""
     singles = _one_value_batchnorms(traced, plan.granularity)
     for p, stage in enumerate(plan.stages):
-        lo, hi = min(stage.start, stage.backward[0]), max(stage.end, stage.backward[1])
+        lo, hi = _held_layers(stage)
         blocked = sorted(i for i in singles if lo <= i < hi)
         for device, y in zip(stage.devices, stage.samples):
             if y == 1 and blocked:

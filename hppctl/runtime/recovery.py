@@ -82,6 +82,7 @@ class ResilientSession(Session):
         """When each device that left was last heard from (its beats say `leave` until it has gone)."""
         self._helpers: list[str] = []
         """Devices that left and are sending their layers to their new owners (until they end, exit 0)."""
+        self._fenced: set[str] = set()
         self._dropped_seen = 0
         self._layout = Layout(0, self.plan, recovery.profile)
         """The layout the workers train on (or are moving to); `_previous`: the one it was made from."""
@@ -411,7 +412,11 @@ class ResilientSession(Session):
             self._fence(loss.device)
 
     def _fence(self, device: str) -> None:
-        """A lost worker must not come back (a stopped process resumed, a link restored): end it."""
+        """A lost worker must not come back (a stopped process resumed, a link restored): end it, once
+        (over SSH each fence is a thread that may wait on a cut link)."""
+        if device in self._fenced:
+            return
+        self._fenced.add(device)
         worker = self.workers[device]
         proc = getattr(worker, "proc", None)
         if proc is not None:

@@ -297,7 +297,7 @@ class ResilientRun:
         except Exception as e:
             if bound is None:
                 raise
-            self._abandon_groups()
+            bootstrap.abandon_process_groups(RETIRED_GROUPS)  # what formed, and torch's group numbering
             raise Interrupted(f"{self.device}: the group of re-plan {self.generation} did not form within "
                               f"{bound:.0f} s (a member lost meanwhile?)") from e
         self.comm = AbortableComm(ranks, groups, self.beats.interrupt)
@@ -309,11 +309,6 @@ class ResilientRun:
         """How long a re-plan's group may take to form: well past the coordinator's detection of a
         member that died meanwhile (failure timeout and probe), so that its next re-plan is out."""
         return max(10.0, 3 * self.rc.timeout_s)
-
-    def _abandon_groups(self) -> None:
-        """After a group that did not form: so that the next re-plan can make a new default group with
-        the same names as its peers (`bootstrap.abandon_process_groups`)."""
-        bootstrap.abandon_process_groups(RETIRED_GROUPS)
 
     def _new_executor(self) -> None:
         from hppctl.runtime.executor import Executor
@@ -327,9 +322,8 @@ class ResilientRun:
         import torch.distributed as dist
 
         if dist.is_initialized():
-            RETIRED_GROUPS.append((dist.group.WORLD, self.comm.groups.stage_group, self.state_comm.p2p_group,
-                                   self._sends))
-            dist.destroy_process_group()
+            RETIRED_GROUPS.append((self.comm.groups.stage_group, self.state_comm.p2p_group, self._sends))
+        bootstrap.abandon_process_groups(RETIRED_GROUPS)
         self._sends = []
 
     # --- reconfiguration --------------------------------------------------------------------------

@@ -51,6 +51,10 @@ class Mailboxes:
 
 class QueueComm:
     def __init__(self, me: str, queues: Mailboxes):
+        # Only Mailboxes: a plain defaultdict(queue.Queue) shared by the threads loses a message now
+        # and then (CI: test_receives hung 60 s on a receive whose queue another thread replaced).
+        if not isinstance(queues, Mailboxes):
+            raise TypeError(f"QueueComm needs Mailboxes, got {type(queues).__name__}")
         self.me, self.queues = me, queues
 
     def isend(self, tensor, peer, tag):

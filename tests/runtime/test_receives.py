@@ -8,7 +8,6 @@ the order in which a device posts receives and runs forwards.
 
 from __future__ import annotations
 
-import queue
 import threading
 from collections import defaultdict
 
@@ -19,7 +18,7 @@ from hppctl.runtime.stage import Stage
 from hppctl.runtime.topology import Topology
 from hppctl.runtime.worker import DataFeed, make_optimizer
 from hppctl.schedule import check_schedule, schedule_for_plan
-from tests.bipartition.threaded import QueueComm
+from tests.bipartition.threaded import Mailboxes, QueueComm
 from tests.runtime.factories import make_plan
 
 
@@ -44,7 +43,7 @@ def test_every_receive_is_posted_before_the_first_compute():
     options = TrainOptions(rounds=1, dataset="synthetic", lr=0.1)
     data = load_data(options.dataset, plan.model)
     feed = DataFeed(data, SampleOrder(len(data.train), topo.global_batch, topo.micro_batch, options.seed))
-    queues, logs, executors = defaultdict(queue.Queue), defaultdict(list), {}
+    queues, logs, executors = Mailboxes(), defaultdict(list), {}
     for st in schedule.stages:
         device = st.devices[0]
         stage = Stage(plan.model, plan.granularity, *st.layers, seed=options.seed)

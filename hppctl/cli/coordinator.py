@@ -99,6 +99,11 @@ def coordinator_command(
     replicate_every: Annotated[int, typer.Option("--replicate-every", help="Snapshot and back up stage state every K rounds.")] = 1,
     rounds: Annotated[int, typer.Option("--rounds", help="Rounds to train.")] = 100,
     dataset: Annotated[str, typer.Option("--dataset", help="synthetic, digits, or package.module:factory.")] = "synthetic",
+    seed: Annotated[int, typer.Option("--seed", help="Weights, sample order and dropout derive from it.")] = 0,
+    optimizer: Annotated[str, typer.Option("--optimizer", help="sgd (with --momentum) or adam.")] = "sgd",
+    lr: Annotated[float, typer.Option("--lr", help="Learning rate.")] = 0.05,
+    momentum: Annotated[float, typer.Option("--momentum", help="SGD momentum.")] = 0.9,
+    weight_decay: Annotated[float, typer.Option("--weight-decay", help="L2 weight decay.")] = 0.0,
     events: Annotated[Optional[Path], typer.Option("--events", help="Fault events and rounds, one JSON object per line.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON summary (events, final plan) on stdout.")] = False,
 ) -> None:
@@ -115,6 +120,8 @@ def coordinator_command(
             raise BadInput(f"{flag}: required")
     if rounds <= 0:
         raise BadInput(f"--rounds: must be positive (got {rounds})")
+    from hppctl.cli.run import check_optimizer_flags
+    check_optimizer_flags(optimizer, lr, momentum, weight_decay)
     check_listen(listen)
     writable_path("--events", events)
     hpp, inventory, prof = load(plan, HppPlan), load(cluster, ClusterSpec), load(profile, Profile)
@@ -126,8 +133,9 @@ def coordinator_command(
                      profile_source=str(profile))
     from hppctl.cli.run import train
 
-    options = TrainOptions(dataset=dataset, rounds=rounds, threads=1 if all(inventory.device(d).local
-                                                                            for d in hpp.devices()) else 0)
+    local = all(inventory.device(d).local for d in hpp.devices())
+    options = TrainOptions(dataset=dataset, seed=seed, rounds=rounds, optimizer=optimizer, lr=lr, momentum=momentum,
+                           weight_decay=weight_decay, threads=1 if local else 0)
     summary = train(hpp, inventory, options, data, metrics=events, listen=listen, plan_source=str(plan),
                     recovery=recovery)
     if as_json:

@@ -35,6 +35,16 @@ def _positive(flag: str, value, allow_zero: bool = False):
     return value
 
 
+def check_optimizer_flags(optimizer: str, lr: float, momentum: float, weight_decay: float) -> None:
+    """The optimizer's flags, one line each (`hppctl run` and `hppctl coordinator`): left to TrainOptions,
+    a negative --momentum or --weight-decay printed pydantic's traceback and exit 1."""
+    if optimizer not in ("sgd", "adam"):
+        raise BadInput(f"--optimizer: unknown value {optimizer!r} (sgd or adam)")
+    _positive("--lr", lr)
+    _positive("--momentum", momentum, allow_zero=True)
+    _positive("--weight-decay", weight_decay, allow_zero=True)
+
+
 def run_command(
     plan: Annotated[Optional[Path], typer.Option("--plan", help="Plan file from `hppctl plan`. Required.")] = None,
     cluster: Annotated[Optional[Path], typer.Option("--cluster", help="Cluster inventory naming the plan's devices (local: or host:). Required.")] = None,
@@ -113,16 +123,13 @@ def run_command(
     if rounds is not None and epochs is not None:
         raise BadInput("--rounds and --epochs: give one of them")
     for flag, value in (("--rounds", rounds), ("--epochs", epochs), ("--checkpoint-every", checkpoint_every),
-                        ("--threads", threads)):
+                        ("--threads", threads), ("--timeout", timeout)):
         _positive(flag, value)
-    if optimizer not in ("sgd", "adam"):
-        raise BadInput(f"--optimizer: unknown value {optimizer!r} (sgd or adam)")
+    check_optimizer_flags(optimizer, lr, momentum, weight_decay)
     if resume and checkpoint_dir is None:
         raise BadInput("--resume: needs --checkpoint-dir")
     if rejoin and not resume:
         raise BadInput("--rejoin: goes with --resume")
-    if lr <= 0:
-        raise BadInput(f"--lr: must be positive (got {lr})")
     if lr_schedule not in ("constant", "cosine"):
         raise BadInput(f"--lr-schedule: unknown value {lr_schedule!r} (constant or cosine)")
     _positive("--warmup-rounds", warmup_rounds, allow_zero=True)

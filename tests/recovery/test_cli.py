@@ -45,6 +45,8 @@ def test_coordinator_needs_plan_cluster_and_profile(cli):
     (["--listen", "127.0.0.1:70000"], "--listen: '127.0.0.1:70000': port 70000 is out of range"),
     (["--listen", "192.0.2.1:29500"], "--listen: '192.0.2.1:29500': this machine cannot listen on 192.0.2.1"),
     (["--events", "{blocker}/ev.jsonl"], "--events: {blocker}/ev.jsonl: cannot create the folder"),
+    (["--momentum", "-1"], "--momentum: must be non-negative (got -1.0)"),
+    (["--optimizer", "rmsprop"], "--optimizer: unknown value 'rmsprop' (sgd or adam)"),
 ])
 def test_coordinator_bad_values_exit_2_naming_the_flag(cli, tmp_path, profile, args, message):
     # each used to end in a traceback (exit 1), --events only after the workers had started
@@ -89,10 +91,12 @@ def test_standalone_coordinator_runs_a_plan_and_reports_events_and_final_stages(
     assert cli("plan", "--profile", tmp_path / "profile.json", "--global-batch", 16, "--micro-batch", 4,
                "--strategy", "pp", "--out", tmp_path / "plan.yaml")[0] == 0
     code, out, _ = cli("coordinator", "--plan", tmp_path / "plan.yaml", "--cluster", tmp_path / "cluster.yaml",
-                       "--profile", tmp_path / "profile.json", "--rounds", 2, "--events", tmp_path / "ev.jsonl", "--json")
+                       "--profile", tmp_path / "profile.json", "--rounds", 2, "--events", tmp_path / "ev.jsonl", "--json",
+                       "--optimizer", "adam", "--lr", "0.003", "--seed", "5")
     summary = json.loads(out)
     assert code == 0 and summary["rounds_run"] == 2 and [e["event"] for e in summary["events"]] == ["armed"]
     assert sorted(d for s in summary["final_stages"] for d in s["devices"]) == ["a", "b"]
     lines = [json.loads(line) for line in (tmp_path / "ev.jsonl").read_text().splitlines()]
     assert lines[0]["event"] == "armed" and [r["round"] for r in lines[1:]] == [0, 1]
     assert all(r["backup_bytes"] > 0 for r in lines[1:])
+    assert all(r["lr"] == 0.003 for r in lines[1:])  # the training flags reach the workers (before: defaults)

@@ -46,7 +46,6 @@ def demo_command(
 ) -> None:
     """Three local worker processes: profile them, plan with asteroid, train on digits, print plan, throughput and accuracy."""
     from hppctl.models.cluster import ClusterSpec, DeviceSpec
-    from hppctl.models.plan import PlanRequest
     from hppctl.planner import make_plan
     from hppctl.runtime.config import TrainOptions
     from hppctl.runtime.preflight import preflight
@@ -58,6 +57,8 @@ def demo_command(
         raise BadInput(f"--profiler: unknown value {profiler!r} (quick or measured)")
     if epochs <= 0:
         raise BadInput(f"--epochs: must be positive (got {epochs})")
+    from hppctl.cli.plan import make_request
+    request = make_request(global_batch, micro_batch)  # before the profile: these were tracebacks after it
     started = time.perf_counter()
     where = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="hppctl-demo-"))
     where.mkdir(parents=True, exist_ok=True)
@@ -73,7 +74,6 @@ def demo_command(
     note(f"[2/4] profile ({how}, {profile_s:.0f} s): {len(profile.layers)} {granularity} layers of {model} "
          f"-> {where / 'profile.json'}")
 
-    request = PlanRequest(global_batch=global_batch, micro_batch=micro_batch)
     plan = make_plan(profile, request, "asteroid")
     save(where / "plan.yaml", plan)
     baselines = {}

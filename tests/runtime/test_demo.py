@@ -20,3 +20,16 @@ def test_demo_profiles_plans_trains_and_reports(cli, tmp_path):
     for name in ("cluster.yaml", "profile.json", "plan.yaml", "metrics.jsonl", "model.pt"):
         assert (tmp_path / name).exists()
     assert "[3/4] plan (asteroid)" in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--global-batch", "0"], "--global-batch: must be a positive number of samples (got 0)"),
+    (["--micro-batch", "-1"], "--micro-batch: must be a positive number of samples (got -1)"),
+    (["--global-batch", "10", "--micro-batch", "4"], "--micro-batch: 4 does not divide --global-batch 10"),
+])
+def test_bad_batch_sizes_are_one_line_before_any_work(cli, tmp_path, args, message):
+    # each was a pydantic traceback (exit 1) after the ~10 s profile, or torch's "negative dimension"
+    code, out, err = cli("demo", "--workdir", tmp_path / "w", *args)
+    assert code == 2 and out == ""
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+    assert message in err and not (tmp_path / "w").exists()  # nothing written

@@ -458,10 +458,10 @@ class ResilientRun:
 
     def _await_hand_over(self, generation: int, members: list[str]) -> None:
         """A leaver goes only once every member of the new layout has formed the groups and taken its
-        layers. Its sends complete as soon as the bytes are on the socket, and a gloo peer counts a
-        connection made before the other end has read it: gone at once, it closed connections that a
-        slower member was still setting up ("connectFullMesh failed ... Connection closed by peer"),
-        and that member waited for a re-plan that never came (1 run in ~40 under two CPU hogs)."""
+        layers. Gone as soon as its sends were on the socket, it closed connections that a CPU-starved
+        member was still setting up ("Gloo connectFullMesh failed ... Connection closed by peer"), and
+        that member waited for a re-plan that never came (2 SIGTERM runs in 97 under two CPU hogs;
+        docs/fault-tolerance.md, "Graceful leave")."""
         store = _prefixed(self.store, f"gen{generation}/")
         keys = [f"moved/{d}" for d in members]
         if not self._wait_until(lambda: store.check(keys), generation, "the new layout did not take the layers"):

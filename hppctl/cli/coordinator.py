@@ -37,10 +37,11 @@ def recovery_options(profile, *, heartbeat: float, timeout: float, probe_timeout
 
     if replan not in REPLAN_CHOICES:
         raise BadInput(f"--replan: unknown value {replan!r} ({', '.join(REPLAN_CHOICES)})")
+    from hppctl.cli.numbers import positive
+
     for flag, value in (("--heartbeat", heartbeat), (timeout_flag, timeout), ("--probe-timeout", probe_timeout),
                         ("--replicate-every", replicate_every)):
-        if value <= 0:
-            raise BadInput(f"{flag}: must be positive (got {value})")
+        positive(flag, value)
     if timeout <= heartbeat:
         raise BadInput(f"{timeout_flag}: {timeout} s must exceed --heartbeat {heartbeat} s "
                        f"(a device is suspect after missing several beats)")
@@ -118,9 +119,10 @@ def coordinator_command(
     for flag, value in (("--plan", plan), ("--cluster", cluster), ("--profile", profile)):
         if value is None:
             raise BadInput(f"{flag}: required")
-    if rounds <= 0:
-        raise BadInput(f"--rounds: must be positive (got {rounds})")
+    from hppctl.cli.numbers import positive
     from hppctl.cli.run import check_optimizer_flags
+
+    positive("--rounds", rounds)
     check_optimizer_flags(optimizer, lr, momentum, weight_decay)
     check_listen(listen)
     writable_path("--events", events)

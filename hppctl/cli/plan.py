@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from rich.table import Table
 
 from hppctl.cli.output import emit_json, note, stdout
-from hppctl.errors import BadInput, Infeasible
+from hppctl.errors import BadInput
 from hppctl.models.plan import HppPlan, PlanRequest
 from hppctl.models.profile import Profile
 from hppctl.models.units import format_bytes

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Annotated, Optional
@@ -60,10 +61,11 @@ def plan_command(
     from hppctl.schedule.psl_sim import simulate_psl
 
     profile, request, spec_slot = _problem(spec_file, profile_file, clients, helpers, cut, batch)
-    if target_slots <= 0:
-        raise BadInput(f"--target-slots: must be positive (got {target_slots})")
-    if time_limit <= 0:
-        raise BadInput(f"--time-limit: must be positive (got {time_limit})")
+    from hppctl.cli.numbers import positive
+
+    positive("--target-slots", target_slots)
+    positive("--time-limit", time_limit)
+    positive("--rho", rho)
     slot_s = _parse_slot(slot) if slot is not None else spec_slot
     times = pair_times(profile, request)
     options = dict(model=profile.model, granularity=profile.granularity, slot_s=slot_s, target_slots=target_slots,
@@ -138,8 +140,8 @@ def _parse_slot(text: str) -> float:
         value = parse_duration(text)
     except ValueError as e:
         raise BadInput(f"--slot: {e}") from None
-    if value <= 0:
-        raise BadInput(f"--slot: must be positive (got {text!r})")
+    if not math.isfinite(value) or value <= 0:
+        raise BadInput(f"--slot: must be a positive finite duration (got {text!r})")
     return value
 
 
@@ -300,9 +302,10 @@ def run_psl(plan_file: Path, cluster_file: Path, *, rounds: int = 1, local_batch
     from hppctl.runtime.psl.config import PslOptions
     from hppctl.runtime.psl.preflight import preflight
 
+    from hppctl.cli.numbers import positive
+
     for flag, value in (("--rounds", rounds), ("--local-batches", local_batches), ("--lr", lr), ("--timeout", timeout)):
-        if not value > 0:
-            raise BadInput(f"{flag}: must be positive (got {value})")
+        positive(flag, value)
     if optimizer not in ("sgd", "adam"):
         raise BadInput(f"--optimizer: unknown value {optimizer!r} (sgd or adam)")
     if order not in ("plan", "ltf"):

@@ -29,10 +29,7 @@ the same directory is refused while the first holds its lock.
 """
 
 
-def _positive(flag: str, value, allow_zero: bool = False):
-    if value is not None and (value < 0 or (value == 0 and not allow_zero)):
-        raise BadInput(f"{flag}: must be {'non-negative' if allow_zero else 'positive'} (got {value})")
-    return value
+from hppctl.cli.numbers import positive as _positive
 
 
 def check_optimizer_flags(optimizer: str, lr: float, momentum: float, weight_decay: float) -> None:

@@ -107,10 +107,15 @@ def test_helpers_without_memory_for_a_client_is_exit_3(cli, spec):
     (("--slot", "-5ms"), "--slot"),
     (("--profile", "x.json"), "exactly one of --spec FILE or --profile FILE"),
     (("--cut", "1,2"), "--clients, --helpers and --cut go with --profile"),
+    # non-finite: --slot 1e999 was a pydantic traceback, --rho nan/inf a ValueError from the LP solver
+    (("--slot", "1e999"), "--slot: must be a positive finite duration (got '1e999')"),
+    (("--rho", "nan"), "--rho: must be a positive finite number (got nan)"),
+    (("--rho", "inf"), "--rho: must be a positive finite number (got inf)"),
+    (("--time-limit", "nan"), "--time-limit: must be a positive finite number (got nan)"),
 ])
 def test_bad_flags_are_exit_2(cli, spec, args, message):
     code, _, stderr = cli("psl", "plan", "--spec", spec, *args)
-    assert code == 2 and message in stderr
+    assert code == 2 and message in stderr and stderr.count("\n") == 1
 
 
 def test_simulate_refuses_an_unknown_helper(cli, spec, tmp_path):

@@ -24,9 +24,9 @@ def test_recovery_is_on_with_a_profile_and_off_without(profile):
 
 @pytest.mark.parametrize("kw,message", [
     ({"replan": "medium"}, "--replan: unknown value 'medium'"),
-    ({"heartbeat": 0}, "--heartbeat: must be positive"),
+    ({"heartbeat": 0}, "--heartbeat: must be a positive finite number"),
     ({"timeout": 1.0}, "--failure-timeout: 1.0 s must exceed --heartbeat 1.0 s"),
-    ({"replicate_every": 0}, "--replicate-every: must be positive"),
+    ({"replicate_every": 0}, "--replicate-every: must be a positive finite number"),
 ])
 def test_bad_values_name_the_flag(profile, kw, message):
     args = {"heartbeat": 1.0, "timeout": 3.0, "probe_timeout": 2.0, "replan": "light", "replicate_every": 1, **kw}
@@ -40,12 +40,12 @@ def test_coordinator_needs_plan_cluster_and_profile(cli):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--rounds", "0"], "--rounds: must be positive (got 0)"),
+    (["--rounds", "0"], "--rounds: must be a positive finite number (got 0)"),
     (["--timeout", "0.5"], "--timeout: 0.5 s must exceed --heartbeat 1.0 s"),  # it said --failure-timeout
     (["--listen", "127.0.0.1:70000"], "--listen: '127.0.0.1:70000': port 70000 is out of range"),
     (["--listen", "192.0.2.1:29500"], "--listen: '192.0.2.1:29500': this machine cannot listen on 192.0.2.1"),
     (["--events", "{blocker}/ev.jsonl"], "--events: {blocker}/ev.jsonl: cannot create the folder"),
-    (["--momentum", "-1"], "--momentum: must be non-negative (got -1.0)"),
+    (["--momentum", "-1"], "--momentum: must be a non-negative finite number (got -1.0)"),
     (["--optimizer", "rmsprop"], "--optimizer: unknown value 'rmsprop' (sgd or adam)"),
 ])
 def test_coordinator_bad_values_exit_2_naming_the_flag(cli, tmp_path, profile, args, message):

@@ -108,11 +108,17 @@ def test_unusable_outputs_and_addresses_fail_before_any_worker(cli, files, tmp_p
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--momentum", "-1"], "--momentum: must be non-negative (got -1.0)"),  # were pydantic tracebacks, exit 1
-    (["--weight-decay", "-0.1"], "--weight-decay: must be non-negative (got -0.1)"),
-    (["--timeout", "0"], "--timeout: must be positive (got 0.0)"),
-    (["--lr", "0"], "--lr: must be positive (got 0.0)"),
+    (["--momentum", "-1"], "--momentum: must be a non-negative finite number (got -1.0)"),  # were pydantic tracebacks, exit 1
+    (["--weight-decay", "-0.1"], "--weight-decay: must be a non-negative finite number (got -0.1)"),
+    (["--timeout", "0"], "--timeout: must be a positive finite number (got 0.0)"),
+    (["--lr", "0"], "--lr: must be a positive finite number (got 0.0)"),
     (["--optimizer", "rmsprop"], "--optimizer: unknown value 'rmsprop' (sgd or adam)"),
+    # not numbers at all: nan was a traceback, --lr inf trained the model into NaN, --timeout inf an OverflowError
+    (["--lr", "nan"], "--lr: must be a positive finite number (got nan)"),
+    (["--lr", "inf"], "--lr: must be a positive finite number (got inf)"),
+    (["--weight-decay", "inf"], "--weight-decay: must be a non-negative finite number (got inf)"),
+    (["--timeout", "inf"], "--timeout: must be a positive finite number (got inf)"),
+    (["--heartbeat", "nan"], "--heartbeat: must be a positive finite number (got nan)"),
 ])
 def test_bad_optimizer_and_timeout_values(cli, files, args, message):
     plan, cluster = files()
@@ -124,7 +130,7 @@ def test_bad_optimizer_and_timeout_values(cli, files, args, message):
 
 @pytest.mark.parametrize("args, message", [
     (["--lr-schedule", "linear"], "--lr-schedule: unknown value 'linear' (constant or cosine)"),
-    (["--warmup-rounds", "-1"], "--warmup-rounds: must be non-negative (got -1)"),
+    (["--warmup-rounds", "-1"], "--warmup-rounds: must be a non-negative finite number (got -1)"),
     (["--warmup-rounds", "4"], "--warmup-rounds: 4 leaves none of the run's 4 rounds at --lr"),
 ])
 def test_bad_learning_rate_schedules(cli, files, args, message):

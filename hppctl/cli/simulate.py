@@ -9,7 +9,8 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from hppctl.cli.output import emit_json, note, stdout
+from hppctl.cli.numbers import positive
+from hppctl.cli.output import emit_json, note, stdout, writable_path
 from hppctl.errors import BadInput
 from hppctl.models.plan import HppPlan
 from hppctl.models.profile import Profile
@@ -63,8 +64,9 @@ def simulate_command(
     if fail is not None:
         _simulate_failure(plan_file, profile_file, fail, replan, timeout, replicate_every, fail_kind, as_json)
         return
-    if step_time < 0:
-        raise BadInput(f"--step-time: must not be negative (got {step_time})")
+    positive("--step-time", step_time, allow_zero=True)
+    for flag, path in (("--write-schedule", write_schedule), ("--trace", trace), ("--png", png)):
+        writable_path(flag, path)  # before the work: --png '' or a folder ended in an OSError traceback
     if sum(x is not None for x in (policy, warmup, schedule_file)) > 1:
         raise BadInput("--policy, --warmup and --schedule are alternatives: give at most one")
     plan = load(plan_file, HppPlan)

@@ -110,11 +110,17 @@ def test_schedule_for_another_plan_is_refused(cli, files, tmp_path):
     (("--warmup", "1,1,1"), "one K_p per stage"),
     (("--policy", "zigzag"), "unknown schedule policy"),
     (("--policy", "gpipe", "--warmup", "2,1"), "alternatives"),
-    (("--step-time", "-1"), "must not be negative"),
+    (("--step-time", "-1"), "--step-time: must be a non-negative finite number (got -1.0)"),
+    (("--step-time", "nan"), "--step-time: must be a non-negative finite number (got nan)"),  # was accepted
+    # output paths that cannot be files: OSError tracebacks after the simulation, before
+    (("--png", ""), "--png: . is a directory"),
+    (("--png", "/"), "--png: / is a directory"),
+    (("--trace", "/"), "--trace: / is a directory"),
 ])
 def test_bad_flags_exit_2(cli, files, args, needle):
-    code, _, err = sim(cli, files, *args)
+    code, out, err = sim(cli, files, *args)
     assert code == 2 and needle in err, err
+    assert out == "" and len(err.strip().splitlines()) == 1, err
 
 
 @pytest.mark.parametrize("policy, warmup", [("gpipe", [8, 8]), ("1f1b", [2, 1]), ("2(P-p)", [4, 2])])

@@ -13,6 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from hppctl.cli.flags import check_optimizer_flags, positive
 from hppctl.cli.output import emit_json, stdout, writable_path
 from hppctl.runtime.bootstrap import check_listen
 from hppctl.errors import BadInput
@@ -37,8 +38,6 @@ def recovery_options(profile, *, heartbeat: float, timeout: float, probe_timeout
 
     if replan not in REPLAN_CHOICES:
         raise BadInput(f"--replan: unknown value {replan!r} ({', '.join(REPLAN_CHOICES)})")
-    from hppctl.cli.numbers import positive
-
     for flag, value in (("--heartbeat", heartbeat), (timeout_flag, timeout), ("--probe-timeout", probe_timeout),
                         ("--replicate-every", replicate_every)):
         positive(flag, value)
@@ -119,9 +118,6 @@ def coordinator_command(
     for flag, value in (("--plan", plan), ("--cluster", cluster), ("--profile", profile)):
         if value is None:
             raise BadInput(f"{flag}: required")
-    from hppctl.cli.numbers import positive
-    from hppctl.cli.run import check_optimizer_flags
-
     positive("--rounds", rounds)
     check_optimizer_flags(optimizer, lr, momentum, weight_decay)
     check_listen(listen)

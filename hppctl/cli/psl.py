@@ -14,6 +14,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
+from hppctl.cli.flags import positive
 from hppctl.cli.output import emit_json, note, stdout, writable_path
 from hppctl.errors import BadInput
 from hppctl.runtime.bootstrap import check_listen
@@ -61,8 +62,6 @@ def plan_command(
     from hppctl.schedule.psl_sim import simulate_psl
 
     profile, request, spec_slot = _problem(spec_file, profile_file, clients, helpers, cut, batch)
-    from hppctl.cli.numbers import positive
-
     positive("--target-slots", target_slots)
     positive("--time-limit", time_limit)
     positive("--rho", rho)
@@ -301,8 +300,6 @@ def run_psl(plan_file: Path, cluster_file: Path, *, rounds: int = 1, local_batch
     from hppctl.runtime.config import TrainOptions
     from hppctl.runtime.psl.config import PslOptions
     from hppctl.runtime.psl.preflight import preflight
-
-    from hppctl.cli.numbers import positive
 
     for flag, value in (("--rounds", rounds), ("--local-batches", local_batches), ("--lr", lr), ("--timeout", timeout)):
         positive(flag, value)

@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from hppctl.cli.flags import check_optimizer_flags, positive
 from hppctl.cli.output import emit_json, note, stderr, stdout, writable_path
 from hppctl.errors import BadInput
 
@@ -27,19 +28,6 @@ Examples:
 From cron, `--checkpoint-dir D --resume` continues from the newest complete round; a second run on
 the same directory is refused while the first holds its lock.
 """
-
-
-from hppctl.cli.numbers import positive as _positive
-
-
-def check_optimizer_flags(optimizer: str, lr: float, momentum: float, weight_decay: float) -> None:
-    """The optimizer's flags, one line each (`hppctl run` and `hppctl coordinator`): left to TrainOptions,
-    a negative --momentum or --weight-decay printed pydantic's traceback and exit 1."""
-    if optimizer not in ("sgd", "adam"):
-        raise BadInput(f"--optimizer: unknown value {optimizer!r} (sgd or adam)")
-    _positive("--lr", lr)
-    _positive("--momentum", momentum, allow_zero=True)
-    _positive("--weight-decay", weight_decay, allow_zero=True)
 
 
 def run_command(
@@ -121,7 +109,7 @@ def run_command(
         raise BadInput("--rounds and --epochs: give one of them")
     for flag, value in (("--rounds", rounds), ("--epochs", epochs), ("--checkpoint-every", checkpoint_every),
                         ("--threads", threads), ("--timeout", timeout)):
-        _positive(flag, value)
+        positive(flag, value)
     check_optimizer_flags(optimizer, lr, momentum, weight_decay)
     if resume and checkpoint_dir is None:
         raise BadInput("--resume: needs --checkpoint-dir")
@@ -129,8 +117,8 @@ def run_command(
         raise BadInput("--rejoin: goes with --resume")
     if lr_schedule not in ("constant", "cosine"):
         raise BadInput(f"--lr-schedule: unknown value {lr_schedule!r} (constant or cosine)")
-    _positive("--warmup-rounds", warmup_rounds, allow_zero=True)
-    _positive("--bn-recalibrate", bn_recalibrate, allow_zero=True)
+    positive("--warmup-rounds", warmup_rounds, allow_zero=True)
+    positive("--bn-recalibrate", bn_recalibrate, allow_zero=True)
     if bn_recalibrate == 1:
         raise BadInput("--bn-recalibrate: 1 sample has no batch statistics (give 2 or more, or 0)")
     for flag, path, suffixes in (("--metrics", metrics, (".jsonl", ".json")), ("--trace", trace, (".json",))):

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from hppctl.cli.numbers import positive
+from hppctl.cli.flags import positive
 from hppctl.cli.output import emit_json, note, stdout, writable_path
 from hppctl.errors import BadInput
 from hppctl.models.plan import HppPlan

@@ -256,10 +256,10 @@ def _operations_timeout(group, timeout_s: float) -> None:
 def abandon_process_groups(retired: list) -> None:
     """Leave the groups of a generation (or those of one that did not form): drop them from torch's
     registry, keeping a reference in `retired` (a group's destructor waits for operations stuck on a
-    lost peer), and restart torch's group numbering. torch names an unnamed group by a per-process counter that `init_process_group`
-    advances before the rendezvous, and only destroying the default group resets it: a rank whose
-    default group failed to form would name its next groups one further than its peers, and their
-    rendezvous would never meet."""
+    lost peer), and restart torch's group numbering. torch names an unnamed group by a per-process
+    counter that `init_process_group` advances before the rendezvous, and only destroying the default
+    group resets it: a rank whose default group failed to form would name its next groups one further
+    than its peers, and their rendezvous would never meet."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d
 

@@ -450,11 +450,9 @@ class ResilientRun:
         """Wait, interruptibly, until every member of the new group has come for it. gloo's rendezvous
         cannot be abandoned: entered while a member is already gone, it waits out the run's whole
         timeout (minutes) instead of reporting to the coordinator, which re-plans again."""
-        store = _prefixed(self.store, f"gen{generation}/")
-        store.set(f"arrived/{self.device}", "1")
-        keys = [f"arrived/{d}" for d in members]
-        if not self._wait_until(lambda: store.check(keys), generation, "the new group did not form"):
-            raise Interrupted("another device was lost before the new group formed")
+        _prefixed(self.store, f"gen{generation}/").set(f"arrived/{self.device}", "1")
+        self._await_everyone(generation, "arrived", members, "the new group did not form",
+                             "another device was lost before the new group formed")
 
     def _await_hand_over(self, generation: int, members: list[str]) -> None:
         """A leaver goes only once every member of the new layout has formed the groups and taken its
@@ -462,10 +460,16 @@ class ResilientRun:
         member was still setting up ("Gloo connectFullMesh failed ... Connection closed by peer"), and
         that member waited for a re-plan that never came (2 SIGTERM runs in 97 under two CPU hogs;
         docs/fault-tolerance.md, "Graceful leave")."""
+        self._await_everyone(generation, "moved", members, "the new layout did not take the layers",
+                             "another device was lost while this one handed its layers over")
+
+    def _await_everyone(self, generation: int, what: str, members: list[str], failure: str, lost: str) -> None:
+        """Until every member has set `gen<generation>/<what>/<member>`; Interrupted(`lost`) when the
+        coordinator moves past `generation` meanwhile."""
         store = _prefixed(self.store, f"gen{generation}/")
-        keys = [f"moved/{d}" for d in members]
-        if not self._wait_until(lambda: store.check(keys), generation, "the new layout did not take the layers"):
-            raise Interrupted("another device was lost while this one handed its layers over")
+        keys = [f"{what}/{d}" for d in members]
+        if not self._wait_until(lambda: store.check(keys), generation, failure):
+            raise Interrupted(lost)
 
     def _migrate(self, doc: dict, base: "Kept", names: frozenset[str]) -> dict:
         """Light re-planning: only the layers that change owner move, all transfers posted at once."""

@@ -28,7 +28,7 @@ MAX_STDERR_LINES = 3
 MAX_STDERR_CHARS = 4096
 """An error line names the value, capped: never a 200 kB value echoed back (issue 23, item 8)."""
 HANG_BOUND_S = 60
-IN_PROCESS_HANG_BOUND_S = 30
+IN_PROCESS_HANG_BOUND_S = 20
 MEMORY_BOUND_BYTES = 8 * 2**30
 """Address-space limit of a fuzzed subprocess (and of the in-process session): a mutation such as
 `count: 10**30` must fail on it, not take the shared machine's memory."""
@@ -43,8 +43,10 @@ class Outcome:
     hung: bool = False
 
     def describe(self) -> str:
+        lines = self.stderr.strip().splitlines()
         return (f"hppctl {' '.join(self.argv)}\n  exit {self.code}{' (hung)' if self.hung else ''}\n"
-                f"  stderr: {self.stderr[-2000:]!r}")
+                f"  first stderr line: {lines[0][:300] if lines else ''!r}\n"
+                f"  last stderr line: {lines[-1][:300] if lines else ''!r}")
 
 
 class _Hang(BaseException):

@@ -38,7 +38,7 @@ def _fuzz_once(fmt, data, runner) -> None:
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=[f.name for f in FORMATS])
-@fuzz_settings(max_examples=25)
+@fuzz_settings(max_examples=15)
 @given(data=st.data())
 def test_a_mutated_file_keeps_the_contract(fmt, data):
     _fuzz_once(fmt, data, invoke)

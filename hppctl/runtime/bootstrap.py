@@ -108,10 +108,17 @@ def _bound(host: str, port: int) -> socket.socket:
 
 
 def route_source(remote_host: str) -> str:
-    """The local address this machine uses to reach `remote_host` (no packet is sent)."""
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    """The local address this machine uses to reach `remote_host`, IPv4 or IPv6 (no packet is sent).
+
+    A name that does not resolve is the cluster file's or the flag's fault (BadInput, exit 2); an
+    address this machine has no route to is the network's (RuntimeFailure, exit 1)."""
     try:
-        probe.connect((remote_host, 9))
+        family, _, _, _, address = socket.getaddrinfo(remote_host, 9, type=socket.SOCK_DGRAM)[0]
+    except (socket.gaierror, UnicodeError) as e:
+        raise BadInput(f"host {remote_host!r} does not resolve ({getattr(e, 'strerror', None) or e})") from None
+    probe = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        probe.connect(address)  # UDP connect sends nothing; it only picks the route
         return probe.getsockname()[0]
     except OSError as e:
         raise RuntimeFailure(f"no route to {remote_host}: {e.strerror}") from None

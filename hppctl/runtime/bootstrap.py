@@ -184,8 +184,10 @@ def join(store, token: str, device: str, *, timeout_s: float) -> None:
 
 def interface_for(address: str) -> str | None:
     """Name of the local network interface that carries `address` (for GLOO_SOCKET_IFNAME)."""
-    if address.startswith("127."):
+    if address.startswith("127.") or address == "::1":
         return "lo"
+    if ":" in address:
+        return _ipv6_interface_for(address)
     SIOCGIFADDR = 0x8915
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
@@ -198,6 +200,21 @@ def interface_for(address: str) -> str | None:
                 return name
     finally:
         probe.close()
+    return None
+
+
+def _ipv6_interface_for(address: str) -> str | None:
+    """The interface holding IPv6 `address`, from /proc/net/if_inet6 (SIOCGIFADDR is IPv4-only):
+    each line is the address as 32 hex digits, index, prefix length, scope, flags, name."""
+    try:
+        wanted = socket.inet_pton(socket.AF_INET6, address.split("%")[0]).hex()
+        with open("/proc/net/if_inet6") as table:
+            for line in table:
+                words = line.split()
+                if len(words) == 6 and words[0] == wanted:
+                    return words[5]
+    except (OSError, ValueError):
+        pass
     return None
 
 

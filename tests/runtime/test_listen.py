@@ -54,17 +54,22 @@ def test_route_lookup_takes_either_family_and_refuses_a_name_that_does_not_resol
 
 @pytest.mark.gloo
 @pytest.mark.timeout(300)
-def test_a_run_hosts_its_store_on_ipv6_loopback(cli, tmp_path):
-    """`--listen [::1]`: the store listens on ::1 only and local workers reach it (gloo over lo)."""
+@pytest.mark.parametrize("fault_tolerant", [False, True])
+def test_a_run_hosts_its_store_on_ipv6_loopback(cli, tmp_path, fault_tolerant):
+    """`--listen [::1]`: the store listens on ::1 only and local workers reach it (gloo over lo);
+    with a profile the run is fault-tolerant, and heartbeats and probes use ::1 as well."""
     import json
 
     from hppctl.store import save
-    from tests.runtime.factories import local_cluster, make_plan
+    from tests.recovery.factories import preset_profile
+    from tests.runtime.factories import local_cluster
 
-    save(tmp_path / "plan.yaml", make_plan("tiny-mlp", [((0, 2), ["a"], [4]), ((2, 5), ["b"], [4])],
-                                           global_batch=8, micro_batch=4))
     save(tmp_path / "cluster.yaml", local_cluster("a", "b"))
+    save(tmp_path / "profile.json", preset_profile("tiny-mlp", {"a": "jetson-nano", "b": "jetson-tx2"}))
+    assert cli("plan", "--profile", tmp_path / "profile.json", "--global-batch", 8, "--micro-batch", 4,
+               "--strategy", "pp", "--out", tmp_path / "plan.yaml")[0] == 0
+    profile = ["--profile", tmp_path / "profile.json"] if fault_tolerant else []
     code, out, err = cli("run", "--plan", tmp_path / "plan.yaml", "--cluster", tmp_path / "cluster.yaml",
-                         "--rounds", "2", "--dataset", "digits", "--listen", "[::1]:0", "--json")
+                         "--rounds", "2", "--dataset", "digits", "--listen", "[::1]:0", "--json", *profile)
     assert code == 0, err
     assert json.loads(out)["rounds_run"] == 2

@@ -37,7 +37,7 @@ def _run_with_ssh_device(tmp_path: Path, host: str, port: int | None) -> subproc
     plan = make_plan("tiny-mlp", [((0, 2), ["a", "b"], [3, 1]), ((2, 5), ["c"], [4])], global_batch=16, micro_batch=4)
     doc = local_cluster("a", "b", "c").model_dump(mode="json")
     doc["devices"][2] = {"name": "c", "host": host, "port": port, "user": "root"}
-    doc["ssh"] = {"known_hosts": str(tmp_path / "known_hosts"), "connect_timeout_s": 5}
+    doc["ssh"] = {"known_hosts": str(tmp_path / "known_hosts"), "connect_timeout_s": 2}
     (tmp_path / "known_hosts").write_text("")
     save(tmp_path / "plan.yaml", plan)
     save(tmp_path / "cluster.yaml", ClusterSpec.model_validate(doc))
@@ -52,15 +52,19 @@ def _error_lines(stderr: str) -> list[str]:
 
 
 @pytest.mark.timeout(300)
-def test_an_unreachable_ssh_device_is_one_line_naming_it(tmp_path):
-    """Connection refused (nothing listens): exit 1, one line with the device, address and reason,
-    and no traceback from the launcher nor from the zygote its local workers were forked from."""
+@pytest.mark.parametrize("host, reasons", [
+    ("127.0.0.1", ("connection refused",)),  # a closed port: nothing listens
+    ("192.0.2.1", ("timed out", "unreachable")),  # TEST-NET-1 (RFC 5737): nobody answers, or no route
+])
+def test_an_unreachable_ssh_device_is_one_line_naming_it(tmp_path, host, reasons):
+    """exit 1, one line with the device, address and reason, and no traceback from the launcher
+    nor from the zygote its local workers were forked from."""
     port = _closed_port()
-    result = _run_with_ssh_device(tmp_path, "127.0.0.1", port)
+    result = _run_with_ssh_device(tmp_path, host, port)
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr and "ConnectionResetError" not in result.stderr, result.stderr
     [line] = _error_lines(result.stderr)
-    assert "'c'" in line and f"127.0.0.1:{port}" in line and "connection refused" in line
+    assert "'c'" in line and f"{host}:{port}" in line and any(reason in line for reason in reasons), line
 
 
 @pytest.mark.timeout(300)

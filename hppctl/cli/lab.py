@@ -28,7 +28,7 @@ Examples:
 
 StateDir = Annotated[Optional[Path], typer.Option(
     "--state-dir", help="Directory holding each lab's state (default /run/hppctl-lab, or $HPPCTL_LAB_STATE_DIR).")]
-Name = Annotated[Optional[str], typer.Option("--name", help="The lab (default: the only one that is up).")]
+Name = Annotated[Optional[str], typer.Option("--name", help="The lab (default: the only one in the state dir).")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 
 
@@ -83,19 +83,26 @@ def status_command(name: Name = None, state_dir: StateDir = None, as_json: AsJso
 def down_command(
     name: Name = None,
     state_dir: StateDir = None,
-    everything: Annotated[bool, typer.Option("--all", help="Remove every lab, and anything named like one.")] = False,
+    everything: Annotated[bool, typer.Option("--all", help="Remove every lab of the state dir, and anything on this "
+                                                             "machine named like a lab, whoever made it.")] = False,
     as_json: AsJson = False,
 ) -> None:
-    """Remove a lab: processes, namespaces, links, bridge, cgroups, state. Safe to run twice."""
+    """Remove a lab: processes, namespaces, links, bridge, cgroups, state. Safe to run twice.
+
+    Without --name: the only lab recorded in the state dir; other labs on the machine are listed, not touched."""
     from hppctl.lab.manager import down
 
     report = down(_root(state_dir), name, everything)
     if as_json:
-        emit_json({"labs": report.labs, "removed": report.removed})
+        emit_json({"labs": report.labs, "removed": report.removed, "left_alone": report.left_alone})
         return
     for item in report.removed:
         note(f"removed {item}")
-    note(f"lab down: {', '.join(report.labs) or 'no lab state found'}; {len(report.removed)} resources removed")
+    note(f"lab down: {', '.join(report.labs) or f'no lab state found in {_root(state_dir)}'}; "
+         f"{len(report.removed)} resources removed")
+    if report.left_alone:
+        note(f"left alone: other labs on this machine, not recorded in {_root(state_dir)}: "
+             f"{', '.join(report.left_alone)} (their owner removes them with --name and their --state-dir)")
 
 
 def fault_command(
@@ -130,8 +137,10 @@ def _render(report: dict) -> None:
         table.add_column(column)
     for h in report["hosts"]:
         used = "-" if h["memory_used_bytes"] is None else format_bytes(h["memory_used_bytes"])
+        # None when the host's cgroup is gone (a crashed or swept lab) or sets no limit
+        limit = "-" if h["memory_limit_bytes"] is None else format_bytes(h["memory_limit_bytes"])
         table.add_row(
-            h["name"], h["address"], h["preset"] or "-", f"{h['cpu']:g}", format_bytes(h["memory_limit_bytes"]), used,
+            h["name"], h["address"], h["preset"] or "-", f"{h['cpu']:g}", limit, used,
             str(h["oom_kills"] if h["oom_kills"] is not None else "-"), format_rate(h["bandwidth_bytes_per_s"]),
             f"{h['delay_s'] * 1e3:g} ms", f"{h['loss_percent']:g}%",
             "answers" if h["ssh_answers"] else ("running" if h["sshd_running"] else "DOWN"),

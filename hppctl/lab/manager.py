@@ -20,7 +20,8 @@ from pathlib import Path
 
 from hppctl.errors import BadInput
 from hppctl.lab import cgroups, network, shaping, sshd
-from hppctl.lab.layout import LabPlan, cluster_for, lab_tag, netns_name, peer_name, plan_lab, veth_name
+from hppctl.lab.layout import (CGROUP_PREFIX, LINK_PATTERN, NETNS_PREFIX, LabPlan, bridge_name, cgroup_lab_dir_name,
+                               cluster_for, lab_tag, netns_name, peer_name, plan_lab, veth_name)
 from hppctl.lab.system import BASE_TOOLS, DELAY_LINE_TOOL, in_netns, require, tool
 from hppctl.models.lab import HostState, LabSpec, LabState
 from hppctl.store import load, save, write_text_atomic
@@ -238,10 +239,17 @@ def _start_delay_line(netns: str, queues: list[str], host_dir: Path, cgroup_dirs
 class DownReport:
     labs: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    left_alone: list[str] = field(default_factory=list)
+    """Other labs seen on this machine and not touched (not recorded in this state dir)."""
 
 
 def down(state_root: Path = DEFAULT_STATE_ROOT, name: str | None = None, everything: bool = False) -> DownReport:
-    """Remove a lab (by name; the only one; or all with `everything`) and sweep leftovers by prefix."""
+    """Remove what this state dir owns: the named lab, or the only lab recorded here (or, with
+    `everything`, every lab recorded here and anything named like a lab on the machine).
+
+    Without `everything`, the name sweep covers only the chosen lab's names: a state dir without a
+    lab removes nothing, and labs of other state dirs (other users on a shared machine) are listed
+    in `left_alone`, never swept. Every record is checked (`check_owned`) before anything goes."""
     require("hppctl lab down", tools=tuple(t for t in BASE_TOOLS if t.command == "ip"))
     states = list_states(state_root)
     if name is not None:
@@ -250,19 +258,89 @@ def down(state_root: Path = DEFAULT_STATE_ROOT, name: str | None = None, everyth
         chosen = states
     else:
         raise BadInput(f"several labs are up ({', '.join(s.name for s in states)}): name one with --name, or use --all")
+    roots = _cgroup_roots()
+    for state in chosen:
+        check_owned(state, lab_state_dir(state_root, state.name), roots)
     report = DownReport(labs=[s.name for s in chosen])
     for state in chosen:
         report.removed += down_state(state)
-    # The backstop sweep: this lab's names; with no lab known (or --all), anything named like a lab.
-    if name is not None:
-        targets: list[str | None] = [name]
-    elif everything or not chosen:
-        targets = [None]
-    else:
-        targets = [s.name for s in chosen]
+    # The backstop sweep, by name: the named lab's, the chosen labs'; any lab's only with --all.
+    targets: list[str | None] = [None] if everything else sorted({*report.labs, *([name] if name else [])})
     for lab in targets:
-        report.removed += sweep(lab)
+        report.removed += sweep(lab, spare=_other_lab_names(lab, states)) if lab else sweep(None)
+    if not everything:
+        report.left_alone = [lab for lab in labs_seen() if lab not in targets]
     return report
+
+
+def _cgroup_roots() -> list[Path]:
+    """The cgroup hierarchies' mount points (none when the machine has no usable controllers)."""
+    try:
+        return cgroups.detect().unique_roots()
+    except BadInput:
+        return []
+
+
+def _other_lab_names(lab: str, states: list[LabState]) -> list[str]:
+    """Labs whose names extend `lab` (`a-b` beside `a`): their namespaces start with `lab`'s prefix."""
+    known = {s.name for s in states} | set(labs_seen())
+    return sorted(other for other in known if other != lab and other.startswith(f"{lab}-"))
+
+
+def labs_seen() -> list[str]:
+    """Names of the labs whose cgroups or namespaces exist on this machine, whoever made them.
+
+    A cgroup `hppctl-lab-<lab>` names its lab exactly; a namespace `hppctl-lab-<lab>-<host>` only
+    up to where the host name starts (both may hold `-`), so it counts only when no cgroup explains it."""
+    names = set()
+    try:
+        names.update(d.name[len(CGROUP_PREFIX):] for d in cgroups.find_lab_dirs(cgroups.detect()))
+    except BadInput:
+        pass
+    for netns in network.lab_netns():
+        rest = netns[len(NETNS_PREFIX):]
+        if not any(rest.startswith(f"{lab}-") for lab in names):
+            names.add(rest.rsplit("-", 1)[0])
+    return sorted(names)
+
+
+def check_owned(state: LabState, state_dir: Path, cgroup_roots: list[Path]) -> None:
+    """Refuse (BadInput, nothing removed) a state record naming anything outside its own lab.
+
+    `down` deletes what state.json names: its state dir recursively, cgroup directories (killing
+    every process in them), namespaces and links. A tampered or stray record could point those at
+    another lab or at any directory, so each must be what `up` makes for this lab: the state dir
+    where the record lies, cgroups `<cgroup root>/.../hppctl-lab-<lab>[/<host>]`, namespaces
+    `hppctl-lab-<lab>-<host>`, links with the lab's tag."""
+    source = Path(state_dir) / STATE_FILE
+    own_dir = Path(state_dir).resolve()
+
+    def refuse(field_name: str, value: object, why: str) -> None:
+        raise BadInput(f"{source}: {field_name}: {str(value)[:200]!r} {why}: refusing to remove anything "
+                       f"(remove what is left by hand, or fix the record)")
+
+    if state.name != own_dir.name:
+        refuse("name", state.name, f"is not the lab of this directory ({own_dir.name})")
+    if Path(state.state_dir).resolve() != own_dir:
+        refuse("state_dir", state.state_dir, f"is not the directory holding the record ({own_dir})")
+    if state.tag != lab_tag(state.name):
+        refuse("tag", state.tag, f"is not lab {state.name!r}'s tag ({lab_tag(state.name)})")
+    lab_dirs = [Path(d).resolve() for d in state.cgroup_lab_dirs]
+    for i, d in enumerate(lab_dirs):
+        if d.name != cgroup_lab_dir_name(state.name) or not any(d.is_relative_to(r.resolve()) and d != r.resolve()
+                                                                 for r in cgroup_roots):
+            refuse(f"cgroup_lab_dirs.{i}", state.cgroup_lab_dirs[i],
+                   f"is not a cgroup {cgroup_lab_dir_name(state.name)} under {', '.join(map(str, cgroup_roots)) or 'a cgroup root'}")
+    if state.bridge is not None and state.bridge != bridge_name(state.tag):
+        refuse("bridge", state.bridge, f"is not lab {state.name!r}'s bridge ({bridge_name(state.tag)})")
+    for i, host in enumerate(state.hosts):
+        if host.netns != netns_name(state.name, host.name):
+            refuse(f"hosts.{i}.netns", host.netns, f"is not host {host.name!r}'s namespace ({netns_name(state.name, host.name)})")
+        if not (LINK_PATTERN.match(host.veth) and host.veth[3:9] == state.tag):
+            refuse(f"hosts.{i}.veth", host.veth, f"is not an interface of lab {state.name!r} (hpv{state.tag}-N)")
+        for j, d in enumerate(host.cgroups):
+            if Path(d).resolve().parent not in lab_dirs:
+                refuse(f"hosts.{i}.cgroups.{j}", d, "is not a child of the lab's cgroups (cgroup_lab_dirs)")
 
 
 def down_state(state: LabState) -> list[str]:
@@ -295,10 +373,14 @@ def down_state(state: LabState) -> list[str]:
     return removed
 
 
-def sweep(lab: str | None) -> list[str]:
-    """Remove whatever is named like lab `lab`'s (or any lab's) resources: the crash-proof backstop."""
+def sweep(lab: str | None, spare: list[str] = ()) -> list[str]:
+    """Remove whatever is named like lab `lab`'s (or any lab's) resources: the crash-proof backstop.
+    `spare`: labs whose namespaces share `lab`'s prefix (`a-b-*` for `a`), left alone."""
     removed = []
+    spared = tuple(f"{NETNS_PREFIX}{other}-" for other in spare)
     for netns in network.lab_netns(lab):
+        if netns.startswith(spared):
+            continue
         for pid in network.netns_pids(netns):
             _kill(pid)
         network.delete_netns(netns)
@@ -390,7 +472,8 @@ def _lab_status(state: LabState) -> dict:
         answers = bool(bridge_up and network.route_is_lab(h.address) and sshd.banner(h.address, timeout_s=1.0))
         hosts.append({
             "name": h.name, "address": h.address, "preset": h.preset, "cpu": h.cpu,
-            "memory_limit_bytes": h.memory_bytes, "bandwidth_bytes_per_s": h.bandwidth_bytes_per_s,
+            # memory_limit_bytes is the cgroup's (from `stats`, None once the cgroup is gone)
+            "memory_limit_recorded_bytes": h.memory_bytes, "bandwidth_bytes_per_s": h.bandwidth_bytes_per_s,
             "delay_s": h.delay_s, "loss_percent": h.loss_percent, "netns": h.netns,
             "netns_exists": network.netns_exists(h.netns), "cgroups": h.cgroups,
             "sshd_pid": h.sshd_pid, "sshd_running": h.sshd_pid is not None and _is_ours(h.sshd_pid, state.state_dir),

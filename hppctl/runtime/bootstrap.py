@@ -108,10 +108,17 @@ def _bound(host: str, port: int) -> socket.socket:
 
 
 def route_source(remote_host: str) -> str:
-    """The local address this machine uses to reach `remote_host` (no packet is sent)."""
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    """The local address this machine uses to reach `remote_host`, IPv4 or IPv6 (no packet is sent).
+
+    A name that does not resolve is the cluster file's or the flag's fault (BadInput, exit 2); an
+    address this machine has no route to is the network's (RuntimeFailure, exit 1)."""
     try:
-        probe.connect((remote_host, 9))
+        family, _, _, _, address = socket.getaddrinfo(remote_host, 9, type=socket.SOCK_DGRAM)[0]
+    except (socket.gaierror, UnicodeError) as e:
+        raise BadInput(f"host {remote_host!r} does not resolve ({getattr(e, 'strerror', None) or e})") from None
+    probe = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        probe.connect(address)  # UDP connect sends nothing; it only picks the route
         return probe.getsockname()[0]
     except OSError as e:
         raise RuntimeFailure(f"no route to {remote_host}: {e.strerror}") from None
@@ -177,8 +184,10 @@ def join(store, token: str, device: str, *, timeout_s: float) -> None:
 
 def interface_for(address: str) -> str | None:
     """Name of the local network interface that carries `address` (for GLOO_SOCKET_IFNAME)."""
-    if address.startswith("127."):
+    if address.startswith("127.") or address == "::1":
         return "lo"
+    if ":" in address:
+        return _ipv6_interface_for(address)
     SIOCGIFADDR = 0x8915
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
@@ -191,6 +200,21 @@ def interface_for(address: str) -> str | None:
                 return name
     finally:
         probe.close()
+    return None
+
+
+def _ipv6_interface_for(address: str) -> str | None:
+    """The interface holding IPv6 `address`, from /proc/net/if_inet6 (SIOCGIFADDR is IPv4-only):
+    each line is the address as 32 hex digits, index, prefix length, scope, flags, name."""
+    try:
+        wanted = socket.inet_pton(socket.AF_INET6, address.split("%")[0]).hex()
+        with open("/proc/net/if_inet6") as table:
+            for line in table:
+                words = line.split()
+                if len(words) == 6 and words[0] == wanted:
+                    return words[5]
+    except (OSError, ValueError):
+        pass
     return None
 
 

@@ -10,7 +10,9 @@ imports. It is still its own process (own pid and session, the module run as `__
 `HPPCTL_LOCAL_START=exec` starts each worker as a fresh `python -m` process instead.
 
 Over SSH the command is `<python> -m hppctl.runtime.worker` with the device's `python:` (default
-`python3`); hppctl must be installed there. On the edge lab every SSH session already runs in the
+`python3`), every word shell-quoted (`remote_command`); hppctl must be installed there. A device
+that cannot be reached is one line naming it and why (`ssh_start_failure`), exit 2 when the
+cluster file is wrong (name, host key, login), exit 1 when the host is down or unreachable. On the edge lab every SSH session already runs in the
 host's network namespace and cgroup, so the worker gets the host's CPU quota, memory limit and
 links.
 """
@@ -20,13 +22,15 @@ from __future__ import annotations
 import collections
 import io
 import os
+import shlex
+import socket
 import subprocess
 import sys
 import threading
 from collections.abc import Iterable
 from typing import Protocol
 
-from hppctl.errors import BadInput
+from hppctl.errors import BadInput, HppctlError, RuntimeFailure
 from hppctl.models.cluster import ClusterSpec, DeviceSpec
 
 TAIL_LINES = 40
@@ -205,6 +209,47 @@ def payload_stream(payload: str) -> io.StringIO:
     return _WholeReads(payload + "\n")
 
 
+def remote_command(python: str, module: str, env: dict[str, str]) -> str:
+    """The shell command line an SSH worker is started with: `[env K=V ...] <python> -m <module>`,
+    every word shell-quoted (sshd hands the line to the login shell). A device's `python:` is one
+    path, never shell text: a path with a space or `;` must start that interpreter, nothing else."""
+    words = (["env", *(f"{k}={v}" for k, v in env.items())] if env else []) + [python, "-m", module]
+    return shlex.join(words)
+
+
+def ssh_start_failure(exc: BaseException, device: DeviceSpec, cluster: ClusterSpec) -> HppctlError:
+    """One line naming the device, its address and why SSH could not start its worker.
+
+    Exit 2 (BadInput) where the cluster file must change: a host name that does not resolve, a
+    host key missing from or different in `ssh.known_hosts`, a refused login or a missing
+    `ssh.identity_file`. Exit 1 (RuntimeFailure) where the same file may work later: connection
+    refused, timed out, no route, the connection dropped."""
+    import paramiko
+
+    where = f"device {device.name!r} ({device.user + '@' if device.user else ''}{device.host}:{device.port or 22})"
+    known_hosts = cluster.ssh.known_hosts or "~/.ssh/known_hosts"
+    if isinstance(exc, socket.gaierror):
+        return BadInput(f"{where}: host {device.host!r} does not resolve ({exc.strerror}): check its `host:`")
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return BadInput(f"{where}: its host key differs from the one in {known_hosts} (ssh.known_hosts): refused")
+    if isinstance(exc, paramiko.SSHException) and "known_hosts" in str(exc):
+        return BadInput(f"{where}: its host key is not in {known_hosts} (ssh.known_hosts): refused, "
+                        f"host-key checking stays on")
+    if isinstance(exc, paramiko.AuthenticationException):
+        return BadInput(f"{where}: login refused: no key accepted "
+                        f"(ssh.identity_file: {cluster.ssh.identity_file or 'none, default keys'})")
+    if isinstance(exc, FileNotFoundError):
+        return BadInput(f"{where}: ssh.identity_file {cluster.ssh.identity_file!r} not found")
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        return RuntimeFailure(f"{where}: unreachable: connection refused (is sshd running there?)")
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return RuntimeFailure(f"{where}: unreachable: connecting timed out after {cluster.ssh.connect_timeout_s:g} s")
+    if isinstance(exc, OSError) and exc.strerror:
+        return RuntimeFailure(f"{where}: unreachable: {exc.strerror}")
+    reason = " ".join(str(exc).split()) or exc.__class__.__name__
+    return RuntimeFailure(f"{where}: SSH failed: {reason[:200]}")
+
+
 class SshWorker:
     """A worker started with fabric on an SSH device. `pid_of()` (from the run's store) lets `stop`
     signal the remote process over a second connection."""
@@ -216,12 +261,15 @@ class SshWorker:
         self.device, self.spec, self.cluster, self._pid_of = device.name, device, cluster, pid_of
         self._tail = _Tail(device.name, log)
         self.conn = connect(cluster, device.name)
-        python = device.python or "python3"
-        prefix = " ".join(f"{k}={v}" for k, v in (env or {}).items())
-        command = f"{'env ' + prefix + ' ' if prefix else ''}{python} -m {module}"
-        self.promise = self.conn.run(command, in_stream=payload_stream(payload), asynchronous=True,
-                                     hide=False, warn=True, out_stream=self._tail, err_stream=self._tail,
-                                     pty=False)
+        command = remote_command(device.python or "python3", module, env or {})
+        try:
+            self.conn.open()  # now, so that a failure to connect is told apart from the worker's own
+            self.promise = self.conn.run(command, in_stream=payload_stream(payload), asynchronous=True,
+                                         hide=False, warn=True, out_stream=self._tail, err_stream=self._tail,
+                                         pty=False)
+        except Exception as e:  # noqa: BLE001 - paramiko and fabric fail in many classes; each becomes one line
+            self.conn.close()
+            raise ssh_start_failure(e, device, cluster) from None
         self._code: int | None = None
 
     def poll(self) -> int | None:

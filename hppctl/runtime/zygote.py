@@ -14,7 +14,7 @@ Protocol, over one AF_UNIX stream socket pair (launcher <-> zygote):
   attached as SCM_RIGHTS, then that many bytes of JSON {id, module, payload, env, cwd};
 - zygote -> launcher: JSON lines {"id", "pid"} once a worker is forked, {"pid", "code"} once it
   has ended (code as `subprocess` gives it: negative for a signal).
-The zygote ends when the launcher's end closes (the launcher exited or died); its children get
+The zygote ends when the launcher's end closes or is reset (the launcher exited or died); its children get
 SIGTERM then (PR_SET_PDEATHSIG), as `python -m` workers do when their launcher dies.
 """
 
@@ -52,7 +52,7 @@ def serve(fd: int, preload: list[str]) -> None:
     while True:
         readable, _, _ = select.select([channel], [], [], 0.05)
         if readable:  # a request, or EOF
-            request = _receive(channel)
+            request = _receive_or_none(channel)
             if request is None:
                 return  # the launcher is gone
             spec, out_fd = request
@@ -68,6 +68,16 @@ def serve(fd: int, preload: list[str]) -> None:
             if done:
                 children.discard(pid)
                 _send_line(channel, {"pid": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _receive_or_none(channel: socket.socket) -> tuple[dict, int] | None:
+    """The next request; None once the launcher is gone. A launcher that exits (on an error, say)
+    with our replies still unread makes the kernel reset the socket instead of closing it: that
+    ECONNRESET, or a request cut short, is the same end as EOF, not an error worth a traceback."""
+    try:
+        return _receive(channel)
+    except (ConnectionError, EOFError):
+        return None
 
 
 def _receive(channel: socket.socket) -> tuple[dict, int] | None:

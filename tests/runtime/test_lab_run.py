@@ -57,3 +57,46 @@ def test_training_over_ssh_equals_the_single_process_loop(lab):
         worker = result.workers[device]
         assert worker["host"] == device  # the lab host's UTS namespace: the worker ran there
         assert worker["cgroup"].endswith(f"hppctl-lab-{NAME}/{device}")  # under the host's CPU quota
+
+
+def _finished(worker, bound_s: float = 120.0) -> int | None:
+    """The worker's exit code once it ended, polling at most `bound_s` (a bound, not a measurement)."""
+    import time
+
+    deadline = time.monotonic() + bound_s
+    while (code := worker.poll()) is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return code
+
+
+def test_the_devices_python_and_env_are_one_word_each_on_the_remote_command_line(lab, tmp_path):
+    """A `python:` path with a space and `;` (and an env value with both) reaches a real sshd as one
+    word each: the interpreter starts, nothing after the `;` runs (issue 23, item 10)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from hppctl.runtime.launch import SshWorker
+
+    odd = tmp_path / "py dir;echo INJECTED"
+    odd.mkdir()
+    (odd / "python").symlink_to(sys.executable)
+    device = lab.device("ra").model_copy(update={"python": str(odd / "python")})
+    repo = str(Path(__file__).resolve().parents[2])
+    worker = SshWorker(device, lab, json.dumps({"exit": 0}), module="tests.runtime.echo_worker",
+                       env={"PYTHONPATH": repo, "HPPCTL_ECHO": "a b;echo INJECTED"})
+    assert _finished(worker) == 0, worker.tail()
+    [echoed] = [json.loads(line) for line in worker.tail() if line.startswith("{")]
+    assert echoed["env"] == "a b;echo INJECTED" and echoed["payload"] == {"exit": 0}
+    assert not any(line.startswith("INJECTED") for line in worker.tail())
+
+
+def test_a_host_key_missing_from_known_hosts_is_bad_input_naming_the_device(lab, tmp_path):
+    from hppctl.errors import BadInput
+    from hppctl.runtime.launch import SshWorker
+
+    (tmp_path / "known_hosts").write_text("")
+    cluster = lab.model_copy(update={"ssh": lab.ssh.model_copy(update={"known_hosts": str(tmp_path / "known_hosts")})})
+    with pytest.raises(BadInput) as refused:
+        SshWorker(cluster.device("rb"), cluster, "{}")
+    assert "'rb'" in str(refused.value) and "not in" in str(refused.value) and "\n" not in str(refused.value)

@@ -137,3 +137,11 @@ def test_a_lock_symlink_does_not_truncate_its_target(checkpoint, tmp_path):
     outcome = invoke(argv)
     assert_contract(outcome, outputs, allowed={0, 2})
     assert victim.read_text() == "precious\n", outcome.describe()
+
+
+def test_a_resume_refused_for_its_settings_leaves_no_metrics_file(checkpoint, tmp_path):
+    """Found by the fuzz suite: the settings check runs inside the session, after `--metrics` was
+    opened, so `--resume` with another --seed (or a COMPLETE.json whose dataset is NaN) exited 2
+    and left an empty metrics file."""
+    argv, outputs = resume(damaged_copy(checkpoint, tmp_path), tmp_path)
+    assert_contract(invoke([*argv, "--seed", 1]), outputs, allowed={2})

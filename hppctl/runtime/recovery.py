@@ -49,6 +49,12 @@ from hppctl.runtime.metrics import TraceBuilder, aggregate
 from hppctl.runtime.session import Lineage, RunResult, Session, WorkerFailed, _load_states
 from hppctl.runtime.topology import Topology
 
+DROPPED_EVENT_EVERY_S = 10.0
+"""At most one "dropped" event per this many seconds, with the count since the last one: a flood of
+garbage on the heartbeat port must not grow `--metrics`, the `--json` summary or memory."""
+DROPPED_SAMPLES = 3
+"""How many distinct reasons a "dropped" event quotes (each cut to heartbeat.MAX_REASON_CHARS)."""
+
 
 @dataclass(frozen=True)
 class RecoveryOptions:
@@ -84,6 +90,7 @@ class ResilientSession(Session):
         """Devices that left and are sending their layers to their new owners (until they end, exit 0)."""
         self._fenced: set[str] = set()
         self._dropped_seen = 0
+        self._dropped_logged_at = float("-inf")
         self._layout = Layout(0, self.plan, recovery.profile)
         """The layout the workers train on (or are moving to); `_previous`: the one it was made from."""
         self._previous: Layout | None = None
@@ -128,6 +135,7 @@ class ResilientSession(Session):
                 if worker.poll() is None:
                     self._fence(device)
             if self.listener is not None:
+                self._log_dropped(final=True)
                 self.listener.stop()
 
     # --- events -----------------------------------------------------------------------------------
@@ -179,12 +187,16 @@ class ResilientSession(Session):
             self.listener.drain()
             self._event("armed", devices=list(self.topo.devices))
 
-    def _log_dropped(self) -> None:
-        """Datagrams the listener refused (wrong or missing token, unknown device or address) are events."""
-        seen = self._dropped_seen
-        for reason in self.listener.dropped[seen:seen + 20]:  # a flood is summarised by its first 20
-            self._event("dropped", why=reason)
-        self._dropped_seen = len(self.listener.dropped)
+    def _log_dropped(self, *, final: bool = False) -> None:
+        """Datagrams the listener refused (wrong or missing token, unknown device or address, replays)
+        become one "dropped" event per DROPPED_EVENT_EVERY_S at most: how many since the last one, the
+        total, and a few sample reasons. `final`: whatever is left, now (the run is ending)."""
+        dropped, now = self.listener.dropped, time.monotonic()
+        fields = dropped_event(dropped.count, self._dropped_seen, dropped.recent(after=self._dropped_seen),
+                               since_last_s=now - self._dropped_logged_at, final=final)
+        if fields is not None:
+            self._event("dropped", **fields)
+            self._dropped_seen, self._dropped_logged_at = fields["total"], now
 
     def _coordinate(self) -> None:
         self._log_dropped()
@@ -575,6 +587,16 @@ class Loss:
     device: str
     reason: str
     leaving: bool = False
+
+
+def dropped_event(total: int, seen: int, reasons: list[str], *, since_last_s: float, final: bool = False) -> dict | None:
+    """The fields of the next "dropped" event, or None when none is due: drops counted past `seen`,
+    and DROPPED_EVENT_EVERY_S gone by since the last event (or the run is ending: `final`).
+    `reasons`: the latest reasons of those drops; the event quotes the first DROPPED_SAMPLES distinct."""
+    if total <= seen or (not final and since_last_s < DROPPED_EVENT_EVERY_S):
+        return None
+    samples = list(dict.fromkeys(reasons))[:DROPPED_SAMPLES]
+    return {"count": total - seen, "total": total, "why": samples[0] if samples else "", "samples": samples}
 
 
 def slowest_phases(reports) -> dict[str, float]:

@@ -36,10 +36,10 @@ from dataclasses import dataclass
 from typing import Callable, Literal
 
 from hppctl.coordinator.replay import common_layout, resume_round, transfer_plan, upload_plan
-from hppctl.coordinator.state import CoordinatorState, apply, find_suspects
+from hppctl.coordinator.state import CoordinatorState, apply_all, find_suspects
 from hppctl.coordinator.status import status_rows
 from hppctl.errors import RuntimeFailure
-from hppctl.models.events import Heartbeat, Lost, ProbeAnswered, Replanned, Suspected
+from hppctl.models.events import Event, Heartbeat, Lost, ProbeAnswered, Replanned, Suspected
 from hppctl.models.plan import HppPlan
 from hppctl.models.profile import Profile
 from hppctl.runtime import bootstrap
@@ -82,6 +82,7 @@ class ResilientSession(Session):
         """None until every worker joined: detection starts with the watch."""
         self._on_fault: Callable[[dict], None] = lambda event: None
         self._on_status: Callable[[list[dict]], None] | None = None
+        self._on_state: Callable[[Event], None] | None = None
         self._probes: dict[str, list] = {}
         self._probe_ports: dict[str, tuple[str, int]] = {}
         self._leaver_heard: dict[str, float] = {}
@@ -96,9 +97,13 @@ class ResilientSession(Session):
         self._previous: Layout | None = None
 
     def run(self, *, on_round=None, on_event=None, on_fault: Callable[[dict], None] | None = None,
-            on_status: Callable[[list[dict]], None] | None = None) -> RunResult:
+            on_status: Callable[[list[dict]], None] | None = None,
+            on_state: Callable[[Event], None] | None = None) -> RunResult:
+        """`on_state`: every event the coordinator's state applies (heartbeats included), as it is
+        applied; the state keeps only the last LOG_WINDOW (coordinator/state.py)."""
         self._on_fault = on_fault or self._on_fault
         self._on_status = on_status
+        self._on_state = on_state
         return super().run(on_round=on_round, on_event=on_event)
 
     # --- set-up ---------------------------------------------------------------------------------
@@ -145,6 +150,9 @@ class ResilientSession(Session):
         self._on_fault(event)
         return event
 
+    def _apply(self, event: Event) -> None:
+        self.state = apply_all(self.state, (event,), self._on_state)
+
     def _clock(self) -> float:
         return time.monotonic() - self._t0
 
@@ -165,7 +173,7 @@ class ResilientSession(Session):
                 self._suspect(Suspected(device=device, at_s=self._clock(), silent_s=0.0), why=f"exit {code}")
 
     def _suspect(self, event: Suspected, why: str) -> None:
-        self.state = apply(self.state, event)
+        self._apply(event)
         self._event("suspected", device=event.device, silent_s=round(event.silent_s, 3), why=why)
         result: list = []
         address, port = self._probe_ports.get(event.device, (None, None))
@@ -219,9 +227,8 @@ class ResilientSession(Session):
             if beat.doc["kind"] == "leave":
                 losses[beat.device] = Loss(beat.device, "left", leaving=True)
                 continue
-            self.state = apply(self.state, Heartbeat(device=beat.device, at_s=self._clock(),
-                                                     round=int(beat.doc.get("round", 0)),
-                                                     samples_per_s=float(beat.doc.get("samples_per_s", 0.0))))
+            self._apply(Heartbeat(device=beat.device, at_s=self._clock(), round=int(beat.doc.get("round", 0)),
+                                  samples_per_s=float(beat.doc.get("samples_per_s", 0.0))))
         for suspect in find_suspects(self.state, self._clock(), self.recovery.timeout_s):
             self._suspect(suspect, why=f"silent for {suspect.silent_s:.1f} s")
         for device, result in list(self._probes.items()):
@@ -230,7 +237,7 @@ class ResilientSession(Session):
             del self._probes[device]
             heard = self.state.devices[device].health == "alive"  # a beat arrived while the probe ran
             if result[0] or heard:
-                self.state = apply(self.state, ProbeAnswered(device=device, at_s=self._clock()))
+                self._apply(ProbeAnswered(device=device, at_s=self._clock()))
                 self._event("probe-answered", device=device)
             elif device not in losses:
                 losses[device] = Loss(device, "probe unanswered")
@@ -417,7 +424,7 @@ class ResilientSession(Session):
         return self.generation
 
     def _lose(self, loss: "Loss") -> None:
-        self.state = apply(self.state, Lost(device=loss.device, at_s=self._clock(), reason=loss.reason))
+        self._apply(Lost(device=loss.device, at_s=self._clock(), reason=loss.reason))
         self._event("lost", device=loss.device, reason=loss.reason)
         self.lost.append(loss.device)
         if not loss.leaving:
@@ -563,8 +570,8 @@ class ResilientSession(Session):
         check_schedule(self.schedule)
         self.topo = Topology.of(self.schedule)
         self._previous, self._layout = base, Layout(self.generation, self.plan, profile)
-        self.state = apply(self.state, Replanned(at_s=self._clock(), method=doc["method"],
-                                                 devices=list(self.topo.devices), resume_round=resume))
+        self._apply(Replanned(at_s=self._clock(), method=doc["method"], devices=list(self.topo.devices),
+                              resume_round=resume))
         self._resume_round = resume
         self._next_round = min(self._next_round, resume)  # rounds from `resume` on are replayed
         self._due = {r for r in self._due_rounds(self._options, resume)}

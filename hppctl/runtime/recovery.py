@@ -275,7 +275,7 @@ class ResilientSession(Session):
         store, devices = self.store.store, list(self.topo.devices)
         while self._next_round < until and store.check([f"metrics/{self._next_round}/{d}" for d in devices]):
             r = self._next_round
-            reports = {d: json.loads(store.get(f"metrics/{r}/{d}")) for d in devices}
+            reports = {d: bootstrap.read_json(store, f"metrics/{r}/{d}") for d in devices}
             for d in devices:
                 store.delete_key(f"metrics/{r}/{d}")
                 self._memory[d] = {k: reports[d][k] for k in ("rss_bytes", "peak_rss_bytes", "baseline_rss_bytes",
@@ -450,7 +450,7 @@ class ResilientSession(Session):
         devices = survivors + leavers
         store, keys = self.store.store, [f"{what}/{generation}/{d}" for d in devices]
         losses = self._await(lambda: store.check(keys), f"{', '.join(devices)} to stop for the re-plan", leavers)
-        return losses, ({} if losses else {d: json.loads(store.get(k)) for d, k in zip(devices, keys)})
+        return losses, ({} if losses else {d: bootstrap.read_json(store, k) for d, k in zip(devices, keys)})
 
     def _await(self, done: Callable[[], bool], what: str, leavers: list[str]) -> list["Loss"]:
         """Wait for `done` while detection goes on: [] once it holds, else the devices lost meanwhile

@@ -106,6 +106,11 @@ class ResilientSession(Session):
         self._on_state = on_state
         return super().run(on_round=on_round, on_event=on_event)
 
+    def probe_address(self, device: str) -> tuple[str, int] | None:
+        """Where the coordinator would probe `device` (the port its beats announce); None until heard."""
+        address, port = self._probe_ports.get(device, (None, 0))
+        return (address, port) if port else None
+
     # --- set-up ---------------------------------------------------------------------------------
     def _host_store(self, timeout_s: float) -> bootstrap.RunStore:
         store = super()._host_store(timeout_s)

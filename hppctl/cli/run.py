@@ -243,7 +243,12 @@ def train(plan, cluster, options, data, *, checkpoint_dir=None, resume=False, me
                 def on_status(rows: list[dict]) -> None:
                     progress.rows = rows
 
-                result = session.run(on_round=on_round, on_event=on_event, on_fault=on_fault, on_status=on_status)
+                def on_state(event) -> None:  # the coordinator's full event log (it keeps only the last ones)
+                    if metrics_file is not None:
+                        metrics_file.write(json.dumps({"event": "state", **event.model_dump(mode="json")}) + "\n")
+
+                result = session.run(on_round=on_round, on_event=on_event, on_fault=on_fault, on_status=on_status,
+                                     on_state=on_state)
             else:
                 result = session.run(on_round=on_round, on_event=on_event)
             progress.update(task, completed=options.rounds)

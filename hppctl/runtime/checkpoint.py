@@ -12,15 +12,23 @@ Every file is written to a temporary name, fsynced and renamed, so a run killed 
 leaves either a complete round or an incomplete one that `--resume` ignores. The newest
 `KEEP` complete rounds are kept. `COMPLETE.json` records what a resumed run must agree on
 (plan, dataset, seed, optimizer, …): resuming with anything else is refused, naming the field.
+Temporary names come from `mkstemp` (unpredictable, created exclusively).
+
+`LOCK` is opened without following a symbolic link and never truncated before it is held: a `LOCK`
+that is a link, a hard link or not a regular file is refused (exit 2), so the lock cannot be used
+to empty another file.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import shutil
 import socket
+import stat
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,17 +48,64 @@ def _round_dir(root: Path, round_index: int) -> Path:
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write through a temporary file beside `path` and rename it over `path`. The temporary's name
+    comes from `mkstemp` (random, O_EXCL): a predictable name lets another user plant a link there."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_current_umask())  # mkstemp makes 0600; keep the permissions open() gave
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _current_umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
+def open_lock_file(path: Path) -> int:
+    """A descriptor on the lock file `path`, created if missing, never truncated here.
+
+    O_NOFOLLOW: a symbolic link at `path` is refused, not followed (it used to let the lock empty
+    the file it pointed to). A hard link (more than one name) or anything but a regular file is
+    refused too: truncating it once held would empty that other name's content."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise BadInput(f"--checkpoint-dir: {path}: is a symbolic link; the lock must be a regular file "
+                           f"(remove the link)") from None
+        raise BadInput(f"--checkpoint-dir: {path}: cannot open the lock file ({e.strerror or e})") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        os.close(fd)
+        what = "has other hard links" if stat.S_ISREG(info.st_mode) else "is not a regular file"
+        raise BadInput(f"--checkpoint-dir: {path}: {what}; the lock must be a regular file of its own (remove it)")
+    return fd
+
+
+def check_lock_file(path: Path) -> None:
+    """Refuse (`BadInput`) a `LOCK` that `open_lock_file` would refuse, without creating or opening it:
+    the CLI calls this before it starts anything."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise BadInput(f"--checkpoint-dir: {path}: cannot inspect the lock file ({e.strerror or e})") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise BadInput(f"--checkpoint-dir: {path}: is a symbolic link; the lock must be a regular file "
+                       f"(remove the link)")
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        what = "has other hard links" if stat.S_ISREG(info.st_mode) else "is not a regular file"
+        raise BadInput(f"--checkpoint-dir: {path}: {what}; the lock must be a regular file of its own (remove it)")
 
 
 class CheckpointDir:
@@ -62,7 +117,7 @@ class CheckpointDir:
     def lock(self) -> None:
         """Take the directory's lock or raise `CheckpointLocked` naming the holder."""
         self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_lock_file(self.path / "LOCK")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -70,7 +125,7 @@ class CheckpointDir:
             os.close(fd)
             raise CheckpointLocked(f"--checkpoint-dir {self.path}: in use by another run ({holder}); "
                                    f"two runs must not share a checkpoint directory") from None
-        os.ftruncate(fd, 0)
+        os.ftruncate(fd, 0)  # our own regular file (open_lock_file), now held: the last holder's line goes
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
         self._lock_fd = fd
 

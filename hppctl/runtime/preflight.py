@@ -6,6 +6,8 @@ as starting processes on devices with a plan it cannot execute.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hppctl.errors import BadInput, PlanMismatch
 from hppctl.models.cluster import ClusterSpec
 from hppctl.models.plan import HppPlan
@@ -135,3 +137,13 @@ def preflight(plan: HppPlan, cluster: ClusterSpec, dataset: str, *, profile: Pro
     check_schedule(plan, plan_source)
     check_model(plan, plan_source)
     return check_data(plan, dataset)
+
+
+# --- checkpoints ----------------------------------------------------------------------------------
+
+def check_checkpoint(checkpoint_dir) -> None:
+    """The checkpoint directory's `LOCK` can be taken safely (`BadInput`, exit 2, naming it), checked
+    before anything starts: the lock itself is taken inside the run, after the progress display."""
+    from hppctl.runtime.checkpoint import check_lock_file
+
+    check_lock_file(Path(checkpoint_dir) / "LOCK")

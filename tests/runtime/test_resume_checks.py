@@ -1,4 +1,4 @@
-"""`--checkpoint-dir` / `--resume` on a damaged or hostile checkpoint (issue 23, item 6).
+"""`--checkpoint-dir` / `--resume` on a damaged or hostile checkpoint (issue 23, items 6 and 9).
 
 Every refusal comes before any worker starts: exit 2, one `error:` line naming the file and what is
 wrong, no traceback, and nothing in the checkpoint directory (or outside it) changed. A real
@@ -148,3 +148,160 @@ def test_a_temporary_name_cannot_be_planted(tmp_path):
     write_bytes_atomic(target, b"stage state")
     assert victim.read_text() == "precious\n" and target.read_bytes() == b"stage state"
     assert [p.name for p in target.parent.iterdir() if p.name.startswith(".") and not p.is_symlink()] == []
+
+
+# --- item 9: the round to resume, checked before workers start -------------------------------------
+
+def test_each_stage_file_digest_is_recorded(ck):
+    meta = json.loads((ck / NEWEST / COMPLETE).read_text())
+    assert meta["sha256"] == {f"stage-{p}.pt": hashlib.sha256(stage_path(ck, p).read_bytes()).hexdigest()
+                              for p in (0, 1)}
+
+
+def test_a_truncated_stage_file_is_refused(cli, ck):
+    data = stage_path(ck, 0).read_bytes()
+    stage_path(ck, 0).write_bytes(data[:1000])
+    # it used to be found by the worker (exit 1, a traceback per device)
+    assert_refused(cli, ck, str(stage_path(ck, 0)), "SHA-256")
+
+
+def test_an_altered_stage_file_is_refused_by_its_digest(cli, ck):
+    state = load_stage(ck, 1)
+    state["model"]["model.head.bias"] += 1.0  # loads fine, right shapes: only the digest tells
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    stage_path(ck, 1).write_bytes(buf.getvalue())
+    assert_refused(cli, ck, str(stage_path(ck, 1)), "SHA-256", "truncated or altered")
+
+
+def test_a_tensor_of_another_shape_is_refused(cli, ck):
+    state = load_stage(ck, 1)
+    state["model"]["model.head.weight"] = torch.zeros(10, 32)
+    replace_stage(ck, 1, state)
+    assert_refused(cli, ck, str(stage_path(ck, 1)), "model.head.weight has shape [10, 32], the stage's is [10, 64]")
+
+
+def test_a_missing_tensor_is_refused(cli, ck):
+    state = load_stage(ck, 0)
+    del state["model"]["model.blocks.0.0.bias"]
+    replace_stage(ck, 0, state)
+    assert_refused(cli, ck, str(stage_path(ck, 0)), "model.blocks.0.0.bias is missing")
+
+
+def test_optimizer_state_of_another_shape_is_refused(cli, ck):
+    state = load_stage(ck, 1)
+    state["optimizer"]["state"][0]["momentum_buffer"] = torch.zeros(3)
+    replace_stage(ck, 1, state)
+    assert_refused(cli, ck, str(stage_path(ck, 1)), "optimizer.state.0.momentum_buffer")
+
+
+def test_nan_weights_are_refused_naming_the_tensor(cli, ck):
+    state = load_stage(ck, 1)
+    state["model"]["model.head.weight"][0, 0] = float("nan")
+    replace_stage(ck, 1, state)
+    # it used to resume and train on silently
+    assert_refused(cli, ck, str(stage_path(ck, 1)), "tensor model.head.weight holds 1 NaN or infinite value")
+
+
+class Payload:
+    """Anything pickle can name: `weights_only` refuses the global."""
+
+    def __reduce__(self):
+        return (print, ("a stage file ran code",))
+
+
+def test_a_pickle_payload_is_refused_in_one_line(cli, ck):
+    replace_stage(ck, 0, {"round": 2, "stage": 0, "model": {}, "optimizer": Payload()})
+    # weights_only refused it, but as an UnpicklingError traceback in the worker
+    line = assert_refused(cli, ck, str(stage_path(ck, 0)), "weights_only", "UnpicklingError")
+    assert len(line) < 400
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_as_stage_file_is_refused_without_blocking(cli, ck):
+    stage_path(ck, 0).unlink()
+    os.mkfifo(stage_path(ck, 0))
+    assert_refused(cli, ck, str(stage_path(ck, 0)), "not a regular file")
+
+
+def test_a_missing_stage_file_is_refused(cli, ck):
+    stage_path(ck, 1).unlink()
+    assert_refused(cli, ck, str(stage_path(ck, 1)), "missing")
+
+
+@pytest.mark.parametrize("damage, says", [
+    (lambda text: text[:100], "malformed JSON"),
+    (lambda text: "[1, 2]", "expected a JSON object at the top level, got list"),
+    (lambda text: "[" * 100_000, "nested too deeply"),
+    (lambda text: "", "malformed JSON"),
+])
+def test_a_damaged_record_is_refused(cli, ck, damage, says):
+    meta_file = ck / NEWEST / COMPLETE
+    meta_file.write_text(damage(meta_file.read_text()))
+    # each was a traceback (JSONDecodeError, TypeError)
+    assert_refused(cli, ck, str(meta_file), says)
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda m: {k: v for k, v in m.items() if k != "stages"}, "stages: must list the stage numbers"),
+    (lambda m: {k: v for k, v in m.items() if k != "round"}, "round: must be 2"),
+    (lambda m: {**m, "stages": [0, "1"]}, "stages: must list the stage numbers"),
+    (lambda m: {**m, "lost": [1]}, "lost: must be a list of device names"),
+    (lambda m: {**m, "lost": "b"}, "lost: must be a list of device names"),
+    (lambda m: {**m, "origin_plan": 7}, "origin_plan: must be a plan digest"),
+    (lambda m: {**m, "plan": {"kind": "hpp"}}, "COMPLETE.json: plan: "),
+    (lambda m: {**m, "plan": [1]}, "plan: expected a mapping"),
+    (lambda m: {**m, "sha256": {"stage-0.pt": "x"}}, "sha256: must map stage-0.pt, stage-1.pt to 64 hex digits"),
+])
+def test_a_record_with_wrong_fields_is_refused(cli, ck, change, says):
+    meta_file = edit_meta(ck, change)
+    assert_refused(cli, ck, str(meta_file), says)
+
+
+def test_a_replanned_lineage_with_a_broken_plan_is_refused(cli, ck):
+    from hppctl.runtime.session import plan_digest
+
+    def broken(meta):
+        meta["plan"]["stages"][0]["devices"] = 5
+        return {**meta, "origin_plan": plan_digest(PLAN), "lost": ["c"]}
+    # plan_to_resume validated the recorded plan with a pydantic traceback
+    assert_refused(cli, ck, str(edit_meta(ck, broken)), "plan: stages.0.devices")
+
+
+def test_a_recorded_plan_cut_past_the_model_is_refused(cli, ck):
+    def past(meta):
+        meta["plan"]["stages"][1]["layers"] = [2, 99]
+        return meta
+    assert_refused(cli, ck, str(edit_meta(ck, past)), "its stages end at layer 99 where this run's end at 5")
+
+
+def test_a_round_to_recut_is_checked_too(cli, ck):
+    # another plan of the model: the round is re-cut, from stage files checked against the plan that wrote them
+    save(ck.parent / "plan.yaml", make_plan("tiny-mlp", [((0, 1), ["a"], [4]), ((1, 5), ["b"], [4])],
+                                            global_batch=16, micro_batch=4))
+    state = load_stage(ck, 0)
+    state["model"]["model.blocks.0.0.weight"][1, 1] = float("inf")
+    replace_stage(ck, 0, state)
+    before = snapshot(ck)
+    code, out, err = cli(*run_args(ck.parent, ck), "--resume")
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and out == "" and "Traceback" not in err and len(errors) == 1, err
+    assert f"{stage_path(ck, 0)}: tensor model.blocks.0.0.weight holds 1 NaN or infinite value" in errors[0]
+    assert snapshot(ck) == before
+
+
+def test_a_setting_mismatch_is_one_line_before_anything_starts(cli, ck):
+    # it used to be refused from inside the run, after the progress line (two lines on stderr)
+    before = snapshot(ck)
+    code, out, err = cli(*run_args(ck.parent, ck), "--resume", "--seed", "5")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert "seed is 0, this run has 5" in err and snapshot(ck) == before
+
+
+def test_a_checkpoint_from_before_digests_resumes_with_a_note(cli, ck):
+    edit_meta(ck, lambda m: {k: v for k, v in m.items() if k != "sha256"})
+    code, out, err = cli(*run_args(ck.parent, ck), "--resume", "--json")
+    assert code == 0, err
+    assert json.loads(out)["start_round"] == 2
+    assert "records no stage file digests" in err
+    assert "sha256" in json.loads((ck / "round-00000003" / COMPLETE).read_text())  # the next round has them

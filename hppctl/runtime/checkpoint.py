@@ -335,7 +335,7 @@ def short_repr(value: object) -> str:
 
 def first_line(error: BaseException) -> str:
     """The first line of an exception's message, at most 80 characters (torch's run to a page)."""
-    lines = str(error).strip().splitlines()
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip().splitlines()  # no terminal escapes
     text = lines[0] if lines else error.__class__.__name__
     return text if len(text) <= 80 else text[:77] + "..."
 

@@ -1,10 +1,13 @@
 """Checks made before any worker starts: plan, profile, cluster, model and dataset must agree.
 
 Every failure is `BadInput` (exit 2) naming the file and what disagrees, so a run never gets as far
-as starting processes on devices with a plan it cannot execute.
+as starting processes on devices with a plan it cannot execute. `check_checkpoint` does the same for
+the checkpoint directory: its lock file and, with `--resume`, the round the workers would load.
 """
 
 from __future__ import annotations
+
+import re
 
 from hppctl.errors import BadInput, PlanMismatch
 from hppctl.models.cluster import ClusterSpec
@@ -214,7 +217,16 @@ def _load_stage_file(path, blob: bytes) -> object:
         return torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
     except Exception as e:  # noqa: BLE001 - torch.load raises a dozen types on a damaged or hostile file
         raise BadInput(f"--resume: {path}: not a stage file torch loads with weights_only "
-                       f"({e.__class__.__name__}: {first_line(e)})") from None
+                       f"({_load_failure(e)})") from None
+
+
+def _load_failure(error: Exception) -> str:
+    """What torch.load said, in a few words: its UnpicklingError is a page with terminal escapes
+    whose useful part is the global it refused (`builtins.print` in a planted payload)."""
+    refused = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(error))
+    if refused:
+        return f"{error.__class__.__name__}: it names {refused.group(1)}, a pickled object, not tensors"
+    return f"{error.__class__.__name__}: {first_line(error)}"
 
 
 def _check_stage_record(path, state: object, round_index: int, stage: int) -> None:

@@ -13,7 +13,7 @@ and renamed, so a run killed at any moment leaves either a complete round or an 
 `--resume` ignores. The newest `KEEP` complete rounds are kept. `COMPLETE.json` records what a
 resumed run must agree on (plan, dataset, seed, optimizer, …): resuming with anything else is
 refused, naming the field; and the SHA-256 of every stage file (`sha256`), checked before a resumed
-run starts its workers (docs/formats.md, "Checkpoints").
+run starts its workers (docs/formats.md, "Checkpoint directory").
 
 `LOCK` is opened without following a symbolic link and never truncated before it is held: a `LOCK`
 that is a link, a hard link or not a regular file is refused (exit 2), so the lock cannot be used
@@ -284,7 +284,7 @@ def read_meta(path: Path, round_index: int) -> dict:
         meta = json.loads(read_regular_file(path, MAX_META_BYTES).decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise BadInput(f"--resume: {path}: malformed JSON ({first_line(e)}); the round is damaged: remove "
-                       f"{path.parent} to resume from the round before") from None
+                       f"{path.parent} to resume from the round before, if one is kept") from None
     except RecursionError:
         raise BadInput(f"--resume: {path}: nested too deeply to be a checkpoint record") from None
     if not isinstance(meta, dict):

@@ -235,7 +235,7 @@ def _check_stage_record(path, state: object, round_index: int, stage: int) -> No
     if not isinstance(state, dict):
         raise BadInput(f"--resume: {path}: expected a stage record (a dict), got {type(state).__name__}")
     for key, want in (("round", round_index), ("stage", stage)):
-        if state.get(key) != want:
+        if type(state.get(key)) is not int or state.get(key) != want:  # (a tensor would compare elementwise)
             raise BadInput(f"--resume: {path}: {key} is {short_repr(state.get(key))}, its round's record says {want}")
     model = state.get("model")
     if not isinstance(model, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
@@ -247,6 +247,11 @@ def _check_stage_record(path, state: object, round_index: int, stage: int) -> No
     moments = optimizer.get("state", {})
     if not isinstance(moments, dict) or not all(isinstance(v, dict) for v in moments.values()):
         raise BadInput(f"--resume: {path}: optimizer.state: expected per-parameter dicts, got {short_repr(moments)}")
+    moment_tensors = [v for values in moments.values() for v in values.values() if isinstance(v, torch.Tensor)]
+    for tensor in (*model.values(), *moment_tensors):
+        if tensor.layout != torch.strided or tensor.device.type != "cpu":  # meta or sparse: no values to load
+            raise BadInput(f"--resume: {path}: holds a {tensor.layout} tensor on {tensor.device.type}, not a dense "
+                           f"CPU tensor as the workers write")
 
 
 def _check_tensor_shapes(path, tensors: dict, shapes: dict) -> None:

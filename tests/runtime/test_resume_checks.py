@@ -203,6 +203,22 @@ def test_nan_weights_are_refused_naming_the_tensor(cli, ck):
     assert_refused(cli, ck, str(stage_path(ck, 1)), "tensor model.head.weight holds 1 NaN or infinite value")
 
 
+@pytest.mark.parametrize("payload, says", [
+    (lambda state: [1, 2], "expected a stage record (a dict), got list"),
+    (lambda state: {**state, "round": torch.zeros(3)}, "round is tensor("),
+    (lambda state: {**state, "stage": 1}, "stage is 1, its round's record says 0"),
+    (lambda state: {**state, "model": {"model.blocks.0.0.weight": 1.0}}, "model: expected tensors by name"),
+    (lambda state: {**state, "optimizer": None}, "optimizer: expected a state dict"),
+    (lambda state: {**state, "model": {**state["model"], "model.blocks.0.0.bias": torch.zeros(64, device="meta")}},
+     "not a dense CPU tensor"),
+    (lambda state: {**state, "model": {**state["model"], "model.blocks.0.0.bias": torch.zeros(64).to_sparse()}},
+     "not a dense CPU tensor"),
+])
+def test_a_stage_record_of_other_types_is_refused(cli, ck, payload, says):
+    replace_stage(ck, 0, payload(load_stage(ck, 0)))
+    assert_refused(cli, ck, str(stage_path(ck, 0)), says)
+
+
 class Payload:
     """Anything pickle can name: `weights_only` refuses the global."""
 

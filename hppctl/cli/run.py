@@ -77,7 +77,7 @@ def run_command(
     from hppctl.models.plan import HppPlan
     from hppctl.models.profile import Profile
     from hppctl.runtime.config import TrainOptions
-    from hppctl.runtime.preflight import preflight
+    from hppctl.runtime.preflight import check_checkpoint, preflight
     from hppctl.store import load
 
     if plan is None:
@@ -156,6 +156,8 @@ def run_command(
     from hppctl.cli.coordinator import recovery_options
     recovery = recovery_options(prof, heartbeat=heartbeat, timeout=failure_timeout, probe_timeout=probe_timeout,
                                 replan=replan, replicate_every=replicate_every) if window is None else None
+    for line in check_checkpoint(checkpoint_dir, hpp, options, resume=resume) if checkpoint_dir else ():
+        note(line)  # the lock file and the round to resume, before anything starts (runtime/preflight.py)
     summary = train(hpp, inventory, options, data, checkpoint_dir=checkpoint_dir, resume=resume, metrics=metrics,
                     trace=trace, save_model=save_model, listen=listen, log=log, plan_source=str(plan), schedule=window,
                     recovery=recovery, lineage=lineage, bn_recalibrate=bn_recalibrate)

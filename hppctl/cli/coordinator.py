@@ -84,6 +84,8 @@ def describe(event: dict) -> str:
         if longest:
             line += " (longest steps: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in longest) + ")"
         return line
+    if kind == "dropped":
+        return f"dropped {event['count']} datagram(s) on the heartbeat port ({event['total']} in all), e.g. {event['why']}"
     return f"{kind}: {event.get('device', '')} {event.get('why', event.get('reason', ''))}".strip()
 
 

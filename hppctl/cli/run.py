@@ -77,7 +77,7 @@ def run_command(
     from hppctl.models.plan import HppPlan
     from hppctl.models.profile import Profile
     from hppctl.runtime.config import TrainOptions
-    from hppctl.runtime.preflight import preflight
+    from hppctl.runtime.preflight import check_checkpoint, preflight
     from hppctl.store import load
 
     if plan is None:
@@ -156,6 +156,8 @@ def run_command(
     from hppctl.cli.coordinator import recovery_options
     recovery = recovery_options(prof, heartbeat=heartbeat, timeout=failure_timeout, probe_timeout=probe_timeout,
                                 replan=replan, replicate_every=replicate_every) if window is None else None
+    for line in check_checkpoint(checkpoint_dir, hpp, options, resume=resume) if checkpoint_dir else ():
+        note(line)  # the lock file and the round to resume, before anything starts (runtime/preflight.py)
     summary = train(hpp, inventory, options, data, checkpoint_dir=checkpoint_dir, resume=resume, metrics=metrics,
                     trace=trace, save_model=save_model, listen=listen, log=log, plan_source=str(plan), schedule=window,
                     recovery=recovery, lineage=lineage, bn_recalibrate=bn_recalibrate)
@@ -243,7 +245,12 @@ def train(plan, cluster, options, data, *, checkpoint_dir=None, resume=False, me
                 def on_status(rows: list[dict]) -> None:
                     progress.rows = rows
 
-                result = session.run(on_round=on_round, on_event=on_event, on_fault=on_fault, on_status=on_status)
+                def on_state(event) -> None:  # the coordinator's full event log (it keeps only the last ones)
+                    if metrics_file is not None:
+                        metrics_file.write(json.dumps({"event": "state", **event.model_dump(mode="json")}) + "\n")
+
+                result = session.run(on_round=on_round, on_event=on_event, on_fault=on_fault, on_status=on_status,
+                                     on_state=on_state)
             else:
                 result = session.run(on_round=on_round, on_event=on_event)
             progress.update(task, completed=options.rounds)

@@ -12,7 +12,11 @@ under a prefix derived from the token, and a worker joins by writing
 starts the run only when every device has joined with a valid proof. A process without the token
 cannot find the run's keys nor forge a join. Limits: the store protocol itself is unauthenticated
 and gloo traffic is not encrypted — run on networks you trust (the lab, a home LAN), as with
-torchrun.
+torchrun. Anyone who reaches the store's port can still store keys of their own (outside the run's
+prefix), as many as they like: torch's C++ server has no quota, so the launcher's memory grows
+with them. What the launcher reads back it bounds (`read_value`, `read_json`, `get_blob`): a value
+longer than a worker ever writes there, one that is not JSON, or a chunk count past
+MAX_BLOB_CHUNKS fails the run naming the key instead of being parsed (docs/security.md).
 
 Worker side, in pairs (style rule 15): `init_process_groups` ... `destroy_process_groups` in a
 `finally`.
@@ -24,6 +28,7 @@ import datetime
 import fcntl
 import hashlib
 import hmac
+import json
 import os
 import secrets
 import socket
@@ -36,6 +41,15 @@ from hppctl.errors import BadInput, RuntimeFailure
 
 CHUNK_BYTES = 4 * 2**20
 """The libuv TCPStore refuses values over 8 MiB; large values (state dicts) travel in chunks."""
+MAX_VALUE_BYTES = 8 * 2**20
+"""The most the launcher takes from one key: what torch's libuv store accepts in one set (its
+MAX_PAYLOAD_LEN). Only a value grown by `append` can be longer, and no worker appends."""
+MAX_SHORT_BYTES = 4096
+"""Keys holding a line (a join proof, a pid, a chunk count)."""
+MAX_MESSAGE_BYTES = 64 * 2**10
+"""A worker's error message (`failed/<device>`; a worker writes at most 2000 characters)."""
+MAX_BLOB_CHUNKS = 2**14
+"""A blob of up to 64 GiB (16384 chunks of 4 MiB): more is not a state dict hppctl wrote."""
 
 
 def new_token() -> str:
@@ -161,8 +175,8 @@ class RunStore:
         key = f"join/{device}"
         if not self.store.check([key]):
             return None
-        proof = self.store.get(key).decode()
-        return hmac.compare_digest(proof, join_proof(self.token, nonce, device))
+        proof = read_value(self.store, key, MAX_SHORT_BYTES)
+        return hmac.compare_digest(proof, join_proof(self.token, nonce, device).encode())
 
 
 # --- the worker side -------------------------------------------------------------------------------
@@ -343,9 +357,47 @@ def has_blob(store, key: str) -> bool:
     return store.check([f"{key}/n"])
 
 
+def read_value(store, key: str, limit: int) -> bytes:
+    """The value of `key`, refused (RuntimeFailure naming the key) when longer than `limit`. The
+    store has no way to ask a value's length first: this bounds what is kept and parsed, and a value
+    can only exceed MAX_VALUE_BYTES if it was grown by `append`."""
+    value = store.get(key)
+    if len(value) > limit:
+        raise RuntimeFailure(f"the run's store holds {len(value)} bytes under {key!r}, more than the {limit} a "
+                             f"worker writes there: refused (is something other than this run's workers writing "
+                             f"to the store? docs/security.md)")
+    return value
+
+
+def read_json(store, key: str, limit: int = MAX_VALUE_BYTES) -> dict:
+    """A worker's JSON report under `key` (a dict), bounded by `limit`; RuntimeFailure otherwise."""
+    value = read_value(store, key, limit)
+    try:
+        doc = json.loads(value)
+    except (ValueError, RecursionError):
+        doc = None
+    if not isinstance(doc, dict):
+        raise RuntimeFailure(f"the run's store holds something other than a worker's report under {key!r} "
+                             f"({len(value)} bytes): refused")
+    return doc
+
+
+def read_line(store, key: str, limit: int = MAX_SHORT_BYTES) -> str:
+    """A short text value (pid, chunk count, error message): bounded, undecodable bytes replaced."""
+    return read_value(store, key, limit).decode(errors="replace")
+
+
+def blob_chunks(store, key: str) -> int:
+    text = read_line(store, f"{key}/n").strip()
+    if not (text.isdigit() and 0 < int(text) <= MAX_BLOB_CHUNKS):
+        raise RuntimeFailure(f"the run's store says {key!r} has {text[:40]!r} chunks (1 to {MAX_BLOB_CHUNKS}): "
+                             f"refused")
+    return int(text)
+
+
 def get_blob(store, key: str, *, delete: bool = False) -> bytes:
-    n = int(store.get(f"{key}/n").decode())
-    parts = [store.get(f"{key}/{i}") for i in range(n)]
+    n = blob_chunks(store, key)
+    parts = [read_value(store, f"{key}/{i}", CHUNK_BYTES) for i in range(n)]
     if delete:
         for i in range(n):
             store.delete_key(f"{key}/{i}")

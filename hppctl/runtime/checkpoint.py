@@ -8,19 +8,30 @@ works the same for local and SSH workers):
     DIR/round-00000010/stage-1.pt
     DIR/round-00000010/COMPLETE.json  written last: the round counts only once it exists
 
-Every file is written to a temporary name, fsynced and renamed, so a run killed at any moment
-leaves either a complete round or an incomplete one that `--resume` ignores. The newest
-`KEEP` complete rounds are kept. `COMPLETE.json` records what a resumed run must agree on
-(plan, dataset, seed, optimizer, …): resuming with anything else is refused, naming the field.
+Every file is written to a temporary name (`mkstemp`: unpredictable, created exclusively), fsynced
+and renamed, so a run killed at any moment leaves either a complete round or an incomplete one that
+`--resume` ignores. The newest `KEEP` complete rounds are kept. `COMPLETE.json` records what a
+resumed run must agree on (plan, dataset, seed, optimizer, …): resuming with anything else is
+refused, naming the field; and the SHA-256 of every stage file (`sha256`), checked before a resumed
+run starts its workers (docs/formats.md, "Checkpoint directory").
+
+`LOCK` is opened without following a symbolic link and never truncated before it is held: a `LOCK`
+that is a link, a hard link or not a regular file is refused (exit 2), so the lock cannot be used
+to empty another file.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
+import hashlib
 import json
 import os
+import re
 import shutil
 import socket
+import stat
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,6 +40,11 @@ from hppctl.store import write_text_atomic
 
 KEEP = 2
 COMPLETE = "COMPLETE.json"
+DIGESTS = "sha256"
+"""COMPLETE.json key: {"stage-0.pt": "<64 hex digits>", …}, the SHA-256 of each stage file."""
+MAX_META_BYTES = 64 * 2**20
+"""A COMPLETE.json larger than this is not one hppctl wrote (a plan of 10^5 stages is ~30 MB)."""
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 class CheckpointLocked(RuntimeFailure):
@@ -39,18 +55,97 @@ def _round_dir(root: Path, round_index: int) -> Path:
     return root / f"round-{round_index:08d}"
 
 
+def stage_file_name(stage: int) -> str:
+    return f"stage-{stage}.pt"
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write through a temporary file beside `path` and rename it over `path`. The temporary's name
+    comes from `mkstemp` (random, O_EXCL): a predictable name lets another user plant a link there."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_current_umask())  # mkstemp makes 0600; keep the permissions open() gave
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _current_umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
+def read_regular_file(path: Path, limit: int | None = None) -> bytes:
+    """The bytes of `path`, which must be a regular file (`BadInput` otherwise, naming it).
+
+    Opened non-blocking and checked with fstat before reading, so a FIFO or a device planted in a
+    checkpoint directory is refused instead of blocking the run forever."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise BadInput(f"--resume: {path}: missing (the round's {COMPLETE} lists it)") from None
+    except OSError as e:
+        raise BadInput(f"--resume: {path}: cannot read ({e.strerror or e})") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise BadInput(f"--resume: {path}: not a regular file")
+        if limit is not None and info.st_size > limit:
+            raise BadInput(f"--resume: {path}: {info.st_size} bytes, more than the {limit} a checkpoint file "
+                           f"of this kind can hold")
+        try:
+            return f.read()
+        except OSError as e:
+            raise BadInput(f"--resume: {path}: cannot read ({e.strerror or e})") from None
+
+
+def open_lock_file(path: Path) -> int:
+    """A descriptor on the lock file `path`, created if missing, never truncated here.
+
+    O_NOFOLLOW: a symbolic link at `path` is refused, not followed (it used to let the lock empty
+    the file it pointed to). A hard link (more than one name) or anything but a regular file is
+    refused too: truncating it once held would empty that other name's content."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise BadInput(f"--checkpoint-dir: {path}: is a symbolic link; the lock must be a regular file "
+                           f"(remove the link)") from None
+        raise BadInput(f"--checkpoint-dir: {path}: cannot open the lock file ({e.strerror or e})") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        os.close(fd)
+        what = "has other hard links" if stat.S_ISREG(info.st_mode) else "is not a regular file"
+        raise BadInput(f"--checkpoint-dir: {path}: {what}; the lock must be a regular file of its own (remove it)")
+    return fd
+
+
+def check_lock_file(path: Path) -> None:
+    """Refuse (`BadInput`) a `LOCK` that `open_lock_file` would refuse, without creating or opening it:
+    the CLI calls this before it starts anything."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise BadInput(f"--checkpoint-dir: {path}: cannot inspect the lock file ({e.strerror or e})") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise BadInput(f"--checkpoint-dir: {path}: is a symbolic link; the lock must be a regular file "
+                       f"(remove the link)")
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        what = "has other hard links" if stat.S_ISREG(info.st_mode) else "is not a regular file"
+        raise BadInput(f"--checkpoint-dir: {path}: {what}; the lock must be a regular file of its own (remove it)")
 
 
 class CheckpointDir:
@@ -62,7 +157,7 @@ class CheckpointDir:
     def lock(self) -> None:
         """Take the directory's lock or raise `CheckpointLocked` naming the holder."""
         self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_lock_file(self.path / "LOCK")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -70,7 +165,7 @@ class CheckpointDir:
             os.close(fd)
             raise CheckpointLocked(f"--checkpoint-dir {self.path}: in use by another run ({holder}); "
                                    f"two runs must not share a checkpoint directory") from None
-        os.ftruncate(fd, 0)
+        os.ftruncate(fd, 0)  # our own regular file (open_lock_file), now held: the last holder's line goes
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
         self._lock_fd = fd
 
@@ -87,9 +182,11 @@ class CheckpointDir:
         where = _round_dir(self.path, round_index)
         where.mkdir(parents=True, exist_ok=True)
         for p, blob in sorted(stages.items()):
-            write_bytes_atomic(where / f"stage-{p}.pt", blob)
+            write_bytes_atomic(where / stage_file_name(p), blob)
+        digests = {stage_file_name(p): sha256_hex(blob) for p, blob in sorted(stages.items())}
         write_text_atomic(where / COMPLETE, json.dumps({**meta, "round": round_index, "stages": sorted(stages),
-                                                        "written_at": time.time()}, indent=2) + "\n")
+                                                        DIGESTS: digests, "written_at": time.time()},
+                                                       indent=2) + "\n")
         self._prune()
         return where
 
@@ -124,29 +221,123 @@ class CheckpointDir:
         if not rounds:
             return None
         where = _round_dir(self.path, rounds[-1]) / COMPLETE
-        return {**json.loads(where.read_text()), "_file": str(where)}
+        return {**read_meta(where, rounds[-1]), "_file": str(where)}
+
+    def newest_round(self, expected: dict) -> tuple[Path, dict, dict[int, bytes]] | None:
+        """The newest complete round as (its directory, its COMPLETE.json, its stage files), for a run
+        whose settings are `expected`; None: no round. `BadInput` naming the file if a setting but the
+        plan differs, or a stage file is missing, not a regular file, or not what its digest says."""
+        rounds = self.complete_rounds()
+        if not rounds:
+            return None
+        where = _round_dir(self.path, rounds[-1])
+        meta = read_meta(where / COMPLETE, rounds[-1])
+        for key, value in expected.items():
+            if key != "plan" and meta.get(key) != value:
+                raise BadInput(f"--resume: {where / COMPLETE}: {key} is {meta.get(key)!r}, this run has {value!r}; "
+                               f"resume with the same settings or use another --checkpoint-dir")
+        blobs = {p: read_regular_file(where / stage_file_name(p)) for p in meta["stages"]}
+        for p, blob in blobs.items():
+            check_digest(where / stage_file_name(p), blob, meta)
+        return where, meta, blobs
 
     def latest(self, expected: dict) -> tuple[int, dict[int, bytes]] | None:
         """The newest complete round (its number and stage files) for a run whose settings are `expected`.
 
         Its settings must match, but for the plan: a plan of the same model, granularity and global
         batch gets the round's state re-cut to its own stages (`recut`), so that a run can continue
-        on another plan (a device back, a re-profiled cluster) without losing what it learned."""
-        rounds = self.complete_rounds()
-        if not rounds:
+        on another plan (a device back, a re-profiled cluster) without losing what it learned.
+        The stage files' content (loadable, shapes, finite) is checked before this, by the CLI
+        (runtime/preflight.py: `check_checkpoint`), before the run takes the lock."""
+        found = self.newest_round(expected)
+        if found is None:
             return None
-        where = _round_dir(self.path, rounds[-1])
-        meta = json.loads((where / COMPLETE).read_text())
-        for key, value in expected.items():
-            if key != "plan" and meta.get(key) != value:
-                raise BadInput(f"--resume: {where / COMPLETE}: {key} is {meta.get(key)!r}, this run has {value!r}; "
-                               f"resume with the same settings or use another --checkpoint-dir")
-        blobs = {p: (where / f"stage-{p}.pt").read_bytes() for p in meta["stages"]}
+        where, meta, blobs = found
         old, new = meta.get("plan"), expected.get("plan")
         if new is None or old == new:
-            return rounds[-1], blobs
+            return meta["round"], blobs
         refuse_unless_recuttable(where / COMPLETE, old, new)
-        return rounds[-1], recut(blobs, old, new)
+        return meta["round"], recut(blobs, old, new)
+
+
+def check_digest(path: Path, blob: bytes, meta: dict) -> None:
+    """`BadInput` naming `path` if its SHA-256 is not the one its round's COMPLETE.json records.
+    Rounds written before digests existed record none: `read_meta` accepts them (see its docstring)."""
+    recorded = meta.get(DIGESTS, {}).get(path.name)
+    if recorded is None:
+        return
+    actual = sha256_hex(blob)
+    if actual != recorded:
+        raise BadInput(f"--resume: {path}: SHA-256 {actual[:16]}… ({len(blob)} bytes) is not the {recorded[:16]}… "
+                       f"{COMPLETE} records: the file changed after it was written (truncated or altered)")
+
+
+def read_meta(path: Path, round_index: int) -> dict:
+    """A round's COMPLETE.json, checked: `BadInput` naming the file and the field for anything that
+    is not what `write_round` writes (malformed JSON, not an object, missing or wrong fields, a plan
+    or lineage that does not validate), so that no later step meets a malformed record.
+
+    Rounds written before stage digests existed have no `sha256` field; they are accepted (their
+    stage files are still loaded safely and checked for shapes and finite values before workers
+    start) and the CLI says so in a note."""
+    try:
+        meta = json.loads(read_regular_file(path, MAX_META_BYTES).decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BadInput(f"--resume: {path}: malformed JSON ({first_line(e)}); the round is damaged: remove "
+                       f"{path.parent} to resume from the round before, if one is kept") from None
+    except RecursionError:
+        raise BadInput(f"--resume: {path}: nested too deeply to be a checkpoint record") from None
+    if not isinstance(meta, dict):
+        raise BadInput(f"--resume: {path}: expected a JSON object at the top level, got {type(meta).__name__}")
+    _check_meta_fields(path, meta, round_index)
+    return meta
+
+
+def _check_meta_fields(path: Path, meta: dict, round_index: int) -> None:
+    def bad(field: str, what: str) -> BadInput:
+        return BadInput(f"--resume: {path}: {field}: {what} (got {short_repr(meta.get(field))})")
+
+    if meta.get("round") != round_index or type(meta.get("round")) is not int:
+        raise bad("round", f"must be {round_index}, the round its directory names")
+    stages = meta.get("stages")
+    if (not isinstance(stages, list) or not stages or any(type(p) is not int for p in stages)
+            or stages != list(range(len(stages)))):
+        raise bad("stages", "must list the stage numbers 0, 1, … in order")
+    if "plan" in meta:
+        _check_meta_plan(path, meta["plan"], len(stages))
+    if "origin_plan" in meta and not (isinstance(meta["origin_plan"], str)
+                                      and re.fullmatch(r"sha256:[0-9a-f]{16}", meta["origin_plan"])):
+        raise bad("origin_plan", "must be a plan digest, sha256: and 16 hex digits")
+    if "lost" in meta and not (isinstance(meta["lost"], list) and all(isinstance(d, str) for d in meta["lost"])):
+        raise bad("lost", "must be a list of device names")
+    if DIGESTS in meta:
+        digests = meta[DIGESTS]
+        names = {stage_file_name(p) for p in stages}
+        if not (isinstance(digests, dict) and set(digests) == names
+                and all(isinstance(v, str) and _HEX64.fullmatch(v) for v in digests.values())):
+            raise bad(DIGESTS, f"must map {', '.join(sorted(names))} to 64 hex digits each")
+
+
+def _check_meta_plan(path: Path, document: object, stage_count: int) -> None:
+    from hppctl.models.plan import HppPlan
+    from hppctl.store import validate
+
+    plan = validate(HppPlan, document, f"--resume: {path}: plan")
+    if len(plan.stages) != stage_count:
+        raise BadInput(f"--resume: {path}: stages: {stage_count} stage files for a plan of {len(plan.stages)} stages")
+
+
+def short_repr(value: object) -> str:
+    """`repr(value)`, at most 80 characters: an error line never echoes a whole file."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an exception's message, at most 80 characters (torch's run to a page)."""
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip().splitlines()  # no terminal escapes
+    text = lines[0] if lines else error.__class__.__name__
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def refuse_unless_recuttable(source: object, old: object, new: dict) -> None:
@@ -165,6 +356,9 @@ def why_not_recut(old: object, new: dict) -> str | None:
     for key in ("model", "granularity", "global_batch"):
         if old.get(key) != new.get(key):
             return f"its {key} is {old.get(key)!r} where this run's is {new.get(key)!r}"
+    ends = [plan["stages"][-1]["layers"][1] for plan in (old, new)]
+    if ends[0] != ends[1]:  # a record cut past the model (recut would fail on it, not refuse it)
+        return f"its stages end at layer {ends[0]} where this run's end at {ends[1]}"
     if any(s.get("backward_layers") for plan in (old, new) for s in plan["stages"]):
         return "Bi-Partition stages cannot be re-cut"
     return None

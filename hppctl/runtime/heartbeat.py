@@ -5,12 +5,20 @@ hex. Heartbeats are UDP datagrams from a worker to the coordinator's address (th
 listens on); each valid one is answered with an acknowledgement that carries the coordinator's
 *generation* (how many re-plans it has made), which is how a worker learns, without polling, that
 it must stop its round and take part in a reconfiguration. A datagram with a missing or wrong
-MAC, from a device the run does not know, or from an address that is not its device's, is dropped
-and logged (`HeartbeatListener.dropped`).
+MAC, from a device the run does not know, from an address that is not its device's, or that is not
+newer than the device's last beat (a replay), is dropped and counted (`HeartbeatListener.dropped`:
+a counter and the last few reasons, so a flood costs no memory).
+
+Every byte that arrives is untrusted: MACs are compared as bytes (`hmac.compare_digest` raises on
+non-ASCII str), each message is handled inside its own try, and no listener thread ends on any
+input (issue 23: one datagram `x\t\xc3\xa9` used to end the coordinator's listener, and so the run).
 
 A probe is a separate TCP connection from the coordinator to the worker's probe port (announced in
 its heartbeats): the coordinator sends a fresh nonce, the worker answers `HMAC(token, probe|nonce|device)`.
-A stopped process, a killed one or a cut link cannot answer within the probe timeout.
+A stopped process, a killed one or a cut link cannot answer within the probe timeout. The responder
+serves many connections at once from one thread (a selector), each for at most `PROBE_READ_S` and
+`MAX_NONCE_BYTES`, and at most `MAX_PROBE_CONNECTIONS` of them (the oldest is closed for a new one):
+idle connections held open by anyone cannot keep the coordinator's probe out.
 
 Threads: `HeartbeatSender` and `ProbeResponder` run in the worker beside the training loop;
 `HeartbeatListener` runs in the coordinator. All three are daemons with `start`/`stop` pairs.
@@ -21,13 +29,29 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import secrets
+import selectors
 import socket
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 MAX_DATAGRAM = 2048
+"""Longer datagrams are cut to this by recvfrom (and then fail their MAC)."""
+MAX_REASON_CHARS = 160
+"""A dropped datagram's reason is cut to this (it quotes a device name from the datagram)."""
+RECENT_REASONS = 8
+"""How many of the latest drop reasons `DropLog` keeps."""
+MAX_PROBE_CONNECTIONS = 32
+PROBE_READ_S = 1.0
+"""How long one probe connection may take to send its nonce."""
+MAX_NONCE_BYTES = 64
+MAX_REPLY_BYTES = 128
+"""The coordinator reads at most this from a probed worker (an answer is 65 bytes)."""
+NONCE = re.compile(rb"[0-9a-f]{32}")
+"""The coordinator's nonces (secrets.token_hex(16)); the responder answers nothing else."""
 
 
 def sign(token: str, doc: dict) -> bytes:
@@ -37,23 +61,60 @@ def sign(token: str, doc: dict) -> bytes:
 
 
 def verify(token: str, data: bytes) -> dict | None:
-    """The message's JSON object if its MAC checks, else None."""
-    try:
-        body, _, mac = data.decode().rpartition("\t")
-    except UnicodeDecodeError:
+    """The message's JSON object if its MAC checks, else None; never raises, whatever `data` holds.
+    Bytes are compared, not str: `hmac.compare_digest` raises TypeError on non-ASCII str."""
+    body, tab, mac = data.rpartition(b"\t")
+    if not tab or not body:
         return None
-    expected = hmac.new(token.encode(), body.encode(), hashlib.sha256).hexdigest()
-    if not body or not hmac.compare_digest(mac, expected):
+    expected = hmac.new(token.encode(), body, hashlib.sha256).hexdigest().encode()
+    if not hmac.compare_digest(mac, expected):
         return None
     try:
         doc = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return doc if isinstance(doc, dict) else None
 
 
 def probe_answer(token: str, nonce: str, device: str) -> str:
     return hmac.new(token.encode(), f"probe|{nonce}|{device}".encode(), hashlib.sha256).hexdigest()
+
+
+def bounded(text: str, limit: int = MAX_REASON_CHARS) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+class DropLog:
+    """What the coordinator's listener refused: a count and the last few reasons (bounded memory)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._recent: deque[tuple[int, str]] = deque(maxlen=RECENT_REASONS)
+        self._lock = threading.Lock()
+
+    def add(self, reason: str) -> None:
+        with self._lock:
+            self.count += 1
+            self._recent.append((self.count, bounded(reason)))
+
+    def recent(self, after: int = 0) -> list[str]:
+        """The latest reasons (at most RECENT_REASONS), oldest first; only those of drops counted
+        past `after`."""
+        with self._lock:
+            return [reason for number, reason in self._recent if number > after]
+
+
+def _natural(value, upper: int | None = None) -> bool:
+    return type(value) is int and value >= 0 and (upper is None or value <= upper)
+
+
+def well_formed(doc: dict) -> bool:
+    """The fields the coordinator reads have the types it reads them as (a signed beat from a worker of
+    another version must not end the coordinator's loop)."""
+    rate = doc.get("samples_per_s", 0.0)
+    return (_natural(doc.get("seq", 0)) and _natural(doc.get("round", 0)) and _natural(doc.get("generation", 0))
+            and _natural(doc.get("probe_port", 0), 65535)
+            and type(rate) in (int, float) and 0 <= rate < float("inf"))
 
 
 class _SocketThread:
@@ -94,8 +155,10 @@ class HeartbeatListener(_SocketThread):
     """Per device, the addresses its heartbeats may come from."""
     port: int = 0
     generation: int = 0
-    dropped: list[str] = field(default_factory=list)
+    dropped: DropLog = field(default_factory=DropLog)
     _beats: list[Beat] = field(default_factory=list)
+    _last_seq: dict[str, int] = field(default_factory=dict)
+    """Per device, the sequence number of its newest accepted beat: an older or equal one is a replay."""
     _senders: dict[str, tuple[str, int]] = field(default_factory=dict)
     """Where each device's beats come from (address, port): acknowledgements go back there."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -119,13 +182,19 @@ class HeartbeatListener(_SocketThread):
                 data, (address, port, *_) = self._sock.recvfrom(MAX_DATAGRAM)
             except (socket.timeout, OSError):
                 continue
-            beat = self.accept(data, address)
-            if beat is None:
-                continue
-            with self._lock:
-                self._beats.append(beat)
-                self._senders[beat.device] = (address, port)
-            self._ack((address, port), beat.doc.get("seq", 0))
+            try:
+                self._handle(data, address, port)
+            except Exception as e:  # a bug on some input must cost that datagram, never the listener
+                self._drop(f"from {address}: {e.__class__.__name__} while reading it")
+
+    def _handle(self, data: bytes, address: str, port: int) -> None:
+        beat = self.accept(data, address)
+        if beat is None:
+            return
+        with self._lock:
+            self._beats.append(beat)
+            self._senders[beat.device] = (address, port)
+        self._ack((address, port), beat.doc.get("seq", 0))
 
     def _ack(self, to: tuple[str, int], seq: int) -> None:
         try:
@@ -142,20 +211,26 @@ class HeartbeatListener(_SocketThread):
             self._ack(to, 0)
 
     def accept(self, data: bytes, address: str) -> Beat | None:
-        """The beat if the datagram is valid; else None, with the reason logged in `dropped`."""
+        """The beat if the datagram is valid; else None, with the reason counted in `dropped`."""
         doc = verify(self.token, data)
         if doc is None:
             return self._drop(f"from {address}: wrong or missing run token")
         device = str(doc.get("device", ""))
         if doc.get("kind") not in ("heartbeat", "leave") or device not in self.addresses:
-            return self._drop(f"from {address}: unknown device {device!r}")
+            return self._drop(f"from {address}: unknown device {bounded(device, 40)!r}")
         if address not in self.addresses[device]:
             return self._drop(f"from {address}: not an address of device {device!r}")
+        if not well_formed(doc):
+            return self._drop(f"from {address}: malformed beat of device {device!r}")
+        seq = doc.get("seq", 0)
+        with self._lock:
+            if seq <= self._last_seq.get(device, 0):  # a worker numbers its beats from 1, once per run
+                return self._drop(f"from {address}: replayed beat {seq} of device {device!r}")
+            self._last_seq[device] = seq
         return Beat(device, address, time.monotonic(), doc)
 
     def _drop(self, reason: str) -> None:
-        with self._lock:
-            self.dropped.append(reason)
+        self.dropped.add(reason)
         return None
 
 
@@ -170,19 +245,25 @@ def probe(host: str, port: int, token: str, device: str, timeout_s: float) -> bo
             reply = b""
             while not reply.endswith(b"\n"):
                 conn.settimeout(max(0.01, deadline - time.monotonic()))
-                chunk = conn.recv(256)
+                chunk = conn.recv(MAX_REPLY_BYTES)
                 if not chunk:
                     return False
                 reply += chunk
+                if len(reply) > MAX_REPLY_BYTES:  # not an answer: whatever listens there is not the worker
+                    return False
     except OSError:
         return False
-    return hmac.compare_digest(reply.decode(errors="replace").strip(), probe_answer(token, nonce, device))
+    return hmac.compare_digest(reply.strip(), probe_answer(token, nonce, device).encode())
 
 
 # --- the worker's side -----------------------------------------------------------------------------
 
 class ProbeResponder(_SocketThread):
-    """Answers the coordinator's probes on `host` (the worker's address facing the coordinator)."""
+    """Answers the coordinator's probes on `host` (the worker's address facing the coordinator).
+
+    One thread serves every connection through a selector: each gets PROBE_READ_S to send a nonce
+    of at most MAX_NONCE_BYTES, and at most MAX_PROBE_CONNECTIONS are open (a new one closes the
+    oldest), so connections held open by anyone cannot keep the coordinator's probe waiting."""
 
     thread_name = "probe-responder"
 
@@ -192,23 +273,65 @@ class ProbeResponder(_SocketThread):
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, 0))
-        self._sock.listen(8)
-        self._sock.settimeout(0.2)
+        self._sock.listen(MAX_PROBE_CONNECTIONS)
+        self._sock.setblocking(False)
         self.port = self._sock.getsockname()[1]
+        self._open: dict[socket.socket, tuple[float, bytearray]] = {}
+        """Connections being served: when each must have sent its nonce, and what it sent so far."""
 
     def _serve(self) -> None:
-        while self._running:
-            try:
-                conn, _ = self._sock.accept()
-            except (socket.timeout, OSError):
-                continue
-            with conn:
-                try:
-                    conn.settimeout(2.0)
-                    nonce = conn.recv(256).decode(errors="replace").strip()
-                    conn.sendall(f"{probe_answer(self.token, nonce, self.device)}\n".encode())
-                except OSError:
-                    continue
+        selector = selectors.DefaultSelector()
+        selector.register(self._sock, selectors.EVENT_READ)
+        try:
+            while self._running:
+                for key, _ in selector.select(timeout=0.2):  # 0.2: stop() stays prompt
+                    try:
+                        if key.fileobj is self._sock:
+                            self._accept(selector)
+                        else:
+                            self._read(selector, key.fileobj)
+                    except Exception:  # one connection's trouble is that connection's
+                        if key.fileobj is not self._sock:
+                            self._close(selector, key.fileobj)
+                self._expire(selector)
+        finally:
+            for conn in list(self._open):
+                self._close(selector, conn)
+            selector.close()
+
+    def _accept(self, selector) -> None:
+        try:
+            conn, _ = self._sock.accept()
+        except OSError:
+            return
+        if len(self._open) >= MAX_PROBE_CONNECTIONS:  # the oldest is the likeliest to be idle
+            self._close(selector, min(self._open, key=lambda c: self._open[c][0]))
+        conn.setblocking(False)
+        self._open[conn] = (time.monotonic() + PROBE_READ_S, bytearray())
+        selector.register(conn, selectors.EVENT_READ)
+
+    def _read(self, selector, conn: socket.socket) -> None:
+        _, received = self._open[conn]
+        chunk = conn.recv(MAX_NONCE_BYTES + 1 - len(received))
+        received += chunk
+        line, newline, _ = bytes(received).partition(b"\n")
+        if newline and NONCE.fullmatch(line.strip()):
+            conn.send(f"{probe_answer(self.token, line.strip().decode(), self.device)}\n".encode())
+        if newline or not chunk or len(received) > MAX_NONCE_BYTES:
+            self._close(selector, conn)
+
+    def _expire(self, selector) -> None:
+        now = time.monotonic()
+        for conn in [c for c, (deadline, _) in self._open.items() if deadline < now]:
+            self._close(selector, conn)
+
+    def _close(self, selector, conn: socket.socket) -> None:
+        self._open.pop(conn, None)
+        try:
+            selector.unregister(conn)
+        except (KeyError, ValueError):
+            pass
+        conn.close()
 
 
 class HeartbeatSender(_SocketThread):
@@ -228,6 +351,8 @@ class HeartbeatSender(_SocketThread):
         family = socket.AF_INET6 if ":" in source else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_DGRAM)
         self._sock.bind((source, 0))
+        self.port = self._sock.getsockname()[1]
+        """Where acknowledgements come to."""
         self.generation = 0
         """The generation this worker runs in (set by the training loop after a reconfiguration)."""
         self.coordinator_generation = 0
@@ -269,12 +394,18 @@ class HeartbeatSender(_SocketThread):
             data, _ = self._sock.recvfrom(MAX_DATAGRAM)
         except (socket.timeout, OSError):
             return
+        try:
+            self._acknowledged(data)
+        except Exception:  # whatever arrived, this thread goes on: it is how the worker hears the coordinator
+            pass
+
+    def _acknowledged(self, data: bytes) -> None:
         doc = verify(self.token, data)
-        if doc is None or doc.get("kind") != "ack":
+        if doc is None or doc.get("kind") != "ack" or not _natural(doc.get("generation", 0)):
             return
         self._last_ack = time.monotonic()
         self._unanswered = 0
-        self.coordinator_generation = max(self.coordinator_generation, int(doc.get("generation", 0)))
+        self.coordinator_generation = max(self.coordinator_generation, doc.get("generation", 0))
         if self.coordinator_generation > self.generation:
             self.interrupt.set()
 

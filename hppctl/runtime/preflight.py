@@ -1,15 +1,20 @@
 """Checks made before any worker starts: plan, profile, cluster, model and dataset must agree.
 
 Every failure is `BadInput` (exit 2) naming the file and what disagrees, so a run never gets as far
-as starting processes on devices with a plan it cannot execute.
+as starting processes on devices with a plan it cannot execute. `check_checkpoint` does the same for
+the checkpoint directory: its lock file and, with `--resume`, the round the workers would load.
 """
 
 from __future__ import annotations
+
+import re
 
 from hppctl.errors import BadInput, PlanMismatch
 from hppctl.models.cluster import ClusterSpec
 from hppctl.models.plan import HppPlan
 from hppctl.models.profile import Profile
+from hppctl.runtime.checkpoint import (COMPLETE, DIGESTS, CheckpointDir, check_lock_file, first_line, short_repr,
+                                       stage_file_name)
 
 
 def check_devices(plan: HppPlan, cluster: ClusterSpec, plan_source: str, cluster_source: str) -> None:
@@ -135,3 +140,171 @@ def preflight(plan: HppPlan, cluster: ClusterSpec, dataset: str, *, profile: Pro
     check_schedule(plan, plan_source)
     check_model(plan, plan_source)
     return check_data(plan, dataset)
+
+
+# --- checkpoints ----------------------------------------------------------------------------------
+# `--resume` used to find a damaged round only in the workers (exit 1, a traceback per device) or
+# not at all (NaN weights trained on silently). Everything a worker would trip on is checked here,
+# on the files the launcher will send, before the lock is taken and any process starts.
+
+def check_checkpoint(checkpoint_dir, plan: HppPlan, options, *, resume: bool) -> list[str]:
+    """The checkpoint directory's `LOCK` can be taken safely; with `resume`, the newest complete
+    round matches this run's settings (`CheckpointDir.newest_round`: record, digests) and every stage
+    file loads safely (`weights_only`), is the stage the record says, has the tensor names and
+    shapes the round's plan gives that stage, and holds finite values. `BadInput` (exit 2) naming the
+    file and what is wrong; returns notes for the user (a round written before digests existed)."""
+    from hppctl.runtime.session import run_fingerprint
+
+    ck = CheckpointDir(checkpoint_dir)
+    check_lock_file(ck.path / "LOCK")
+    if not resume:
+        return []
+    found = ck.newest_round(run_fingerprint(plan, options))
+    if found is None:
+        return []
+    where, meta, blobs = found
+    check_stage_files(where, meta, blobs)
+    if DIGESTS in meta:
+        return []
+    return [f"--resume: {where / COMPLETE} records no stage file digests (written before they existed); its "
+            f"stage files were checked for shapes and finite values only"]
+
+
+def check_stage_files(where, meta: dict, blobs: dict[int, bytes]) -> None:
+    """Each stage file of a round (`blobs`, by stage) against its record `meta` (see `check_checkpoint`)."""
+    layout = _stage_layout(meta.get("plan"), where / COMPLETE)
+    for p, blob in sorted(blobs.items()):
+        path = where / stage_file_name(p)
+        state = _load_stage_file(path, blob)
+        _check_stage_record(path, state, meta["round"], p)
+        if layout is not None:
+            shapes, params = layout[p]
+            _check_tensor_shapes(path, state["model"], shapes)
+            _check_optimizer_state(path, state["optimizer"], params, shapes)
+        _check_finite(path, state)
+
+
+def _stage_layout(plan_document, source) -> list[tuple[dict, list[str]]] | None:
+    """Per stage of a plan document: (tensor name -> shape, parameter names in the optimizer's order),
+    from stages built on the meta device (nothing is allocated). None: no plan recorded (the resume
+    is refused by the plan check), or Bi-Partition stages, whose workers hold other layer sets."""
+    from hppctl.models.plan import HppPlan
+    from hppctl.zoo import build_stage, get_model
+
+    if plan_document is None:
+        return None
+    plan = HppPlan.model_validate(plan_document)  # read_meta validated it
+    if any(s.backward_layers is not None for s in plan.stages):
+        return None
+    whole = get_model(plan.model).build(device="meta").train()
+    layout = []
+    for p, stage in enumerate(plan.stages):
+        try:
+            module = build_stage(whole, plan.granularity, stage.start, stage.end, mode="train")
+        except BadInput as e:  # a recorded plan cut past the model's layers
+            raise BadInput(f"--resume: {source}: plan.stages.{p}.layers: {e}") from None
+        shapes = {name: tuple(t.shape) for name, t in module.state_dict().items()}
+        layout.append((shapes, [name for name, _ in module.named_parameters()]))
+    return layout
+
+
+def _load_stage_file(path, blob: bytes) -> object:
+    import io
+
+    import torch
+
+    try:
+        return torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
+    except Exception as e:  # noqa: BLE001 - torch.load raises a dozen types on a damaged or hostile file
+        raise BadInput(f"--resume: {path}: not a stage file torch loads with weights_only "
+                       f"({_load_failure(e)})") from None
+
+
+def _load_failure(error: Exception) -> str:
+    """What torch.load said, in a few words: its UnpicklingError is a page with terminal escapes
+    whose useful part is the global it refused (`builtins.print` in a planted payload)."""
+    refused = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(error))
+    if refused:
+        return f"{error.__class__.__name__}: it names {refused.group(1)}, a pickled object, not tensors"
+    return f"{error.__class__.__name__}: {first_line(error)}"
+
+
+def _check_stage_record(path, state: object, round_index: int, stage: int) -> None:
+    import torch
+
+    if not isinstance(state, dict):
+        raise BadInput(f"--resume: {path}: expected a stage record (a dict), got {type(state).__name__}")
+    for key, want in (("round", round_index), ("stage", stage)):
+        if type(state.get(key)) is not int or state.get(key) != want:  # (a tensor would compare elementwise)
+            raise BadInput(f"--resume: {path}: {key} is {short_repr(state.get(key))}, its round's record says {want}")
+    model = state.get("model")
+    if not isinstance(model, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                              for k, v in model.items()):
+        raise BadInput(f"--resume: {path}: model: expected tensors by name, got {short_repr(model)}")
+    optimizer = state.get("optimizer")
+    if not isinstance(optimizer, dict):
+        raise BadInput(f"--resume: {path}: optimizer: expected a state dict, got {short_repr(optimizer)}")
+    moments = optimizer.get("state", {})
+    if not isinstance(moments, dict) or not all(isinstance(v, dict) for v in moments.values()):
+        raise BadInput(f"--resume: {path}: optimizer.state: expected per-parameter dicts, got {short_repr(moments)}")
+    moment_tensors = [v for values in moments.values() for v in values.values() if isinstance(v, torch.Tensor)]
+    for tensor in (*model.values(), *moment_tensors):
+        if tensor.layout != torch.strided or tensor.device.type != "cpu":  # meta or sparse: no values to load
+            raise BadInput(f"--resume: {path}: holds a {tensor.layout} tensor on {tensor.device.type}, not a dense "
+                           f"CPU tensor as the workers write")
+
+
+def _check_tensor_shapes(path, tensors: dict, shapes: dict) -> None:
+    missing = [name for name in shapes if name not in tensors]
+    if missing:
+        raise BadInput(f"--resume: {path}: tensor {missing[0]} is missing ({len(missing)} of the stage's "
+                       f"{len(shapes)} are)")
+    extra = [name for name in tensors if name not in shapes]
+    if extra:
+        raise BadInput(f"--resume: {path}: tensor {short_repr(extra[0])} is not one of this stage's")
+    for name, want in shapes.items():
+        got = tuple(tensors[name].shape)
+        if got != want:
+            raise BadInput(f"--resume: {path}: tensor {name} has shape {list(got)}, the stage's is {list(want)}")
+
+
+def _check_optimizer_state(path, optimizer: dict, params: list[str], shapes: dict) -> None:
+    """What `Optimizer.load_state_dict` in the worker would refuse, or load and then fail on: a
+    group of another size, state for a parameter index the stage lacks, a moment of another shape."""
+    import torch
+
+    if not optimizer:
+        return  # a stage without parameters saves none
+    groups = optimizer.get("param_groups")
+    if not isinstance(groups, list) or not all(isinstance(g, dict) and isinstance(g.get("params"), list)
+                                               for g in groups):
+        raise BadInput(f"--resume: {path}: optimizer.param_groups: expected groups of parameter indices")
+    indexed = sum(len(g["params"]) for g in groups)
+    if indexed != len(params):
+        raise BadInput(f"--resume: {path}: optimizer.param_groups: {indexed} parameters, the stage has {len(params)}")
+    for index, values in optimizer.get("state", {}).items():  # dicts: _check_stage_record
+        if type(index) is not int or not 0 <= index < len(params):
+            raise BadInput(f"--resume: {path}: optimizer.state: entry {short_repr(index)} is not one of the stage's "
+                           f"{len(params)} parameters")
+        want = shapes[params[index]]
+        for key, value in values.items():
+            if isinstance(value, torch.Tensor) and value.numel() != 1 and tuple(value.shape) != want:
+                raise BadInput(f"--resume: {path}: optimizer.state.{index}.{key} (for {params[index]}) has shape "
+                               f"{list(value.shape)}, the parameter's is {list(want)}")
+
+
+def _check_finite(path, state: dict) -> None:
+    """NaN or infinity in a weight or an optimizer moment: the run diverged before this round, and
+    resuming would only train on garbage (it used to, silently)."""
+    import torch
+
+    named = list(state["model"].items())
+    for index, values in state["optimizer"].get("state", {}).items():
+        named += [(f"optimizer.state.{index}.{key}", v) for key, v in values.items()]
+    for name, tensor in named:
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
+            bad = int((~torch.isfinite(tensor)).sum())
+            if bad:
+                raise BadInput(f"--resume: {path}: tensor {name} holds {bad} NaN or infinite value"
+                               f"{'s' if bad > 1 else ''} of {tensor.numel()}; the run diverged before this round "
+                               f"(remove {path.parent} to resume from the round before, if one is kept)")

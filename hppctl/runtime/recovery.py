@@ -36,10 +36,10 @@ from dataclasses import dataclass
 from typing import Callable, Literal
 
 from hppctl.coordinator.replay import common_layout, resume_round, transfer_plan, upload_plan
-from hppctl.coordinator.state import CoordinatorState, apply, find_suspects
+from hppctl.coordinator.state import CoordinatorState, apply_all, find_suspects
 from hppctl.coordinator.status import status_rows
 from hppctl.errors import RuntimeFailure
-from hppctl.models.events import Heartbeat, Lost, ProbeAnswered, Replanned, Suspected
+from hppctl.models.events import Event, Heartbeat, Lost, ProbeAnswered, Replanned, Suspected
 from hppctl.models.plan import HppPlan
 from hppctl.models.profile import Profile
 from hppctl.runtime import bootstrap
@@ -48,6 +48,12 @@ from hppctl.runtime.heartbeat import HeartbeatListener, probe
 from hppctl.runtime.metrics import TraceBuilder, aggregate
 from hppctl.runtime.session import Lineage, RunResult, Session, WorkerFailed, _load_states
 from hppctl.runtime.topology import Topology
+
+DROPPED_EVENT_EVERY_S = 10.0
+"""At most one "dropped" event per this many seconds, with the count since the last one: a flood of
+garbage on the heartbeat port must not grow `--metrics`, the `--json` summary or memory."""
+DROPPED_SAMPLES = 3
+"""How many distinct reasons a "dropped" event quotes (each cut to heartbeat.MAX_REASON_CHARS)."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,7 @@ class ResilientSession(Session):
         """None until every worker joined: detection starts with the watch."""
         self._on_fault: Callable[[dict], None] = lambda event: None
         self._on_status: Callable[[list[dict]], None] | None = None
+        self._on_state: Callable[[Event], None] | None = None
         self._probes: dict[str, list] = {}
         self._probe_ports: dict[str, tuple[str, int]] = {}
         self._leaver_heard: dict[str, float] = {}
@@ -84,15 +91,25 @@ class ResilientSession(Session):
         """Devices that left and are sending their layers to their new owners (until they end, exit 0)."""
         self._fenced: set[str] = set()
         self._dropped_seen = 0
+        self._dropped_logged_at = float("-inf")
         self._layout = Layout(0, self.plan, recovery.profile)
         """The layout the workers train on (or are moving to); `_previous`: the one it was made from."""
         self._previous: Layout | None = None
 
     def run(self, *, on_round=None, on_event=None, on_fault: Callable[[dict], None] | None = None,
-            on_status: Callable[[list[dict]], None] | None = None) -> RunResult:
+            on_status: Callable[[list[dict]], None] | None = None,
+            on_state: Callable[[Event], None] | None = None) -> RunResult:
+        """`on_state`: every event the coordinator's state applies (heartbeats included), as it is
+        applied; the state keeps only the last LOG_WINDOW (coordinator/state.py)."""
         self._on_fault = on_fault or self._on_fault
         self._on_status = on_status
+        self._on_state = on_state
         return super().run(on_round=on_round, on_event=on_event)
+
+    def probe_address(self, device: str) -> tuple[str, int] | None:
+        """Where the coordinator would probe `device` (the port its beats announce); None until heard."""
+        address, port = self._probe_ports.get(device, (None, 0))
+        return (address, port) if port else None
 
     # --- set-up ---------------------------------------------------------------------------------
     def _host_store(self, timeout_s: float) -> bootstrap.RunStore:
@@ -128,6 +145,7 @@ class ResilientSession(Session):
                 if worker.poll() is None:
                     self._fence(device)
             if self.listener is not None:
+                self._log_dropped(final=True)
                 self.listener.stop()
 
     # --- events -----------------------------------------------------------------------------------
@@ -136,6 +154,9 @@ class ResilientSession(Session):
         self.events.append(event)
         self._on_fault(event)
         return event
+
+    def _apply(self, event: Event) -> None:
+        self.state = apply_all(self.state, (event,), self._on_state)
 
     def _clock(self) -> float:
         return time.monotonic() - self._t0
@@ -157,7 +178,7 @@ class ResilientSession(Session):
                 self._suspect(Suspected(device=device, at_s=self._clock(), silent_s=0.0), why=f"exit {code}")
 
     def _suspect(self, event: Suspected, why: str) -> None:
-        self.state = apply(self.state, event)
+        self._apply(event)
         self._event("suspected", device=event.device, silent_s=round(event.silent_s, 3), why=why)
         result: list = []
         address, port = self._probe_ports.get(event.device, (None, None))
@@ -179,12 +200,16 @@ class ResilientSession(Session):
             self.listener.drain()
             self._event("armed", devices=list(self.topo.devices))
 
-    def _log_dropped(self) -> None:
-        """Datagrams the listener refused (wrong or missing token, unknown device or address) are events."""
-        seen = self._dropped_seen
-        for reason in self.listener.dropped[seen:seen + 20]:  # a flood is summarised by its first 20
-            self._event("dropped", why=reason)
-        self._dropped_seen = len(self.listener.dropped)
+    def _log_dropped(self, *, final: bool = False) -> None:
+        """Datagrams the listener refused (wrong or missing token, unknown device or address, replays)
+        become one "dropped" event per DROPPED_EVENT_EVERY_S at most: how many since the last one, the
+        total, and a few sample reasons. `final`: whatever is left, now (the run is ending)."""
+        dropped, now = self.listener.dropped, time.monotonic()
+        fields = dropped_event(dropped.count, self._dropped_seen, dropped.recent(after=self._dropped_seen),
+                               since_last_s=now - self._dropped_logged_at, final=final)
+        if fields is not None:
+            self._event("dropped", **fields)
+            self._dropped_seen, self._dropped_logged_at = fields["total"], now
 
     def _coordinate(self) -> None:
         self._log_dropped()
@@ -207,9 +232,8 @@ class ResilientSession(Session):
             if beat.doc["kind"] == "leave":
                 losses[beat.device] = Loss(beat.device, "left", leaving=True)
                 continue
-            self.state = apply(self.state, Heartbeat(device=beat.device, at_s=self._clock(),
-                                                     round=int(beat.doc.get("round", 0)),
-                                                     samples_per_s=float(beat.doc.get("samples_per_s", 0.0))))
+            self._apply(Heartbeat(device=beat.device, at_s=self._clock(), round=int(beat.doc.get("round", 0)),
+                                  samples_per_s=float(beat.doc.get("samples_per_s", 0.0))))
         for suspect in find_suspects(self.state, self._clock(), self.recovery.timeout_s):
             self._suspect(suspect, why=f"silent for {suspect.silent_s:.1f} s")
         for device, result in list(self._probes.items()):
@@ -218,7 +242,7 @@ class ResilientSession(Session):
             del self._probes[device]
             heard = self.state.devices[device].health == "alive"  # a beat arrived while the probe ran
             if result[0] or heard:
-                self.state = apply(self.state, ProbeAnswered(device=device, at_s=self._clock()))
+                self._apply(ProbeAnswered(device=device, at_s=self._clock()))
                 self._event("probe-answered", device=device)
             elif device not in losses:
                 losses[device] = Loss(device, "probe unanswered")
@@ -256,7 +280,7 @@ class ResilientSession(Session):
         store, devices = self.store.store, list(self.topo.devices)
         while self._next_round < until and store.check([f"metrics/{self._next_round}/{d}" for d in devices]):
             r = self._next_round
-            reports = {d: json.loads(store.get(f"metrics/{r}/{d}")) for d in devices}
+            reports = {d: bootstrap.read_json(store, f"metrics/{r}/{d}") for d in devices}
             for d in devices:
                 store.delete_key(f"metrics/{r}/{d}")
                 self._memory[d] = {k: reports[d][k] for k in ("rss_bytes", "peak_rss_bytes", "baseline_rss_bytes",
@@ -405,7 +429,7 @@ class ResilientSession(Session):
         return self.generation
 
     def _lose(self, loss: "Loss") -> None:
-        self.state = apply(self.state, Lost(device=loss.device, at_s=self._clock(), reason=loss.reason))
+        self._apply(Lost(device=loss.device, at_s=self._clock(), reason=loss.reason))
         self._event("lost", device=loss.device, reason=loss.reason)
         self.lost.append(loss.device)
         if not loss.leaving:
@@ -431,7 +455,7 @@ class ResilientSession(Session):
         devices = survivors + leavers
         store, keys = self.store.store, [f"{what}/{generation}/{d}" for d in devices]
         losses = self._await(lambda: store.check(keys), f"{', '.join(devices)} to stop for the re-plan", leavers)
-        return losses, ({} if losses else {d: json.loads(store.get(k)) for d, k in zip(devices, keys)})
+        return losses, ({} if losses else {d: bootstrap.read_json(store, k) for d, k in zip(devices, keys)})
 
     def _await(self, done: Callable[[], bool], what: str, leavers: list[str]) -> list["Loss"]:
         """Wait for `done` while detection goes on: [] once it holds, else the devices lost meanwhile
@@ -551,8 +575,8 @@ class ResilientSession(Session):
         check_schedule(self.schedule)
         self.topo = Topology.of(self.schedule)
         self._previous, self._layout = base, Layout(self.generation, self.plan, profile)
-        self.state = apply(self.state, Replanned(at_s=self._clock(), method=doc["method"],
-                                                 devices=list(self.topo.devices), resume_round=resume))
+        self._apply(Replanned(at_s=self._clock(), method=doc["method"], devices=list(self.topo.devices),
+                              resume_round=resume))
         self._resume_round = resume
         self._next_round = min(self._next_round, resume)  # rounds from `resume` on are replayed
         self._due = {r for r in self._due_rounds(self._options, resume)}
@@ -575,6 +599,16 @@ class Loss:
     device: str
     reason: str
     leaving: bool = False
+
+
+def dropped_event(total: int, seen: int, reasons: list[str], *, since_last_s: float, final: bool = False) -> dict | None:
+    """The fields of the next "dropped" event, or None when none is due: drops counted past `seen`,
+    and DROPPED_EVENT_EVERY_S gone by since the last event (or the run is ending: `final`).
+    `reasons`: the latest reasons of those drops; the event quotes the first DROPPED_SAMPLES distinct."""
+    if total <= seen or (not final and since_last_s < DROPPED_EVENT_EVERY_S):
+        return None
+    samples = list(dict.fromkeys(reasons))[:DROPPED_SAMPLES]
+    return {"count": total - seen, "total": total, "why": samples[0] if samples else "", "samples": samples}
 
 
 def slowest_phases(reports) -> dict[str, float]:

@@ -225,7 +225,8 @@ class Session:
         key = f"pid/{device}"
         if self.store is None or not self.store.store.check([key]):
             return None
-        return int(self.store.store.get(key).decode().split()[-1])
+        words = bootstrap.read_line(self.store.store, key).split()
+        return int(words[-1]) if words and words[-1].isdigit() else None
 
     def _admit(self, nonce: str, timeout_s: float) -> None:
         waiting = set(self.topo.devices)
@@ -257,7 +258,7 @@ class Session:
                 reports = {}
                 for d in devices:
                     key = f"metrics/{next_round}/{d}"
-                    reports[d] = json.loads(store.get(key))
+                    reports[d] = bootstrap.read_json(store, key)
                     store.delete_key(key)
                     if trace:
                         trace.add(reports[d])
@@ -310,7 +311,7 @@ class Session:
         message = ""
         key = f"failed/{device}"
         if self.store is not None and self.store.store.check([key]):
-            message = self.store.store.get(key).decode()
+            message = bootstrap.read_line(self.store.store, key, bootstrap.MAX_MESSAGE_BYTES)[:2000]
         lines = [line for line in self.workers[device].tail() if line.strip()][-12:]
         detail = "\n".join(f"    {line}" for line in lines)
         raise WorkerFailed(f"worker on device {device} failed (exit {code})"

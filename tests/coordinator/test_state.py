@@ -45,3 +45,21 @@ def test_completed_round_is_the_slowest_live_device_and_replan_resets_it():
     s = run(s, Lost(device="c", at_s=2, reason="link down"),
             Replanned(at_s=3, method="light", devices=["a", "b"], resume_round=3))
     assert set(s.devices) == {"a", "b"} and s.completed_round == 3
+
+
+def test_a_long_run_keeps_a_bounded_log_and_streams_every_event_to_the_sink():
+    # issue 23 item 3: the log was copied whole on every heartbeat (quadratic over a long run). The
+    # cost of `apply` is that copy: bounded by LOG_WINDOW however many events came before.
+    from hppctl.coordinator.state import LOG_WINDOW, apply_all
+
+    beats = [Heartbeat(device="ab"[i % 2], at_s=i * 0.5, round=i // 10) for i in range(20 * LOG_WINDOW)]
+    sink: list = []
+    s = CoordinatorState.start(["a", "b"])
+    lengths = []
+    for chunk in range(0, len(beats), LOG_WINDOW):
+        s = apply_all(s, beats[chunk:chunk + LOG_WINDOW], sink.append)
+        lengths.append(len(s.log))
+    assert max(lengths) == LOG_WINDOW and lengths[-1] == lengths[1]  # flat after the first window
+    assert s.log == tuple(beats[-LOG_WINDOW:])  # the newest, in order
+    assert sink == beats and s.applied == len(beats)  # nothing is lost to the window
+    assert s.devices["b"].round == (len(beats) - 1) // 10 and s.devices["a"].last_heartbeat_s == (len(beats) - 2) * 0.5

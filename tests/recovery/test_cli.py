@@ -96,7 +96,9 @@ def test_standalone_coordinator_runs_a_plan_and_reports_events_and_final_stages(
     summary = json.loads(out)
     assert code == 0 and summary["rounds_run"] == 2 and [e["event"] for e in summary["events"]] == ["armed"]
     assert sorted(d for s in summary["final_stages"] for d in s["devices"]) == ["a", "b"]
-    lines = [json.loads(line) for line in (tmp_path / "ev.jsonl").read_text().splitlines()]
+    everything = [json.loads(line) for line in (tmp_path / "ev.jsonl").read_text().splitlines()]
+    lines = [e for e in everything if e.get("event") != "state"]  # the coordinator's state log, streamed
     assert lines[0]["event"] == "armed" and [r["round"] for r in lines[1:]] == [0, 1]
+    assert {e["kind"] for e in everything if e.get("event") == "state"} <= {"heartbeat"}
     assert all(r["backup_bytes"] > 0 for r in lines[1:])
     assert all(r["lr"] == 0.003 for r in lines[1:])  # the training flags reach the workers (before: defaults)

@@ -31,7 +31,7 @@ def test_a_worker_with_the_token_is_heard_and_acknowledged_with_the_generation()
     try:
         wait_until(lambda: sender.coordinator_generation == 2)
         assert sender.interrupt.is_set()  # generation 2 > the worker's 0: stop the round
-        assert [b.device for b in hb.drain()][:1] == ["a"] and not hb.dropped
+        assert [b.device for b in hb.drain()][:1] == ["a"] and hb.dropped.count == 0
     finally:
         sender.stop()
         hb.stop()
@@ -57,8 +57,8 @@ def test_a_wrong_token_cannot_heartbeat_and_is_logged():
     sender = HeartbeatSender("a", "another-token", ("127.0.0.1", hb.port), source="127.0.0.1", period_s=0.05,
                              orphan_after_s=0.5, probe_port=1).start()
     try:
-        wait_until(lambda: len(hb.dropped) >= 3)
-        assert hb.drain() == [] and all("wrong or missing run token" in d for d in hb.dropped)
+        wait_until(lambda: hb.dropped.count >= 3)
+        assert hb.drain() == [] and all("wrong or missing run token" in d for d in hb.dropped.recent())
         wait_until(sender.orphaned.is_set)  # never acknowledged: the worker would stop
         assert sender.orphaned.is_set()
     finally:
@@ -70,8 +70,8 @@ def test_a_missing_token_is_dropped():
     hb = listener()
     try:
         send_from("127.0.0.1", hb.port, b'{"kind":"heartbeat","device":"a"}')
-        wait_until(lambda: hb.dropped)
-        assert hb.drain() == [] and "wrong or missing run token" in hb.dropped[0]
+        wait_until(lambda: hb.dropped.count)
+        assert hb.drain() == [] and "wrong or missing run token" in hb.dropped.recent()[0]
     finally:
         hb.stop()
 
@@ -81,8 +81,8 @@ def test_a_valid_heartbeat_from_an_unknown_address_is_ignored():
     beat = sign("the-token", {"kind": "heartbeat", "device": "a", "seq": 1, "round": 5})
     try:
         send_from("127.0.0.2", hb.port, beat)  # loopback, but not device a's address
-        wait_until(lambda: hb.dropped)
-        assert hb.drain() == [] and "not an address of device 'a'" in hb.dropped[0]
+        wait_until(lambda: hb.dropped.count)
+        assert hb.drain() == [] and "not an address of device 'a'" in hb.dropped.recent()[0]
         send_from("127.0.0.1", hb.port, beat)
         wait_until(lambda: hb._beats)
         assert [b.doc["round"] for b in hb.drain()] == [5]
@@ -94,8 +94,8 @@ def test_a_heartbeat_for_an_unknown_device_is_ignored():
     hb = listener()
     try:
         send_from("127.0.0.1", hb.port, sign("the-token", {"kind": "heartbeat", "device": "mallory"}))
-        wait_until(lambda: hb.dropped)
-        assert hb.drain() == [] and "unknown device 'mallory'" in hb.dropped[0]
+        wait_until(lambda: hb.dropped.count)
+        assert hb.drain() == [] and "unknown device 'mallory'" in hb.dropped.recent()[0]
     finally:
         hb.stop()
 
@@ -107,7 +107,7 @@ def test_the_coordinator_listens_only_on_its_address():
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.sendto(beat, ("127.0.0.2", hb.port))  # another address of this machine, same port
         time.sleep(0.5)
-        assert hb.drain() == [] and hb.dropped == []  # never reached the socket
+        assert hb.drain() == [] and hb.dropped.count == 0  # never reached the socket
     finally:
         hb.stop()
 

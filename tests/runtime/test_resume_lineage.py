@@ -41,7 +41,7 @@ def test_an_unrelated_plan_is_left_for_the_checkpoint_to_refuse(tmp_path):
     record = meta(REPLANNED, origin=plan_digest(ORIGINAL), lost=["b"])
     assert plan_to_resume(record, OTHER) == (OTHER, Lineage(origin=plan_digest(OTHER)))
     ck = CheckpointDir(tmp_path)
-    ck.write_round(3, {0: b"x"}, {**record, "seed": 0})
+    ck.write_round(3, {0: b"x", 1: b"y"}, {**record, "seed": 0})
     with pytest.raises(BadInput) as refused:
         ck.latest({"plan": plan_document(OTHER), "seed": 0})
     message = str(refused.value)

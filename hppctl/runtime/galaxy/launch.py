@@ -221,7 +221,8 @@ class InferenceSession:
         key = f"pid/{device}"
         if self.store is None or not self.store.store.check([key]):
             return None
-        return int(self.store.store.get(key).decode().split()[-1])
+        words = bootstrap.read_line(self.store.store, key).split()
+        return int(words[-1]) if words and words[-1].isdigit() else None
 
     def _admit(self, nonce: str) -> None:
         waiting = set(self.workers)
@@ -245,7 +246,7 @@ class InferenceSession:
         while not store.check([f"done/{d}" for d in devices]):
             self._check_alive()
             time.sleep(0.02)
-        return {d: json.loads(store.get(f"timings/{d}")) for d in devices}
+        return {d: bootstrap.read_json(store, f"timings/{d}") for d in devices}
 
     def _check_alive(self) -> None:
         for device, worker in self.workers.items():
@@ -256,7 +257,8 @@ class InferenceSession:
                 self._fail(device, code)
 
     def _fail(self, device: str, code: int | None) -> None:
-        message = self.store.store.get(f"failed/{device}").decode() if self.store.store.check([f"failed/{device}"]) else ""
+        key = f"failed/{device}"
+        message = bootstrap.read_line(self.store.store, key, bootstrap.MAX_MESSAGE_BYTES) if self.store.store.check([key]) else ""
         if message.startswith("Infeasible: "):
             raise Infeasible(message.removeprefix("Infeasible: "))
         time.sleep(0.2)  # let the worker's traceback reach its tail

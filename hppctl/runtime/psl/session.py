@@ -148,7 +148,7 @@ class PslSession(Session):
             if r < rounds and store.check([f"metrics/{r}/{d}" for d in devices]):
                 reports = {}
                 for d in devices:
-                    reports[d] = json.loads(store.get(f"metrics/{r}/{d}"))
+                    reports[d] = bootstrap.read_json(store, f"metrics/{r}/{d}")
                     store.delete_key(f"metrics/{r}/{d}")
                     workers[d] = {k: reports[d][k] for k in ("rss_bytes", "peak_rss_bytes", "host", "cgroup")}
                 row = round_row(reports, self.topo, previous_end, self.request.plan.batch)

@@ -7,18 +7,20 @@ when the defect was found.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
 from tests.fuzz.harness import assert_contract, invoke, invoke_subprocess
-from tests.fuzz.targets import (INFERENCE_PROFILE, LOCAL_CLUSTER, SEEDS, TINY_PLAN, TINY_PROFILE, read_seed)
+from tests.fuzz.targets import INFERENCE_PROFILE, LOCAL_CLUSTER, SEEDS, TINY_PLAN, TINY_PROFILE, read_seed
 
 HUGE = 10**400
 """An integer no float can hold (`int too large to convert to float`)."""
 
 
 def _write(path, doc) -> None:
-    path.write_text(yaml.safe_dump(doc, sort_keys=False) if path.suffix != ".json" else __import__("json").dumps(doc))
+    path.write_text(yaml.safe_dump(doc, sort_keys=False) if path.suffix != ".json" else json.dumps(doc))
 
 
 def _changed(seed, tmp_path, change, suffix=None):

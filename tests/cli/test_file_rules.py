@@ -214,3 +214,52 @@ def test_an_error_line_never_repeats_a_huge_value(cli, tmp_path):
         code, out, err = cli("profile", "--cluster", path, "--model", "tiny-cnn", "--json")
         assert_one_line_refusal(code, out, err, path)
         assert len(err) < 600 and "…" in err
+
+
+PSL_SPEC = """\
+name: tiny
+model: mobilenetv2
+cut: [3, 15]
+clients:
+  - {name: pi, preset: rpi4, count: 3}
+helpers:
+  - {name: lap, preset: laptop-cpu}
+"""
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda s: s.replace("count: 3", "count: 1000000"), "clients.0.count: Input should be less than or equal to 5000 (got 1000000)"),
+    (lambda s: s + "slot: 1e-12\n", "slot: slot must be at least 1e-06 s"),
+])
+def test_psl_specs_beyond_the_limits_are_refused_before_planning(cli, tmp_path, edit, needle):
+    spec = tmp_path / "psl.yaml"
+    spec.write_text(edit(PSL_SPEC))
+    code, out, err = cli("psl", "plan", "--spec", spec, "--method", "admm", "--out", tmp_path / "plan.json")
+    assert_one_line_refusal(code, out, err, spec)
+    assert needle in err and not (tmp_path / "plan.json").exists()
+
+
+def test_a_slot_grid_beyond_the_limit_is_refused(cli, tmp_path):
+    """A slot of a microsecond passes the spec check but makes ~1.5 x 10⁵ slots of this instance's horizon."""
+    spec = tmp_path / "psl.yaml"
+    spec.write_text(PSL_SPEC.replace("count: 3", "count: 30") + "slot: 1us\n")
+    code, out, err = cli("psl", "plan", "--spec", spec, "--method", "admm", "--out", tmp_path / "plan.json")
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert err.startswith("error: slot: 1e-06 s makes a forward horizon of") and "more than the limit of 100000" in err
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_a_million_micro_batches_are_refused_and_ten_thousand_allowed(cli, profile_file, tmp_path):
+    out = tmp_path / "plan.json"
+    code, stdout, err = cli("plan", "--profile", profile_file, "--global-batch", 10**6, "--micro-batch", 1, "--out", out)
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "1000000 micro-batches per round, more than the limit of 16384" in err and not out.exists()
+    assert cli("plan", "--profile", profile_file, "--global-batch", 10_000, "--micro-batch", 1, "--json")[0] == 0
+
+
+def test_a_cluster_over_the_device_limit_is_refused_naming_the_field(cli, tmp_path):
+    cluster = tmp_path / "c.json"
+    cluster.write_text(json.dumps({"name": "c", "devices": [{"name": f"d{k}", "preset": "jetson-nano"}
+                                                            for k in range(20_001)]}))
+    code, out, err = cli("profile", "--cluster", cluster, "--model", "tiny-cnn", "--json")
+    assert_one_line_refusal(code, out, err, f"{cluster}: devices: List should have at most 20000 items")

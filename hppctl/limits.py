@@ -14,10 +14,11 @@ MAX_FILE_BYTES = 16 * 2**20
 file is a measured profile, about 1 KiB per layer and device (timings at a few batch sizes,
 spreads): 16 MiB holds a 500-layer model on 32 devices; JSON parses at over 100 MB/s."""
 
-MAX_YAML_BYTES = 4 * 2**20
-"""Bytes of one YAML input file. PyYAML's safe loader is pure Python (about 0.3 MB/s here, 20x
-slower than JSON), so a YAML file gets a quarter of the JSON limit: hand-written files (clusters,
-lab and PSL specs) are a few KiB; write big profiles and plans as .json."""
+MAX_YAML_BYTES = 2 * 2**20
+"""Bytes of one YAML input file. PyYAML's safe loader is pure Python (about 0.25 MB/s on the shared
+2-core test machine: 4 MiB took 17 s, 1 MB of 20,000 devices 5 s), so a YAML file gets an eighth of
+the JSON limit, a worst case of about 8 s: hand-written files (clusters, lab and PSL specs) are a
+few KiB, a plan a few KiB; write big profiles as .json."""
 
 MAX_DOCUMENT_VALUES_PER_BYTE = 1
 """A document may hold at most one value (list, mapping, scalar) per byte of its text. No plain

@@ -130,17 +130,20 @@ def _parse(path: Path, kind: str, text: str) -> object:
 def _check_shape(path: Path, data: object, budget: int) -> None:
     """Refuse nesting deeper than MAX_NESTING, and YAML aliases that expand a document into more
     values than it has bytes, before validation walks it (recursively, and once per alias)."""
-    stack: list[tuple[object, int]] = [(data, 1)]
-    values = 0
+    if not isinstance(data, (dict, list)):
+        return
+    stack: list[tuple[dict | list, int]] = [(data, 1)]
+    values = 1
     while stack:
         node, depth = stack.pop()
-        values += 1
+        children = node.values() if isinstance(node, dict) else node
+        values += len(children)
         if values > budget:
             raise BadInput(f"{path}: expands to more values than it has bytes (YAML aliases?) (docs/formats.md, Limits)")
-        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
-        if children and depth >= MAX_NESTING:
+        containers = [child for child in children if isinstance(child, (dict, list))]  # scalars need no visit
+        if containers and depth >= MAX_NESTING:
             raise BadInput(f"{path}: nested more than {MAX_NESTING} levels deep (docs/formats.md, Limits)")
-        stack.extend((child, depth + 1) for child in children)
+        stack.extend((child, depth + 1) for child in containers)
 
 
 def describe_validation_error(source: str, err: ValidationError) -> str:

@@ -263,3 +263,12 @@ def test_a_cluster_over_the_device_limit_is_refused_naming_the_field(cli, tmp_pa
                                                             for k in range(20_001)]}))
     code, out, err = cli("profile", "--cluster", cluster, "--model", "tiny-cnn", "--json")
     assert_one_line_refusal(code, out, err, f"{cluster}: devices: List should have at most 20000 items")
+
+
+def test_an_hf_config_nested_too_deep_is_one_line(cli, tmp_path):
+    """`hf:DIR` reads DIR/config.json: 10⁵ nested lists were a RecursionError traceback."""
+    (tmp_path / "ckpt").mkdir()
+    config = tmp_path / "ckpt" / "config.json"
+    config.write_text("[" * 100_000 + "]" * 100_000)
+    code, out, err = cli("models", f"hf:{tmp_path / 'ckpt'}")
+    assert_one_line_refusal(code, out, err, config)

@@ -24,11 +24,14 @@ from typing import BinaryIO, Iterator, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from hppctl.errors import BadInput, RuntimeFailure
+from hppctl.errors import BadInput, RuntimeFailure, shorten
 from hppctl.limits import (MAX_DOCUMENT_VALUES_PER_BYTE, MAX_FILE_BYTES, MAX_NESTING, MAX_VALUE_CHARS,
                            MAX_YAML_BYTES)
 
 M = TypeVar("M", bound=BaseModel)
+
+__all__ = ["atomic_output", "check_output_path", "describe_validation_error", "dumps", "load", "read_document",
+           "read_input_bytes", "save", "shorten", "validate", "write_bytes_atomic", "write_text_atomic"]
 
 
 def _format_of(path: Path) -> str:
@@ -38,11 +41,6 @@ def _format_of(path: Path) -> str:
     if suffix in (".yaml", ".yml"):
         return "yaml"
     raise BadInput(f"{path}: unknown file extension {shorten(suffix)!r} (use .json, .yaml or .yml)")
-
-
-def shorten(text: str, limit: int = MAX_VALUE_CHARS) -> str:
-    """`text` cut to `limit` characters with an ellipsis: an error line never repeats a huge value."""
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _why(err: OSError) -> str:

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from hppctl.errors import shorten
 from hppctl.limits import MAX_DEVICES
 from hppctl.models.base import FrozenModel, duplicates, listed
 from hppctl.lab.presets import CFS_PERIOD_US, PRESETS  # data and constants only (math, dataclasses)
@@ -52,7 +53,7 @@ class LabHost(FrozenModel):
     @classmethod
     def _preset_is_known(cls, value: str | None) -> str | None:
         if value is not None and value not in _known_presets():
-            raise ValueError(f"unknown preset {value!r} (known: {', '.join(_known_presets())})")
+            raise ValueError(f"unknown preset {shorten(repr(value))} (known: {', '.join(_known_presets())})")
         return value
 
     @model_validator(mode="after")

@@ -16,7 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal
 
-from hppctl.errors import BadInput, UnknownModel
+from hppctl.errors import BadInput, UnknownModel, shorten
 
 Task = Literal["train", "inference"]
 InputKind = Literal["image", "tokens", "features"]
@@ -356,7 +356,7 @@ def get_model(name: str) -> ModelSpec:
         return BUILTINS[name]
     except KeyError:
         known = ", ".join(BUILTINS)
-        raise UnknownModel(f"unknown model {name!r} (known: {known}, or hf:PATH)") from None
+        raise UnknownModel(f"unknown model {shorten(repr(name))} (known: {known}, or hf:PATH)") from None
 
 
 def hf_spec(path_text: str) -> ModelSpec:
@@ -369,7 +369,7 @@ def hf_spec(path_text: str) -> ModelSpec:
         raise BadInput(f"hf:{path_text}: not a directory")
     if not config_file.is_file():
         raise BadInput(f"hf:{path_text}: no config.json in {path}")
-    from hppctl.store import read_input_bytes, shorten
+    from hppctl.store import read_input_bytes
 
     raw = read_input_bytes(config_file)  # a regular file within the size limit, or one BadInput line
     try:

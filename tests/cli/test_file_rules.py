@@ -208,7 +208,8 @@ def test_an_error_line_never_repeats_a_huge_value(cli, tmp_path):
     huge = "x" * (5 * 2**20)
     for doc in ({"name": huge, "devices": [{"name": "a", "preset": "jetson-nano"}]},
                 {"name": "c", "devices": [{"name": "a", "preset": "jetson-nano", huge: 1}]},
-                {"name": "c", "kind": huge, "devices": [{"name": "a", "preset": "jetson-nano"}]}):
+                {"name": "c", "kind": huge, "devices": [{"name": "a", "preset": "jetson-nano"}]},
+                {"name": "c", "devices": [{"name": "a", "preset": huge}]}):  # unknown preset, named by the profiler
         path = tmp_path / "c.json"
         path.write_text(json.dumps(doc))
         code, out, err = cli("profile", "--cluster", path, "--model", "tiny-cnn", "--json")

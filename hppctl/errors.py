@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+from hppctl.limits import MAX_VALUE_CHARS
+
+
+def shorten(text: str, limit: int = MAX_VALUE_CHARS) -> str:
+    """`text` cut to `limit` characters with an ellipsis: an error line never repeats a huge value
+    from a file or a flag (a 1 MB preset name was a 1 MB error line)."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
 
 class HppctlError(Exception):
     """Base of every error hppctl raises on purpose. `exit_code` is what the CLI returns."""

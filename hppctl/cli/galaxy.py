@@ -244,21 +244,13 @@ def run_inference_command(plan_path: Path, cluster_path: Path, *, text: str | No
 
 
 def save_tensor(path: Path, tensor) -> None:
-    """torch.save, atomically (temp file + rename)."""
-    import os
-    import tempfile
-
+    """torch.save, atomically (temp file + rename), never over a device or a symlink."""
     import torch
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(tensor, f)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    from hppctl.store import atomic_output
+
+    with atomic_output(path) as f:
+        torch.save(tensor, f)
 
 
 def _render_run(summary: dict[str, Any]) -> None:

@@ -36,7 +36,9 @@ def make_request(global_batch: int, micro_batch: int) -> PlanRequest:
             raise BadInput(f"{flag}: must be a positive number of samples (got {value})")
     try:
         return PlanRequest(global_batch=global_batch, micro_batch=micro_batch)
-    except ValidationError:
+    except ValidationError as e:
+        if global_batch % micro_batch == 0:  # divides, but beyond the micro-batch limit (hppctl/limits.py)
+            raise BadInput(f"--global-batch/--micro-batch: {e.errors()[0]['msg'].removeprefix('Value error, ')}") from None
         raise BadInput(f"--micro-batch: {micro_batch} does not divide --global-batch {global_batch}") from None
 
 

@@ -6,7 +6,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from hppctl.models.base import FrozenModel
+from hppctl.limits import MAX_DEVICES
+from hppctl.models.base import FrozenModel, duplicates, listed
 from hppctl.models.units import Bytes, BytesPerSecond
 
 DeviceName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
@@ -62,16 +63,16 @@ class ClusterSpec(FrozenModel):
     name: DeviceName
     bandwidth: BytesPerSecond = 12.5e6
     """Default device-to-device bandwidth (100mbit if unset)."""
-    devices: Annotated[list[DeviceSpec], Field(min_length=1)]
+    devices: Annotated[list[DeviceSpec], Field(min_length=1, max_length=MAX_DEVICES)]
     links: list[LinkSpec] = []
     ssh: SshSpec = SshSpec()
 
     @model_validator(mode="after")
     def _names_are_unique_and_links_known(self) -> "ClusterSpec":
-        names = [d.name for d in self.devices]
-        dupes = sorted({n for n in names if names.count(n) > 1})
+        dupes = duplicates(d.name for d in self.devices)
         if dupes:
-            raise ValueError(f"duplicate device names: {', '.join(dupes)}")
+            raise ValueError(f"duplicate device names: {listed(dupes)}")
+        names = {d.name for d in self.devices}
         for link in self.links:
             for end in link.between:
                 if end not in names:

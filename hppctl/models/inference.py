@@ -20,7 +20,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from hppctl.models.base import FrozenModel
+from hppctl.limits import MAX_DEVICES
+from hppctl.models.base import FrozenModel, duplicates, listed
 from hppctl.models.cluster import DeviceName
 
 PosInt = Annotated[int, Field(gt=0)]
@@ -107,15 +108,16 @@ class InferenceProfile(FrozenModel):
     """Token and position embeddings, which every device holds (each embeds the ids itself). Eq. 5
     leaves them out; counting them is what makes GPT2-L (1.55 GB in fp16) miss a 1.5 GB device, as in
     the paper's Table I. 0 reproduces Eq. 5 exactly."""
-    devices: Annotated[list[InferenceDevice], Field(min_length=1)]
+    devices: Annotated[list[InferenceDevice], Field(min_length=1, max_length=MAX_DEVICES)]
     default_bytes_per_s: Annotated[float, Field(gt=0)]
     links: list[InferenceLink] = []
 
     @model_validator(mode="after")
     def _consistent(self) -> "InferenceProfile":
-        names = [d.name for d in self.devices]
-        if len(set(names)) != len(names):
-            raise ValueError("duplicate device names in profile")
+        dupes = duplicates(d.name for d in self.devices)
+        if dupes:
+            raise ValueError(f"duplicate device names in profile: {listed(dupes)}")
+        names = {d.name for d in self.devices}
         if self.hidden % self.heads:
             raise ValueError(f"hidden {self.hidden} is not a multiple of heads {self.heads}")
         for link in self.links:
@@ -186,7 +188,7 @@ class InferencePlan(FrozenModel):
     sync: Literal["reduce-scatter+all-gather", "all-reduce", "kv-all-gather", "none"]
     overlap: bool
     """Tile-based overlap of the ring collectives with the first and last GEMMs (galaxy only)."""
-    shares: Annotated[list[DeviceShare], Field(min_length=1)]
+    shares: Annotated[list[DeviceShare], Field(min_length=1, max_length=MAX_DEVICES)]
     prediction: InferencePrediction
     memory_violations: list[InferenceMemoryViolation] = []
     """Filled only by the memory-blind baselines (megatron, sp, local): `hppctl run` refuses such a plan."""
@@ -194,9 +196,9 @@ class InferencePlan(FrozenModel):
 
     @model_validator(mode="after")
     def _covers(self) -> "InferencePlan":
-        names = [s.device for s in self.shares]
-        if len(set(names)) != len(names):
-            raise ValueError(f"a device appears twice in shares: {names}")
+        twice = duplicates(s.device for s in self.shares)
+        if twice:
+            raise ValueError(f"a device appears twice in shares: {listed(twice)}")
         heads = [s.heads for s in self.shares]
         columns = [s.columns for s in self.shares]
         rows = [s.rows for s in self.shares]

@@ -13,7 +13,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from hppctl.models.base import FrozenModel
+from hppctl.errors import shorten
+from hppctl.limits import MAX_DEVICES
+from hppctl.models.base import FrozenModel, duplicates, listed
 from hppctl.lab.presets import CFS_PERIOD_US, PRESETS  # data and constants only (math, dataclasses)
 from hppctl.models.units import Bytes, BytesPerSecond, Seconds
 
@@ -51,7 +53,7 @@ class LabHost(FrozenModel):
     @classmethod
     def _preset_is_known(cls, value: str | None) -> str | None:
         if value is not None and value not in _known_presets():
-            raise ValueError(f"unknown preset {value!r} (known: {', '.join(_known_presets())})")
+            raise ValueError(f"unknown preset {shorten(repr(value))} (known: {', '.join(_known_presets())})")
         return value
 
     @model_validator(mode="after")
@@ -88,7 +90,7 @@ class LabSpec(FrozenModel):
     loss: Percent = 0.0
     subnet: str = DEFAULT_SUBNET
     """Private IPv4 subnet of the lab: .1 is this machine's side of the lab bridge, hosts follow."""
-    hosts: Annotated[list[LabHost], Field(min_length=1)]
+    hosts: Annotated[list[LabHost], Field(min_length=1, max_length=MAX_DEVICES)]
     links: list[LabLink] = []
     memory_scale: Annotated[float, Field(gt=0, le=1)] = 0.25
     """Presets' memory is multiplied by this so that a lab fits in this machine's RAM."""
@@ -114,10 +116,10 @@ class LabSpec(FrozenModel):
 
     @model_validator(mode="after")
     def _names_unique_links_known_and_room(self) -> "LabSpec":
-        names = [h.name for h in self.hosts]
-        dupes = sorted({n for n in names if names.count(n) > 1})
+        dupes = duplicates(h.name for h in self.hosts)
         if dupes:
-            raise ValueError(f"duplicate host names: {', '.join(dupes)}")
+            raise ValueError(f"duplicate host names: {listed(dupes)}")
+        names = {h.name for h in self.hosts}
         for link in self.links:
             for end in link.between:
                 if end not in names:

@@ -12,13 +12,17 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from hppctl.models.base import FrozenModel
+from hppctl.limits import MAX_DEVICES, MAX_LAYERS, MAX_MICRO_BATCHES
+from hppctl.models.base import FrozenModel, duplicates, listed
 from hppctl.models.cluster import DeviceName
 from hppctl.models.profile import Granularity, _OmitsUnset
 
 PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
+LayerIndex = Annotated[int, Field(ge=0, le=MAX_LAYERS)]
+MicroBatches = Annotated[int, Field(gt=0, le=MAX_MICRO_BATCHES)]
+"""Micro-batches per round: the simulator and the schedule reports grow with them (10⁶ hung)."""
 
 Strategy = str
 """Name of a registered planning strategy (`asteroid`, `asteroid-paper`, `dp`, `pp`, `pipedream`, `dapple`)."""
@@ -27,9 +31,9 @@ Strategy = str
 class StagePlan(_OmitsUnset):
     _omit_when_default = ("backward_layers",)
 
-    layers: Annotated[list[NonNegInt], Field(min_length=2, max_length=2)]
+    layers: Annotated[list[LayerIndex], Field(min_length=2, max_length=2)]
     """Half-open layer range [start, end) (of the forward pass when `backward_layers` is set)."""
-    devices: Annotated[list[DeviceName], Field(min_length=1)]
+    devices: Annotated[list[DeviceName], Field(min_length=1, max_length=MAX_DEVICES)]
     samples: Annotated[list[NonNegInt], Field(min_length=1)]
     """Samples of each micro-batch per device (aligned with `devices`, summing to B)."""
     warmup: PosInt
@@ -41,7 +45,7 @@ class StagePlan(_OmitsUnset):
     memory_bytes: list[NonNegInt]
     """Predicted peak memory per device (Eq. 3), aligned with `devices`."""
     memory_budget_bytes: list[NonNegInt]
-    backward_layers: Annotated[list[NonNegInt], Field(min_length=2, max_length=2)] | None = None
+    backward_layers: Annotated[list[LayerIndex], Field(min_length=2, max_length=2)] | None = None
     """Bi-Partition: half-open range of the layers whose backward this stage runs, when it differs
     from `layers` (docs/bipartition.md); either range may then be empty, not both."""
 
@@ -53,6 +57,9 @@ class StagePlan(_OmitsUnset):
             raise ValueError(f"layer range [{start}, {end}) / backward [{back_start}, {back_end}) runs backwards")
         if end == start and back_end == back_start:
             raise ValueError(f"layer range [{start}, {end}) is empty")
+        dupes = duplicates(self.devices)
+        if dupes:
+            raise ValueError(f"device(s) {listed(dupes)} listed twice in one stage")
         n = len(self.devices)
         for field in ("samples", "memory_bytes", "memory_budget_bytes"):
             if len(getattr(self, field)) != n:
@@ -110,9 +117,9 @@ class HppPlan(FrozenModel):
     profile_digest: str
     global_batch: PosInt
     micro_batch: PosInt
-    num_micro_batches: PosInt
+    num_micro_batches: MicroBatches
     schedule: Literal["1f1b-asteroid", "1f1b", "gpipe"] = "1f1b-asteroid"
-    stages: Annotated[list[StagePlan], Field(min_length=1)]
+    stages: Annotated[list[StagePlan], Field(min_length=1, max_length=MAX_DEVICES)]
     transfers: list[TransferPlan]
     prediction: Prediction
     memory_violations: list[MemoryViolation] = []
@@ -135,9 +142,10 @@ class HppPlan(FrozenModel):
             if sum(stage.samples) != self.micro_batch:
                 raise ValueError(f"stage {i} assigns {sum(stage.samples)} samples per micro-batch, "
                                  f"micro_batch is {self.micro_batch}")
-            if seen & set(stage.devices):
-                raise ValueError(f"stage {i} reuses device(s) {sorted(seen & set(stage.devices))}")
-            seen |= set(stage.devices)
+            reused = seen.intersection(stage.devices)
+            if reused:
+                raise ValueError(f"stage {i} reuses device(s) {listed(sorted(reused))}")
+            seen.update(stage.devices)
         if expected_back != expected:
             raise ValueError(f"the backward ranges end at layer {expected_back}, the forward ranges at {expected}")
         if len(self.transfers) != len(self.stages) - 1:
@@ -163,6 +171,10 @@ class PlanRequest(FrozenModel):
     def _divides(self) -> "PlanRequest":
         if self.global_batch % self.micro_batch:
             raise ValueError(f"micro_batch {self.micro_batch} does not divide global_batch {self.global_batch}")
+        if self.num_micro_batches > MAX_MICRO_BATCHES:
+            raise ValueError(f"global_batch {self.global_batch} / micro_batch {self.micro_batch} is "
+                             f"{self.num_micro_batches} micro-batches per round, more than the limit of "
+                             f"{MAX_MICRO_BATCHES} (docs/formats.md, Limits)")
         return self
 
     @property

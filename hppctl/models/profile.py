@@ -13,7 +13,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_serializer, model_validator
 
-from hppctl.models.base import FrozenModel
+from hppctl.limits import MAX_DEVICES, MAX_LAYERS
+from hppctl.models.base import FrozenModel, duplicates, listed
 from hppctl.models.cluster import DeviceName
 
 Granularity = Literal["fine", "block"]
@@ -176,8 +177,8 @@ class Profile(_OmitsUnset):
     dtype_bytes: PosInt = 4
     optimizer_state_factor: NonNegFloat = 1.0
     """Optimizer state in units of the parameter bytes (0 SGD, 1 SGD+momentum, 2 Adam)."""
-    layers: Annotated[list[LayerCost], Field(min_length=1)]
-    devices: Annotated[list[DeviceProfile], Field(min_length=1)]
+    layers: Annotated[list[LayerCost], Field(min_length=1, max_length=MAX_LAYERS)]
+    devices: Annotated[list[DeviceProfile], Field(min_length=1, max_length=MAX_DEVICES)]
     default_bytes_per_s: Annotated[float, Field(gt=0)]
     links: list[LinkProfile] = []
     missing_devices: list[MissingDevice] = []
@@ -185,9 +186,10 @@ class Profile(_OmitsUnset):
 
     @model_validator(mode="after")
     def _consistent(self) -> "Profile":
-        names = [d.name for d in self.devices]
-        if len(set(names)) != len(names):
-            raise ValueError("duplicate device names in profile")
+        dupes = duplicates(d.name for d in self.devices)
+        if dupes:
+            raise ValueError(f"duplicate device names in profile: {listed(dupes)}")
+        names = {d.name for d in self.devices}
         for missing in self.missing_devices:
             if missing.name in names:
                 raise ValueError(f"device {missing.name!r} is both profiled and missing")

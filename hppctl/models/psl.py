@@ -17,9 +17,10 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from hppctl.models.base import FrozenModel
+from hppctl.limits import MAX_PSL_CLIENTS, MAX_PSL_HELPERS, MAX_PSL_PAIRS, MIN_PSL_SLOT_S
+from hppctl.models.base import FrozenModel, duplicates, listed
 from hppctl.models.cluster import ClusterSpec, DeviceName, DeviceSpec, LinkSpec
 from hppctl.models.profile import Granularity
 from hppctl.models.units import Bytes, BytesPerSecond, Seconds
@@ -54,7 +55,8 @@ class PslDeviceSpec(FrozenModel):
 
     name: DeviceName
     preset: str
-    count: PosInt = 1
+    count: Annotated[int, Field(gt=0, le=MAX_PSL_CLIENTS)] = 1
+    """Checked before any name is made: `count: 1000000` expanded a million names and then hung."""
     memory: Bytes | None = None
     """Training memory budget (default: the preset's)."""
     bandwidth: BytesPerSecond | None = None
@@ -87,15 +89,22 @@ class PslSpec(FrozenModel):
     links: list[LinkSpec] = []
     """Per client-helper pair overrides of the bandwidth."""
 
+    @field_validator("slot")
+    @classmethod
+    def _slot_not_absurdly_short(cls, value: float | str) -> float | str:
+        if isinstance(value, float) and value < MIN_PSL_SLOT_S:
+            raise ValueError(f"slot must be at least {MIN_PSL_SLOT_S:g} s (docs/formats.md, Limits), got {value:g} s")
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> "PslSpec":
         for k, h in enumerate(self.helpers):
             if h.cut is not None or h.bandwidth is not None:
                 raise ValueError(f"helpers.{k}: `cut` and `bandwidth` belong to clients (helper {h.name!r})")
-        names = self.client_names() + self.helper_names()
-        dupes = sorted({n for n in names if names.count(n) > 1})
+        check_psl_size(sum(c.count for c in self.clients), sum(h.count for h in self.helpers))  # before expanding
+        dupes = duplicates(self.client_names() + self.helper_names())
         if dupes:
-            raise ValueError(f"duplicate device names: {', '.join(dupes)}")
+            raise ValueError(f"duplicate device names: {listed(dupes)}")
         clients, helpers = set(self.client_names()), set(self.helper_names())
         for k, link in enumerate(self.links):
             a, b = link.between
@@ -125,6 +134,14 @@ class PslSpec(FrozenModel):
                           batch=self.batch)
 
 
+def check_psl_size(clients: int, helpers: int) -> None:
+    """Refuse an instance beyond the PSL limits (docs/formats.md, Limits) with a ValueError."""
+    for what, count, most in (("clients", clients, MAX_PSL_CLIENTS), ("helpers", helpers, MAX_PSL_HELPERS),
+                              ("helpers x clients", clients * helpers, MAX_PSL_PAIRS)):
+        if count > most:
+            raise ValueError(f"{count} {what}, more than the limit of {most} (docs/formats.md, Limits)")
+
+
 class PslRequest(FrozenModel):
     """What to plan: which profile devices are clients and helpers, their cuts, the batch."""
 
@@ -138,13 +155,14 @@ class PslRequest(FrozenModel):
     def _consistent(self) -> "PslRequest":
         if len(self.cuts) != len(self.clients):
             raise ValueError(f"cuts has {len(self.cuts)} entries for {len(self.clients)} clients")
+        check_psl_size(len(self.clients), len(self.helpers))
         both = sorted(set(self.clients) & set(self.helpers))
         if both:
-            raise ValueError(f"device(s) {both} are both client and helper")
+            raise ValueError(f"device(s) {listed(both)} are both client and helper")
         for name, group in (("clients", self.clients), ("helpers", self.helpers)):
-            dupes = sorted({n for n in group if group.count(n) > 1})
+            dupes = duplicates(group)
             if dupes:
-                raise ValueError(f"{name}: duplicate names {dupes}")
+                raise ValueError(f"{name}: duplicate names {listed(dupes)}")
         return self
 
 
@@ -263,6 +281,7 @@ class PslPlan(FrozenModel):
     @model_validator(mode="after")
     def _consistent(self) -> "PslPlan":
         J, I = len(self.clients), len(self.helpers)
+        check_psl_size(J, I)
         if (self.times.num_clients, self.times.num_helpers) != (J, I):
             raise ValueError(f"times are for {self.times.num_helpers} helpers x {self.times.num_clients} clients, "
                              f"plan has {I} x {J}")
@@ -286,8 +305,9 @@ def _check_helper(h: PslHelperPlan, clients: list[str]) -> None:
     if h.memory_bytes > h.memory_budget_bytes:
         raise ValueError(f"helper {h.helper}: memory {h.memory_bytes} exceeds its budget {h.memory_budget_bytes}")
     done: dict[tuple[str, str], float] = {}
+    assigned = set(clients)  # a set: a helper may serve thousands of clients
     for k, piece in enumerate(h.sequence):
-        if piece.client not in clients:
+        if piece.client not in assigned:
             raise ValueError(f"helper {h.helper}: sequence.{k} serves client {piece.client!r}, not assigned here")
         if piece.kind == "B" and done.get(("F", piece.client), 0.0) < 1 - 1e-6:
             raise ValueError(f"helper {h.helper}: sequence.{k} runs B:{piece.client} before its F task is done")

@@ -34,7 +34,7 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, PlainSerializer, model_validator
 
-from hppctl.models.base import FrozenModel
+from hppctl.models.base import FrozenModel, duplicates, listed
 from hppctl.models.cluster import DeviceName
 from hppctl.models.profile import _OmitsUnset
 
@@ -184,8 +184,9 @@ class Schedule(FrozenModel):
                 raise ValueError(f"stage {p} assigns {sum(stage.samples)} samples per micro-batch, "
                                  f"micro_batch is {self.micro_batch}")
             seen += stage.devices
-        if len(set(seen)) != len(seen):
-            raise ValueError(f"a device appears in more than one stage: {sorted({d for d in seen if seen.count(d) > 1})}")
+        twice = duplicates(seen)
+        if twice:
+            raise ValueError(f"a device appears in more than one stage: {listed(twice)}")
         if set(self.actions) != set(seen):
             missing, extra = sorted(set(seen) - set(self.actions)), sorted(set(self.actions) - set(seen))
             raise ValueError(f"actions must list exactly the stages' devices (missing {missing}, unknown {extra})")

@@ -50,7 +50,7 @@ class MeasurementCache:
     def _read(self, name: str) -> Any:
         try:
             return json.loads((self.dir / name).read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # RecursionError: a record edited into deep nesting
             return None  # missing, or torn by a crash before the rename: measure again
 
     def setup(self) -> dict[str, Any] | None:

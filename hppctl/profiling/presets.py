@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from hppctl.errors import UnknownPreset
+from hppctl.errors import UnknownPreset, shorten
 from hppctl.models.profile import LayerCost
 
 GiB = 2**30
@@ -311,4 +311,4 @@ def get_preset(name: str, *, device: str | None = None, source: str | None = Non
     except KeyError:
         where = f"{source}: " if source else ""
         who = f"device {device!r}: " if device else ""
-        raise UnknownPreset(f"{where}{who}unknown preset {name!r} (known: {', '.join(PRESETS)})") from None
+        raise UnknownPreset(f"{where}{who}unknown preset {shorten(repr(name))} (known: {', '.join(PRESETS)})") from None

@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from hppctl.runtime.checkpoint import write_bytes_atomic
+from hppctl.store import write_bytes_atomic
 
 WRAPPER_PREFIX = "model."
 
@@ -28,7 +28,7 @@ def save_model(state: dict, path: str | Path) -> None:
 
     buf = io.BytesIO()
     torch.save(own_names(state), buf)
-    write_bytes_atomic(Path(path), buf.getvalue())
+    write_bytes_atomic(path, buf.getvalue())  # refuses a device or symlink at `path`
 
 
 def build_trained(model: str, state: dict):

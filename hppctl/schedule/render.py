@@ -6,13 +6,12 @@ rest of `hppctl.schedule` stays light.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 from hppctl.errors import RuntimeFailure
 from hppctl.models.schedule import Schedule
 from hppctl.schedule.simulate import SimResult
+from hppctl.store import atomic_output
 
 COLOURS = {"forward": "#4c78a8", "backward": "#59a14f", "allreduce": "#e15759", "step": "#555555",
            "activations": "#f28e2b", "gradients": "#b07aa1"}
@@ -55,15 +54,8 @@ def render_png(result: SimResult, schedule: Schedule, path: str | Path, *, title
     ax.legend(handles=[Patch(color=c, label=k) for k, c in COLOURS.items()], loc="upper center",
               bbox_to_anchor=(0.5, -0.12 if len(rows) > 8 else -0.25), ncol=6, fontsize=7, frameon=False)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    try:  # atomic, like every file hppctl writes
-        with os.fdopen(fd, "wb") as f:
+    try:  # atomic, like every file hppctl writes, and never over a device or a symlink
+        with atomic_output(path) as f:
             fig.savefig(f, format="png")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
     finally:
         plt.close(fig)

@@ -78,7 +78,7 @@ def lookup(spec: ModelSpec) -> dict[str, Any] | None:
         return entry
     try:
         entry = json.loads(_user_file(spec).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # unreadable or damaged: recompute, as for a missing entry
         return None
     if isinstance(entry, dict) and entry.get("fingerprint") == spec.fingerprint():
         return entry

@@ -16,7 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal
 
-from hppctl.errors import BadInput, UnknownModel
+from hppctl.errors import BadInput, UnknownModel, shorten
 
 Task = Literal["train", "inference"]
 InputKind = Literal["image", "tokens", "features"]
@@ -356,7 +356,7 @@ def get_model(name: str) -> ModelSpec:
         return BUILTINS[name]
     except KeyError:
         known = ", ".join(BUILTINS)
-        raise UnknownModel(f"unknown model {name!r} (known: {known}, or hf:PATH)") from None
+        raise UnknownModel(f"unknown model {shorten(repr(name))} (known: {known}, or hf:PATH)") from None
 
 
 def hf_spec(path_text: str) -> ModelSpec:
@@ -369,10 +369,13 @@ def hf_spec(path_text: str) -> ModelSpec:
         raise BadInput(f"hf:{path_text}: not a directory")
     if not config_file.is_file():
         raise BadInput(f"hf:{path_text}: no config.json in {path}")
+    from hppctl.store import read_input_bytes
+
+    raw = read_input_bytes(config_file)  # a regular file within the size limit, or one BadInput line
     try:
-        config = json.loads(config_file.read_text())
-    except (OSError, ValueError) as e:
-        raise BadInput(f"{config_file}: not readable JSON ({e})") from None
+        config = json.loads(raw)
+    except (ValueError, RecursionError) as e:  # RecursionError: nested thousands of levels deep
+        raise BadInput(f"{config_file}: not readable JSON ({shorten(str(e) or e.__class__.__name__)})") from None
     if not isinstance(config, dict):
         raise BadInput(f"{config_file}: expected a JSON object")
     model_type = config.get("model_type")
@@ -400,7 +403,7 @@ def hf_spec(path_text: str) -> ModelSpec:
         shape = (min(DEFAULT_HF_SEQ_LEN, int(max_pos)),)
         task = "inference" if family_name in ("gpt2", "opt") else "train"
     # The fingerprint covers the whole config file, so that editing it invalidates cached tables.
-    digest = hashlib.sha256(config_file.read_bytes()).hexdigest()[:12]
+    digest = hashlib.sha256(raw).hexdigest()[:12]
     return ModelSpec(
         name=f"hf:{path_text}",
         task=task,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from hppctl.errors import BadInput
+from hppctl.limits import MAX_PSL_SLOTS
 from hppctl.models.profile import Profile
 from hppctl.models.psl import METHODS, PslPlan, PslRequest, PslTimes
 from hppctl.planner.psl.build import to_plan
@@ -88,10 +89,25 @@ def _solve(method: str, instance: Instance, slot: float, common: dict, options: 
         timeline, solved, used_slot = random_fcfs(instance, common["request"].clients, seed), instance, None
         notes.append(f"random assignment seed {seed}")
     else:
-        solved, used_slot = instance.quantize(slot), slot
+        solved, used_slot = _slot_grid(instance, slot), slot
         timeline = _slot_method(method, solved, common["request"].clients, options, notes)
     return to_plan(timeline, method=method, instance=solved, slot_s=used_slot,
                    solver_time_s=time.perf_counter() - started, notes=notes, **common)
+
+
+def _slot_grid(instance: Instance, slot: float) -> Instance:
+    """The instance in whole slots, refused (exit 2) when its forward horizon T_f spans more than
+    MAX_PSL_SLOTS: the time-indexed solvers have a variable per (helper, client, slot), and
+    `slot: 1e-12` ran past a minute (docs/formats.md, Limits). Checked in floating point first,
+    where a tiny slot cannot overflow the integer grid, then on the grid (every helper task takes
+    at least one slot, so thousands of clients make thousands of slots whatever the slot)."""
+    estimate = instance.forward_horizon() / slot
+    solved = instance.quantize(slot) if estimate <= MAX_PSL_SLOTS else None
+    slots = estimate if solved is None else solved.forward_horizon()
+    if slots > MAX_PSL_SLOTS:
+        raise BadInput(f"slot: {slot:g} s makes a forward horizon of {slots:.3g} slots, more than the limit of "
+                       f"{MAX_PSL_SLOTS} (docs/formats.md, Limits): give a longer slot, or fewer --target-slots")
+    return solved
 
 
 def _slot_method(method: str, q: Instance, clients, options: _Options, notes: list[str]):

@@ -16,6 +16,7 @@ import resource
 import signal
 import subprocess
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,10 +66,8 @@ def invoke(argv: list[str], bound_s: int = IN_PROCESS_HANG_BOUND_S) -> Outcome:
 
     argv = [str(a) for a in argv]
     out, err = io.StringIO(), io.StringIO()
-    previous = signal.signal(signal.SIGALRM, _on_alarm)
-    signal.alarm(bound_s)
     hung, code = False, None
-    try:
+    with _alarm_after(bound_s):
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 code = run(argv)
@@ -77,10 +76,23 @@ def invoke(argv: list[str], bound_s: int = IN_PROCESS_HANG_BOUND_S) -> Outcome:
             except BaseException:  # noqa: BLE001 - whatever escapes is the finding
                 err.write(traceback.format_exc())
                 code = 1
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
     return Outcome(argv, code, out.getvalue(), err.getvalue(), hung)
+
+
+@contextlib.contextmanager
+def _alarm_after(seconds: float):
+    """Raise `_Hang` in this thread after `seconds`; then put back whatever alarm was set before
+    (pytest-timeout's signal method uses the same timer), less the time spent here."""
+    previous_handler = signal.signal(signal.SIGALRM, _on_alarm)
+    previous_delay, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous_handler)
+        if previous_delay:
+            signal.setitimer(signal.ITIMER_REAL, max(previous_delay - (time.monotonic() - started), 0.001))
 
 
 def _limit_memory() -> None:

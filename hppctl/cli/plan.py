@@ -69,7 +69,7 @@ def plan_command(
              f"{len(prof.devices)} devices it has")
     if existing is not None:
         plan = load(existing, HppPlan)
-        check_plan_matches(plan, prof, str(existing))
+        check_plan_matches(plan, prof, str(existing), str(profile))
         _show(plan, prof, explain_, as_json, explain)
         return
     if global_batch is None or micro_batch is None:

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from typing import Annotated, Optional
@@ -139,7 +138,7 @@ def _parse_slot(text: str) -> float:
         value = parse_duration(text)
     except ValueError as e:
         raise BadInput(f"--slot: {e}") from None
-    if not math.isfinite(value) or value <= 0:
+    if value <= 0:  # parse_duration refuses non-finite and negative values, not 0
         raise BadInput(f"--slot: must be a positive finite duration (got {text!r})")
     return value
 

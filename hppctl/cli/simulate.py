@@ -73,7 +73,7 @@ def simulate_command(
     profile = None
     if profile_file is not None:
         profile = load(profile_file, Profile)
-        check_plan_matches(plan, profile, str(plan_file))
+        check_plan_matches(plan, profile, str(plan_file), str(profile_file))
     if schedule_file is not None:
         schedule = load(schedule_file, Schedule)
         _check_schedule_matches(schedule, plan, str(schedule_file))
@@ -81,7 +81,9 @@ def simulate_command(
         try:
             schedule = schedule_for_plan(plan, policy, _parse_warmup(warmup) if warmup else None)
         except ValueError as e:
-            raise BadInput(f"{'--warmup' if warmup else '--policy'}: {e}") from None
+            # the flag that chose the schedule, or the plan itself when no flag did
+            culprit = "--warmup" if warmup else "--policy" if policy else str(plan_file)
+            raise BadInput(f"{culprit}: {e}") from None
     check_schedule(schedule)
     if write_schedule is not None:
         save(write_schedule, schedule)
@@ -129,7 +131,7 @@ def _simulate_failure(plan_file, profile_file, fail: str, replan: str, timeout: 
     if profile_file is None:
         raise BadInput("--fail: needs --profile (re-planning uses the per-layer timings)")
     plan, profile = load(plan_file, HppPlan), load(profile_file, Profile)
-    check_plan_matches(plan, profile, str(plan_file))
+    check_plan_matches(plan, profile, str(plan_file), str(profile_file))
     for device in devices:
         if device not in plan.devices():
             raise BadInput(f"--fail: device {device!r} is not in the plan (devices: {', '.join(plan.devices())})")

@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from hppctl.cli.flags import positive
+from hppctl.cli.flags import positive, seconds, seed as check_seed, threads as check_threads
 from hppctl.cli.output import emit_json, note, stdout, writable_path
 from hppctl.errors import BadInput
 from hppctl.runtime.bootstrap import check_listen
@@ -50,7 +50,7 @@ def plan_command(
     slot: Annotated[Optional[str], typer.Option("--slot", help="Slot length of admm/exact, e.g. 50ms (default: the spec's, else sized to --target-slots).")] = None,
     target_slots: Annotated[int, typer.Option("--target-slots", help="Automatic slot: forward horizon T_f in slots.")] = 100,
     seed: Annotated[int, typer.Option("--seed", help="random-fcfs: seed of the random assignment.")] = 0,
-    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds each solver (HiGHS) may take.")] = 60.0,
+    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds each solver (HiGHS) may take (0.01 to 2592000).")] = 60.0,
     rho: Annotated[Optional[float], typer.Option("--rho", help="admm: ADMM penalty per slot (default 2; the paper's code used 350; docs/psl.md).")] = None,
     compare: Annotated[bool, typer.Option("--compare", help="Run every method on the same instance; nothing is written.")] = False,
     out: Annotated[Optional[Path], typer.Option("--out", help="Write the plan here (.json or .yaml).")] = None,
@@ -62,7 +62,8 @@ def plan_command(
 
     profile, request, spec_slot = _problem(spec_file, profile_file, clients, helpers, cut, batch)
     positive("--target-slots", target_slots)
-    positive("--time-limit", time_limit)
+    seconds("--time-limit", time_limit, low=0.01)
+    check_seed("--seed", seed)
     positive("--rho", rho)
     slot_s = _parse_slot(slot) if slot is not None else spec_slot
     times = pair_times(profile, request)
@@ -262,16 +263,16 @@ def run_command(
     shares: Annotated[Optional[str], typer.Option("--shares", help="Relative data shard sizes per client, e.g. 3,1,1 (default: equal).")] = None,
     order: Annotated[str, typer.Option("--order", help="plan: helpers serve the plan's order; ltf: online, the ready task with the most client work after it.")] = "plan",
     dataset: Annotated[str, typer.Option("--dataset", help="synthetic, digits, or package.module:factory.")] = "synthetic",
-    seed: Annotated[int, typer.Option("--seed", help="Initial model, shards and sample orders derive from it.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Initial model, shards and sample orders derive from it (0 to 2^32 - 1).")] = 0,
     optimizer: Annotated[str, typer.Option("--optimizer", help="sgd (with --momentum) or adam.")] = "sgd",
     lr: Annotated[float, typer.Option("--lr", help="Learning rate.")] = 0.05,
     momentum: Annotated[float, typer.Option("--momentum", help="SGD momentum.")] = 0.9,
     weight_decay: Annotated[float, typer.Option("--weight-decay", help="L2 weight decay.")] = 0.0,
     metrics: Annotated[Optional[Path], typer.Option("--metrics", help="Per-round metrics (.jsonl): loss, every batch's makespan and tasks.")] = None,
     save_model: Annotated[Optional[Path], typer.Option("--save-model", help="Write the FedAvg'd model as one state dict (the model's own names).")] = None,
-    threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads per worker (default: cores / local workers; SSH workers follow OMP_NUM_THREADS).")] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads per worker, at most 1024 (default: cores / local workers; SSH workers follow OMP_NUM_THREADS).")] = None,
     listen: Annotated[Optional[str], typer.Option("--listen", help="HOST[:PORT] for the run's store.")] = None,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for workers to join and for any transfer.")] = 300.0,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for workers to join and for any transfer (1 to 2592000, 30 days).")] = 300.0,
     log: Annotated[Optional[Path], typer.Option("--log", help="Append every worker's output here, prefixed by device.")] = None,
     as_json: AsJson = False,
 ) -> None:
@@ -300,8 +301,11 @@ def run_psl(plan_file: Path, cluster_file: Path, *, rounds: int = 1, local_batch
     from hppctl.runtime.psl.config import PslOptions
     from hppctl.runtime.psl.preflight import preflight
 
-    for flag, value in (("--rounds", rounds), ("--local-batches", local_batches), ("--lr", lr), ("--timeout", timeout)):
+    for flag, value in (("--rounds", rounds), ("--local-batches", local_batches), ("--lr", lr)):
         positive(flag, value)
+    seconds("--timeout", timeout)
+    check_threads("--threads", threads)
+    check_seed("--seed", seed)
     if optimizer not in ("sgd", "adam"):
         raise BadInput(f"--optimizer: unknown value {optimizer!r} (sgd or adam)")
     if order not in ("plan", "ltf"):

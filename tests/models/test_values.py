@@ -54,11 +54,11 @@ def test_cluster_values_exit_2_naming_the_field_and_write_nothing(cli, tmp_path,
 
 
 @pytest.mark.parametrize("host", ["{name: h, cpu: 1, memory: 1e400}", "{name: h, cpu: 1, memory: 1GB, bandwidth: .inf}",
-                                  "{name: h, cpu: 1, memory: 1GB, delay: .inf}"])
+                                  "{name: h, cpu: 1, memory: 1GB, delay: .inf}", "{name: h, cpu: .inf, memory: 1GB}"])
 def test_lab_spec_values(tmp_path, host):
     spec = tmp_path / "lab.yaml"
     spec.write_text(f"name: l\nhosts:\n- {host}\n")
-    with pytest.raises(BadInput, match=rf"^{spec}: hosts\.0\.(memory|bandwidth|delay): .*finite"):
+    with pytest.raises(BadInput, match=rf"^{spec}: hosts\.0\.(memory|bandwidth|delay|cpu): .*finite"):
         load(spec, LabSpec)
 
 

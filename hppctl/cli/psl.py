@@ -249,8 +249,7 @@ def _parse_slow(items: list[str], plan: PslPlan) -> dict[str, float]:
             value = float(factor)
         except ValueError:
             raise BadInput(f"--slow: expected HELPER=FACTOR like nx0=2, got {item!r}") from None
-        if not value > 0:
-            raise BadInput(f"--slow: factor must be positive, got {item!r}")
+        positive("--slow", value)  # inf was accepted: a helper that never finishes
         out[name] = value
     return out
 
@@ -337,8 +336,8 @@ def _parse_shares(text: Optional[str]) -> Optional[list[float]]:
         values = [float(v) for v in text.split(",")]
     except ValueError:
         raise BadInput(f"--shares: expected comma-separated numbers like 3,1,1, got {text!r}") from None
-    if not all(v > 0 for v in values):
-        raise BadInput(f"--shares: every share must be positive, got {text!r}")
+    for value in values:
+        positive("--shares", value)  # inf and nan were accepted
     return values
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from hppctl.cli import run
 from hppctl.models.plan import PlanRequest
 from hppctl.planner import make_plan
 from hppctl.store import save
@@ -29,6 +30,8 @@ def files(tmp_path_factory):
                                        global_batch=16, micro_batch=4))
     save(tmp / "a-only.yaml", local_cluster("a"))
     (tmp / "preset.yaml").write_text("name: c\ndevices:\n- {name: a, preset: jetson-nano}\n")
+    assert run(["psl", "plan", "--profile", str(tmp / "p.json"), "--clients", "dev0,dev1", "--helpers", "dev2",
+                "--cut", "2,4", "--batch", "8", "--out", str(tmp / "psl.yaml")]) == 0
     return tmp
 
 
@@ -38,6 +41,7 @@ COMMANDS = {
     "simulate": ["simulate", "--plan", "{t}/plan.yaml", "--profile", "{t}/p.json"],
     "simulate --fail": ["simulate", "--plan", "{t}/plan.yaml", "--profile", "{t}/p.json", "--fail", "nope@1"],
     "profile": ["profile", "--cluster", "{t}/preset.yaml", "--model", "tiny-cnn", "--json"],
+    "psl simulate": ["psl", "simulate", "--plan", "{t}/psl.yaml"],
     "plan": ["plan", "--profile", "{t}/p.json", "--global-batch", "16", "--micro-batch", "4"],
 }
 CASES = [
@@ -53,6 +57,7 @@ CASES = [
     ("simulate --fail", "--timeout", BAD_SECONDS), ("simulate --fail", "--replicate-every", ["-1", str(10**30)]),
     ("profile", "--timeout", BAD_SECONDS), ("profile", "--link-seconds", BAD_SECONDS),
     ("profile", "--threads", BAD_THREADS), ("profile", "--repeats", BAD_COUNTS),
+    ("psl simulate", "--slow", ["dev2=inf", "dev2=nan", "dev2=-1", "dev2=0"]),
     ("plan", "--global-batch", ["0", "-1", str(10**30)]), ("plan", "--micro-batch", ["0", str(2**63)]),
 ]
 

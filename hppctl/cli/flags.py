@@ -26,16 +26,16 @@ MAX_SECONDS = 30 * 86400.0
 """30 days: beyond, `datetime.timedelta` and torch's millisecond timeouts overflow."""
 
 
-def positive(flag: str, value, allow_zero: bool = False):
+def positive(flag: str, value, allow_zero: bool = False, high: int = MAX_COUNT):
     """`value` itself (None passes: an unset optional flag), or BadInput naming the flag. Whole
-    numbers must also be at most MAX_COUNT."""
+    numbers must also be at most `high`."""
     if value is None:
         return value
     finite = not isinstance(value, float) or math.isfinite(value)
     if not finite or value < 0 or (value == 0 and not allow_zero):
         raise BadInput(f"{flag}: must be a {'non-negative' if allow_zero else 'positive'} finite number (got {value})")
-    if isinstance(value, int) and value > MAX_COUNT:
-        raise BadInput(f"{flag}: must be at most {MAX_COUNT:,} (got {_shown(value)})")
+    if isinstance(value, int) and value > high:
+        raise BadInput(f"{flag}: must be at most {high:,} (got {_shown(value)})")
     return value
 
 

@@ -21,6 +21,9 @@ from hppctl.models.psl import METHODS, OPTIMIZERS, PslPlan, PslRequest, PslSpec
 from hppctl.models.units import format_bytes, parse_duration
 from hppctl.store import load, save, write_text_atomic
 
+MAX_TARGET_SLOTS = 100_000
+"""The time-indexed solvers grow with the slot count: 10^7 slots took 4 s on 3 devices, 10^9 ran past 60 s."""
+
 EXAMPLES = """
 Examples:
 
@@ -48,7 +51,7 @@ def plan_command(
     batch: Annotated[int, typer.Option("--batch", help="With --profile: samples per batch.")] = 32,
     method: Annotated[str, typer.Option("--method", help=f"{', '.join(METHODS)}.")] = "auto",
     slot: Annotated[Optional[str], typer.Option("--slot", help="Slot length of admm/exact, e.g. 50ms (default: the spec's, else sized to --target-slots).")] = None,
-    target_slots: Annotated[int, typer.Option("--target-slots", help="Automatic slot: forward horizon T_f in slots.")] = 100,
+    target_slots: Annotated[int, typer.Option("--target-slots", help="Automatic slot: forward horizon T_f in slots (at most 100000).")] = 100,
     seed: Annotated[int, typer.Option("--seed", help="random-fcfs: seed of the random assignment.")] = 0,
     time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds each solver (HiGHS) may take (0.01 to 2592000).")] = 60.0,
     rho: Annotated[Optional[float], typer.Option("--rho", help="admm: ADMM penalty per slot (default 2; the paper's code used 350; docs/psl.md).")] = None,
@@ -61,7 +64,7 @@ def plan_command(
     from hppctl.schedule.psl_sim import simulate_psl
 
     profile, request, spec_slot = _problem(spec_file, profile_file, clients, helpers, cut, batch)
-    positive("--target-slots", target_slots)
+    positive("--target-slots", target_slots, high=MAX_TARGET_SLOTS)
     seconds("--time-limit", time_limit, low=0.01)
     check_seed("--seed", seed)
     positive("--rho", rho)

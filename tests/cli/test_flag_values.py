@@ -42,6 +42,7 @@ COMMANDS = {
     "simulate --fail": ["simulate", "--plan", "{t}/plan.yaml", "--profile", "{t}/p.json", "--fail", "nope@1"],
     "profile": ["profile", "--cluster", "{t}/preset.yaml", "--model", "tiny-cnn", "--json"],
     "psl simulate": ["psl", "simulate", "--plan", "{t}/psl.yaml"],
+    "psl plan": ["psl", "plan", "--profile", "{t}/p.json", "--clients", "dev0,dev1", "--helpers", "dev2", "--cut", "2,4"],
     "plan": ["plan", "--profile", "{t}/p.json", "--global-batch", "16", "--micro-batch", "4"],
 }
 CASES = [
@@ -57,6 +58,7 @@ CASES = [
     ("simulate --fail", "--timeout", BAD_SECONDS), ("simulate --fail", "--replicate-every", ["-1", str(10**30)]),
     ("profile", "--timeout", BAD_SECONDS), ("profile", "--link-seconds", BAD_SECONDS),
     ("profile", "--threads", BAD_THREADS), ("profile", "--repeats", BAD_COUNTS),
+    ("psl plan", "--target-slots", ["0", "100001", str(10**9)]),
     ("psl simulate", "--slow", ["dev2=inf", "dev2=nan", "dev2=-1", "dev2=0"]),
     ("plan", "--global-batch", ["0", "-1", str(10**30)]), ("plan", "--micro-batch", ["0", str(2**63)]),
 ]

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from hppctl.cli.flags import MIN_PERIOD_S, positive, seconds
+from hppctl.cli.flags import MAX_SECONDS, MIN_PERIOD_S, positive, seconds
 from hppctl.cli.output import emit_json, note, stdout, writable_path
 from hppctl.errors import BadInput
 from hppctl.models.plan import HppPlan
@@ -118,8 +118,8 @@ def _simulate_failure(plan_file, profile_file, fail: str, replan: str, timeout: 
         at_s = float(when)
     except ValueError:
         raise BadInput(f"--fail: expected DEVICE@SECONDS like nano1@30 (or nano1,nano2@30), got {fail!r}") from None
-    if not 0 <= at_s < float("inf"):  # also refuses nan
-        raise BadInput(f"--fail: SECONDS must be a finite time >= 0, got {fail!r}")
+    if not 0 <= at_s <= MAX_SECONDS:  # also refuses nan
+        raise BadInput(f"--fail: SECONDS must be from 0 to {MAX_SECONDS:.0f}, got {fail!r}")
     if replan not in ("light", "heavy", "both"):
         raise BadInput(f"--replan: expected light, heavy or both, got {replan!r}")
     seconds("--timeout", timeout, low=MIN_PERIOD_S)

@@ -80,6 +80,12 @@ def test_timeouts_and_threads_state_their_bounds_in_the_help(cli):
     assert code == 0 and "(1 to 2592000, 30 days)" in flat and "at most 1024" in flat and "0 to 2^32 - 1" in flat
 
 
+@pytest.mark.parametrize("when", ["nan", "inf", "-1", "1e300"])
+def test_a_failure_time_is_finite_and_bounded(cli, files, when):
+    code, _, err = cli("simulate", "--plan", files / "plan.yaml", "--profile", files / "p.json", "--fail", f"dev1@{when}")
+    assert code == 2 and err.startswith("error: --fail: SECONDS must be from 0 to 2592000") and len(err.splitlines()) == 1
+
+
 @pytest.mark.parametrize("flag, value", [("--input-ids", "ids.json"), ("--input", "hello"), ("--seq-len", "8"),
                                          ("--repeat", "3"), ("--output", "h.pt"), ("--wire-dtype", "float16"),
                                          ("--no-overlap", None)])

@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from hppctl.cli.flags import check_optimizer_flags, positive
+from hppctl.cli.flags import MIN_PERIOD_S, check_optimizer_flags, positive, seconds, seed as check_seed
 from hppctl.cli.output import emit_json, stdout, writable_path
 from hppctl.runtime.bootstrap import check_listen
 from hppctl.errors import BadInput
@@ -36,18 +36,26 @@ def recovery_options(profile, *, heartbeat: float, timeout: float, probe_timeout
     `timeout_flag`: what the silence timeout is called on this command's line."""
     from hppctl.runtime.recovery import RecoveryOptions
 
-    if replan not in REPLAN_CHOICES:
-        raise BadInput(f"--replan: unknown value {replan!r} ({', '.join(REPLAN_CHOICES)})")
-    for flag, value in (("--heartbeat", heartbeat), (timeout_flag, timeout), ("--probe-timeout", probe_timeout),
-                        ("--replicate-every", replicate_every)):
-        positive(flag, value)
-    if timeout <= heartbeat:
-        raise BadInput(f"{timeout_flag}: {timeout} s must exceed --heartbeat {heartbeat} s "
-                       f"(a device is suspect after missing several beats)")
+    check_recovery_flags(heartbeat=heartbeat, timeout=timeout, probe_timeout=probe_timeout, replan=replan,
+                         replicate_every=replicate_every, timeout_flag=timeout_flag)
     if replan == "off" or profile is None:
         return None
     return RecoveryOptions(profile=profile, heartbeat_s=heartbeat, timeout_s=timeout, probe_s=probe_timeout,
                            replicate_every=replicate_every, replan=replan)
+
+
+def check_recovery_flags(*, heartbeat: float, timeout: float, probe_timeout: float, replan: str,
+                         replicate_every: int, timeout_flag: str = "--failure-timeout") -> None:
+    """The fault-tolerance flags, checked before anything is loaded (`hppctl run` reached them only
+    after the pre-flight had loaded the dataset)."""
+    if replan not in REPLAN_CHOICES:
+        raise BadInput(f"--replan: unknown value {replan!r} ({', '.join(REPLAN_CHOICES)})")
+    for flag, value in (("--heartbeat", heartbeat), (timeout_flag, timeout), ("--probe-timeout", probe_timeout)):
+        seconds(flag, value, low=MIN_PERIOD_S)
+    positive("--replicate-every", replicate_every)
+    if timeout <= heartbeat:
+        raise BadInput(f"{timeout_flag}: {timeout} s must exceed --heartbeat {heartbeat} s "
+                       f"(a device is suspect after missing several beats)")
 
 
 def status_progress(console, disable: bool):
@@ -94,14 +102,14 @@ def coordinator_command(
     cluster: Annotated[Optional[Path], typer.Option("--cluster", help="Cluster inventory naming the plan's devices. Required.")] = None,
     profile: Annotated[Optional[Path], typer.Option("--profile", help="The profile the plan was made from (re-planning plans on it). Required.")] = None,
     listen: Annotated[Optional[str], typer.Option("--listen", help="HOST[:PORT]: the only address the store and the heartbeat socket listen on.")] = None,
-    heartbeat: Annotated[float, typer.Option("--heartbeat", help="Seconds between a worker's heartbeats.")] = 1.0,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds of silence before a device is suspect (a probe then decides).")] = 3.0,
-    probe_timeout: Annotated[float, typer.Option("--probe-timeout", help="Seconds a suspect has to answer the probe.")] = 2.0,
+    heartbeat: Annotated[float, typer.Option("--heartbeat", help="Seconds between a worker's heartbeats (0.01 to 2592000).")] = 1.0,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds of silence before a device is suspect (a probe then decides); more than --heartbeat, at most 2592000.")] = 3.0,
+    probe_timeout: Annotated[float, typer.Option("--probe-timeout", help="Seconds a suspect has to answer the probe (0.01 to 2592000).")] = 2.0,
     replan: Annotated[str, typer.Option("--replan", help="light (move cut points, migrate changed layers) or heavy (gather, plan from scratch, redistribute).")] = "light",
     replicate_every: Annotated[int, typer.Option("--replicate-every", help="Snapshot and back up stage state every K rounds.")] = 1,
     rounds: Annotated[int, typer.Option("--rounds", help="Rounds to train.")] = 100,
     dataset: Annotated[str, typer.Option("--dataset", help="synthetic, digits, or package.module:factory.")] = "synthetic",
-    seed: Annotated[int, typer.Option("--seed", help="Weights, sample order and dropout derive from it.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Weights, sample order and dropout derive from it (0 to 2^32 - 1).")] = 0,
     optimizer: Annotated[str, typer.Option("--optimizer", help="sgd (with --momentum) or adam.")] = "sgd",
     lr: Annotated[float, typer.Option("--lr", help="Learning rate.")] = 0.05,
     momentum: Annotated[float, typer.Option("--momentum", help="SGD momentum.")] = 0.9,
@@ -121,6 +129,9 @@ def coordinator_command(
         if value is None:
             raise BadInput(f"{flag}: required")
     positive("--rounds", rounds)
+    check_seed("--seed", seed)
+    check_recovery_flags(heartbeat=heartbeat, timeout=timeout, probe_timeout=probe_timeout, replan=replan,
+                         replicate_every=replicate_every, timeout_flag="--timeout")
     check_optimizer_flags(optimizer, lr, momentum, weight_decay)
     check_listen(listen)
     writable_path("--events", events)

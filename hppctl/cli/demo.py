@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from hppctl.cli.flags import positive, seed as check_seed
 from hppctl.cli.output import emit_json, note, stderr, stdout
 from hppctl.errors import BadInput, RuntimeFailure
 
@@ -41,7 +42,7 @@ def demo_command(
     micro_batch: Annotated[int, typer.Option("--micro-batch", help="Samples per micro-batch.")] = 16,
     epochs: Annotated[int, typer.Option("--epochs", help="Epochs of digits to train.")] = 8,
     profiler: Annotated[str, typer.Option("--profiler", help="quick (one in-process measurement of this machine, ~10 s) or measured (`hppctl profile`'s full per-device measurement, minutes).")] = "quick",
-    seed: Annotated[int, typer.Option("--seed", help="Weights and sample order.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Weights and sample order (0 to 2^32 - 1).")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON summary on stdout.")] = False,
 ) -> None:
     """Three local worker processes: profile them, plan with asteroid, train on digits, print plan, throughput and accuracy."""
@@ -55,8 +56,8 @@ def demo_command(
 
     if profiler not in ("measured", "quick"):
         raise BadInput(f"--profiler: unknown value {profiler!r} (quick or measured)")
-    if epochs <= 0:
-        raise BadInput(f"--epochs: must be positive (got {epochs})")
+    positive("--epochs", epochs)
+    check_seed("--seed", seed)
     from hppctl.cli.plan import make_request
     request = make_request(global_batch, micro_batch)  # before the profile: these were tracebacks after it
     started = time.perf_counter()

@@ -2,7 +2,10 @@
 
 Numbers: `nan` and `inf` are refused like -1. A non-finite value passed `value <= 0` and reached
 pydantic (a traceback, exit 1), torch (`--lr inf` trained a model into NaN without a word) or `int()`
-(`--timeout inf`: OverflowError)."""
+(`--timeout inf`: OverflowError). Counts, seconds, threads and seeds also have upper bounds (and
+seconds a lower one): `--timeout 1e-300` ended in a torch DistNetworkError traceback (a store that
+gives up after 0 ms), `--threads 1e9` failed inside every worker, and a seed past 2^32 overflows
+torch's generator once the worker mixes in the round. The bounds are in each flag's help."""
 
 from __future__ import annotations
 
@@ -10,15 +13,64 @@ import math
 
 from hppctl.errors import BadInput
 
+MAX_COUNT = 10**9
+"""Rounds, epochs, samples, repeats: beyond, no run finishes, and int64 arithmetic gets close."""
+MAX_THREADS = 1024
+"""torch threads per worker or probe: more than any edge device (or this machine) has cores."""
+MAX_SEED = 2**32 - 1
+MIN_TIMEOUT_S = 1.0
+"""Joining a store, a transfer, an SSH probe: nothing completes in less (0 ms: a DistNetworkError)."""
+MIN_PERIOD_S = 0.01
+"""Heartbeats and probe answers: a 10 ms floor keeps them from flooding the network and the log."""
+MAX_SECONDS = 30 * 86400.0
+"""30 days: beyond, `datetime.timedelta` and torch's millisecond timeouts overflow."""
 
-def positive(flag: str, value, allow_zero: bool = False):
-    """`value` itself (None passes: an unset optional flag), or BadInput naming the flag."""
+
+def positive(flag: str, value, allow_zero: bool = False, high: int = MAX_COUNT):
+    """`value` itself (None passes: an unset optional flag), or BadInput naming the flag. Whole
+    numbers must also be at most `high`."""
     if value is None:
         return value
     finite = not isinstance(value, float) or math.isfinite(value)
     if not finite or value < 0 or (value == 0 and not allow_zero):
         raise BadInput(f"{flag}: must be a {'non-negative' if allow_zero else 'positive'} finite number (got {value})")
+    if isinstance(value, int) and value > high:
+        raise BadInput(f"{flag}: must be at most {high:,} (got {_shown(value)})")
     return value
+
+
+def seconds(flag: str, value, low: float = MIN_TIMEOUT_S, high: float = MAX_SECONDS):
+    """A time flag within [low, high] seconds (None passes), or BadInput naming the flag and the bounds."""
+    if value is None:
+        return value
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and low <= value <= high):
+        raise BadInput(f"{flag}: must be a number of seconds from {_bound(low)} to {_bound(high)} (got {_shown(value)})")
+    return value
+
+
+def threads(flag: str, value):
+    """torch threads: 1 to MAX_THREADS (None passes: the command's default)."""
+    positive(flag, value)
+    if value is not None and value > MAX_THREADS:
+        raise BadInput(f"{flag}: must be at most {MAX_THREADS} threads (got {_shown(value)})")
+    return value
+
+
+def seed(flag: str, value: int) -> int:
+    if not 0 <= value <= MAX_SEED:
+        raise BadInput(f"{flag}: must be from 0 to {MAX_SEED} (got {_shown(value)})")
+    return value
+
+
+def _bound(x: float) -> str:
+    """2592000, not 2.592e+06; 0.01 as it is."""
+    return str(int(x)) if x == int(x) else f"{x:g}"
+
+
+def _shown(value) -> str:
+    """A flag's value as an error line quotes it, cut short (an int flag may have thousands of digits)."""
+    text = str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def check_optimizer_flags(optimizer: str, lr: float, momentum: float, weight_decay: float) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from rich.table import Table
 
+from hppctl.cli.flags import positive
 from hppctl.cli.output import emit_json, note, stdout
 from hppctl.errors import BadInput
 from hppctl.models.units import format_bytes
@@ -37,6 +38,7 @@ def parse_seq_lens(text: str) -> list[int]:
             raise BadInput(f"--seq-len: {part.strip()!r} is not a whole number (in {text!r})") from None
         if value <= 0:
             raise BadInput(f"--seq-len: {value} is not a positive number of tokens")
+        positive("--seq-len", value)  # at most 10^9 tokens
         values.append(value)
     return sorted(set(values))
 
@@ -217,6 +219,7 @@ def run_inference_command(plan_path: Path, cluster_path: Path, *, text: str | No
     for flag, value, low in (("--repeat", repeat, 1), ("--warmup", warmup, 0), ("--seq-len", seq_len, 1)):
         if value is not None and value < low:
             raise BadInput(f"{flag}: must be at least {low} (got {value})")
+        positive(flag, value, allow_zero=True)  # and at most 10^9: --repeat 10**30 never ended
     if wire_dtype not in ("float32", "float16"):
         raise BadInput(f"--wire-dtype: unknown value {wire_dtype!r} (float32 or float16)")
     if output is not None and output.suffix.lower() != ".pt":

@@ -9,6 +9,7 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
+from hppctl.cli.flags import positive
 from hppctl.cli.output import emit_json, note, stdout
 from hppctl.errors import BadInput
 from hppctl.models.plan import HppPlan, PlanRequest
@@ -34,6 +35,7 @@ def make_request(global_batch: int, micro_batch: int) -> PlanRequest:
     for flag, value in (("--global-batch", global_batch), ("--micro-batch", micro_batch)):
         if value <= 0:
             raise BadInput(f"{flag}: must be a positive number of samples (got {value})")
+        positive(flag, value)  # its upper bound: --global-batch 10**30 planned 2.5e29 micro-batches
     try:
         return PlanRequest(global_batch=global_batch, micro_batch=micro_batch)
     except ValidationError as e:
@@ -71,7 +73,7 @@ def plan_command(
              f"{len(prof.devices)} devices it has")
     if existing is not None:
         plan = load(existing, HppPlan)
-        check_plan_matches(plan, prof, str(existing))
+        check_plan_matches(plan, prof, str(existing), str(profile))
         _show(plan, prof, explain_, as_json, explain)
         return
     if global_batch is None or micro_batch is None:

@@ -20,6 +20,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
+from hppctl.cli.flags import positive, seconds, threads as check_threads
 from hppctl.cli.output import emit_json, note, stderr, stdout, writable_path
 from hppctl.errors import BadInput, RuntimeFailure
 from hppctl.models.cluster import ClusterSpec
@@ -94,6 +95,19 @@ def model_layers(model: str, granularity: str):
     return layers, parts
 
 
+def _check_probe_flags(repeats: int, warmup: int, threads: int | None, timeout: float, link_seconds: float,
+                      num_layers: int | None) -> None:
+    """Before the cluster is read: ProbeSettings refused only values below its minimums, so
+    `--timeout nan`, `--threads 100000` or `--repeats 10**30` passed on a preset cluster and went
+    to the devices on a measured one."""
+    positive("--repeats", repeats)
+    positive("--warmup", warmup, allow_zero=True)
+    check_threads("--threads", threads)
+    seconds("--timeout", timeout)
+    seconds("--link-seconds", link_seconds, low=0.1, high=3600)  # shorter measures latency, not bandwidth
+    positive("--layers", num_layers)
+
+
 def profile_command(
     cluster: Annotated[Optional[Path], typer.Option("--cluster", help="Cluster inventory (.yaml/.json). Required.")] = None,
     model: Annotated[Optional[str], typer.Option("--model", help="Built-in model (see `hppctl models`) or hf:PATH. Required.")] = None,
@@ -107,9 +121,9 @@ def profile_command(
     links: Annotated[bool, typer.Option("--links/--no-links", help="Measure the links between measured devices (else: the inventory's bandwidths).")] = True,
     repeats: Annotated[int, typer.Option("--repeats", help="Timed passes per batch size on measured devices (medians over these).")] = 7,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed passes before them.")] = 2,
-    threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads on measured devices (default: ceil of each device's CPU quota).")] = None,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds allowed for one device's measurement.")] = 3600.0,
-    link_seconds: Annotated[float, typer.Option("--link-seconds", help="Length of each one-way link transfer.")] = 2.0,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads on measured devices, at most 1024 (default: ceil of each device's CPU quota).")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds allowed for one device's measurement (1 to 2592000).")] = 3600.0,
+    link_seconds: Annotated[float, typer.Option("--link-seconds", help="Seconds of each one-way link transfer (0.1 to 3600).")] = 2.0,
     seq_len: Annotated[Optional[str], typer.Option("--seq-len", help="Collaborative inference (Galaxy): profile attention by heads, MLP by columns and connective blocks by rows at these sequence lengths (e.g. 284 or 128,284); docs/galaxy.md.")] = None,
     num_layers: Annotated[Optional[int], typer.Option("--layers", help="With --seq-len: plan and run only the first K layers (a layer stack).")] = None,
 ) -> None:
@@ -122,6 +136,7 @@ def profile_command(
         raise BadInput("--cluster: required (a cluster inventory such as profiles/env-a.yaml)")
     if model is None:
         raise BadInput("--model: required (a built-in model from `hppctl models`, or hf:PATH)")
+    _check_probe_flags(repeats, warmup, threads, timeout, link_seconds, num_layers)
     if seq_len is not None:  # collaborative inference (issue 8): its own profile kind
         from hppctl.cli.galaxy import profile_inference
         return profile_inference(cluster, model, seq_len, layers=num_layers, out=out, as_json=as_json,

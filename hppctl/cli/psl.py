@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from typing import Annotated, Optional
@@ -14,13 +13,16 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from hppctl.cli.flags import positive
+from hppctl.cli.flags import positive, seconds, seed as check_seed, threads as check_threads
 from hppctl.cli.output import emit_json, note, stdout, writable_path
 from hppctl.errors import BadInput
 from hppctl.runtime.bootstrap import check_listen
 from hppctl.models.psl import METHODS, OPTIMIZERS, PslPlan, PslRequest, PslSpec
 from hppctl.models.units import format_bytes, parse_duration
 from hppctl.store import load, save, write_text_atomic
+
+MAX_TARGET_SLOTS = 100_000
+"""The time-indexed solvers grow with the slot count: 10^7 slots took 4 s on 3 devices, 10^9 ran past 60 s."""
 
 EXAMPLES = """
 Examples:
@@ -49,9 +51,9 @@ def plan_command(
     batch: Annotated[int, typer.Option("--batch", help="With --profile: samples per batch.")] = 32,
     method: Annotated[str, typer.Option("--method", help=f"{', '.join(METHODS)}.")] = "auto",
     slot: Annotated[Optional[str], typer.Option("--slot", help="Slot length of admm/exact, e.g. 50ms (default: the spec's, else sized to --target-slots).")] = None,
-    target_slots: Annotated[int, typer.Option("--target-slots", help="Automatic slot: forward horizon T_f in slots.")] = 100,
+    target_slots: Annotated[int, typer.Option("--target-slots", help="Automatic slot: forward horizon T_f in slots (at most 100000).")] = 100,
     seed: Annotated[int, typer.Option("--seed", help="random-fcfs: seed of the random assignment.")] = 0,
-    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds each solver (HiGHS) may take.")] = 60.0,
+    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds each solver (HiGHS) may take (0.01 to 2592000).")] = 60.0,
     rho: Annotated[Optional[float], typer.Option("--rho", help="admm: ADMM penalty per slot (default 2; the paper's code used 350; docs/psl.md).")] = None,
     compare: Annotated[bool, typer.Option("--compare", help="Run every method on the same instance; nothing is written.")] = False,
     out: Annotated[Optional[Path], typer.Option("--out", help="Write the plan here (.json or .yaml).")] = None,
@@ -62,8 +64,9 @@ def plan_command(
     from hppctl.schedule.psl_sim import simulate_psl
 
     profile, request, spec_slot = _problem(spec_file, profile_file, clients, helpers, cut, batch)
-    positive("--target-slots", target_slots)
-    positive("--time-limit", time_limit)
+    positive("--target-slots", target_slots, high=MAX_TARGET_SLOTS)
+    seconds("--time-limit", time_limit, low=0.01)
+    check_seed("--seed", seed)
     positive("--rho", rho)
     slot_s = _parse_slot(slot) if slot is not None else spec_slot
     times = pair_times(profile, request)
@@ -139,7 +142,7 @@ def _parse_slot(text: str) -> float:
         value = parse_duration(text)
     except ValueError as e:
         raise BadInput(f"--slot: {e}") from None
-    if not math.isfinite(value) or value <= 0:
+    if value <= 0:  # parse_duration refuses non-finite and negative values, not 0
         raise BadInput(f"--slot: must be a positive finite duration (got {text!r})")
     return value
 
@@ -249,8 +252,7 @@ def _parse_slow(items: list[str], plan: PslPlan) -> dict[str, float]:
             value = float(factor)
         except ValueError:
             raise BadInput(f"--slow: expected HELPER=FACTOR like nx0=2, got {item!r}") from None
-        if not value > 0:
-            raise BadInput(f"--slow: factor must be positive, got {item!r}")
+        positive("--slow", value)  # inf was accepted: a helper that never finishes
         out[name] = value
     return out
 
@@ -263,16 +265,16 @@ def run_command(
     shares: Annotated[Optional[str], typer.Option("--shares", help="Relative data shard sizes per client, e.g. 3,1,1 (default: equal).")] = None,
     order: Annotated[str, typer.Option("--order", help="plan: helpers serve the plan's order; ltf: online, the ready task with the most client work after it.")] = "plan",
     dataset: Annotated[str, typer.Option("--dataset", help="synthetic, digits, or package.module:factory.")] = "synthetic",
-    seed: Annotated[int, typer.Option("--seed", help="Initial model, shards and sample orders derive from it.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Initial model, shards and sample orders derive from it (0 to 2^32 - 1).")] = 0,
     optimizer: Annotated[str, typer.Option("--optimizer", help="sgd (with --momentum) or adam.")] = "sgd",
     lr: Annotated[float, typer.Option("--lr", help="Learning rate.")] = 0.05,
     momentum: Annotated[float, typer.Option("--momentum", help="SGD momentum.")] = 0.9,
     weight_decay: Annotated[float, typer.Option("--weight-decay", help="L2 weight decay.")] = 0.0,
     metrics: Annotated[Optional[Path], typer.Option("--metrics", help="Per-round metrics (.jsonl): loss, every batch's makespan and tasks.")] = None,
     save_model: Annotated[Optional[Path], typer.Option("--save-model", help="Write the FedAvg'd model as one state dict (the model's own names).")] = None,
-    threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads per worker (default: cores / local workers; SSH workers follow OMP_NUM_THREADS).")] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads per worker, at most 1024 (default: cores / local workers; SSH workers follow OMP_NUM_THREADS).")] = None,
     listen: Annotated[Optional[str], typer.Option("--listen", help="HOST[:PORT] for the run's store.")] = None,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for workers to join and for any transfer.")] = 300.0,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for workers to join and for any transfer (1 to 2592000, 30 days).")] = 300.0,
     log: Annotated[Optional[Path], typer.Option("--log", help="Append every worker's output here, prefixed by device.")] = None,
     as_json: AsJson = False,
 ) -> None:
@@ -301,8 +303,11 @@ def run_psl(plan_file: Path, cluster_file: Path, *, rounds: int = 1, local_batch
     from hppctl.runtime.psl.config import PslOptions
     from hppctl.runtime.psl.preflight import preflight
 
-    for flag, value in (("--rounds", rounds), ("--local-batches", local_batches), ("--lr", lr), ("--timeout", timeout)):
+    for flag, value in (("--rounds", rounds), ("--local-batches", local_batches), ("--lr", lr)):
         positive(flag, value)
+    seconds("--timeout", timeout)
+    check_threads("--threads", threads)
+    check_seed("--seed", seed)
     if optimizer not in ("sgd", "adam"):
         raise BadInput(f"--optimizer: unknown value {optimizer!r} (sgd or adam)")
     if order not in ("plan", "ltf"):
@@ -334,8 +339,8 @@ def _parse_shares(text: Optional[str]) -> Optional[list[float]]:
         values = [float(v) for v in text.split(",")]
     except ValueError:
         raise BadInput(f"--shares: expected comma-separated numbers like 3,1,1, got {text!r}") from None
-    if not all(v > 0 for v in values):
-        raise BadInput(f"--shares: every share must be positive, got {text!r}")
+    for value in values:
+        positive("--shares", value)  # inf and nan were accepted
     return values
 
 

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from hppctl.cli.flags import check_optimizer_flags, positive
+from hppctl.cli.flags import check_optimizer_flags, positive, seconds, seed as check_seed, threads as check_threads
 from hppctl.cli.output import emit_json, note, stderr, stdout, writable_path
 from hppctl.errors import BadInput
 
@@ -37,7 +37,7 @@ def run_command(
     rounds: Annotated[Optional[int], typer.Option("--rounds", help="Rounds (global batches) to train in total.")] = None,
     epochs: Annotated[Optional[int], typer.Option("--epochs", help="Epochs to train (rounds = epochs x floor(samples / global batch)). Default 1.")] = None,
     dataset: Annotated[str, typer.Option("--dataset", help="synthetic, digits, or package.module:factory.")] = "synthetic",
-    seed: Annotated[int, typer.Option("--seed", help="Weights, sample order and dropout derive from it.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Weights, sample order and dropout derive from it (0 to 2^32 - 1).")] = 0,
     optimizer: Annotated[str, typer.Option("--optimizer", help="sgd (with --momentum) or adam.")] = "sgd",
     lr: Annotated[float, typer.Option("--lr", help="Learning rate (the peak, under a schedule).")] = 0.05,
     lr_schedule: Annotated[str, typer.Option("--lr-schedule", help="constant, or cosine: decays to 0 over the run's rounds (after any warm-up).")] = "constant",
@@ -52,9 +52,9 @@ def run_command(
     metrics: Annotated[Optional[Path], typer.Option("--metrics", help="Per-round metrics, one JSON object per line.")] = None,
     trace: Annotated[Optional[Path], typer.Option("--trace", help="Chrome/Perfetto trace of the run (the simulator's layout).")] = None,
     save_model: Annotated[Optional[Path], typer.Option("--save-model", help="Write the trained model as one state dict (the model's own parameter names).")] = None,
-    threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads per worker (default: cores / local workers; SSH workers follow OMP_NUM_THREADS).")] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads per worker, at most 1024 (default: cores / local workers; SSH workers follow OMP_NUM_THREADS).")] = None,
     listen: Annotated[Optional[str], typer.Option("--listen", help="HOST[:PORT] for the run's store (default 127.0.0.1, or the address that reaches the SSH devices).")] = None,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for workers to join and for any transfer.")] = 300.0,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for workers to join and for any transfer (1 to 2592000, 30 days).")] = 300.0,
     log: Annotated[Optional[Path], typer.Option("--log", help="Append every worker's output here, prefixed by device.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON summary on stdout.")] = False,
     text: Annotated[Optional[str], typer.Option("--input", help="Inference plans: the request's text (UTF-8 bytes as ids unless an hf: checkpoint has a tokenizer).")] = None,
@@ -65,9 +65,9 @@ def run_command(
     overlap: Annotated[bool, typer.Option("--overlap/--no-overlap", help="Inference plans (galaxy): tile-based overlap of the ring collectives with the GEMMs.")] = True,
     output: Annotated[Optional[Path], typer.Option("--output", help="Inference plans: save the final hidden states ([sequence, hidden]) with torch.save.")] = None,
     wire_dtype: Annotated[str, typer.Option("--wire-dtype", help="Inference plans: float32 (exact) or float16 activations on the wire (the paper's fp16 traffic).")] = "float32",
-    heartbeat: Annotated[float, typer.Option("--heartbeat", help="Fault tolerance (with --profile): seconds between heartbeats.")] = 1.0,
-    failure_timeout: Annotated[float, typer.Option("--failure-timeout", help="Fault tolerance: seconds of silence before a device is suspect (a probe decides).")] = 3.0,
-    probe_timeout: Annotated[float, typer.Option("--probe-timeout", help="Fault tolerance: seconds a suspect has to answer the probe.")] = 2.0,
+    heartbeat: Annotated[float, typer.Option("--heartbeat", help="Fault tolerance (with --profile): seconds between heartbeats (0.01 to 2592000).")] = 1.0,
+    failure_timeout: Annotated[float, typer.Option("--failure-timeout", help="Fault tolerance: seconds of silence before a device is suspect (a probe decides); more than --heartbeat.")] = 3.0,
+    probe_timeout: Annotated[float, typer.Option("--probe-timeout", help="Fault tolerance: seconds a suspect has to answer the probe (0.01 to 2592000).")] = 2.0,
     replan: Annotated[str, typer.Option("--replan", help="On a lost device (needs --profile): light, heavy, or off (the run fails). docs/fault-tolerance.md")] = "light",
     replicate_every: Annotated[int, typer.Option("--replicate-every", help="Fault tolerance: snapshot and back up stage state every K rounds.")] = 1,
     schedule: Annotated[Optional[str], typer.Option("--schedule", help="Asynchronous training instead of the plan's rounds: nf1b (TiMePReSt) or pipedream; one device per stage, a round is an epoch (docs/timeprest.md).")] = None,
@@ -86,6 +86,9 @@ def run_command(
         raise BadInput("--cluster: required (the inventory naming the plan's devices)")
     from hppctl.runtime.bootstrap import check_listen
     check_listen(listen)
+    check_seed("--seed", seed)
+    check_threads("--threads", threads)
+    seconds("--timeout", timeout)
     from hppctl.cli.galaxy import is_inference_file
     if is_inference_file(plan):  # collaborative inference (issue 8)
         writable_path("--output", output)
@@ -95,6 +98,10 @@ def run_command(
                                      warmup=warmup, overlap=overlap, output=output, as_json=as_json, threads=threads,
                                      seed=seed, listen=listen, timeout=timeout, log=log, wire_dtype=wire_dtype)
     from hppctl.cli.psl import is_psl_file
+    _refuse_inference_flags(plan, "psl" if is_psl_file(plan) else "hpp", {
+        "--input": text, "--input-ids": input_ids, "--seq-len": seq_len, "--output": output,
+        "--repeat": None if repeat == 1 else repeat, "--warmup": warmup or None,
+        "--no-overlap": None if overlap else True, "--wire-dtype": None if wire_dtype == "float32" else wire_dtype})
     if is_psl_file(plan):  # parallel split learning (issue 11); `hppctl psl run` has its PSL-only flags
         from hppctl.cli.psl import run_psl
         for flag, value in (("--epochs", epochs), ("--checkpoint-dir", checkpoint_dir), ("--profile", profile),
@@ -107,9 +114,11 @@ def run_command(
                        threads=threads, listen=listen, timeout=timeout, log=log, as_json=as_json)
     if rounds is not None and epochs is not None:
         raise BadInput("--rounds and --epochs: give one of them")
-    for flag, value in (("--rounds", rounds), ("--epochs", epochs), ("--checkpoint-every", checkpoint_every),
-                        ("--threads", threads), ("--timeout", timeout)):
+    for flag, value in (("--rounds", rounds), ("--epochs", epochs), ("--checkpoint-every", checkpoint_every)):
         positive(flag, value)
+    from hppctl.cli.coordinator import check_recovery_flags
+    check_recovery_flags(heartbeat=heartbeat, timeout=failure_timeout, probe_timeout=probe_timeout, replan=replan,
+                         replicate_every=replicate_every)
     check_optimizer_flags(optimizer, lr, momentum, weight_decay)
     if resume and checkpoint_dir is None:
         raise BadInput("--resume: needs --checkpoint-dir")
@@ -165,6 +174,14 @@ def run_command(
         emit_json(summary)
     else:
         render(summary)
+
+
+def _refuse_inference_flags(plan_file: Path, kind: str, given: dict) -> None:
+    """Flags only inference plans use, on a training plan: `--input-ids` was silently ignored (the run
+    trained as if it had not been given). `given`: flag -> value, None when left at its default."""
+    for flag, value in given.items():
+        if value is not None:
+            raise BadInput(f"{flag}: only for inference (galaxy) plans; {plan_file} is a {kind} training plan")
 
 
 def _plan_to_resume(checkpoint_dir: Path, plan, profile, plan_file: Path, rejoin: bool = False):

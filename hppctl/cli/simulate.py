@@ -9,12 +9,12 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from hppctl.cli.flags import positive
+from hppctl.cli.flags import MAX_SECONDS, MIN_PERIOD_S, positive, seconds
 from hppctl.cli.output import emit_json, note, stdout, writable_path
 from hppctl.errors import BadInput
 from hppctl.models.plan import HppPlan
 from hppctl.models.profile import Profile
-from hppctl.models.units import format_bytes
+from hppctl.models.units import MAX_DURATION, format_bytes
 from hppctl.store import load, save, write_text_atomic
 
 EXAMPLES = """
@@ -46,12 +46,12 @@ def simulate_command(
     write_schedule: Annotated[Optional[Path], typer.Option("--write-schedule", help="Write the (generated) schedule here (.json/.yaml).")] = None,
     show_schedule: Annotated[bool, typer.Option("--show-schedule", help="Print every device's actions in text form.")] = False,
     blocking: Annotated[bool, typer.Option("--blocking", help="Blocking (rendezvous) send/recv instead of async isend + pre-posted irecv.")] = False,
-    step_time: Annotated[float, typer.Option("--step-time", help="Seconds of one optimizer step per device (the profile has none; default 0).")] = 0.0,
+    step_time: Annotated[float, typer.Option("--step-time", help="Seconds of one optimizer step per device (the profile has none; default 0, at most 86400).")] = 0.0,
     trace: Annotated[Optional[Path], typer.Option("--trace", help="Write Chrome trace events (.json) for Perfetto / chrome://tracing.")] = None,
     png: Annotated[Optional[Path], typer.Option("--png", help="Render the timeline to a PNG (needs matplotlib: pip install 'hppctl[plot]').")] = None,
     fail: Annotated[Optional[str], typer.Option("--fail", help="DEVICE@SECONDS: predict recovery from this device failing at this time (needs --profile); DEVICE,DEVICE@SECONDS: several failing together.")] = None,
     replan: Annotated[str, typer.Option("--replan", help="With --fail: light, heavy or both (side by side).")] = "both",
-    timeout: Annotated[float, typer.Option("--timeout", help="With --fail: heartbeat silence before a device is suspect (s).")] = 3.0,
+    timeout: Annotated[float, typer.Option("--timeout", help="With --fail: heartbeat silence before a device is suspect (s; 0.01 to 2592000).")] = 3.0,
     replicate_every: Annotated[int, typer.Option("--replicate-every", help="With --fail: rounds between backups, as `hppctl run --replicate-every` (0: none).")] = 1,
     fail_kind: Annotated[str, typer.Option("--fail-kind", help="With --fail: silent (hung, unreachable, powered off: found by heartbeat timeout and probe) or crash (the worker process dies: seen at once).")] = "silent",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
@@ -64,7 +64,7 @@ def simulate_command(
     if fail is not None:
         _simulate_failure(plan_file, profile_file, fail, replan, timeout, replicate_every, fail_kind, as_json)
         return
-    positive("--step-time", step_time, allow_zero=True)
+    seconds("--step-time", step_time, low=0.0, high=MAX_DURATION)
     for flag, path in (("--write-schedule", write_schedule), ("--trace", trace), ("--png", png)):
         writable_path(flag, path)  # before the work: --png '' or a folder ended in an OSError traceback
     if sum(x is not None for x in (policy, warmup, schedule_file)) > 1:
@@ -73,7 +73,7 @@ def simulate_command(
     profile = None
     if profile_file is not None:
         profile = load(profile_file, Profile)
-        check_plan_matches(plan, profile, str(plan_file))
+        check_plan_matches(plan, profile, str(plan_file), str(profile_file))
     if schedule_file is not None:
         schedule = load(schedule_file, Schedule)
         _check_schedule_matches(schedule, plan, str(schedule_file))
@@ -81,7 +81,9 @@ def simulate_command(
         try:
             schedule = schedule_for_plan(plan, policy, _parse_warmup(warmup) if warmup else None)
         except ValueError as e:
-            raise BadInput(f"{'--warmup' if warmup else '--policy'}: {e}") from None
+            # the flag that chose the schedule, or the plan itself when no flag did
+            culprit = "--warmup" if warmup else "--policy" if policy else str(plan_file)
+            raise BadInput(f"{culprit}: {e}") from None
     check_schedule(schedule)
     if write_schedule is not None:
         save(write_schedule, schedule)
@@ -116,20 +118,18 @@ def _simulate_failure(plan_file, profile_file, fail: str, replan: str, timeout: 
         at_s = float(when)
     except ValueError:
         raise BadInput(f"--fail: expected DEVICE@SECONDS like nano1@30 (or nano1,nano2@30), got {fail!r}") from None
-    if not 0 <= at_s < float("inf"):  # also refuses nan
-        raise BadInput(f"--fail: SECONDS must be a finite time >= 0, got {fail!r}")
+    if not 0 <= at_s <= MAX_SECONDS:  # also refuses nan
+        raise BadInput(f"--fail: SECONDS must be from 0 to {MAX_SECONDS:.0f}, got {fail!r}")
     if replan not in ("light", "heavy", "both"):
         raise BadInput(f"--replan: expected light, heavy or both, got {replan!r}")
-    if not 0 < timeout < float("inf"):
-        raise BadInput(f"--timeout: must be a positive number of seconds, got {timeout}")
-    if replicate_every < 0:
-        raise BadInput(f"--replicate-every: must be 0 (no backups) or a positive number of rounds, got {replicate_every}")
+    seconds("--timeout", timeout, low=MIN_PERIOD_S)
+    positive("--replicate-every", replicate_every, allow_zero=True)  # 0: no backups
     if kind not in FAILURE_KINDS:
         raise BadInput(f"--fail-kind: expected {' or '.join(FAILURE_KINDS)}, got {kind!r}")
     if profile_file is None:
         raise BadInput("--fail: needs --profile (re-planning uses the per-layer timings)")
     plan, profile = load(plan_file, HppPlan), load(profile_file, Profile)
-    check_plan_matches(plan, profile, str(plan_file))
+    check_plan_matches(plan, profile, str(plan_file), str(profile_file))
     for device in devices:
         if device not in plan.devices():
             raise BadInput(f"--fail: device {device!r} is not in the plan (devices: {', '.join(plan.devices())})")

@@ -11,10 +11,17 @@ known_hosts file). Two lines fix that, and this helper applies them from the clu
 
 from __future__ import annotations
 
+import math
 import os
 
 from hppctl.errors import BadInput
 from hppctl.models.cluster import ClusterSpec, DeviceSpec
+
+
+def connect_timeout(seconds: float) -> int:
+    """fabric's connect_timeout (whole seconds) for the cluster's `connect_timeout_s`: rounded up, so
+    0.5 s waits 1 s instead of 0 (no wait at all); the cluster file bounds it (models/cluster.py)."""
+    return max(1, math.ceil(seconds))
 
 
 def connection(device: DeviceSpec, ssh_known_hosts: str | None, identity_file: str | None, timeout_s: float = 10.0):
@@ -27,7 +34,7 @@ def connection(device: DeviceSpec, ssh_known_hosts: str | None, identity_file: s
     connect_kwargs = {"look_for_keys": identity_file is None}
     if identity_file is not None:
         connect_kwargs["key_filename"] = identity_file
-    conn = fabric.Connection(device.host, user=device.user, port=device.port, connect_timeout=int(timeout_s),
+    conn = fabric.Connection(device.host, user=device.user, port=device.port, connect_timeout=connect_timeout(timeout_s),
                              connect_kwargs=connect_kwargs)
     known_hosts = ssh_known_hosts or os.path.expanduser("~/.ssh/known_hosts")
     if os.path.exists(known_hosts):

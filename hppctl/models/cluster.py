@@ -53,7 +53,8 @@ class SshSpec(FrozenModel):
     known_hosts: str | None = None
     """known_hosts file to trust (default: the user's own)."""
     identity_file: str | None = None
-    connect_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+    connect_timeout_s: Annotated[float, Field(gt=0, le=3600, allow_inf_nan=False)] = 10.0
+    """Seconds to wait for an SSH connection (at most an hour; `.inf` was an OverflowError)."""
 
 
 class ClusterSpec(FrozenModel):

@@ -26,7 +26,7 @@ from hppctl.models.cluster import DeviceName
 
 PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
-NonNegFloat = Annotated[float, Field(ge=0)]
+NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 InferenceStrategy = Literal["galaxy", "megatron", "sp", "local"]
 INFERENCE_STRATEGIES: tuple[str, ...] = ("galaxy", "megatron", "sp", "local")
@@ -82,7 +82,7 @@ class InferenceDevice(FrozenModel):
 
 class InferenceLink(FrozenModel):
     between: Annotated[list[DeviceName], Field(min_length=2, max_length=2)]
-    bytes_per_s: Annotated[float, Field(gt=0)]
+    bytes_per_s: Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 class InferenceProfile(FrozenModel):
@@ -109,7 +109,7 @@ class InferenceProfile(FrozenModel):
     leaves them out; counting them is what makes GPT2-L (1.55 GB in fp16) miss a 1.5 GB device, as in
     the paper's Table I. 0 reproduces Eq. 5 exactly."""
     devices: Annotated[list[InferenceDevice], Field(min_length=1, max_length=MAX_DEVICES)]
-    default_bytes_per_s: Annotated[float, Field(gt=0)]
+    default_bytes_per_s: Annotated[float, Field(gt=0, allow_inf_nan=False)]
     links: list[InferenceLink] = []
 
     @model_validator(mode="after")

@@ -38,7 +38,7 @@ class LabHost(FrozenModel):
 
     name: HostName
     preset: str | None = None
-    cpu: Annotated[float, Field(gt=0)] | None = None
+    cpu: Annotated[float, Field(gt=0, le=1024, allow_inf_nan=False)] | None = None
     """CPU quota in cores (0.25 = a quarter of one core)."""
     memory: Bytes | None = None
     """Memory limit (the kernel kills the biggest process of the host beyond it)."""
@@ -94,7 +94,7 @@ class LabSpec(FrozenModel):
     links: list[LabLink] = []
     memory_scale: Annotated[float, Field(gt=0, le=1)] = 0.25
     """Presets' memory is multiplied by this so that a lab fits in this machine's RAM."""
-    fastest_cpu: Annotated[float, Field(gt=0)] = 1.0
+    fastest_cpu: Annotated[float, Field(gt=0, le=1024, allow_inf_nan=False)] = 1.0
     """Cores given to the fastest preset; the others get their FLOP/s ratio of it (capped at nproc)."""
     delay_backend: Literal["auto", "netem", "nfqueue"] = "auto"
     """How delay and loss are emulated: tc netem, or an NFQUEUE delay line where netem is missing."""

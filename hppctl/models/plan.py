@@ -15,11 +15,10 @@ from pydantic import Field, model_validator
 from hppctl.limits import MAX_DEVICES, MAX_LAYERS, MAX_MICRO_BATCHES
 from hppctl.models.base import FrozenModel, duplicates, listed
 from hppctl.models.cluster import DeviceName
-from hppctl.models.profile import Granularity, _OmitsUnset
+from hppctl.models.profile import Granularity, NonNegFloat, TimeS, _OmitsUnset
 
 PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
-NonNegFloat = Annotated[float, Field(ge=0)]
 LayerIndex = Annotated[int, Field(ge=0, le=MAX_LAYERS)]
 MicroBatches = Annotated[int, Field(gt=0, le=MAX_MICRO_BATCHES)]
 """Micro-batches per round: the simulator and the schedule reports grow with them (10⁶ hung)."""
@@ -38,10 +37,10 @@ class StagePlan(_OmitsUnset):
     """Samples of each micro-batch per device (aligned with `devices`, summing to B)."""
     warmup: PosInt
     """K_p: forwards this stage runs before strict one-forward-one-backward."""
-    forward_s: NonNegFloat
+    forward_s: TimeS
     """E_f: one micro-batch's forward on this stage (slowest device)."""
-    backward_s: NonNegFloat
-    allreduce_s: NonNegFloat
+    backward_s: TimeS
+    allreduce_s: TimeS
     memory_bytes: list[NonNegInt]
     """Predicted peak memory per device (Eq. 3), aligned with `devices`."""
     memory_budget_bytes: list[NonNegInt]
@@ -86,8 +85,8 @@ class TransferPlan(FrozenModel):
 
     after_stage: NonNegInt
     bytes_per_micro_batch: NonNegInt
-    forward_s: NonNegFloat
-    backward_s: NonNegFloat
+    forward_s: TimeS
+    backward_s: TimeS
 
 
 class Prediction(FrozenModel):

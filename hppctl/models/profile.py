@@ -16,11 +16,19 @@ from pydantic import Field, model_serializer, model_validator
 from hppctl.limits import MAX_DEVICES, MAX_LAYERS
 from hppctl.models.base import FrozenModel, duplicates, listed
 from hppctl.models.cluster import DeviceName
+from hppctl.models.units import MAX_BYTES, MAX_DURATION
 
 Granularity = Literal["fine", "block"]
 NonNegInt = Annotated[int, Field(ge=0)]
 PosInt = Annotated[int, Field(gt=0)]
-NonNegFloat = Annotated[float, Field(ge=0)]
+NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+"""Times, rates and factors: finite, so `forward_s: .inf` is refused naming the field (it reached the
+schedule generator as NaN, blamed on `--policy`)."""
+PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+TimeS = Annotated[float, Field(ge=0, le=MAX_DURATION, allow_inf_nan=False)]
+"""A measured or predicted duration: at most a day (1e308 s summed to inf: a ZeroDivisionError in the planner)."""
+ByteCount = Annotated[int, Field(ge=0, le=MAX_BYTES)]
+"""Bytes of a layer or a device: at most 1 PiB, like sizes in cluster files (models/units.py)."""
 Source = Literal["preset", "measured", "synthetic"]
 
 
@@ -45,13 +53,13 @@ class LayerCost(FrozenModel):
     name: str
     kind: str
     """Module type, e.g. `Conv2d`, `BertLayer`."""
-    boundary_bytes_per_sample: NonNegInt
+    boundary_bytes_per_sample: ByteCount
     """Bytes that cross a cut placed right AFTER this layer: the layer's output plus every
     earlier tensor still needed later (residual branches, attention masks). This is what a
     pipeline sends forward, and the gradient it sends back has the same size."""
-    activation_bytes_per_sample: NonNegInt
+    activation_bytes_per_sample: ByteCount
     """Bytes this layer keeps for backward (its intermediate tensors)."""
-    param_bytes: NonNegInt
+    param_bytes: ByteCount
     forward_flops_per_sample: NonNegInt
 
 
@@ -73,11 +81,11 @@ class MeasurementInfo(FrozenModel):
     warmup: NonNegInt
     sustained_factor: list[NonNegFloat]
     """Per batch size: sustained wall time of a whole step / its time on `clock` (>= 1 on a throttled device)."""
-    step_clock_s: list[NonNegFloat]
+    step_clock_s: list[TimeS]
     """Per batch size: median time of a whole training step on `clock` (to check the layer sum)."""
-    optimizer_step_s: NonNegFloat | None = None
+    optimizer_step_s: TimeS | None = None
     """One SGD-with-momentum update of every parameter."""
-    stage_call_s: NonNegFloat | None = None
+    stage_call_s: TimeS | None = None
     """Per layer, the cost of calling its one-layer stage on its own, taken off its forward times."""
     memory_budget_source: str
     memory_measured_bytes: NonNegInt | None = None
@@ -98,13 +106,13 @@ class DeviceProfile(_OmitsUnset):
     name: DeviceName
     kind: str
     """Preset name, or `measured:<hostname>`."""
-    memory_bytes: PosInt
+    memory_bytes: Annotated[int, Field(gt=0, le=MAX_BYTES)]
     """Memory budget the planner may use on this device."""
     batch_sizes: Annotated[list[PosInt], Field(min_length=1)]
     """Increasing batch sizes at which the layers were timed."""
-    forward_s: list[list[NonNegFloat]]
+    forward_s: list[list[TimeS]]
     """forward_s[layer][i] = seconds for one forward of the layer at batch_sizes[i]."""
-    backward_s: list[list[NonNegFloat]]
+    backward_s: list[list[TimeS]]
     peak_flops: NonNegFloat | None = None
     """Peak FLOP/s if known (presets); used only for reporting."""
     source: Source | None = None
@@ -112,7 +120,7 @@ class DeviceProfile(_OmitsUnset):
     forward_spread: list[list[NonNegFloat]] | None = None
     """Measured only: (q3 - q1) / median of the repeated forward times, per layer and batch size."""
     backward_spread: list[list[NonNegFloat]] | None = None
-    train_step_s: list[NonNegFloat] | None = None
+    train_step_s: list[TimeS] | None = None
     """Measured only: wall seconds of one whole training step (forward, loss, backward), sustained."""
     train_peak_bytes: list[NonNegInt] | None = None
     """Measured only: peak memory of one training step above the process holding the model."""
@@ -148,11 +156,11 @@ class LinkProfile(_OmitsUnset):
     _omit_when_default = ("directed_bytes_per_s", "rtt_s", "source")
 
     between: Annotated[list[DeviceName], Field(min_length=2, max_length=2)]
-    bytes_per_s: Annotated[float, Field(gt=0)]
+    bytes_per_s: PosFloat
     """What the planner uses: for a measured link, the slower of the two directions."""
     directed_bytes_per_s: Annotated[list[NonNegFloat], Field(min_length=2, max_length=2)] | None = None
     """Measured: goodput from between[0] to between[1], and back."""
-    rtt_s: NonNegFloat | None = None
+    rtt_s: TimeS | None = None
     """Measured: median round trip of one byte over TCP."""
     source: Literal["measured", "inventory"] | None = None
 
@@ -179,7 +187,7 @@ class Profile(_OmitsUnset):
     """Optimizer state in units of the parameter bytes (0 SGD, 1 SGD+momentum, 2 Adam)."""
     layers: Annotated[list[LayerCost], Field(min_length=1, max_length=MAX_LAYERS)]
     devices: Annotated[list[DeviceProfile], Field(min_length=1, max_length=MAX_DEVICES)]
-    default_bytes_per_s: Annotated[float, Field(gt=0)]
+    default_bytes_per_s: PosFloat
     links: list[LinkProfile] = []
     missing_devices: list[MissingDevice] = []
     """Devices of the cluster that could not be profiled (`hppctl profile` exits 1); not in `devices`."""

@@ -27,7 +27,7 @@ from hppctl.models.units import Bytes, BytesPerSecond, Seconds
 
 PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
-NonNegFloat = Annotated[float, Field(ge=0)]
+NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 def _ordered(cut: list[int]) -> list[int]:
@@ -271,7 +271,7 @@ class PslPlan(FrozenModel):
     assignment: list[DeviceName]
     """Helper of each client, aligned with `clients`."""
     times: PslTimes
-    slot_s: Annotated[float, Field(gt=0)] | None = None
+    slot_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     """Slot length the time-indexed methods solved with (None for FCFS methods)."""
     helper_plans: list[PslHelperPlan]
     prediction: PslPrediction

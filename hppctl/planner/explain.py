@@ -25,13 +25,25 @@ class StepRow:
     dominant: bool
 
 
-def check_plan_matches(plan: HppPlan, profile: Profile, source: str = "plan") -> None:
-    """Refuse a plan made for another model or another profile."""
+def check_plan_matches(plan: HppPlan, profile: Profile, source: str = "plan", profile_source: str = "the profile") -> None:
+    """Refuse a plan made for another model or another profile, and one whose stages the profile cannot
+    describe. The one check `hppctl plan --plan`, `hppctl simulate` and `hppctl run` make: the digest
+    is only a claim (anyone can copy it into an edited plan), and a layer range past the model or an
+    unknown device was an IndexError, KeyError or ValueError traceback in the cost model."""
     if plan.model != profile.model:
         raise PlanMismatch(f"{source}: model: plan is for {plan.model!r}, profile is for {profile.model!r}")
     if plan.profile_digest != profile.digest():
         raise PlanMismatch(f"{source}: profile_digest: plan was made from profile {plan.profile_digest}, "
                            f"this profile is {profile.digest()}; re-run `hppctl plan` on it")
+    if plan.num_layers != len(profile.layers):
+        last = len(plan.stages) - 1
+        raise PlanMismatch(f"{source}: stages.{last}.layers: the plan covers {plan.num_layers} layers, "
+                           f"{profile_source} has {len(profile.layers)}")
+    known = {d.name for d in profile.devices}
+    for p, stage in enumerate(plan.stages):
+        for i, device in enumerate(stage.devices):
+            if device not in known:
+                raise PlanMismatch(f"{source}: stages.{p}.devices.{i}: device {device!r} is not in {profile_source}")
 
 
 def stage_choices(plan: HppPlan, profile: Profile) -> list[StageChoice]:

@@ -153,18 +153,9 @@ class SshEndpoint:
         return self._conn
 
     def _connect(self):
-        import fabric
-        import paramiko
+        from hppctl.lab.connect import connection  # the one place that builds a host-key-checked connection
 
-        connect_kwargs: dict[str, Any] = {"look_for_keys": self.identity_file is None}
-        if self.identity_file is not None:
-            connect_kwargs["key_filename"] = self.identity_file
-        conn = fabric.Connection(self.device.host, user=self.device.user, port=self.device.port,
-                                 connect_timeout=max(1, int(self.timeout_s)), connect_kwargs=connect_kwargs)
-        if os.path.exists(self.known_hosts):
-            conn.client.load_host_keys(self.known_hosts)
-        conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
-        return conn
+        return connection(self.device, self.known_hosts, self.identity_file, self.timeout_s)
 
     def failure(self, exc: BaseException) -> str:
         return connection_failure(exc, self.device, self.known_hosts, self.timeout_s)

@@ -169,18 +169,64 @@ def _user(path: str, shape: tuple[int, ...], classes: int) -> Data:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as e:
         raise BadInput(f"--dataset: cannot import {path!r} ({e.__class__.__name__}: {e})") from None
-    made = factory()
-    train, test = made if isinstance(made, tuple) else (made, None)
-    for split in (train, test):
-        if split is not None and not (hasattr(split, "__len__") and hasattr(split, "__getitem__")):
-            raise BadInput(f"--dataset {path}: factory must return a Dataset or a (train, test) pair of them")
+    train, test = _call_factory(path, factory)
     data = Data(path, Split(None, None, train), Split(None, None, test) if test is not None else None, classes)
-    x, y = data.train.take(torch.tensor([0]))
+    x, y = _first_sample(path, data.train)
     if tuple(x.shape[1:]) != tuple(shape):
         raise BadInput(f"--dataset {path}: samples have shape {tuple(x.shape[1:])}, the model takes {tuple(shape)}")
     if not 0 <= int(y[0]) < classes:
         raise BadInput(f"--dataset {path}: label {int(y[0])} is outside the model's {classes} classes")
     return data
+
+
+def _call_factory(path: str, factory) -> tuple[Any, Any]:
+    """(train, test or None) from a `module:factory` the user named. `os:system` was a TypeError
+    traceback and `os:getcwd` a string taken for a dataset: a factory is a Python function or class
+    called with no arguments that returns dataset-like objects; anything it raises is one line."""
+    import inspect
+
+    if not callable(factory) or inspect.isbuiltin(factory):
+        raise BadInput(f"--dataset {path}: not a dataset factory (a Python function or class returning a Dataset)")
+    try:
+        inspect.signature(factory).bind()
+    except TypeError:
+        raise BadInput(f"--dataset {path}: a dataset factory is called with no arguments; this one needs some") from None
+    except ValueError:
+        pass  # no signature to read (some classes): calling it tells
+    try:
+        made = factory()
+    except Exception as e:  # noqa: BLE001 - the user's code: any failure is their dataset's
+        raise BadInput(f"--dataset {path}: the factory failed: {e.__class__.__name__}: {str(e)[:200]}") from None
+    train, test = made if isinstance(made, tuple) and len(made) == 2 else (made, None)
+    for split in (train, test):
+        if split is not None and not _dataset_like(split):
+            raise BadInput(f"--dataset {path}: factory must return a Dataset or a (train, test) pair of them, "
+                           f"got {type(made).__name__}")
+    return train, test
+
+
+def _dataset_like(obj: Any) -> bool:
+    """A torch Dataset, or a sized sequence of samples; not text, bytes or a mapping, which have a
+    length and items too."""
+    from collections.abc import Mapping
+
+    if isinstance(obj, (str, bytes, bytearray, Mapping)):
+        return False
+    return hasattr(obj, "__len__") and hasattr(obj, "__getitem__")
+
+
+def _first_sample(path: str, split: Split) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample 0 as the workers will read it: an empty dataset or a sample that is not an
+    (input, label) pair of numbers is one line, not an IndexError or TypeError traceback."""
+    try:
+        if len(split) < 1:
+            raise BadInput(f"--dataset {path}: the training set is empty")
+        return split.take(torch.tensor([0]))
+    except BadInput:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's dataset
+        raise BadInput(f"--dataset {path}: cannot read sample 0 as an (input, label) pair: "
+                       f"{e.__class__.__name__}: {str(e)[:200]}") from None
 
 
 class SampleOrder:

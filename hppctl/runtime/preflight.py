@@ -33,11 +33,7 @@ def check_devices(plan: HppPlan, cluster: ClusterSpec, plan_source: str, cluster
 def check_profile(plan: HppPlan, profile: Profile, plan_source: str, profile_source: str) -> None:
     from hppctl.planner.explain import check_plan_matches
 
-    check_plan_matches(plan, profile, plan_source)
-    known = {d.name for d in profile.devices}
-    missing = [d for d in plan.devices() if d not in known]
-    if missing:
-        raise PlanMismatch(f"{plan_source}: devices {missing} are not in the profile {profile_source}")
+    check_plan_matches(plan, profile, plan_source, f"the profile {profile_source}")
 
 
 def check_model(plan: HppPlan, plan_source: str) -> None:

@@ -135,11 +135,16 @@ def test_bad_cluster_files_exit_2_with_one_line(cli, tmp_path, content, needle):
     (["--model", None], "--model: required"),
     (["--cluster", "no/such.yaml"], "no/such.yaml: no such file"),
     # the measurement flags are checked on a preset-only cluster too, each named with its value
-    (["--repeats", "0"], "--repeats: must be >= 1 (got 0)"),
-    (["--warmup", "-1"], "--warmup: must be >= 0 (got -1)"),
-    (["--timeout", "-1"], "--timeout: must be > 0 (got -1.0)"),
-    (["--link-seconds", "0"], "--link-seconds: must be > 0 (got 0.0)"),
-    (["--threads", "0"], "--threads: 0 is not a positive number of threads"),
+    (["--repeats", "0"], "--repeats: must be a positive finite number (got 0)"),
+    (["--warmup", "-1"], "--warmup: must be a non-negative finite number (got -1)"),
+    (["--timeout", "-1"], "--timeout: must be a number of seconds from 1 to 2592000 (got -1.0)"),
+    (["--link-seconds", "0"], "--link-seconds: must be a number of seconds from 0.1 to 3600 (got 0.0)"),
+    (["--threads", "0"], "--threads: must be a positive finite number (got 0)"),
+    # issue 23: non-finite, tiny and huge values passed on a preset cluster (and reached the devices)
+    (["--timeout", "nan"], "--timeout: must be a number of seconds from 1 to 2592000 (got nan)"),
+    (["--link-seconds", "1e400"], "--link-seconds: must be a number of seconds from 0.1 to 3600 (got inf)"),
+    (["--threads", "100000"], "--threads: must be at most 1024 threads (got 100000)"),
+    (["--repeats", str(10**30)], "--repeats: must be at most 1,000,000,000 (got 1000000000000000000000000000000)"),
 ])
 def test_bad_arguments_exit_2_with_one_line(cli, cluster_file, tmp_path, monkeypatch, args, needle):
     monkeypatch.chdir(tmp_path)

@@ -108,10 +108,11 @@ def test_helpers_without_memory_for_a_client_is_exit_3(cli, spec):
     (("--profile", "x.json"), "exactly one of --spec FILE or --profile FILE"),
     (("--cut", "1,2"), "--clients, --helpers and --cut go with --profile"),
     # non-finite: --slot 1e999 was a pydantic traceback, --rho nan/inf a ValueError from the LP solver
-    (("--slot", "1e999"), "--slot: must be a positive finite duration (got '1e999')"),
+    (("--slot", "1e999"), "--slot: duration must be a finite number, got '1e999'"),
     (("--rho", "nan"), "--rho: must be a positive finite number (got nan)"),
     (("--rho", "inf"), "--rho: must be a positive finite number (got inf)"),
-    (("--time-limit", "nan"), "--time-limit: must be a positive finite number (got nan)"),
+    (("--time-limit", "nan"), "--time-limit: must be a number of seconds from 0.01 to 2592000 (got nan)"),
+    (("--seed", str(2**64)), "--seed: must be from 0 to 4294967295 (got 18446744073709551616)"),
 ])
 def test_bad_flags_are_exit_2(cli, spec, args, message):
     code, _, stderr = cli("psl", "plan", "--spec", spec, *args)

@@ -24,7 +24,9 @@ def test_recovery_is_on_with_a_profile_and_off_without(profile):
 
 @pytest.mark.parametrize("kw,message", [
     ({"replan": "medium"}, "--replan: unknown value 'medium'"),
-    ({"heartbeat": 0}, "--heartbeat: must be a positive finite number"),
+    ({"heartbeat": 0}, "--heartbeat: must be a number of seconds from 0.01 to 2592000"),
+    ({"heartbeat": 1e-300, "timeout": 3.0}, "--heartbeat: must be a number of seconds from 0.01"),
+    ({"probe_timeout": 1e300}, "--probe-timeout: must be a number of seconds from 0.01 to 2592000"),
     ({"timeout": 1.0}, "--failure-timeout: 1.0 s must exceed --heartbeat 1.0 s"),
     ({"replicate_every": 0}, "--replicate-every: must be a positive finite number"),
 ])

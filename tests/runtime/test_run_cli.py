@@ -111,15 +111,15 @@ def test_unusable_outputs_and_addresses_fail_before_any_worker(cli, files, tmp_p
     # --momentum, --weight-decay, --timeout: were pydantic tracebacks, exit 1
     (["--momentum", "-1"], "--momentum: must be a non-negative finite number (got -1.0)"),
     (["--weight-decay", "-0.1"], "--weight-decay: must be a non-negative finite number (got -0.1)"),
-    (["--timeout", "0"], "--timeout: must be a positive finite number (got 0.0)"),
+    (["--timeout", "0"], "--timeout: must be a number of seconds from 1 to 2592000 (got 0.0)"),
     (["--lr", "0"], "--lr: must be a positive finite number (got 0.0)"),
     (["--optimizer", "rmsprop"], "--optimizer: unknown value 'rmsprop' (sgd or adam)"),
     # not numbers at all: nan was a traceback, --lr inf trained the model into NaN, --timeout inf an OverflowError
     (["--lr", "nan"], "--lr: must be a positive finite number (got nan)"),
     (["--lr", "inf"], "--lr: must be a positive finite number (got inf)"),
     (["--weight-decay", "inf"], "--weight-decay: must be a non-negative finite number (got inf)"),
-    (["--timeout", "inf"], "--timeout: must be a positive finite number (got inf)"),
-    (["--heartbeat", "nan"], "--heartbeat: must be a positive finite number (got nan)"),
+    (["--timeout", "inf"], "--timeout: must be a number of seconds from 1 to 2592000 (got inf)"),
+    (["--heartbeat", "nan"], "--heartbeat: must be a number of seconds from 0.01 to 2592000 (got nan)"),
     (["--lr-schedule", "linear"], "--lr-schedule: unknown value 'linear' (constant or cosine)"),
     (["--warmup-rounds", "-1"], "--warmup-rounds: must be a non-negative finite number (got -1)"),
     (["--warmup-rounds", "4"], "--warmup-rounds: 4 leaves none of the run's 4 rounds at --lr"),

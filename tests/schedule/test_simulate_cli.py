@@ -110,8 +110,9 @@ def test_schedule_for_another_plan_is_refused(cli, files, tmp_path):
     (("--warmup", "1,1,1"), "one K_p per stage"),
     (("--policy", "zigzag"), "unknown schedule policy"),
     (("--policy", "gpipe", "--warmup", "2,1"), "alternatives"),
-    (("--step-time", "-1"), "--step-time: must be a non-negative finite number (got -1.0)"),
-    (("--step-time", "nan"), "--step-time: must be a non-negative finite number (got nan)"),  # was accepted
+    (("--step-time", "-1"), "--step-time: must be a number of seconds from 0 to 86400 (got -1.0)"),
+    (("--step-time", "nan"), "--step-time: must be a number of seconds from 0 to 86400 (got nan)"),  # was accepted
+    (("--step-time", "1e300"), "--step-time: must be a number of seconds from 0 to 86400 (got 1e+300)"),
     # output paths that cannot be files: OSError tracebacks after the simulation, before
     (("--png", ""), "--png: . is a directory"),
     (("--png", "/"), "--png: / is a directory"),

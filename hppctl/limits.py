@@ -61,3 +61,7 @@ MAX_PSL_SLOTS = 100_000
 
 MIN_PSL_SLOT_S = 1e-6
 """Shortest slot a PSL spec or --slot may give: nothing hppctl times is finer than a microsecond."""
+
+MAX_BATCH_SAMPLES = 2**20
+"""Samples of one batch in a PSL spec or plan. Edge devices train batches of tens to hundreds of
+samples; a batch is multiplied into float activation and memory sizes, and 10**400 overflowed them."""

@@ -74,7 +74,7 @@ def _shown(value) -> str:
 
 
 def check_optimizer_flags(optimizer: str, lr: float, momentum: float, weight_decay: float) -> None:
-    """The optimizer's flags (`hppctl run` and `hppctl coordinator`): left to TrainOptions, a negative
+    """The optimizer's flags (`hppctl run`, `hppctl coordinator`, `hppctl psl run`): left to TrainOptions, a negative
     --momentum or --weight-decay printed pydantic's traceback and exit 1."""
     if optimizer not in ("sgd", "adam"):
         raise BadInput(f"--optimizer: unknown value {optimizer!r} (sgd or adam)")

@@ -63,6 +63,8 @@ def plan_command(
     from hppctl.cli.galaxy import is_inference_file
     if is_inference_file(profile):  # collaborative inference (issue 8)
         from hppctl.cli.galaxy import plan_inference
+        _refuse_training_flags(profile, {"--plan": existing, "--explain": explain_ or None,
+                                         "--global-batch": global_batch, "--micro-batch": micro_batch})
         return plan_inference(profile, "galaxy" if strategy == "asteroid" else strategy, seq_len, out=out,
                               compare=compare, as_json=as_json)
     if seq_len is not None:
@@ -89,6 +91,15 @@ def plan_command(
         save(out, plan)
         note(f"wrote {out}")
     _show(plan, prof, explain_, as_json, explain)
+
+
+def _refuse_training_flags(profile: Path, flags: dict[str, object]) -> None:
+    """An inference profile plans from --seq-len alone: a training flag given with it was silently
+    ignored (`--plan missing.yaml` printed a fresh plan, exit 0)."""
+    given = [flag for flag, value in flags.items() if value is not None]
+    if given:
+        raise BadInput(f"{given[0]}: {profile} is an inference profile; {', '.join(given)} apply to training "
+                       "profiles only (plan inference with --strategy and --seq-len)")
 
 
 def _show(plan: HppPlan, profile: Profile, explain_: bool, as_json: bool, explain) -> None:

@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from hppctl.cli.flags import positive, seconds, seed as check_seed, threads as check_threads
+from hppctl.cli.flags import check_optimizer_flags, positive, seconds, seed as check_seed, threads as check_threads
 from hppctl.cli.output import emit_json, note, stdout, writable_path
 from hppctl.errors import BadInput
 from hppctl.runtime.bootstrap import check_listen
@@ -303,13 +303,12 @@ def run_psl(plan_file: Path, cluster_file: Path, *, rounds: int = 1, local_batch
     from hppctl.runtime.psl.config import PslOptions
     from hppctl.runtime.psl.preflight import preflight
 
-    for flag, value in (("--rounds", rounds), ("--local-batches", local_batches), ("--lr", lr)):
+    for flag, value in (("--rounds", rounds), ("--local-batches", local_batches)):
         positive(flag, value)
+    check_optimizer_flags(optimizer, lr, momentum, weight_decay)
     seconds("--timeout", timeout)
     check_threads("--threads", threads)
     check_seed("--seed", seed)
-    if optimizer not in ("sgd", "adam"):
-        raise BadInput(f"--optimizer: unknown value {optimizer!r} (sgd or adam)")
     if order not in ("plan", "ltf"):
         raise BadInput(f"--order: unknown value {order!r} (plan or ltf)")
     if metrics is not None and metrics.suffix.lower() not in (".jsonl", ".json"):

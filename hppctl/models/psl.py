@@ -19,13 +19,14 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from hppctl.limits import MAX_PSL_CLIENTS, MAX_PSL_HELPERS, MAX_PSL_PAIRS, MIN_PSL_SLOT_S
+from hppctl.limits import MAX_BATCH_SAMPLES, MAX_PSL_CLIENTS, MAX_PSL_HELPERS, MAX_PSL_PAIRS, MIN_PSL_SLOT_S
 from hppctl.models.base import FrozenModel, duplicates, listed
 from hppctl.models.cluster import ClusterSpec, DeviceName, DeviceSpec, LinkSpec
 from hppctl.models.profile import Granularity
 from hppctl.models.units import Bytes, BytesPerSecond, Seconds
 
 PosInt = Annotated[int, Field(gt=0)]
+BatchSamples = Annotated[int, Field(gt=0, le=MAX_BATCH_SAMPLES)]
 NonNegInt = Annotated[int, Field(ge=0)]
 NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
@@ -77,7 +78,7 @@ class PslSpec(FrozenModel):
     """Built-in model (`hppctl models`)."""
     granularity: Granularity = "block"
     cut: Cut
-    batch: PosInt = 32
+    batch: BatchSamples = 32
     """Samples per batch (each client's batch update)."""
     optimizer: Literal["sgd", "momentum", "adam"] = "momentum"
     bandwidth: BytesPerSecond = 12.5e6
@@ -149,7 +150,7 @@ class PslRequest(FrozenModel):
     helpers: Annotated[list[DeviceName], Field(min_length=1)]
     cuts: list[Cut]
     """Per client, aligned with `clients`."""
-    batch: PosInt
+    batch: BatchSamples
 
     @model_validator(mode="after")
     def _consistent(self) -> "PslRequest":
@@ -263,7 +264,7 @@ class PslPlan(FrozenModel):
     requested_method: Literal["auto", "balanced-greedy", "admm", "exact", "random-fcfs"]
     model: str
     granularity: Granularity
-    batch: PosInt
+    batch: BatchSamples
     clients: Annotated[list[DeviceName], Field(min_length=1)]
     helpers: Annotated[list[DeviceName], Field(min_length=1)]
     cuts: list[Cut]

@@ -211,7 +211,7 @@ def run_inference_command(plan_path: Path, cluster_path: Path, *, text: str | No
     from hppctl.models.cluster import ClusterSpec
     from hppctl.models.inference import InferencePlan
     from hppctl.runtime.galaxy.launch import InferenceRequest, run_inference
-    from hppctl.store import load
+    from hppctl.store import load, open_output_stream
 
     given = [flag for flag, v in (("--input", text), ("--input-ids", input_ids), ("--seq-len", seq_len)) if v is not None]
     if len(given) > 1:
@@ -231,7 +231,7 @@ def run_inference_command(plan_path: Path, cluster_path: Path, *, text: str | No
         s.device in {d.name for d in inventory.devices} for s in plan.shares) else []
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // len(local)) if local and len(local) == len(plan.shares) else 0
-    log_file = open(log, "a") if log else None
+    log_file = open_output_stream(log, append=True) if log else None
     try:
         result = run_inference(InferenceRequest(plan, inventory, ids, seq_len=seq_len, overlap=overlap, wire_dtype=wire_dtype, repeats=repeat,
                                                 warmup=warmup, threads=threads, seed=seed, timeout_s=timeout,

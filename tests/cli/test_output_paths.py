@@ -1,6 +1,6 @@
 """Issue 23 item 5, the remaining holes: every output flag of every command is checked before the work
-starts, and streamed outputs (`--log`, `--metrics`, `--events`) never follow a symlink or block on a
-FIFO; no error line repeats a huge value.
+starts, streamed outputs (`--log`, `--metrics`, `--events`) never follow a symlink or block on a
+FIFO, `--input-ids` is read within the file limits, and no error line repeats a huge argument.
 
 The ordering is shown without timing anything: each command is given inputs that do not exist, so a
 command that checks its outputs first names the output flag, and one that reads its inputs first
@@ -15,6 +15,8 @@ import stat
 
 import pytest
 
+from hppctl.errors import BadInput
+from tests.cli.test_file_rules import hppctl
 
 MISSING = "missing"  # placeholder for an input file that does not exist
 
@@ -100,6 +102,16 @@ def test_demo_refuses_a_symlink_in_its_workdir_before_profiling(cli, tmp_path, n
     assert victim.read_text() == "keep me\n" and sorted(p.name for p in work.iterdir()) == [name]
 
 
+def test_a_huge_argument_is_not_repeated_in_the_error_line(tmp_path):
+    """Paths and flag values are user text too: a 100,000-character --profile was a 100 KB error line."""
+    for argv in (("plan", "--profile", tmp_path / ("p" * 100_000 + ".json"), "--global-batch", 8, "--micro-batch", 2),
+                 ("psl", "run", "--plan", tmp_path / "p.json", "--cluster", tmp_path / "c.json", "--optimizer", "x" * 100_000),
+                 ("plan", "--profile", tmp_path / "a\nb\nc.json", "--global-batch", 8, "--micro-batch", 2)):
+        code, _, err = hppctl(*argv)
+        assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err[:300]
+        assert len(err) < 1200, err[:300]
+
+
 @pytest.mark.parametrize("memory", ["9" * 400, "9" * 400 + ".0", "'" + "9" * 400 + " GB'"])
 def test_a_400_digit_memory_is_one_short_line(cli, tmp_path, memory):
     cluster = tmp_path / "c.yaml"
@@ -122,3 +134,33 @@ def test_a_one_megabyte_key_is_one_short_line(cli, tmp_path, where):
     code, _, err = cli("profile", "--cluster", cluster, "--model", "tiny-cnn", "--json")
     assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith(f"error: {cluster}: "), err[:300]
     assert len(err) < 400 and "…" in err, err[:300]
+
+
+# --- --input-ids: read like every other input (regular file, size limit) -----------------------------
+
+
+def _input_ids_cases(tmp_path):
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:  # sparse: refused on its size, never read
+        f.truncate(16 * 2**20 + 1)
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    cases = {big: "more than the limit", fifo: "a FIFO", tmp_path / "none.json": "no such file"}
+    if os.geteuid() == 0:
+        null = tmp_path / "null.pt"
+        os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        cases[null] = "a character device"
+    return cases
+
+
+def test_input_ids_are_read_within_the_file_rules(tmp_path):
+    from hppctl.cli.galaxy import read_input_ids
+
+    for path, needle in _input_ids_cases(tmp_path).items():
+        with pytest.raises(BadInput) as caught:
+            read_input_ids(path)
+        message = str(caught.value)
+        assert message.startswith(f"--input-ids: {path}: ") and needle in message and "\n" not in message, message
+    ok = tmp_path / "ids.json"
+    ok.write_text(json.dumps({"input_ids": [[1, 2], [3, 4]]}))
+    assert read_input_ids(ok).tolist() == [1, 2, 3, 4]

@@ -164,3 +164,24 @@ def test_input_ids_are_read_within_the_file_rules(tmp_path):
     ok = tmp_path / "ids.json"
     ok.write_text(json.dumps({"input_ids": [[1, 2], [3, 4]]}))
     assert read_input_ids(ok).tolist() == [1, 2, 3, 4]
+
+
+@pytest.mark.gloo
+@pytest.mark.timeout(300)
+def test_a_real_run_appends_to_its_log_and_empties_its_metrics_first(cli, tmp_path):
+    """The streams as a run uses them (store.open_output_stream): --log keeps what was there,
+    --metrics holds this run's rounds only."""
+    from hppctl.store import save
+    from tests.runtime.factories import local_cluster, make_plan
+    from tests.runtime.test_run_cli import TWO_STAGES
+
+    save(tmp_path / "plan.yaml", make_plan("tiny-mlp", TWO_STAGES, global_batch=16, micro_batch=4))
+    save(tmp_path / "cluster.yaml", local_cluster("a", "b", "c"))
+    log, metrics = tmp_path / "w.log", tmp_path / "m.jsonl"
+    log.write_text("earlier run\n")
+    metrics.write_text("stale\n" * 100)
+    code, _, err = cli("run", "--plan", tmp_path / "plan.yaml", "--cluster", tmp_path / "cluster.yaml", "--rounds", 2,
+                       "--dataset", "tests.runtime.userdata:features", "--log", log, "--metrics", metrics, "--json")
+    assert code == 0, err
+    assert log.read_text().startswith("earlier run\n")
+    assert [json.loads(line)["round"] for line in metrics.read_text().splitlines()] == [0, 1]

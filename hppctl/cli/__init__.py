@@ -72,8 +72,9 @@ def run(argv: list[str]) -> int:
     except HppctlError as e:
         if debug:
             traceback.print_exc()
-        # Bad input is one bounded line whatever it quotes; a worker's failure keeps its last lines.
-        print(f"error: {one_line(str(e)) if isinstance(e, BadInput) else e}", file=sys.stderr)
+        # Bad input is one bounded line whatever it quotes; a worker's failure keeps its last lines, each bounded.
+        lines = [str(e)] if isinstance(e, BadInput) else str(e).splitlines() or [""]
+        print("error: " + "\n".join(one_line(line) for line in lines), file=sys.stderr)
         return e.exit_code
     except typer.Exit as e:
         return e.exit_code

@@ -185,3 +185,31 @@ def test_a_real_run_appends_to_its_log_and_empties_its_metrics_first(cli, tmp_pa
     assert code == 0, err
     assert log.read_text().startswith("earlier run\n")
     assert [json.loads(line)["round"] for line in metrics.read_text().splitlines()] == [0, 1]
+
+
+@pytest.mark.parametrize("field", ["python", "host", "user"])
+def test_a_megabyte_of_cluster_text_is_refused_in_one_short_line(cli, tmp_path, field):
+    """A 1 MB `python:` was run, failed, and came back whole twice: 2 MB of stderr, exit 1."""
+    device = {"name": "a", "local": True} if field == "python" else {"name": "a", "host": "h"}
+    device[field] = "n" * 2**20
+    cluster = tmp_path / "c.json"
+    cluster.write_text(json.dumps({"name": "c", "devices": [device]}))
+    code, _, err = cli("profile", "--cluster", cluster, "--model", "tiny-cnn", "--json")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err[:300]
+    assert err.startswith(f"error: {cluster}: devices.0.{field}: String should have at most 4096 characters"), err[:300]
+    assert len(err) < 400
+
+
+def test_a_runtime_failure_keeps_its_lines_each_bounded(monkeypatch, capsys):
+    """A worker's failure (exit 1) keeps its last output lines, but none of them may be huge."""
+    import hppctl.cli
+    from hppctl.errors import RuntimeFailure
+
+    def fail(**_):
+        raise RuntimeFailure("worker on device a failed (exit 1)\n  last lines:\n    " + "x" * 100_000)
+
+    monkeypatch.setattr(hppctl.cli, "app", fail)
+    assert hppctl.cli.run(["run"]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "error: worker on device a failed (exit 1)" and len(lines) == 3
+    assert max(map(len, lines)) <= 1000

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
-from hppctl.limits import MAX_VALUE_CHARS
+from hppctl.limits import MAX_ERROR_LINE_CHARS, MAX_VALUE_CHARS
 
 
 def shorten(text: str, limit: int = MAX_VALUE_CHARS) -> str:
     """`text` cut to `limit` characters with an ellipsis: an error line never repeats a huge value
     from a file or a flag (a 1 MB preset name was a 1 MB error line)."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def one_line(message: str, limit: int = MAX_ERROR_LINE_CHARS) -> str:
+    """`message` as one line of at most `limit` characters: newlines (a file name may hold one) shown
+    as `\\n`, and a message still too long cut in the middle, keeping what failed and why."""
+    text = message.replace("\r", "\\r").replace("\n", "\\n")
+    if len(text) <= limit:
+        return text
+    head = (limit - 1) // 2
+    return text[:head] + "…" + text[len(text) - (limit - 1 - head):]
 
 
 class HppctlError(Exception):

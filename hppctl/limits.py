@@ -33,6 +33,16 @@ MAX_VALUE_CHARS = 80
 """An error line echoes at most this many characters of an offending value (then `…`), so that a
 50 MB string in a file does not become a 50 MB error line."""
 
+MAX_TEXT_CHARS = 4_096
+"""A free-text field of a cluster (host, user, python, known_hosts, identity_file): Linux's PATH_MAX;
+nothing longer names a file, a command or a host. A 1 MB `python:` came back whole, twice, in the
+profiler's failure lines (2 MB of stderr)."""
+
+MAX_ERROR_LINE_CHARS = 1_000
+"""An `error:` line is at most this long, whatever it quotes: paths and flag values are user text that
+no field validator shortens (a 100,000-character --profile path was a 100 KB error line). Cut in the
+middle, so the start (what) and the end (why) both survive."""
+
 MAX_DEVICES = 20_000
 """Devices of a cluster or profile, hosts of a lab spec. Validation is linear (20,000 devices
 validate in about a second); the papers hppctl implements plan on at most a few hundred."""

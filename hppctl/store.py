@@ -7,19 +7,22 @@ leaves a half-written file behind.
 File rules (docs/formats.md, Limits): an input must be a regular file no bigger than the limit
 of its format, checked before it is read, so a FIFO or a device never blocks and a 200 MB file is
 refused at once; an output path must be a regular file or missing, so a rename never replaces a
-device, a symlink or anything else that is not ours to replace.
+device, a symlink or anything else that is not ours to replace, and a streamed output (a log, a
+metrics file) is never written through a symlink, into a device or a FIFO.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import os
 import stat
 import tempfile
 import typing
 from pathlib import Path
-from typing import BinaryIO, Iterator, TypeVar
+from typing import BinaryIO, Iterator, TextIO, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -30,8 +33,8 @@ from hppctl.limits import (MAX_DOCUMENT_VALUES_PER_BYTE, MAX_FILE_BYTES, MAX_NES
 
 M = TypeVar("M", bound=BaseModel)
 
-__all__ = ["atomic_output", "check_output_path", "describe_validation_error", "dumps", "load", "read_document",
-           "read_input_bytes", "save", "shorten", "validate", "write_bytes_atomic", "write_text_atomic"]
+__all__ = ["atomic_output", "check_output_path", "describe_validation_error", "dumps", "load", "open_output_stream",
+           "read_document", "read_input_bytes", "save", "shorten", "validate", "write_bytes_atomic", "write_text_atomic"]
 
 
 def _format_of(path: Path) -> str:
@@ -211,6 +214,43 @@ def check_output_path(path: str | Path) -> Path:
     if not stat.S_ISREG(info.st_mode):
         raise BadInput(f"{path}: is {_kind_of_file(info.st_mode)}, not a regular file; hppctl only replaces regular files")
     return path
+
+
+def open_output_stream(path: str | Path, *, append: bool = False) -> TextIO:
+    """A text file to stream lines into (`--log`, `--metrics`, `--events`): appended to, or emptied
+    first unless `append`. Unlike `open(path, "w")` it never follows a symlink (which emptied the
+    link's target), never blocks on a FIFO and never writes into a device: the path is checked as
+    `check_output_path` does, then opened with O_NOFOLLOW | O_NONBLOCK, and emptied only once fstat
+    on the open file says it is a regular file (the path may have changed between the two)."""
+    path = check_output_path(path)
+    flags = (os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
+             | (os.O_APPEND if append else 0))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, flags, 0o666)
+    except OSError as e:
+        raise BadInput(_refusal_on_open(path, e)) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise BadInput(f"{path}: is {_kind_of_file(info.st_mode)}, not a regular file; hppctl writes only regular files")
+        if not append:
+            os.ftruncate(fd, 0)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)  # a full disk waits, not EAGAIN
+        return os.fdopen(fd, "a" if append else "w", encoding="utf-8")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _refusal_on_open(path: Path, err: OSError) -> str:
+    """Why `open_output_stream` could not open `path`: O_NOFOLLOW fails with ELOOP on a symlink, and a
+    non-blocking write-only open of a FIFO nobody reads with ENXIO."""
+    if err.errno == errno.ELOOP and os.path.islink(path):
+        return f"{path}: is a symlink; hppctl does not write through one, give the path it points to"
+    if err.errno == errno.ENXIO:
+        return f"{path}: is a FIFO, not a regular file; hppctl writes only regular files"
+    return f"{path}: cannot write here ({_why(err)})"
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ except ImportError:  # pragma: no cover - older typer uses click itself
     from click import exceptions as click_exceptions
 
 from hppctl import __version__
-from hppctl.errors import HppctlError
+from hppctl.errors import BadInput, HppctlError, one_line
 
 app = typer.Typer(
     name="hppctl",
@@ -72,7 +72,9 @@ def run(argv: list[str]) -> int:
     except HppctlError as e:
         if debug:
             traceback.print_exc()
-        print(f"error: {e}", file=sys.stderr)
+        # Bad input is one bounded line whatever it quotes; a worker's failure keeps its last lines, each bounded.
+        lines = [str(e)] if isinstance(e, BadInput) else str(e).splitlines() or [""]
+        print("error: " + "\n".join(one_line(line) for line in lines), file=sys.stderr)
         return e.exit_code
     except typer.Exit as e:
         return e.exit_code
@@ -81,7 +83,7 @@ def run(argv: list[str]) -> int:
         return 0
     except click_exceptions.ClickException as e:  # usage errors: bad option, missing argument
         path = e.ctx.command_path if getattr(e, "ctx", None) else "hppctl"
-        print(f"error: {e.format_message()} (see {path} --help)", file=sys.stderr)
+        print(f"error: {one_line(e.format_message())} (see {path} --help)", file=sys.stderr)
         return 2
     except typer.Abort:
         print("error: aborted", file=sys.stderr)

@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from hppctl.cli.flags import positive, seed as check_seed
-from hppctl.cli.output import emit_json, note, stderr, stdout
+from hppctl.cli.output import emit_json, note, stderr, stdout, writable_path
 from hppctl.errors import BadInput, RuntimeFailure
 
 EXAMPLES = """
@@ -32,6 +32,8 @@ Then run the same steps by hand on the files it wrote:
 """
 
 DEVICES = ("demo0", "demo1", "demo2")
+WORKDIR_FILES = ("cluster.yaml", "profile.json", "plan.yaml", "metrics.jsonl", "model.pt")
+"""What the demo writes into --workdir (below), each checked before it starts."""
 
 
 def demo_command(
@@ -62,7 +64,9 @@ def demo_command(
     request = make_request(global_batch, micro_batch)  # before the profile: these were tracebacks after it
     started = time.perf_counter()
     where = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="hppctl-demo-"))
-    where.mkdir(parents=True, exist_ok=True)
+    writable_path("--workdir", where, directory=True)
+    for name in WORKDIR_FILES:  # before profiling: a symlink or a device among them is refused now, not after training
+        writable_path("--workdir", where / name)
     cluster = ClusterSpec(name="demo", devices=[DeviceSpec(name=d, local=True) for d in DEVICES])
     save(where / "cluster.yaml", cluster)
     note(f"[1/4] cluster: {len(DEVICES)} local worker processes ({', '.join(DEVICES)}) -> {where / 'cluster.yaml'}")

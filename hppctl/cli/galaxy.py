@@ -17,7 +17,7 @@ from rich.table import Table
 
 from hppctl.cli.flags import positive
 from hppctl.cli.output import emit_json, note, stdout
-from hppctl.errors import BadInput
+from hppctl.errors import BadInput, shorten
 from hppctl.models.units import format_bytes
 
 
@@ -152,23 +152,31 @@ def _render_compare(rows) -> None:
 # --- run ----------------------------------------------------------------------------------------------
 
 def read_input_ids(path: Path):
-    """Token ids from a JSON list (or {"input_ids": [...]}) or a tensor saved with torch.save (.pt)."""
+    """Token ids from a JSON list (or {"input_ids": [...]}) or a tensor saved with torch.save (.pt).
+    Read like any input (store.read_input_bytes): a regular file within the size limit, so a FIFO
+    does not block and a huge file is refused before it is read."""
+    import io
+
     import torch
 
-    if not path.is_file():
-        raise BadInput(f"--input-ids: {path}: no such file")
+    from hppctl.store import read_input_bytes
+
+    try:
+        raw = read_input_bytes(path)
+    except BadInput as e:
+        raise BadInput(f"--input-ids: {e}") from None
     if path.suffix.lower() == ".json":
         try:
-            doc = json.loads(path.read_text())
-        except ValueError as e:
-            raise BadInput(f"--input-ids: {path}: not JSON ({e})") from None
+            doc = json.loads(raw)
+        except (ValueError, RecursionError) as e:  # RecursionError: 10⁵ nested `[`
+            raise BadInput(f"--input-ids: {path}: not JSON ({shorten(str(e))})") from None
         if isinstance(doc, dict):
             doc = doc.get("input_ids")
         if not isinstance(doc, list) or not all(isinstance(x, int) for x in _flat(doc)):
             raise BadInput(f"--input-ids: {path}: expected a JSON list of integer token ids")
         return torch.tensor(_flat(doc), dtype=torch.long)
     try:
-        ids = torch.load(path, weights_only=True)
+        ids = torch.load(io.BytesIO(raw), weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unreadable file is the user's input error
         raise BadInput(f"--input-ids: {path}: not a saved tensor or JSON list ({e.__class__.__name__})") from None
     if not isinstance(ids, torch.Tensor) or ids.is_floating_point():
@@ -211,7 +219,7 @@ def run_inference_command(plan_path: Path, cluster_path: Path, *, text: str | No
     from hppctl.models.cluster import ClusterSpec
     from hppctl.models.inference import InferencePlan
     from hppctl.runtime.galaxy.launch import InferenceRequest, run_inference
-    from hppctl.store import load
+    from hppctl.store import load, open_output_stream
 
     given = [flag for flag, v in (("--input", text), ("--input-ids", input_ids), ("--seq-len", seq_len)) if v is not None]
     if len(given) > 1:
@@ -231,7 +239,7 @@ def run_inference_command(plan_path: Path, cluster_path: Path, *, text: str | No
         s.device in {d.name for d in inventory.devices} for s in plan.shares) else []
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // len(local)) if local and len(local) == len(plan.shares) else 0
-    log_file = open(log, "a") if log else None
+    log_file = open_output_stream(log, append=True) if log else None
     try:
         result = run_inference(InferenceRequest(plan, inventory, ids, seq_len=seq_len, overlap=overlap, wire_dtype=wire_dtype, repeats=repeat,
                                                 warmup=warmup, threads=threads, seed=seed, timeout_s=timeout,

@@ -50,8 +50,8 @@ def up_command(
     from hppctl.models.lab import LabSpec
     from hppctl.store import load
 
+    writable_path("--out", out)  # before reading the spec and building anything: building a lab is slow
     lab_spec = load(spec, LabSpec)
-    writable_path("--out", out)  # before building anything: a lab built and torn down for a typo is slow
     preflight()
     note(f"building lab {lab_spec.name!r} ({len(lab_spec.hosts)} hosts)…")
     result = up(lab_spec, str(spec), _root(state_dir), out, cgroup_parent)

@@ -26,25 +26,35 @@ def note(message: str) -> None:
 def writable_path(flag: str, path, *, directory: bool = False) -> None:
     """Fail now (exit 2, naming the flag) on an output path the command could not write at the end.
 
-    Its folder is created here, as writing would create it anyway; a run that trains for an hour
-    and then cannot save what it learned is the failure this prevents. `directory`: the path itself
-    is a folder (checkpoints)."""
+    Every command calls it on each output flag right after parsing its flags, before it loads a
+    file or starts a worker: a run that trains for an hour and then cannot save what it learned, or
+    that emptied a symlink's target through `--metrics`, is the failure this prevents. A file must
+    be missing or a regular file (`store.check_output_path`: never a symlink, FIFO or device). Its
+    folder is created here, as writing would create it anyway. `directory`: the path itself is a
+    folder (checkpoints)."""
     import os
     from pathlib import Path
 
     from hppctl.errors import BadInput
+    from hppctl.store import check_output_path
 
     if path is None:
         return
     path = Path(path)
     folder = path if directory else path.parent
-    if not directory and path.is_dir():
+    if directory:
+        if path.exists() and not path.is_dir():
+            raise BadInput(f"{flag}: {path} is a file, not a directory")
+    elif os.path.isdir(path):  # not Path.is_dir: it raises on a name too long
         raise BadInput(f"{flag}: {path} is a directory")
-    if directory and path.exists() and not path.is_dir():
-        raise BadInput(f"{flag}: {path} is a file, not a directory")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise BadInput(f"{flag}: {path}: cannot create the folder {folder} ({e.strerror or e})") from None
     if not os.access(folder, os.W_OK | os.X_OK):
         raise BadInput(f"{flag}: {path}: the folder {folder} is not writable")
+    if not directory:  # in a folder that exists now: what is at the path itself
+        try:
+            check_output_path(path)
+        except BadInput as e:
+            raise BadInput(f"{flag}: {e}") from None

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from rich.table import Table
 
 from hppctl.cli.flags import positive
-from hppctl.cli.output import emit_json, note, stdout
+from hppctl.cli.output import emit_json, note, stdout, writable_path
 from hppctl.errors import BadInput
 from hppctl.models.plan import HppPlan, PlanRequest
 from hppctl.models.profile import Profile
@@ -60,6 +60,7 @@ def plan_command(
     from hppctl import planner
     from hppctl.planner.explain import check_plan_matches, explain
 
+    writable_path("--out", out)  # before reading the profile and planning
     from hppctl.cli.galaxy import is_inference_file
     if is_inference_file(profile):  # collaborative inference (issue 8)
         from hppctl.cli.galaxy import plan_inference

@@ -137,6 +137,8 @@ def profile_command(
     if model is None:
         raise BadInput("--model: required (a built-in model from `hppctl models`, or hf:PATH)")
     _check_probe_flags(repeats, warmup, threads, timeout, link_seconds, num_layers)
+    if out is not None:  # before the cluster is read and any device measured, inference profiles too
+        _check_out(out)
     if seq_len is not None:  # collaborative inference (issue 8): its own profile kind
         from hppctl.cli.galaxy import profile_inference
         return profile_inference(cluster, model, seq_len, layers=num_layers, out=out, as_json=as_json,
@@ -144,9 +146,7 @@ def profile_command(
     _choice("--granularity", granularity, GRANULARITIES)
     _choice("--optimizer", optimizer, tuple(OPTIMIZER_STATE_FACTORS))
     grid = parse_batch_sizes(batch_sizes) if batch_sizes is not None else list(DEFAULT_BATCH_SIZES)
-    if out is not None:
-        _check_out(out)
-    elif not as_json:
+    if out is None and not as_json:
         raise BadInput("--out: give a file to write the profile to (e.g. --out out/profile.json), "
                        "or --json to print it on stdout")
 

@@ -19,7 +19,7 @@ from hppctl.errors import BadInput
 from hppctl.runtime.bootstrap import check_listen
 from hppctl.models.psl import METHODS, OPTIMIZERS, PslPlan, PslRequest, PslSpec
 from hppctl.models.units import format_bytes, parse_duration
-from hppctl.store import load, save, write_text_atomic
+from hppctl.store import load, open_output_stream, save, write_text_atomic
 
 MAX_TARGET_SLOTS = 100_000
 """The time-indexed solvers grow with the slot count: 10^7 slots took 4 s on 3 devices, 10^9 ran past 60 s."""
@@ -63,6 +63,7 @@ def plan_command(
     from hppctl.planner.psl import pair_times, plan_times
     from hppctl.schedule.psl_sim import simulate_psl
 
+    writable_path("--out", out)  # before reading the spec and solving
     profile, request, spec_slot = _problem(spec_file, profile_file, clients, helpers, cut, batch)
     positive("--target-slots", target_slots, high=MAX_TARGET_SLOTS)
     seconds("--time-limit", time_limit, low=0.01)
@@ -216,6 +217,7 @@ def simulate_command(
     """Replay a PSL plan event by event: batch makespan, per-client completion and queueing, helper load."""
     from hppctl.schedule.psl_sim import POLICIES, psl_trace, simulate_psl
 
+    writable_path("--trace", trace)  # before reading the plan and simulating
     plan = load(plan_file, PslPlan)
     if policy not in POLICIES:
         raise BadInput(f"--policy: unknown policy {policy!r} (use one of: {', '.join(POLICIES)})")
@@ -348,12 +350,11 @@ def train_psl(plan: PslPlan, cluster, options, data, *, metrics=None, save_model
     from hppctl.runtime.psl.session import PslRunRequest, PslSession, summarize
     from hppctl.runtime.results import accuracy, save_model as write_model
 
-    log_file = open(log, "a") if log else None
+    log_file = open_output_stream(log, append=True) if log else None
     metrics_file = None
     try:
         if metrics is not None:
-            metrics.parent.mkdir(parents=True, exist_ok=True)
-            metrics_file = open(metrics, "w")
+            metrics_file = open_output_stream(metrics)
 
         def on_round(row: dict) -> None:
             if metrics_file is not None:

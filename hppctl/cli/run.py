@@ -89,10 +89,13 @@ def run_command(
     check_seed("--seed", seed)
     check_threads("--threads", threads)
     seconds("--timeout", timeout)
+    # Every output, before the plan is even read (its kind decides which flags apply; a flag that does
+    # not apply is refused below): `--save-model /dev/null` was refused only after training.
+    for flag, path in (("--metrics", metrics), ("--trace", trace), ("--save-model", save_model), ("--log", log),
+                       ("--output", output)):
+        writable_path(flag, path)
     from hppctl.cli.galaxy import is_inference_file
     if is_inference_file(plan):  # collaborative inference (issue 8)
-        writable_path("--output", output)
-        writable_path("--log", log)
         from hppctl.cli.galaxy import run_inference_command
         return run_inference_command(plan, cluster, text=text, input_ids=input_ids, seq_len=seq_len, repeat=repeat,
                                      warmup=warmup, overlap=overlap, output=output, as_json=as_json, threads=threads,
@@ -133,8 +136,6 @@ def run_command(
     for flag, path, suffixes in (("--metrics", metrics, (".jsonl", ".json")), ("--trace", trace, (".json",))):
         if path is not None and path.suffix.lower() not in suffixes:
             raise BadInput(f"{flag}: {path}: use a {' or '.join(suffixes)} file")
-    for flag, path in (("--metrics", metrics), ("--trace", trace), ("--save-model", save_model), ("--log", log)):
-        writable_path(flag, path)
     writable_path("--checkpoint-dir", checkpoint_dir, directory=True)
 
     hpp = load(plan, HppPlan)
@@ -220,9 +221,9 @@ def train(plan, cluster, options, data, *, checkpoint_dir=None, resume=False, me
 
     from hppctl.runtime.results import accuracy, save_model as write_model
     from hppctl.runtime.session import RunRequest, Session
-    from hppctl.store import write_text_atomic
+    from hppctl.store import open_output_stream, write_text_atomic
 
-    log_file = open(log, "a") if log else None
+    log_file = open_output_stream(log, append=True) if log else None
     metrics_file = None
     try:
         request = RunRequest(plan, cluster, options, checkpoint_dir=checkpoint_dir, resume=resume,
@@ -237,8 +238,7 @@ def train(plan, cluster, options, data, *, checkpoint_dir=None, resume=False, me
                             TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=stderr,
                             disable=quiet, transient=False)
         if metrics is not None:
-            metrics.parent.mkdir(parents=True, exist_ok=True)
-            metrics_file = open(metrics, "a" if resume else "w")
+            metrics_file = open_output_stream(metrics, append=resume)
         with progress:
             task = progress.add_task("rounds", total=options.rounds, status="starting workers")
 

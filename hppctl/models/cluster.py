@@ -6,29 +6,32 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from hppctl.limits import MAX_DEVICES
+from hppctl.limits import MAX_DEVICES, MAX_TEXT_CHARS
 from hppctl.models.base import FrozenModel, duplicates, listed
 from hppctl.models.units import Bytes, BytesPerSecond
 
 DeviceName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
 """A device's name: letters, digits, '_', '.', '-' (it appears in file names and process titles)."""
 
+Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+"""A host, user, command or path: bounded, because the errors that name it quote it whole."""
+
 
 class DeviceSpec(FrozenModel):
     """One device. Exactly one of `preset` (a modelled device), `host` (SSH) or `local` is given."""
 
     name: DeviceName
-    preset: str | None = None
+    preset: Text | None = None
     """Device model from published specifications (`jetson-nano`, …); no connection is made."""
-    host: str | None = None
+    host: Text | None = None
     """Address or ~/.ssh/config alias of a real device reached over SSH."""
-    user: str | None = None
+    user: Text | None = None
     port: Annotated[int, Field(ge=1, le=65535)] | None = None
     local: bool = False
     """A worker process on this machine."""
     memory: Bytes | None = None
     """Memory budget for training on this device; defaults to the preset's or the measured memory."""
-    python: str | None = None
+    python: Text | None = None
     """Python interpreter on the device (default: `python3`)."""
 
     @model_validator(mode="after")
@@ -50,9 +53,9 @@ class LinkSpec(FrozenModel):
 class SshSpec(FrozenModel):
     """How to reach `host` devices. Host-key checking always stays on."""
 
-    known_hosts: str | None = None
+    known_hosts: Text | None = None
     """known_hosts file to trust (default: the user's own)."""
-    identity_file: str | None = None
+    identity_file: Text | None = None
     connect_timeout_s: Annotated[float, Field(gt=0, le=3600, allow_inf_nan=False)] = 10.0
     """Seconds to wait for an SSH connection (at most an hour; `.inf` was an OverflowError)."""
 

@@ -74,7 +74,7 @@ def test_plan_out_never_replaces_a_symlink_fifo_or_device(cli, profile_file, tmp
     target = made[kind]
     before = os.lstat(target)
     code, out, err = cli(*plan_args(profile_file, "--out", target))
-    assert_one_line_refusal(code, out, err, target)
+    assert_one_line_refusal(code, out, err, f"--out: {target}")
     after = os.lstat(target)
     assert (after.st_mode, after.st_ino, after.st_rdev) == (before.st_mode, before.st_ino, before.st_rdev)
     assert victim.read_text() == "keep me\n"
@@ -90,7 +90,7 @@ def test_simulate_trace_never_replaces_a_symlink_fifo_or_device(cli, profile_fil
     target = made[kind]
     before = os.lstat(target)
     code, out, err = cli("simulate", "--plan", plan, "--trace", target)
-    assert_one_line_refusal(code, out, err, target)
+    assert_one_line_refusal(code, out, err, f"--trace: {target}")
     assert os.lstat(target).st_ino == before.st_ino and os.lstat(target).st_mode == before.st_mode
 
 
@@ -104,7 +104,7 @@ def test_an_existing_regular_output_file_is_still_replaced(cli, profile_file, tm
 def test_an_output_name_too_long_or_through_a_file_is_one_line(cli, profile_file, tmp_path):
     for target in (tmp_path / ("x" * 300 + ".json"), profile_file / "plan.json"):
         code, out, err = cli(*plan_args(profile_file, "--out", target))
-        assert_one_line_refusal(code, out, err, target)
+        assert_one_line_refusal(code, out, err, f"--out: {target}")
 
 
 # --- item 7 (files): OSError and RecursionError become one line -------------------------------------

@@ -133,10 +133,11 @@ def test_an_output_path_that_cannot_be_written_is_one_line_and_exit_2(cli, profi
     # it was a FileNotFoundError traceback (and exit 1) from the store's mkdir
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    for out, needle in ((blocker / "plan.json", "cannot write here"), (tmp_path / "dir.json", "is a directory")):
+    for out, needle in ((blocker / "plan.json", "cannot create the folder"), (tmp_path / "dir.json", "is a directory")):
         if needle == "is a directory":
             out.mkdir()
         code, stdout, stderr = cli("plan", "--profile", profile_file, "--global-batch", 64, "--micro-batch", 8,
                                    "--out", out)
-        assert code == 2 and stderr.startswith(f"error: {out}: {needle}") and len(stderr.splitlines()) == 1
+        assert code == 2 and stderr.startswith(f"error: --out: {out}") and needle in stderr
+        assert len(stderr.splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "dir.json", "p.json"]  # nothing half-written

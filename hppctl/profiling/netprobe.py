@@ -309,13 +309,18 @@ def link_test(args: dict[str, Any]) -> Iterator[dict[str, Any]]:
     opened with the measurement's token)."""
     address, port, timeout_s = args["to"], int(args["port"]), float(args.get("timeout_s", 10))
     seconds, hello = float(args.get("seconds", 2.0)), str(args.get("token") or "").encode("ascii")
-    with connect(address, port, timeout_s) as conn:
-        conn.sendall(hello)
-        yield stream(conn, seconds, time.monotonic() + seconds + timeout_s)
-    with connect(address, port, timeout_s) as conn:
-        conn.sendall(hello)
-        record = receive(conn, time.monotonic() + seconds + timeout_s)
-        yield {**record, "bound": conn.getsockname()[0]}  # the address the bytes came to
-    with connect(address, port, timeout_s) as conn:
-        conn.sendall(hello)
-        yield ping(conn, int(args.get("count", 20)))
+    try:
+        with connect(address, port, timeout_s) as conn:
+            conn.sendall(hello)
+            yield stream(conn, seconds, time.monotonic() + seconds + timeout_s)
+        with connect(address, port, timeout_s) as conn:
+            conn.sendall(hello)
+            record = receive(conn, time.monotonic() + seconds + timeout_s)
+            yield {**record, "bound": conn.getsockname()[0]}  # the address the bytes came to
+        with connect(address, port, timeout_s) as conn:
+            conn.sendall(hello)
+            yield ping(conn, int(args.get("count", 20)))
+    except (BrokenPipeError, ConnectionResetError):
+        # Said here: the probe's main would take a BrokenPipeError for its own stdout and stop silently.
+        raise LinkFailure(f"the server at {address}:{port} closed the connection (it refuses connections "
+                          "from any address but the prober's it was given, and without the token)") from None

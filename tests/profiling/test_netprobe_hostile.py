@@ -217,3 +217,13 @@ def test_measure_link_between_two_local_devices_passes_the_peer_and_a_fresh_toke
     serve_args = [args for args in calls if "bind" in args]
     assert serve_args[0]["peer"] == "127.0.0.1" and len(bytes.fromhex(serve_args[0]["token"])) >= 16
     assert serve_args[0]["token"] != serve_args[1]["token"]  # a fresh token per measurement
+
+
+def test_a_prober_the_server_refuses_says_so_in_one_line():
+    port = free_port()
+    served, errors, thread = serve(port=port, peer="127.0.0.9", timeout_s=1.5)  # expects another prober
+    with pytest.raises(netprobe.LinkFailure, match="closed the connection") as e:
+        list(netprobe.link_test({"to": "127.0.0.1", "port": port, "token": TOKEN, "seconds": 0.5, "count": 5,
+                                 "timeout_s": 5}))
+    thread.join(20)
+    assert "\n" not in str(e.value) and not served and "refused" in str(errors[0])

@@ -107,7 +107,7 @@ def test_a_prober_streaming_past_the_deadline_ends_the_step_with_bounded_reading
     monkeypatch.setattr(netprobe, "Readings", spy)
     monkeypatch.setattr(netprobe, "MAX_READINGS", 64)
     port = free_port()
-    served, errors, thread = serve(port=port, seconds=0.1, timeout_s=0.5)
+    served, errors, thread = serve(port=port, seconds=0.1, timeout_s=2)  # room for a loaded machine
     stop = threading.Event()
     conn = connect_from("127.0.0.1", port)
     conn.sendall(TOKEN.encode())

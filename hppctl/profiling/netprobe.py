@@ -18,8 +18,9 @@ server's records also carry `refused`, the connections it has turned away so far
 
 Every byte from the network is hostile (docs/security.md). The server takes a step only on a
 connection from the prober's address (`peer`) whose first bytes are the measurement's `token` (a
-fresh random one per link, given to both ends on their command lines); any other connection is
-closed at once and counted, and does not use up a step. Each step has one deadline (its seconds
+fresh random one per link, given to both ends on their command lines, so a user of either device
+can read it in `ps` for the seconds the link takes: it keeps out the network, not co-tenants); any
+other connection is closed at once and counted, and does not use up a step. Each step has one deadline (its seconds
 plus the timeout, not a timeout per read), readings are kept in a fixed-size list, and the echo
 answers at most `count` + 1 round trips: a peer that never stops sending gets a one-line error,
 not a server that grows or runs forever.
@@ -44,7 +45,8 @@ from typing import Any
 CHUNK = 1 << 18
 MAX_READINGS = 4096
 """Readings kept per transfer. A 2-second transfer on loopback is tens of thousands of reads; the
-slope over 4096 of them spread evenly over the transfer is the same to well under 1 %."""
+slope over 4096 of them spread evenly over the transfer is the same to well under 1 % (thinning a
+modelled 0.25-core receiver's readings to 64 moved it by at most 0.26 %, to 256 by 0.04 %)."""
 HANDSHAKE_S = 5.0
 """How long an accepted connection from the prober's address may take to send the token (the
 prober sends it at once): a silent one cannot hold a step for longer."""

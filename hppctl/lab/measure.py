@@ -42,9 +42,9 @@ def run_probe(cluster: ClusterSpec, host: str, args: str, warn: bool = False):
 
 def bandwidth(cluster: ClusterSpec, src: str, dst: str, seconds: float = 5.0, port: int = 5201) -> dict:
     """Goodput of one TCP stream from `src` to `dst`, measured by the receiver (bytes/s)."""
-    dst_addr = _address(cluster, dst)
+    dst_addr, src_addr = _address(cluster, dst), _address(cluster, src)
     receiver = connect(cluster, dst).run(
-        f"{_python(cluster, dst)} {PROBE} recv --bind {dst_addr} --port {port} --timeout {seconds + 20}",
+        f"{_python(cluster, dst)} {PROBE} recv --bind {dst_addr} --peer {src_addr} --port {port} --timeout {seconds + 20}",
         hide=True, asynchronous=True, in_stream=False)
     run_probe(cluster, src, f"send --to {dst_addr} --port {port} --seconds {seconds}")
     return _last_json(receiver.join().stdout)
@@ -52,9 +52,10 @@ def bandwidth(cluster: ClusterSpec, src: str, dst: str, seconds: float = 5.0, po
 
 def rtt(cluster: ClusterSpec, a: str, b: str, count: int = 30, port: int = 5202) -> dict:
     """Median TCP round trip of one byte from `a` to `b` and back (seconds)."""
-    b_addr = _address(cluster, b)
-    server = connect(cluster, b).run(f"{_python(cluster, b)} {PROBE} echo --bind {b_addr} --port {port}",
-                                     hide=True, asynchronous=True, in_stream=False)
+    a_addr, b_addr = _address(cluster, a), _address(cluster, b)
+    server = connect(cluster, b).run(
+        f"{_python(cluster, b)} {PROBE} echo --bind {b_addr} --peer {a_addr} --port {port} --count {count}",
+        hide=True, asynchronous=True, in_stream=False)
     result = _last_json(run_probe(cluster, a, f"ping --to {b_addr} --port {port} --count {count}").stdout)
     server.join()
     return result

@@ -1,97 +1,64 @@
 """Small workloads that run ON a lab host (over SSH) to measure what the lab emulates.
 
-    python -m hppctl.lab.probe recv --bind ADDR --port P        # count bytes until the sender closes
+    python -m hppctl.lab.probe recv --bind ADDR --peer SRC --port P    # count bytes until SRC's sender closes
     python -m hppctl.lab.probe send --to ADDR --port P --seconds S
-    python -m hppctl.lab.probe echo --bind ADDR --port P        # answer each byte (for ping)
+    python -m hppctl.lab.probe echo --bind ADDR --peer SRC --port P --count N  # answer N+1 bytes (for ping)
     python -m hppctl.lab.probe ping --to ADDR --port P --count N
     python -m hppctl.lab.probe spin --iterations N              # fixed CPU-bound work, timed
     python -m hppctl.lab.probe hog --bytes B                    # allocate and touch B bytes
 
-Each prints one JSON line. Standard library only: hosts run it with the lab machine's Python.
+Each prints one JSON line. Standard library only: hosts run it with the lab machine's Python
+(hppctl.profiling.netprobe, whose servers recv and echo reuse, is standard library only too).
+
+The servers listen on a lab address, which only this machine and its labs can reach, but any user
+of this machine can: like the profiler's link server, they take a connection only from the
+sender's address (`--peer`; others are closed at once and counted in `refused`), end a transfer at
+its deadline (`--timeout` after the connection) and answer at most `--count` + 1 pings, so another
+user's traffic can neither take nor prolong a measurement. No token: these are test and bench
+workloads, and a token on a command line is visible to this machine's users anyway.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import sys
 import time
 
-CHUNK = 1 << 20
+from hppctl.profiling import netprobe
 
 
-def _listen(address: str, port: int, timeout_s: float) -> socket.socket:
-    server = socket.socket()
-    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    server.bind((address, port))
-    server.listen(1)
-    server.settimeout(timeout_s)
-    return server
+def _serve_one(address: str, peer: str, port: int, timeout_s: float, step) -> dict:
+    """Listen on `address` (exactly: a lab address is always the host's own), take one connection
+    from `peer` within `timeout_s`, and run `step(conn, deadline)` on it with as long again."""
+    server, _ = netprobe.listen(address, port, any_address=False)
+    gate = netprobe.Gate(netprobe.prober_address(peer))
+    with server:
+        with gate.accept(server, time.monotonic() + timeout_s) as conn:
+            return {**step(conn, time.monotonic() + timeout_s), "refused": gate.refused.count}
 
 
-def _connect(address: str, port: int, timeout_s: float) -> socket.socket:
-    """Connect, retrying while the peer's listener is not up yet (refusals are answered at once)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return socket.create_connection((address, port), timeout=timeout_s)
-        except ConnectionRefusedError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-
-
-def recv(address: str, port: int, timeout_s: float) -> dict:
-    """Bytes received and the time from the first to the last byte."""
-    with _listen(address, port, timeout_s) as server:
-        conn, _ = server.accept()
-        conn.settimeout(timeout_s)
-        total, first, last = 0, None, None
-        while data := conn.recv(CHUNK):
-            last = time.monotonic()
-            first = first or last
-            total += len(data)
-        conn.close()
-    seconds = (last - first) if first is not None else 0.0
-    return {"bytes": total, "seconds": seconds, "bytes_per_s": total / seconds if seconds else 0.0}
+def recv(address: str, peer: str, port: int, timeout_s: float) -> dict:
+    """Bytes received from `peer`, over how long, and the goodput (netprobe.steady_rate)."""
+    return _serve_one(address, peer, port, timeout_s, netprobe.receive)
 
 
 def send(address: str, port: int, seconds: float) -> dict:
-    payload = b"\x5a" * CHUNK
-    with _connect(address, port, 10.0) as conn:
-        start, total = time.monotonic(), 0
-        while time.monotonic() - start < seconds:
-            conn.sendall(payload)
-            total += len(payload)
-        conn.shutdown(socket.SHUT_WR)
-        conn.recv(1)  # wait for the receiver to close: every byte has arrived
-    return {"bytes": total, "seconds": time.monotonic() - start}
+    with netprobe.connect(address, port, 10.0) as conn:
+        record = netprobe.stream(conn, seconds, time.monotonic() + seconds + 30.0)
+    return {"bytes": record["bytes"], "seconds": record["seconds"]}
 
 
-def echo(address: str, port: int, timeout_s: float) -> dict:
-    with _listen(address, port, timeout_s) as server:
-        conn, _ = server.accept()
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        count = 0
-        while data := conn.recv(64):
-            conn.sendall(data)
-            count += 1
-    return {"echoed": count}
+def echo(address: str, peer: str, port: int, count: int, timeout_s: float) -> dict:
+    """Answer `peer`'s pings: `count` and the warm-up, at most."""
+    return _serve_one(address, peer, port, timeout_s, lambda conn, deadline: netprobe.echo(conn, deadline, count + 1))
 
 
 def ping(address: str, port: int, count: int) -> dict:
     """Round trips of one byte over TCP (no ICMP needed); the first is a warm-up and is dropped."""
-    rtts = []
-    with _connect(address, port, 10.0) as conn:
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for _ in range(count + 1):
-            t = time.perf_counter()
-            conn.sendall(b"p")
-            conn.recv(64)
-            rtts.append(time.perf_counter() - t)
-    rtts = rtts[1:]
+    with netprobe.connect(address, port, 10.0) as conn:
+        rtts = netprobe.ping(conn, count)["rtt_s"]
     return {"count": len(rtts), "median_s": statistics.median(rtts), "min_s": min(rtts), "max_s": max(rtts)}
 
 
@@ -120,8 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("recv", "echo"):
         s = sub.add_parser(name)
         s.add_argument("--bind", required=True)
+        s.add_argument("--peer", required=True, help="the sender's address: connections from others are refused")
         s.add_argument("--port", type=int, required=True)
         s.add_argument("--timeout", type=float, default=30.0)
+        if name == "echo":
+            s.add_argument("--count", type=int, default=30, help="pings to answer (and one warm-up)")
     s = sub.add_parser("send")
     s.add_argument("--to", required=True)
     s.add_argument("--port", type=int, required=True)
@@ -135,20 +105,27 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("hog")
     s.add_argument("--bytes", type=int, required=True)
     a = p.parse_args(argv)
-    if a.cmd == "recv":
-        result = recv(a.bind, a.port, a.timeout)
-    elif a.cmd == "echo":
-        result = echo(a.bind, a.port, a.timeout)
-    elif a.cmd == "send":
-        result = send(a.to, a.port, a.seconds)
-    elif a.cmd == "ping":
-        result = ping(a.to, a.port, a.count)
-    elif a.cmd == "spin":
-        result = spin(a.iterations)
-    else:
-        result = hog(a.bytes)
+    try:
+        result = _run(a)
+    except (netprobe.LinkFailure, OSError) as e:  # a refused, late or broken transfer: one line, no traceback
+        print(json.dumps({"error": f"{e.__class__.__name__}: {e}"}), flush=True)
+        return 1
     print(json.dumps(result), flush=True)
     return 0
+
+
+def _run(a: argparse.Namespace) -> dict:
+    if a.cmd == "recv":
+        return recv(a.bind, a.peer, a.port, a.timeout)
+    if a.cmd == "echo":
+        return echo(a.bind, a.peer, a.port, a.count, a.timeout)
+    if a.cmd == "send":
+        return send(a.to, a.port, a.seconds)
+    if a.cmd == "ping":
+        return ping(a.to, a.port, a.count)
+    if a.cmd == "spin":
+        return spin(a.iterations)
+    return hog(a.bytes)
 
 
 if __name__ == "__main__":

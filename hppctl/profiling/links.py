@@ -5,15 +5,17 @@
 A `link-serve` server starts on `b`, bound to the address `a` reaches it at, on a random port, and a
 `link-test` client on `a` then streams to it for `settings.link_seconds` (b's goodput is a->b),
 takes a stream back for as long (a's goodput is b->a) and times one-byte round trips
-(netprobe.py). One server and one client per link: every launch costs a device its SSH session
-and interpreter start-up (~1 s on a 0.25-core lab host), and a link used to take six. A port that
-is taken (or any failure) is retried on another port. The caller runs pairs one after the other,
-so no two measurements share a wire or a CPU.
+(netprobe.py). The server takes steps only from `a`'s address (as `b` reaches it) and only on
+connections that start with a random token made for this link. One server and one client per
+link: every launch costs a device its SSH session and interpreter start-up (~1 s on a 0.25-core
+lab host), and a link used to take six. A port that is taken (or any failure) is retried on another
+port. The caller runs pairs one after the other, so no two measurements share a wire or a CPU.
 """
 
 from __future__ import annotations
 
 import random
+import secrets
 from typing import Any
 
 from hppctl.models.profile import LinkProfile
@@ -31,9 +33,12 @@ def measure_link(a, b, settings, attempts: int = 3) -> LinkProfile:
     """Both directions' goodput and the round trip between endpoints `a` and `b`."""
     address = b.address_for(a)
     timeout = 2 * settings.link_seconds + 30
+    # b takes a step only from a's address, opened with a token only the two ends were given (over
+    # SSH, fresh per link): a stranger on the network cannot take the measurement (netprobe.py).
+    common = {"seconds": settings.link_seconds, "count": settings.ping_count, "token": secrets.token_hex(16)}
     served, tested = _serve_and_call(
-        b, a, "link-serve", "link-test", {"bind": address, "seconds": settings.link_seconds},
-        {"to": address, "seconds": settings.link_seconds, "count": settings.ping_count}, attempts, timeout)
+        b, a, "link-serve", "link-test", {**common, "bind": address, "peer": a.address_for(b)},
+        {**common, "to": address}, attempts, timeout)
     a_to_b = parse.received(served)  # measured where the bytes arrived
     b_to_a = parse.received(tested)
     return parse.link_profile(a.name, b.name, a_to_b, b_to_a, parse.pinged(tested))

@@ -129,6 +129,8 @@ class Received(FrozenModel):
     bytes: NonNegInt
     seconds: NonNegFloat
     bytes_per_s: NonNegFloat
+    refused: NonNegInt = 0
+    """Connections the server turned away before this step (netprobe.py); the client's record has none."""
 
 
 class Ping(FrozenModel):

@@ -26,13 +26,17 @@ class FakeDevice:
     """Batch size at which the kernel 'kills' the train probe in its memory phase."""
     calls: list[tuple[str, dict]] = field(default_factory=list)
     memory_limit: int | None = 2 * 10**9
+    link_failure: str | None = None
+    """Reason its link server fails with (e.g. it saw only strangers)."""
 
 
 class FakeRunning:
-    def __init__(self, records):
-        self.records = records
+    def __init__(self, records, failure: str | None = None):
+        self.records, self.failure = records, failure
 
     def wait(self):
+        if self.failure:
+            raise DeviceFailure(self.failure, self.records)
         return self.records
 
 
@@ -68,7 +72,8 @@ class FakeEndpoint:
             self.device.calls.append((kind, args))
         assert kind == "link-serve", kind
         return FakeRunning([{**self._received(), "bound": args["bind"]}, {"type": "send", "bytes": 1, "seconds": 1.0},
-                            {"type": "echo", "bound": args["bind"], "echoed": 3}, {"type": "done", "seconds": 1.0}])
+                            {"type": "echo", "bound": args["bind"], "echoed": 3}, {"type": "done", "seconds": 1.0}],
+                           self.device.link_failure)
 
     def _received(self) -> dict:
         """What this device's receiver reads: the rate follows its quota (a slow receiver reads slowly)."""

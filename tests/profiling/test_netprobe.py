@@ -65,7 +65,8 @@ def test_a_whole_link_is_one_server_and_one_client_on_loopback():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = netprobe.link_serve({"bind": "127.0.0.1", "port": port, "seconds": 0.2, "timeout_s": 10})
+    server = netprobe.link_serve({"bind": "127.0.0.1", "peer": "127.0.0.1", "port": port, "seconds": 0.2, "count": 5,
+                                 "timeout_s": 10})
     assert next(server)["type"] == "listening"
     served: list[dict] = []
     thread = threading.Thread(target=lambda: served.extend(server))
@@ -78,3 +79,4 @@ def test_a_whole_link_is_one_server_and_one_client_on_loopback():
     assert tested[1]["bytes"] == served[1]["bytes"] > 0  # server -> client
     assert all(r["bytes_per_s"] > 0 and r["seconds"] > 0 for r in (served[0], tested[1]))
     assert len(tested[2]["rtt_s"]) == 5 and served[2]["echoed"] == 6  # the warm-up round trip is dropped
+    assert all(r["refused"] == 0 for r in served)

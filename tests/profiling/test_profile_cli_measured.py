@@ -112,3 +112,18 @@ def test_plan_and_simulate_read_a_measured_profile_unchanged(cli, devices, clust
     assert code == 0 and json.loads(stdout)
     code, _, stderr = cli("simulate", "--plan", plan, "--profile", out, "--json")
     assert code == 0, stderr
+
+
+def test_a_link_whose_server_saw_only_strangers_is_one_line_and_the_devices_stay(cli, devices, cluster_file, tmp_path):
+    # what netprobe's server prints when only other addresses connected (test_netprobe_hostile.py)
+    devices["slow"].link_failure = ("LinkFailure: no connection from the prober addr-fast before the deadline "
+                                    "(refused 2 connection(s) from 10.9.9.9)")
+    out = tmp_path / "p.json"
+    code, stdout, stderr = cli("profile", "--cluster", cluster_file, "--model", "tiny-mlp", "--batch-sizes", "1",
+                               "--repeats", "1", "--out", out, "--json")
+    assert code == 1 and "Traceback" not in stderr  # exit 1 as for any link that could not be measured
+    assert json.loads(stdout)["failures"] == {"fast-slow link": devices["slow"].link_failure}
+    assert [line for line in stderr.splitlines() if "10.9.9.9" in line]  # said, on its own line
+    p = load(out, Profile)
+    assert [d.name for d in p.devices] == ["fast", "slow", "nano0"]
+    assert all(l.source != "measured" for l in p.links)  # the inventory's figure stands in

@@ -1,0 +1,82 @@
+"""The lab's recv and echo servers against other users of the machine, on real loopback sockets (no
+lab needed): 127.0.0.2 plays another address. No wall-clock assertions."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+from hppctl.lab import probe
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def in_thread(fn, *args):
+    out: list = []
+    thread = threading.Thread(target=lambda: out.append(fn(*args)), daemon=True)
+    thread.start()
+    return out, thread
+
+
+def connect_from(source: str, port: int) -> socket.socket:
+    for _ in range(100):  # until the server listens
+        s = socket.socket()
+        s.bind((source, 0))
+        s.settimeout(5)
+        try:
+            s.connect(("127.0.0.1", port))
+            return s
+        except ConnectionRefusedError:
+            s.close()
+            time.sleep(0.05)
+    raise AssertionError("the server never listened")
+
+
+def test_recv_refuses_a_stranger_that_connects_first_and_measures_the_sender(capsys):
+    port = free_port()
+    out, thread = in_thread(probe.main, ["recv", "--bind", "127.0.0.1", "--peer", "127.0.0.1", "--port", str(port),
+                                         "--timeout", "5"])
+    with connect_from("127.0.0.2", port) as stranger:
+        stranger.sendall(b"x" * 1000)
+        time.sleep(0.2)
+        sent = probe.send("127.0.0.1", port, 0.2)
+    thread.join(20)
+    assert out == [0]
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["bytes"] == sent["bytes"] > 0 and result["refused"] == 1 and result["bytes_per_s"] > 0
+
+
+def test_echo_answers_the_pings_it_was_told_of_and_no_more():
+    port = free_port()
+    out, thread = in_thread(probe.echo, "127.0.0.1", "127.0.0.1", port, 3, 5.0)
+    answered = 0
+    with connect_from("127.0.0.1", port) as conn:
+        try:
+            while answered < 10_000:  # a pinger that never stops
+                conn.sendall(b"p")
+                if not conn.recv(64):
+                    break
+                answered += 1
+        except OSError:
+            pass
+    thread.join(20)
+    assert out[0]["echoed"] == 4 and out[0]["refused"] == 0 and answered == 4
+
+
+def test_a_server_that_sees_only_strangers_prints_one_error_line(capsys):
+    port = free_port()
+    out, thread = in_thread(probe.main, ["recv", "--bind", "127.0.0.1", "--peer", "127.0.0.9", "--port", str(port),
+                                         "--timeout", "1"])
+    with connect_from("127.0.0.1", port) as s:
+        s.sendall(b"x")
+    thread.join(20)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert out == [1] and len(lines) == 1
+    error = json.loads(lines[0])["error"]
+    assert "127.0.0.9" in error and "refused 1" in error and "127.0.0.1" in error

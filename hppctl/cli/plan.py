@@ -11,7 +11,7 @@ from rich.table import Table
 
 from hppctl.cli.flags import positive
 from hppctl.cli.output import emit_json, note, stdout, writable_path
-from hppctl.errors import BadInput
+from hppctl.errors import BadInput, Infeasible
 from hppctl.models.plan import HppPlan, PlanRequest
 from hppctl.models.profile import Profile
 from hppctl.models.units import format_bytes
@@ -77,7 +77,7 @@ def plan_command(
     if existing is not None:
         plan = load(existing, HppPlan)
         check_plan_matches(plan, prof, str(existing), str(profile))
-        _show(plan, prof, explain_, as_json, explain)
+        _show_rescored(plan, prof, explain_, as_json, explain, existing)
         return
     if global_batch is None or micro_batch is None:
         raise BadInput("--global-batch and --micro-batch are required (or --plan FILE to re-score a plan)")
@@ -114,6 +114,50 @@ def _show(plan: HppPlan, profile: Profile, explain_: bool, as_json: bool, explai
     _render_plan(plan)
     if explain_:
         _render_explain(explain(plan, profile))
+
+
+def _show_rescored(stored: HppPlan, profile: Profile, explain_: bool, as_json: bool, explain, source: Path) -> None:
+    """`--plan FILE`: the plan shown with every number recomputed from the profile (the file's are
+    claims), the stored ones beside them where they differ; exit 3 after the report when it does not
+    fit the budgets (docs/planner.md, "Re-scoring a plan")."""
+    from hppctl.planner.rescore import rescore
+
+    rescored = rescore(stored, profile)
+    plan = rescored.plan
+    if as_json:
+        data = {"plan": plan.model_dump(mode="json"), "differences": [d.as_json() for d in rescored.differences]}
+        if explain_:
+            data.update(steps=[_row_json(r) for r in explain(plan, profile)], timeprest=_timeprest(plan))
+        emit_json(data)
+    else:
+        _render_plan(plan)
+        if explain_:
+            _render_explain(explain(plan, profile))
+        _render_differences(rescored.differences, source)
+    worst = rescored.worst_violation
+    if worst is not None:
+        p = worst.stage
+        i = plan.stages[p].devices.index(worst.device)
+        raise Infeasible(f"{source}: stages.{p}.devices.{i}: device {worst.device} needs "
+                         f"{format_bytes(worst.needed_bytes)} and has {format_bytes(worst.budget_bytes)} "
+                         f"({format_bytes(worst.needed_bytes - worst.budget_bytes)} missing): the plan does not fit")
+
+
+def _render_differences(differences, source: Path) -> None:
+    if not differences:
+        stdout.print(f"every number in {source} agrees with the profile")
+        return
+    stdout.print(f"{source} stores numbers the profile does not give (shown above: recomputed):")
+    for d in differences:
+        stdout.print(f"  {d.field}: stored {_value(d.field, d.stored)}, recomputed {_value(d.field, d.recomputed)}")
+
+
+def _value(field: str, value) -> str:
+    if isinstance(value, list):  # memory_violations: how many
+        return f"{len(value)} entr{'y' if len(value) == 1 else 'ies'}"
+    if isinstance(value, float):
+        value = f"{value:.6g}"
+    return f"{value} s" if field.endswith("_s") else str(value)
 
 
 def _row_json(row) -> dict:

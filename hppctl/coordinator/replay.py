@@ -7,6 +7,7 @@
 - `transfer_plan`: the re-planner's migrations with their actual senders (a lost device's layers come
   from its backup holder, or from the device itself when it leaves on purpose).
 - `upload_plan`: heavy re-planning's gather step, one sender per old stage.
+- `migration_bytes`: the bytes of state a light re-plan's transfers send.
 - `stage_sources`: behind all three, who can send each old stage's state, or why nobody can.
 - `common_layout`: which layout the survivors can replay from, when a device was lost while they
   were moving to a new one (some still on the old layout, some on the new).
@@ -114,6 +115,28 @@ def transfer_plan(old_plan, migrations: list[Migration], lost: str | Collection[
             source, backup_of = sources[next(p for p, s in enumerate(old_plan.stages) if s.start <= m.start < s.end)]
         out.append({"device": m.device, "start": m.start, "end": m.end, "source": source, "backup_of": backup_of})
     return out
+
+
+def migration_bytes(migrations: list[dict], inventories: dict[str, dict], resume: int, names_of) -> int:
+    """Bytes of state the transfers of `transfer_plan` send: each migration between two devices carries
+    its layers' tensors (parameters, buffers, optimizer state) as its sender holds them at the resume
+    round — its own snapshot, or its backup of `backup_of` — sizes from the senders' inventories
+    (`state_bytes`). A backup holder taking over the lost layers itself sends nothing: it received
+    them before the failure, as backups (counted in the rounds' `backup_bytes`).
+    `names_of(start, end)`: the state names of layers [start, end)."""
+    total = 0
+    for m in migrations:
+        if m["source"] == m["device"]:
+            continue
+        try:
+            held = inventories[m["source"]]["state_bytes"]
+            sizes = (held["backups"][m["backup_of"]] if m.get("backup_of") else held["own"])[str(resume)]
+            total += sum(int(sizes.get(name, 0)) for name in names_of(m["start"], m["end"]))
+        except (KeyError, TypeError, ValueError, AttributeError):  # a report the launcher cannot read: one line
+            what = f"its backup of {m['backup_of']}" if m.get("backup_of") else "its own state"
+            raise RuntimeFailure(f"{m['source']}'s stall report gives no sizes of {what} at round {resume}: "
+                                 f"refused") from None
+    return total
 
 
 def upload_plan(old_plan, lost: str | Collection[str], *, leavers: Collection[str] = ()) -> dict[str, dict]:

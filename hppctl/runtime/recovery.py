@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from hppctl.coordinator.replay import common_layout, resume_round, transfer_plan, upload_plan
+from hppctl.coordinator.replay import common_layout, migration_bytes, resume_round, transfer_plan, upload_plan
 from hppctl.coordinator.state import CoordinatorState, apply_all, find_suspects
 from hppctl.coordinator.status import status_rows
 from hppctl.errors import RuntimeFailure
@@ -397,7 +397,7 @@ class ResilientSession(Session):
                     continue
             break
         self._consume_reports(resume)  # rows of the old layout before the resume round come first
-        doc = self._reconfiguration(generation, base, result, gathered, gone, leavers, resume)
+        doc = self._reconfiguration(generation, base, result, gathered, gone, leavers, resume, inventories)
         self._clear_stale(base.plan, resume)
         self.store.store.set(f"reconf/{generation}", json.dumps(doc))
         self._helpers = list(doc.get("helpers", []))
@@ -405,7 +405,8 @@ class ResilientSession(Session):
         self._event("replanned", method=result.method, requested=self.recovery.replan, lost=gone,
                     resume_round=resume, replan_s=round(replan_s, 4), devices=self.plan.devices(),
                     stages=[{"layers": s.layers, "devices": s.devices, "samples": s.samples} for s in self.plan.stages],
-                    moved_bytes=doc.get("moved_bytes", 0), layout=base.generation)
+                    moved_bytes=doc["moved_bytes"], gathered_bytes=doc.get("gathered_bytes", 0),
+                    layout=base.generation)
         self._resumed_pending = detected
 
     def _base_layout(self, inventories: dict[str, dict]) -> tuple["Layout", dict[str, dict]]:
@@ -503,21 +504,30 @@ class ResilientSession(Session):
         return result, time.perf_counter() - begin
 
     def _reconfiguration(self, generation: int, base: "Layout", result, gathered: dict | None,
-                         gone: list[str], leavers: list[str], resume: int) -> dict:
+                         gone: list[str], leavers: list[str], resume: int, inventories: dict[str, dict]) -> dict:
         """`reconf/<generation>`: the new plan and schedule, the resume round, the layout whose state it
-        starts from, and where that state comes from."""
+        starts from, and where that state comes from; with the bytes of state the re-plan moves
+        (`moved_bytes`: what the new layout's devices receive; heavy also `gathered_bytes`, the upload)."""
         from hppctl.schedule import schedule_for_plan
 
         doc = {"resume_round": resume, "layout": base.generation, "lost": gone, "method": result.method,
                "plan": result.plan.model_dump(mode="json"),
                "schedule": schedule_for_plan(result.plan).model_dump(mode="json")}
         if result.method == "heavy":
+            from hppctl.runtime.replication import state_bytes
+
             doc["moved_bytes"] = self._redistribute(generation, result.plan, gathered)
+            doc["gathered_bytes"] = sum(state_bytes(gathered).values())
             doc["migrations"] = []
         else:
+            from hppctl.runtime.replication import layer_names
+
             doc["migrations"] = transfer_plan(base.plan, result.migrations, gone, leavers=leavers)
             sources = {m["source"] for m in doc["migrations"]}
             doc["helpers"] = [d for d in leavers if d in sources]
+            model, granularity = base.plan.model, base.plan.granularity
+            doc["moved_bytes"] = migration_bytes(doc["migrations"], inventories, resume,
+                                                 lambda start, end: layer_names(model, granularity, start, end))
         return doc
 
     def _gather(self, generation: int, base: "Layout", gone: list[str], leavers: list[str],
@@ -542,13 +552,15 @@ class ResilientSession(Session):
         return [], merged
 
     def _redistribute(self, generation: int, plan: HppPlan, state: dict) -> int:
-        from hppctl.runtime.replication import layer_names, subset, to_bytes
+        """Every new stage's state to the store, for each of its devices to fetch; returns the bytes of
+        state they receive (`state_bytes`: every layer travels, each replica takes its own copy)."""
+        from hppctl.runtime.replication import layer_names, state_bytes, subset, to_bytes
 
         moved = 0
         for p, stage in enumerate(plan.stages):
-            data = to_bytes(subset(state, set(layer_names(plan.model, plan.granularity, stage.start, stage.end))))
-            bootstrap.put_blob(self.store.store, f"heavy/{generation}/new/{p}", data)
-            moved += len(data) * len(stage.devices)
+            part = subset(state, set(layer_names(plan.model, plan.granularity, stage.start, stage.end)))
+            bootstrap.put_blob(self.store.store, f"heavy/{generation}/new/{p}", to_bytes(part))
+            moved += sum(state_bytes(part).values()) * len(stage.devices)
         return moved
 
     def _clear_stale(self, old_plan: HppPlan, resume: int) -> None:

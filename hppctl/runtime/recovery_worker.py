@@ -38,7 +38,7 @@ from hppctl.runtime import bootstrap
 from hppctl.runtime.config import WorkerConfig
 from hppctl.runtime.heartbeat import HeartbeatSender, ProbeResponder
 from hppctl.runtime.replication import (Backups, Snapshots, from_bytes, layer_names, merge, meta_model, recv_bytes,
-                                        restore_optimizer, send_bytes, stage_state, subset, to_bytes)
+                                        restore_optimizer, send_bytes, stage_state, state_bytes, subset, to_bytes)
 
 
 RETIRED_GROUPS: list = []
@@ -516,8 +516,12 @@ class Kept:
     backups: Backups
 
     def inventory(self) -> dict:
-        """What the coordinator needs to choose a resume round (coordinator/replay.py)."""
-        return {"layout": self.layout, "snapshots": self.snapshots.rounds(), "backups": self.backups.inventory()}
+        """What the coordinator needs to choose a resume round (coordinator/replay.py), and the bytes of
+        every name in each state it holds, by round (`replay.migration_bytes`: what a light re-plan moves)."""
+        sizes = {"own": {str(r): state_bytes(s) for r, s in self.snapshots.states.items()},
+                 "backups": self.backups.state_bytes()}
+        return {"layout": self.layout, "snapshots": self.snapshots.rounds(), "backups": self.backups.inventory(),
+                "state_bytes": sizes}
 
     def state_at(self, round_index: int, backup_of: str | None) -> dict:
         """This worker's own state after `round_index` rounds, or the backup it holds of `backup_of`'s."""

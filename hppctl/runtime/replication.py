@@ -63,6 +63,20 @@ def merge(parts: list[dict]) -> dict:
     return out
 
 
+def state_bytes(state: dict) -> dict[str, int]:
+    """Per name, the bytes of its tensors in a stage state: the parameter or buffer itself plus the
+    parameter's optimizer state. What moving that name to another device carries (the serialization's
+    own framing aside), so a re-plan can report the bytes it moves (docs/fault-tolerance.md)."""
+    sizes = {name: _nbytes(t) for name, t in state["tensors"].items()}
+    for name, entry in state["optim"].items():
+        sizes[name] = sizes.get(name, 0) + sum(_nbytes(v) for v in entry.values() if torch.is_tensor(v))
+    return sizes
+
+
+def _nbytes(tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
 def to_bytes(state: dict) -> bytes:
     buf = io.BytesIO()
     torch.save(state, buf)
@@ -131,6 +145,13 @@ class Backups:
     def get(self, device: str, rounds: int) -> bytes:
         with self._lock:
             return self.held[device][rounds]
+
+    def state_bytes(self) -> dict[str, dict[str, dict[str, int]]]:
+        """Device -> round -> `state_bytes` of the backup held (deserialized here: a re-plan needs it,
+        rounds do not)."""
+        with self._lock:
+            held = {d: dict(per) for d, per in self.held.items()}
+        return {d: {str(r): state_bytes(from_bytes(data)) for r, data in per.items()} for d, per in held.items()}
 
     def receive_later(self, comm, device: str, rounds: int) -> None:
         """Take the backup's length now (its sender has reached the same round) and let the bytes arrive

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hppctl.coordinator.replay import common_layout, resume_round, transfer_plan, upload_plan
+from hppctl.coordinator.replay import common_layout, migration_bytes, resume_round, transfer_plan, upload_plan
 from hppctl.errors import RuntimeFailure
 from tests.runtime.factories import make_plan
 
@@ -117,3 +117,24 @@ def test_no_common_layout_when_a_survivor_has_already_dropped_the_previous_one()
     behind = {"layout": 0, "snapshots": [3, 4], "backups": {}}
     trained_on = {"layout": 1, "snapshots": [4, 5], "backups": {}}
     assert common_layout({"a": behind, "c": trained_on}, current=1, previous=0) is None
+
+
+def names_of(start, end):
+    return [f"{layer}.weight" for layer in range(start, end)]
+
+
+def test_migration_bytes_sizes_each_transfer_as_its_sender_holds_it_and_a_takeover_sends_nothing():
+    """Issue 24 item 9: what a light re-plan moves, from the senders' reported sizes at the resume round."""
+    inventories = {"a": {"state_bytes": {"own": {"6": {"0.weight": 10, "1.weight": 20}}, "backups": {"c": {"6": {"4.weight": 7}}}}},
+                   "b": {"state_bytes": {"own": {"5": {"2.weight": 1}, "6": {"2.weight": 300, "3.weight": 400}}, "backups": {}}}}
+    migrations = [{"device": "a", "start": 2, "end": 3, "source": "b", "backup_of": None},   # 300
+                  {"device": "b", "start": 4, "end": 5, "source": "a", "backup_of": "c"},    # 7, from the backup
+                  {"device": "a", "start": 4, "end": 5, "source": "a", "backup_of": "c"}]    # takeover: 0
+    assert migration_bytes(migrations, inventories, 6, names_of) == 307
+    assert migration_bytes([], inventories, 6, names_of) == 0
+
+
+def test_migration_bytes_refuses_a_report_without_sizes():
+    with pytest.raises(RuntimeFailure, match="b's stall report gives no sizes of its own state at round 6"):
+        migration_bytes([{"device": "a", "start": 2, "end": 3, "source": "b", "backup_of": None}],
+                        {"b": {"snapshots": [6]}}, 6, names_of)

@@ -119,6 +119,31 @@ def events(session, kind: str) -> list[dict]:
     return [e for e in session.events if e["event"] == kind]
 
 
+def layer_bytes(plan, layer: int) -> int:
+    """One layer's state as the test's runs train it: parameters and buffers, and SGD's momentum
+    buffer (momentum 0.9 by default: one tensor the size of each parameter), read off the model."""
+    from hppctl.zoo import build_stage
+
+    module = build_stage(plan.model, plan.granularity, layer, layer + 1, mode="train")
+    size = lambda tensors: sum(t.numel() * t.element_size() for t in tensors)  # noqa: E731
+    return 2 * size(module.parameters()) + size(module.buffers())
+
+
+def bytes_received(old_plan, new_stages: list[dict], lost: list[str]) -> int:
+    """What a light re-plan must move, from the plans alone: each layer a device of the new layout runs
+    and did not hold before, neither in its own stage nor as the backup of a lost single-device stage
+    (the stage's device backs up to the first device of the next stage, the last stage to the first)."""
+    old = old_plan.stages
+    holder = {s.devices[0]: old[(p + 1) % len(old)].devices[0] for p, s in enumerate(old) if len(s.devices) == 1}
+    total = 0
+    for stage in new_stages:
+        for layer in range(*stage["layers"]):
+            owners = next(s.devices for s in old if s.start <= layer < s.end)
+            held = set(owners) | {holder[d] for d in owners if d in lost and d in holder}
+            total += layer_bytes(old_plan, layer) * sum(d not in held for d in stage["devices"])
+    return total
+
+
 @pytest.mark.parametrize("stages,victim,sig", [
     pytest.param(THREE_STAGES, "b", signal.SIGKILL, id="sigkill-single-device-stage"),
     pytest.param(REPLICATED_HEAD, "b", signal.SIGKILL, id="sigkill-one-replica"),
@@ -131,6 +156,7 @@ def test_training_survives_and_equals_the_failure_free_run(stages, victim, sig):
     (replanned,) = events(session, "replanned")
     assert replanned["method"] == "light" and victim not in replanned["devices"]
     assert replanned["resume_round"] >= 3
+    assert replanned["moved_bytes"] == bytes_received(plan, replanned["stages"], [victim])
     (resumed,) = events(session, "resumed")
     # where the recovery's time went, per step the slowest survivor's seconds (bench/recovery.py prints it)
     assert list(resumed["phases"]) == ["stop", "wait_plan", "regroup", "move", "rebuild", "backup", "replayed_round"]
@@ -139,6 +165,16 @@ def test_training_survives_and_equals_the_failure_free_run(stages, victim, sig):
     assert victim not in session.plan.devices()
     assert all(row["backup_bytes"] > 0 for row in result.rounds)  # replication's cost is in every row
     assert_same(result.model_state(), train_reference(plan, options))
+
+
+def test_a_light_replan_reports_the_bytes_of_state_it_moves():
+    """Issue 24 item 9: a light re-plan's `replanned` event said `moved_bytes: 0` although layers moved.
+    Losing the tail, a takes layer 2 from b and b takes c's layer from a, which holds c's backup."""
+    plan, _, session, _ = run_with_failure(THREE_STAGES, "c")
+    (replanned,) = events(session, "replanned")
+    assert replanned["method"] == "light"
+    expected = bytes_received(plan, replanned["stages"], ["c"])
+    assert expected > 0 and replanned["moved_bytes"] == expected
 
 
 def test_heavy_replanning_gathers_and_redistributes_and_forged_beats_are_logged():
@@ -153,7 +189,12 @@ def test_heavy_replanning_gathers_and_redistributes_and_forged_beats_are_logged(
 
     plan, options, session, result = run_with_failure(THREE_STAGES, "b", replan="heavy", on_round_1=forge)
     (replanned,) = events(session, "replanned")
-    assert replanned["method"] == "heavy" and replanned["moved_bytes"] > 0
+    assert replanned["method"] == "heavy"
+    # every layer travels: each stage's state up once, each new stage's down to each of its devices
+    # (issue 24 item 9: it was the serialized blobs' length, framing included)
+    assert replanned["gathered_bytes"] == sum(layer_bytes(plan, layer) for layer in range(plan.num_layers))
+    assert replanned["moved_bytes"] == sum(layer_bytes(plan, layer) * len(stage["devices"])
+                                           for stage in replanned["stages"] for layer in range(*stage["layers"]))
     (resumed,) = events(session, "resumed")
     assert {"wait_gather", "upload"} <= set(resumed["phases"])  # heavy's own steps are timed too
     dropped = events(session, "dropped")  # one event per 10 s at most, with a count and sample reasons

@@ -20,8 +20,9 @@ last layer. Cuts 0 (the data, which every worker reads itself) and L carry no me
 
 Stage state (checkpoints, the final model) holds the parameters a worker steps and the buffers of
 the layers it forwards, so the workers' states join into the whole model without overlap.
-Limitations: no replicated stages; resume from a checkpoint is not supported; recomputing a layer
-with dropout draws a different mask than its forward (the built-in training models have none).
+Limitations (docs/bipartition.md, "Limits"; refused before any worker starts by runtime/preflight.py):
+no replicated stages, no checkpoint resume, no fault tolerance, no asynchronous windows; recomputing
+a layer with dropout draws a different mask than its forward (the built-in training models have none).
 """
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ def _one_value_batchnorms(traced, granularity: str) -> dict[int, str]:
 # runs crashed in the workers (exit 1) or, with --schedule, trained the forward cuts alone. Refused
 # here, before any worker starts; the runtime-boundary issue (26) is to bring them.
 
-LIMITS = 'docs/bipartition.md, "Limits"'
+LIMITS_DOC = 'docs/bipartition.md, "Limits"'
 
 
 def bipartition_stage(plan: HppPlan) -> int | None:
@@ -136,7 +136,7 @@ def check_bipartition_stages(plan: HppPlan, plan_source: str) -> None:
     if crowded is not None:
         raise PlanMismatch(f"{plan_source}: stages.{crowded}.devices: {', '.join(plan.stages[crowded].devices)} "
                            f"replicate a stage of a Bi-Partition plan (stage {p} backwards other layers than it "
-                           f"forwards), and Bi-Partition runs cannot replicate stages yet ({LIMITS})")
+                           f"forwards), and Bi-Partition runs cannot replicate stages yet ({LIMITS_DOC})")
 
 
 def check_bipartition_run(plan: HppPlan, plan_source: str, *, resume: bool, checkpoint_dir, schedule: str | None,
@@ -148,16 +148,16 @@ def check_bipartition_run(plan: HppPlan, plan_source: str, *, resume: bool, chec
     what = _bipartition_text(plan, plan_source, p)
     if resume:
         raise BadInput(f"--resume: {what}, which cannot resume from a checkpoint yet: its workers' stage files "
-                       f"hold only the layers each steps or forwards ({LIMITS})")
+                       f"hold only the layers each steps or forwards ({LIMITS_DOC})")
     if checkpoint_dir is not None:
         raise BadInput(f"--checkpoint-dir: {what}, which cannot resume from a checkpoint yet, so it writes none; "
-                       f"--save-model keeps the trained model ({LIMITS})")
+                       f"--save-model keeps the trained model ({LIMITS_DOC})")
     if schedule is not None:
         raise BadInput(f"--schedule {schedule}: {what}; asynchronous windows run layer-wise stages and would "
-                       f"drop its backward ranges ({LIMITS})")
+                       f"drop its backward ranges ({LIMITS_DOC})")
     if fault_tolerance:
         raise BadInput(f"--replan: {what}, which cannot survive a lost device yet (re-planning, replay and state "
-                       f"backups know layer-wise stages only); give --replan off, or leave out --profile ({LIMITS})")
+                       f"backups know layer-wise stages only); give --replan off, or leave out --profile ({LIMITS_DOC})")
 
 
 def check_bipartition_coordinator(plan: HppPlan, plan_source: str) -> None:
@@ -166,7 +166,7 @@ def check_bipartition_coordinator(plan: HppPlan, plan_source: str) -> None:
     if p is not None:
         raise BadInput(f"--replan: {_bipartition_text(plan, plan_source, p)}, which cannot survive a lost device "
                        f"yet, and the coordinator exists to re-plan; train it with `hppctl run` without --profile "
-                       f"({LIMITS})")
+                       f"({LIMITS_DOC})")
 
 
 def check_schedule(plan: HppPlan, plan_source: str) -> None:

@@ -139,8 +139,11 @@ def test_hppctl_run_of_the_planned_bert_split_from_layer_0(models, cli, tmp_path
                          REQUEST.micro_batch, "--strategy", "bipartition-paper", "--out", plan_file)
     assert code == 0, err
     plan = load(plan_file, HppPlan)
-    # a split block from layer 0 (a backward-only head that recomputes it from the data), as in the issue
-    assert any(s.backward[0] == 0 and s.backward[1] > s.end for s in plan.stages), ranges(plan)
+    if not any(s.backward[0] == 0 and s.backward[1] > s.end for s in plan.stages):
+        # The plan of the issue recomputes a split block from layer 0 (today's planner plans F[0, 0)
+        # B[0, 22) on the first Nano). Should an improved search stop picking such a split here, the
+        # issue's hand-written cuts keep this path covered.
+        save(plan_file, starting_at_layer_0(model))
     code, out, err = cli("run", "--plan", plan_file, "--cluster", cluster_file, "--rounds", OPTIONS.rounds,
                          "--dataset", "synthetic", "--lr", OPTIONS.lr, "--threads", 1, "--save-model", saved)
     assert code == 0, err

@@ -119,7 +119,6 @@ class BiStage:
         return {k: v for k, v in state.items() if k in self._params or k in self._forward_buffers}
 
 
-
 def _assign_by_name(whole: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
     """Put the shipped tensors into the meta model by their model names, so every part built from it
     shares them."""

@@ -122,7 +122,7 @@ def coordinator_command(
     from hppctl.models.plan import HppPlan
     from hppctl.models.profile import Profile
     from hppctl.runtime.config import TrainOptions
-    from hppctl.runtime.preflight import preflight
+    from hppctl.runtime.preflight import check_bipartition_coordinator, preflight
     from hppctl.store import load
 
     for flag, value in (("--plan", plan), ("--cluster", cluster), ("--profile", profile)):
@@ -136,6 +136,7 @@ def coordinator_command(
     check_listen(listen)
     writable_path("--events", events)
     hpp, inventory, prof = load(plan, HppPlan), load(cluster, ClusterSpec), load(profile, Profile)
+    check_bipartition_coordinator(hpp, str(plan))
     recovery = recovery_options(prof, heartbeat=heartbeat, timeout=timeout, probe_timeout=probe_timeout,
                                 replan=replan, replicate_every=replicate_every, timeout_flag="--timeout")
     if recovery is None:

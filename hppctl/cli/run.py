@@ -77,7 +77,7 @@ def run_command(
     from hppctl.models.plan import HppPlan
     from hppctl.models.profile import Profile
     from hppctl.runtime.config import TrainOptions
-    from hppctl.runtime.preflight import check_checkpoint, preflight
+    from hppctl.runtime.preflight import check_bipartition_run, check_checkpoint, preflight
     from hppctl.store import load
 
     if plan is None:
@@ -141,6 +141,8 @@ def run_command(
     hpp = load(plan, HppPlan)
     inventory = load(cluster, ClusterSpec)
     prof = load(profile, Profile) if profile is not None else None
+    check_bipartition_run(hpp, str(plan), resume=resume, checkpoint_dir=checkpoint_dir, schedule=schedule,
+                          fault_tolerance=prof is not None and replan != "off")
     lineage = None
     if resume:
         hpp, prof, lineage = _plan_to_resume(checkpoint_dir, hpp, prof, plan, rejoin)

@@ -10,8 +10,8 @@ falls in one of at most five *parts* cut at {f0, f1, b0, b1}:
 - backward only (split layers forwarded by a neighbour): the backward re-runs their forward from
   the block's input, then back-propagates: a *suffix* [f1, b1) from the worker's own forward output,
   a *prefix* [b0, f0) from the input received from the previous worker (`RX`), or the data when
-  b0 = 0. BatchNorm statistics are restored after a recomputation (the forward owner's are the
-  real ones).
+  b0 = 0. The recomputation runs on copies of the block's buffers (the forward owner's BatchNorm
+  statistics are the real ones; the buffers autograd saved stay untouched until the backward).
 
 The backward owner accumulates the gradients of its layers over the round's micro-batches, steps
 once (`STEP`) and sends the split layers' new weights to their forward owner (`SW`) before the
@@ -20,8 +20,9 @@ last layer. Cuts 0 (the data, which every worker reads itself) and L carry no me
 
 Stage state (checkpoints, the final model) holds the parameters a worker steps and the buffers of
 the layers it forwards, so the workers' states join into the whole model without overlap.
-Limitations: no replicated stages; resume from a checkpoint is not supported; recomputing a layer
-with dropout draws a different mask than its forward (the built-in training models have none).
+Limitations (docs/bipartition.md, "Limits"; refused before any worker starts by runtime/preflight.py):
+no replicated stages, no checkpoint resume, no fault tolerance, no asynchronous windows; recomputing
+a layer with dropout draws a different mask than its forward (the built-in training models have none).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Sequence
 
 import torch
 import torch.nn.functional as F
+from torch.func import functional_call
 
 from hppctl.models.schedule import Action
 from hppctl.runtime.executor import Executor, _Pending
@@ -90,9 +92,18 @@ class BiStage:
     def parts_in(self, lo: int, hi: int) -> list[torch.nn.Module]:
         return [part for (a, b), part in sorted(self.parts.items()) if lo <= a and b <= hi]
 
-    def run(self, lo: int, hi: int, values: list[torch.Tensor]) -> list[torch.Tensor]:
+    def recompute(self, lo: int, hi: int, values: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Re-run the forward of parts [lo, hi), split layers a neighbour forwards, for their backward.
+
+        Each part runs on throwaway copies of its buffers. The forward owner's BatchNorm statistics
+        are the real ones, so this forward must not update them a second time; and the buffers must
+        not be written between this forward and its backward, since autograd saves some of them
+        (BatchNorm's running statistics, BERT's position ids sliced from a buffer): restoring them in
+        place after the forward bumped their version and the backward failed ("modified by an
+        inplace operation")."""
         for part in self.parts_in(lo, hi):
-            values = list(part(*values))
+            scratch = {name: b.detach().clone() for name, b in part.named_buffers()}
+            values = list(functional_call(part, scratch, tuple(values)))
         return values
 
     def parameters(self) -> list[torch.nn.Parameter]:
@@ -106,9 +117,6 @@ class BiStage:
     def state_dict(self) -> dict[str, torch.Tensor]:
         state = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
         return {k: v for k, v in state.items() if k in self._params or k in self._forward_buffers}
-
-    def buffers_of(self, lo: int, hi: int) -> list[torch.Tensor]:
-        return [b for part in self.parts_in(lo, hi) for b in part.buffers()]
 
 
 def _assign_by_name(whole: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
@@ -213,12 +221,8 @@ class BiExecutor(Executor):
 
     def _recompute_and_backprop(self, lo: int, hi: int, values, grads, m: int):
         st = self.bi
-        buffers = [b.detach().clone() for b in st.buffers_of(lo, hi)]
         inputs = _leaves(values, st.specs(lo))
-        outputs = st.run(lo, hi, inputs)
-        with torch.no_grad():  # the forward owner's BatchNorm statistics are the real ones
-            for b, old in zip(st.buffers_of(lo, hi), buffers):
-                b.copy_(old)
+        outputs = st.recompute(lo, hi, inputs)
         return self._backprop(lo, inputs, outputs, hi, grads, m)
 
     def _backprop(self, lo: int, inputs, outputs, hi: int, grads, m: int) -> list[torch.Tensor]:

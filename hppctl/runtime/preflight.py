@@ -107,6 +107,68 @@ def _one_value_batchnorms(traced, granularity: str) -> dict[int, str]:
     return found
 
 
+# --- what Bi-Partition runs cannot do yet ----------------------------------------------------------
+# Their workers hold other layer sets than their forward ranges (runtime/bipartition.py), which the
+# replicated stages, checkpoint resume, fault tolerance and asynchronous windows do not know: the
+# runs crashed in the workers (exit 1) or, with --schedule, trained the forward cuts alone. Refused
+# here, before any worker starts; the runtime-boundary issue (26) is to bring them.
+
+LIMITS_DOC = 'docs/bipartition.md, "Limits"'
+
+
+def bipartition_stage(plan: HppPlan) -> int | None:
+    """The first stage whose backward range differs from its forward range (None: not Bi-Partition)."""
+    return next((p for p, s in enumerate(plan.stages) if s.backward_layers is not None), None)
+
+
+def _bipartition_text(plan: HppPlan, plan_source: str, p: int) -> str:
+    s = plan.stages[p]
+    return (f"{plan_source} is a Bi-Partition plan (stage {p} forwards [{s.start}, {s.end}) and backwards "
+            f"[{s.backward[0]}, {s.backward[1]}))")
+
+
+def check_bipartition_stages(plan: HppPlan, plan_source: str) -> None:
+    """A Bi-Partition stage runs on one device: its split layers' weights and inputs go to one peer."""
+    p = bipartition_stage(plan)
+    if p is None:
+        return
+    crowded = next((q for q, s in enumerate(plan.stages) if len(s.devices) != 1), None)
+    if crowded is not None:
+        raise PlanMismatch(f"{plan_source}: stages.{crowded}.devices: {', '.join(plan.stages[crowded].devices)} "
+                           f"replicate a stage of a Bi-Partition plan (stage {p} backwards other layers than it "
+                           f"forwards), and Bi-Partition runs cannot replicate stages yet ({LIMITS_DOC})")
+
+
+def check_bipartition_run(plan: HppPlan, plan_source: str, *, resume: bool, checkpoint_dir, schedule: str | None,
+                          fault_tolerance: bool) -> None:
+    """`hppctl run`'s flags that a Bi-Partition plan cannot honour yet, each refused by name."""
+    p = bipartition_stage(plan)
+    if p is None:
+        return
+    what = _bipartition_text(plan, plan_source, p)
+    if resume:
+        raise BadInput(f"--resume: {what}, which cannot resume from a checkpoint yet: its workers' stage files "
+                       f"hold only the layers each steps or forwards ({LIMITS_DOC})")
+    if checkpoint_dir is not None:
+        raise BadInput(f"--checkpoint-dir: {what}, which cannot resume from a checkpoint yet, so it writes none; "
+                       f"--save-model keeps the trained model ({LIMITS_DOC})")
+    if schedule is not None:
+        raise BadInput(f"--schedule {schedule}: {what}; asynchronous windows run layer-wise stages and would "
+                       f"drop its backward ranges ({LIMITS_DOC})")
+    if fault_tolerance:
+        raise BadInput(f"--replan: {what}, which cannot survive a lost device yet (re-planning, replay and state "
+                       f"backups know layer-wise stages only); give --replan off, or leave out --profile ({LIMITS_DOC})")
+
+
+def check_bipartition_coordinator(plan: HppPlan, plan_source: str) -> None:
+    """The coordinator exists to re-plan on a lost device, which a Bi-Partition plan cannot do yet."""
+    p = bipartition_stage(plan)
+    if p is not None:
+        raise BadInput(f"--replan: {_bipartition_text(plan, plan_source, p)}, which cannot survive a lost device "
+                       f"yet, and the coordinator exists to re-plan; train it with `hppctl run` without --profile "
+                       f"({LIMITS_DOC})")
+
+
 def check_schedule(plan: HppPlan, plan_source: str) -> None:
     from hppctl.schedule import ScheduleError, check_schedule, schedule_for_plan
 
@@ -130,6 +192,7 @@ def check_data(plan: HppPlan, dataset: str):
 def preflight(plan: HppPlan, cluster: ClusterSpec, dataset: str, *, profile: Profile | None = None,
               plan_source: str = "plan", cluster_source: str = "cluster", profile_source: str = "profile"):
     """All checks, cheapest first; returns the loaded dataset."""
+    check_bipartition_stages(plan, plan_source)
     check_devices(plan, cluster, plan_source, cluster_source)
     if profile is not None:
         check_profile(plan, profile, plan_source, profile_source)

@@ -1,0 +1,101 @@
+"""An exhaustive search over Bi-Partition plans scored by the round estimate the plan reports, and the
+random small instances it runs on (issue 24 item 1). Shared by tests/bipartition/test_round_optimal.py
+and `python bench/bipartition_optimality.py`, which prints the per-strategy table of docs/.
+
+Independent of the DP on purpose: it lists every pair of cut sequences for 1–3 workers, keeps the
+valid, interleaved (equal for `layerwise`), memory-feasible ones, and scores each with the planner's
+own `round_estimate` under the model the strategy ranks by, as tests/planner/test_asteroid.py does
+for Asteroid with `planner.exhaustive`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+from hppctl.models.plan import HppPlan, PlanRequest
+from hppctl.models.profile import Profile
+from hppctl.planner import cost_model, run_strategy, to_plan
+from hppctl.planner.bipartition import BiOptions, costs_from_model, evaluate, interleaved, round_estimate, \
+    valid_cuts
+from hppctl.planner.cost import CostModel
+from tests.conftest import make_profile
+
+INSTANCES = 40
+"""Seeded random instances (seeds 0..INSTANCES-1)."""
+
+STRATEGY_OPTIONS = {
+    "bipartition": BiOptions(),
+    "bipartition-bsa": BiOptions(),
+    "bipartition-paper": BiOptions(recompute=False, split_traffic=False),
+    "layerwise": BiOptions(equal_cuts=True),
+}
+"""The model each strategy ranks its plans by (strategies/bipartition.py); the plan's prediction is
+always the runtime's model, `BiOptions()`, which equals the first, second and fourth."""
+
+GAP_BOUNDS = {"bipartition": 0.0, "bipartition-paper": 0.0, "layerwise": 0.0, "bipartition-bsa": 0.0}
+"""Largest round-estimate gap above the exhaustive optimum each strategy is allowed on the instances."""
+
+
+def instance(seed: int) -> tuple[Profile, PlanRequest]:
+    """1–3 identical devices, 4–8 layers, random layer sizes, memory, bandwidth and micro-batch count."""
+    rng = random.Random(seed)
+    devices = rng.randint(1, 3)
+    speed, memory = rng.uniform(0.3, 3), rng.choice([0.05, 0.2, 1.0, 4.0])
+    profile = make_profile(layers=rng.randint(4, 8), speeds=[speed] * devices, memory_gb=[memory] * devices,
+                           seed=seed, activation_scale=rng.choice([1, 10, 50]), param_scale=rng.choice([1, 20, 100]),
+                           bandwidth_bytes_per_s=rng.choice([1.25e6, 12.5e6, 125e6]))
+    micro_batch = rng.choice([4, 8, 16])
+    return profile, PlanRequest(global_batch=micro_batch * rng.choice([1, 2, 4, 8]), micro_batch=micro_batch)
+
+
+def cut_sequences(L: int, W: int) -> list[tuple[int, ...]]:
+    return [(0, *inner, L) for inner in itertools.combinations_with_replacement(range(L + 1), W - 1)]
+
+
+def brute_force_round(cm: CostModel, strategy: str) -> float | None:
+    """The least round estimate (strategy's own model) over every executable plan in the strategy's
+    space on the first W devices, W = 1..n (devices are identical: the order does not matter)."""
+    options = STRATEGY_OPTIONS[strategy]
+    best = None
+    for W in range(1, len(cm.names) + 1):
+        workers = list(range(W))
+        ranked = costs_from_model(cm, workers, options)
+        runtime = costs_from_model(cm, workers, BiOptions())
+        for forward, backward in itertools.product(cut_sequences(cm.num_layers, W), repeat=2):
+            if not valid_cuts(forward, backward, cm.num_layers) or not interleaved(forward, backward):
+                continue
+            if options.equal_cuts and forward != backward:
+                continue
+            result = evaluate(ranked, forward, backward)
+            if not (result.feasible and evaluate(runtime, forward, backward).feasible):
+                continue
+            latency, _ = round_estimate(ranked, result)
+            best = latency if best is None else min(best, latency)
+    return best
+
+
+def plan_cuts(plan: HppPlan) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    L = plan.stages[-1].end
+    return (tuple(s.start for s in plan.stages) + (L,), tuple(s.backward[0] for s in plan.stages) + (L,))
+
+
+def strategy_plan(profile: Profile, request: PlanRequest, strategy: str) -> HppPlan | None:
+    candidate, cm, elapsed = run_strategy(profile, request, strategy)
+    return None if candidate is None else to_plan(cm, profile, request, strategy, candidate, elapsed)
+
+
+def strategy_round(profile: Profile, request: PlanRequest, strategy: str) -> float | None:
+    """The round estimate of the strategy's plan under the model it ranks by (for every strategy but
+    `bipartition-paper` this is the plan's reported prediction; the test checks that too)."""
+    plan = strategy_plan(profile, request, strategy)
+    if plan is None:
+        return None
+    cm = cost_model(profile, request)
+    workers = [cm.names.index(s.devices[0]) for s in plan.stages]
+    forward, backward = plan_cuts(plan)
+    ranked = costs_from_model(cm, workers, STRATEGY_OPTIONS[strategy])
+    latency, _ = round_estimate(ranked, evaluate(ranked, forward, backward))
+    if STRATEGY_OPTIONS[strategy] == BiOptions() or strategy == "layerwise":
+        assert abs(latency - plan.prediction.round_latency_s) <= 1e-9 * latency, "the plan reports another round"
+    return latency

@@ -34,7 +34,18 @@ STRATEGY_OPTIONS = {
 always the runtime's model, `BiOptions()`, which equals the first, second and fourth."""
 
 GAP_BOUNDS = {"bipartition": 0.0, "bipartition-paper": 0.0, "layerwise": 0.0, "bipartition-bsa": 0.0}
-"""Largest round-estimate gap above the exhaustive optimum each strategy is allowed on the instances."""
+"""Largest round-estimate gap above the exhaustive optimum each strategy is allowed on the instances
+(docs/bipartition.md; the binary search's figure is measured, not a guarantee)."""
+
+MAY_MISS = {"bipartition-bsa"}
+"""Heuristics allowed to find no plan where one fits (the binary search's crossing neighbours can
+both be over the memory budget, and the equal-cut fallback may not fit either)."""
+
+
+def compare(seed: int, strategy: str) -> tuple[float | None, float | None]:
+    """(the strategy's round estimate, the exhaustive optimum) on instance `seed`; None: no plan."""
+    profile, request = instance(seed)
+    return strategy_round(profile, request, strategy), brute_force_round(cost_model(profile, request), strategy)
 
 
 def instance(seed: int) -> tuple[Profile, PlanRequest]:

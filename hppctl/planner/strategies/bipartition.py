@@ -2,18 +2,23 @@
 
 Each worker is one device running the forward of one contiguous layer range and the backward of
 another (docs/bipartition.md). For every device order we try (fastest first, memory first, the
-cluster file's) and every worker count W, the DP of `bipartition_dp` finds the cuts with the least
-per-micro-batch bottleneck; the plan kept is the one with the shortest estimated round (the
-bottleneck decides the steady state, W the fill and drain).
+cluster file's) and every worker count W, a search of `bipartition_dp` finds cuts, and the plan kept
+is the one with the shortest round estimate (`round_estimate`) under the strategy's model:
 
-- `bipartition`: exact DP on the cost model the runtime executes (split layers recomputed by their
-  backward owner, split traffic and weight send-back on the links, memory budgets);
-- `bipartition-bsa`: the same model, the paper's binary search for the backward cut (Alg. 2);
-- `bipartition-paper`: exact DP on the paper's own model (no recomputation, split traffic free);
-- `layerwise`: the same DP with equal cuts, the layer-wise special case (the paper's PipeDream
+- `bipartition`: the DP over the round estimate itself (`solve_round`) on the cost model the runtime
+  executes (split layers recomputed by their backward owner, split traffic and weight send-back on
+  the links, memory budgets): the least round estimate over interleaved cuts, per device order;
+- `bipartition-bsa`: the same model, the paper's binary search for the backward cut (Alg. 2), which
+  minimises the per-micro-batch bottleneck heuristically; its plan and the round-optimal equal-cut
+  plan are ranked by round estimate (a heuristic: docs/bipartition.md gives its measured gap);
+- `bipartition-paper`: `solve_round` on the paper's own model (no recomputation, split traffic
+  free, one half-duplex link per pair): least round estimate under that model, interleaved cuts;
+- `layerwise`: `solve_round` with equal cuts, the layer-wise special case (the paper's PipeDream
   baseline without replication: one device per stage, transfers and memory priced).
 
-Every plan's prediction uses the runtime's model, so the three compare fairly with `pp` & co.
+Above `FINE_LAYERS` layers the search runs on super-layers and single cuts are then moved while the
+round estimate drops: exact over the coarse cut positions only. Every plan's prediction uses the
+runtime's model, so the four compare fairly with `pp` & co.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from hppctl.models.plan import HppPlan, PlanRequest, Prediction, StagePlan, Tran
 from hppctl.planner.asteroid import memory_order
 from hppctl.planner.bipartition import BiCosts, BiOptions, BiResult, coarsen_costs, costs_from_model, evaluate, \
     forward_bytes, refine, round_estimate
-from hppctl.planner.bipartition_dp import solve
+from hppctl.planner.bipartition_dp import solve, solve_round
 from hppctl.planner.cost import CostModel, StageChoice
 from hppctl.planner.registry import Candidate, strategy
 from hppctl.planner.strategies.dp import fastest_first
@@ -46,8 +51,8 @@ def best_cuts(cm: CostModel, options: BiOptions, search: str = "exact") -> tuple
         for W in range(1, min(len(order), 2 * cm.num_layers) + 1):
             workers = order[:W]
             costs = costs_from_model(cm, workers, options, SCHEDULE)
-            # The DP breaks bottleneck ties arbitrarily; the layer-wise special case is a candidate
-            # too, so the plan is never worse than equal cuts under the round estimate.
+            # The layer-wise special case is a candidate too: the binary search minimises the
+            # bottleneck, and then its plan is never worse than equal cuts under the round estimate.
             layer_wise = costs.with_options(BiOptions(options.recompute, options.split_traffic, equal_cuts=True,
                                                       uplink=options.uplink))
             for result in (solve_large(costs, search), solve_large(layer_wise)):
@@ -69,14 +74,20 @@ super-layers and the cuts are then polished layer by layer (`refine`)."""
 
 
 def solve_large(costs: BiCosts, search: str = "exact") -> BiResult | None:
+    """`search="exact"`: least round estimate (`solve_round`); "bsa": the paper's binary search on the
+    bottleneck. Coarse then refined above FINE_LAYERS layers, on the same objective."""
+    if search == "exact":
+        search_cuts, objective = solve_round, lambda c, result: round_estimate(c, result)[0]
+    else:
+        search_cuts, objective = (lambda c: solve(c, search)), (lambda c, result: result.bottleneck_s)
     if costs.L <= FINE_LAYERS:
-        return solve(costs, search)
+        return search_cuts(costs)
     coarse, cuts = coarsen_costs(costs, FINE_LAYERS)
-    result = solve(coarse, search)
+    result = search_cuts(coarse)
     if result is None:
         return None
     fine = evaluate(costs, [cuts[f] for f in result.forward], [cuts[b] for b in result.backward])
-    return refine(costs, fine)
+    return refine(costs, fine, objective=objective)
 
 
 def build_plan(cm: CostModel, workers: list[int], result: BiResult, request: PlanRequest, name: str,

@@ -1,11 +1,11 @@
-"""Every Bi-Partition strategy against an exhaustive search scored by the round estimate it ranks
-plans by (issue 24 item 1): the table docs/bipartition.md and docs/planner.md record.
+"""Every Bi-Partition strategy against an exhaustive search scored by what it minimises (issue 24
+item 1): the round estimate, or for `bipartition-paper` the paper's bottleneck T(U): the table docs/bipartition.md and docs/planner.md record.
 
     python bench/bipartition_optimality.py                  # the test's 40 instances, ~10 s
     python bench/bipartition_optimality.py --instances 300  # more seeds, same generator
 
 Instances and brute force: tests/bipartition/round_search.py (1–3 identical devices, 4–8 layers,
-every interleaved (forward cuts, backward cuts) pair, memory budgets, the planner's `round_estimate`).
+every interleaved (forward cuts, backward cuts) pair, memory budgets, the planner's `round_estimate` or bottleneck).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from tests.bipartition.round_search import GAP_BOUNDS, INSTANCES, compare  # noq
 
 
 def table(instances: int) -> None:
-    print(f"round estimate vs exhaustive search, seeds 0..{instances - 1} (tests/bipartition/round_search.py):")
+    print(f"each strategy's objective vs exhaustive search, seeds 0..{instances - 1} "
+          "(tests/bipartition/round_search.py; round estimate, bipartition-paper: bottleneck):")
     print(f"  {'strategy':<18} {'feasible':>8} {'optimal':>8} {'worst gap':>10} {'no plan found':>14}")
     for strategy in GAP_BOUNDS:
         gaps, missed = [], 0

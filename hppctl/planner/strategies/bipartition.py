@@ -11,8 +11,10 @@ is the one with the shortest round estimate (`round_estimate`) under the strateg
 - `bipartition-bsa`: the same model, the paper's binary search for the backward cut (Alg. 2), which
   minimises the per-micro-batch bottleneck heuristically; its plan and the round-optimal equal-cut
   plan are ranked by round estimate (a heuristic: docs/bipartition.md gives its measured gap);
-- `bipartition-paper`: `solve_round` on the paper's own model (no recomputation, split traffic
-  free, one half-duplex link per pair): least round estimate under that model, interleaved cuts;
+- `bipartition-paper`: the paper's objective on the paper's own model (no recomputation, split
+  traffic free): the exact DP (`solve`) for the least per-micro-batch bottleneck T(U) (Eq. 3) over
+  interleaved cuts; across device orders and W the least bottleneck, ties by round estimate under
+  that model;
 - `layerwise`: `solve_round` with equal cuts, the layer-wise special case (the paper's PipeDream
   baseline without replication: one device per stage, transfers and memory priced).
 
@@ -43,19 +45,24 @@ def device_orders(cm: CostModel) -> list[list[int]]:
     return orders
 
 
-def best_cuts(cm: CostModel, options: BiOptions, search: str = "exact") -> tuple[list[int], BiResult] | None:
-    """The best (device order prefix, cuts) under `options` (ranked by its round estimate), re-evaluated
-    on the runtime's model (which must fit memory too)."""
-    best: tuple[float, list[int], BiResult] | None = None
+def best_cuts(cm: CostModel, options: BiOptions, search: str = "round") -> tuple[list[int], BiResult] | None:
+    """The best (device order prefix, cuts) under `options`, re-evaluated on the runtime's model (which
+    must fit memory too). `search` (see `solve_large`) also decides the ranking: "round" and "bsa" by
+    the round estimate under `options`, "bottleneck" by the bottleneck, then the round estimate."""
+    best: tuple[tuple[float, ...], list[int], BiResult] | None = None
     for order in device_orders(cm):
         for W in range(1, min(len(order), 2 * cm.num_layers) + 1):
             workers = order[:W]
             costs = costs_from_model(cm, workers, options, SCHEDULE)
-            # The layer-wise special case is a candidate too: the binary search minimises the
-            # bottleneck, and then its plan is never worse than equal cuts under the round estimate.
+            # The layer-wise special case is a candidate too: the other searches do not rank by the
+            # round estimate, or only over coarse cuts, and then the plan is never worse than the
+            # best equal cuts.
             layer_wise = costs.with_options(BiOptions(options.recompute, options.split_traffic, equal_cuts=True,
                                                       uplink=options.uplink))
-            for result in (solve_large(costs, search), solve_large(layer_wise)):
+            candidates = [solve_large(costs, search)]
+            if search != "round" or costs.L > FINE_LAYERS:
+                candidates.append(solve_large(layer_wise, "bottleneck" if search == "bottleneck" else "round"))
+            for result in candidates:
                 if result is None:
                     continue
                 runtime = evaluate(costs_from_model(cm, workers, BiOptions(), SCHEDULE), result.forward,
@@ -63,9 +70,20 @@ def best_cuts(cm: CostModel, options: BiOptions, search: str = "exact") -> tuple
                 if not runtime.feasible:
                     continue
                 latency, _ = round_estimate(costs, result)  # ranked on the strategy's own model
-                if best is None or latency < best[0] * (1 - 1e-12):
-                    best = (latency, workers, runtime)
+                rank = (result.bottleneck_s, latency) if search == "bottleneck" else (latency,)
+                if best is None or _better(rank, best[0]):
+                    best = (rank, workers, runtime)
     return None if best is None else (best[1], best[2])
+
+
+def _better(rank: tuple[float, ...], than: tuple[float, ...]) -> bool:
+    """Lexicographically smaller, each value by more than rounding noise (the first found wins ties)."""
+    for value, other in zip(rank, than):
+        if value < other * (1 - 1e-12):
+            return True
+        if value > other * (1 + 1e-12):
+            return False
+    return False
 
 
 FINE_LAYERS = 32
@@ -73,13 +91,15 @@ FINE_LAYERS = 32
 super-layers and the cuts are then polished layer by layer (`refine`)."""
 
 
-def solve_large(costs: BiCosts, search: str = "exact") -> BiResult | None:
-    """`search="exact"`: least round estimate (`solve_round`); "bsa": the paper's binary search on the
-    bottleneck. Coarse then refined above FINE_LAYERS layers, on the same objective."""
-    if search == "exact":
+def solve_large(costs: BiCosts, search: str = "round") -> BiResult | None:
+    """"round": least round estimate (`solve_round`); "bottleneck": least bottleneck (the exact DP,
+    `solve`); "bsa": the paper's binary search on the bottleneck. Above FINE_LAYERS layers, on
+    super-layers and then refined on the same objective."""
+    if search == "round":
         search_cuts, objective = solve_round, lambda c, result: round_estimate(c, result)[0]
     else:
-        search_cuts, objective = (lambda c: solve(c, search)), (lambda c, result: result.bottleneck_s)
+        exact = "bsa" if search == "bsa" else "exact"
+        search_cuts, objective = (lambda c: solve(c, exact)), (lambda c, result: result.bottleneck_s)
     if costs.L <= FINE_LAYERS:
         return search_cuts(costs)
     coarse, cuts = coarsen_costs(costs, FINE_LAYERS)
@@ -131,6 +151,7 @@ def _forward_bytes(c: BiCosts, result: BiResult, w: int) -> float:
 
 
 def _candidate(cm: CostModel, options: BiOptions, search: str) -> Candidate | None:
+    """The strategy's plan; `search` as in `best_cuts`."""
     found = best_cuts(cm, options, search)
     if found is None:
         return None
@@ -142,7 +163,7 @@ def _candidate(cm: CostModel, options: BiOptions, search: str) -> Candidate | No
 
 @strategy("bipartition", "Bi-Partition: separate forward/backward cuts, exact DP, split layers recomputed and priced")
 def plan_bipartition(cm: CostModel) -> Candidate | None:
-    return _candidate(cm, BiOptions(), "exact")
+    return _candidate(cm, BiOptions(), "round")
 
 
 @strategy("bipartition-bsa", "Bi-Partition with the paper's binary search for the backward cut (Alg. 2)")
@@ -152,9 +173,10 @@ def plan_bipartition_bsa(cm: CostModel) -> Candidate | None:
 
 @strategy("bipartition-paper", "Bi-Partition on the paper's cost model (no recomputation, split traffic free)")
 def plan_bipartition_paper(cm: CostModel) -> Candidate | None:
-    return _candidate(cm, BiOptions(recompute=False, split_traffic=False), "exact")  # executable: interleaved
+    # The paper's objective, T(U) (Eq. 3), on its model; interleaved cuts, so the plan is executable.
+    return _candidate(cm, BiOptions(recompute=False, split_traffic=False), "bottleneck")
 
 
 @strategy("layerwise", "Bi-Partition's DP with equal cuts: layer-wise stages, transfers and memory priced (PipeDream without replication)")
 def plan_layerwise(cm: CostModel) -> Candidate | None:
-    return _candidate(cm, BiOptions(equal_cuts=True), "exact")
+    return _candidate(cm, BiOptions(equal_cuts=True), "round")

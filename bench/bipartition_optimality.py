@@ -1,5 +1,6 @@
 """Every Bi-Partition strategy against an exhaustive search scored by what it minimises (issue 24
-item 1): the round estimate, or for `bipartition-paper` the paper's bottleneck T(U): the table docs/bipartition.md and docs/planner.md record.
+item 1): the round estimate, or for `bipartition-paper` the paper's bottleneck T(U). The table
+docs/bipartition.md and docs/planner.md record.
 
     python bench/bipartition_optimality.py                  # the test's 40 instances, ~10 s
     python bench/bipartition_optimality.py --instances 300  # more seeds, same generator

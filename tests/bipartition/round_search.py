@@ -17,8 +17,8 @@ import random
 from hppctl.models.plan import HppPlan, PlanRequest
 from hppctl.models.profile import Profile
 from hppctl.planner import cost_model, run_strategy, to_plan
-from hppctl.planner.bipartition import BiCosts, BiOptions, BiResult, costs_from_model, evaluate, interleaved, round_estimate, \
-    valid_cuts
+from hppctl.planner.bipartition import BiCosts, BiOptions, BiResult, costs_from_model, evaluate, interleaved, \
+    round_estimate, valid_cuts
 from hppctl.planner.cost import CostModel
 from tests.conftest import make_profile
 

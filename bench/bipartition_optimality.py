@@ -4,6 +4,7 @@ docs/bipartition.md and docs/planner.md record.
 
     python bench/bipartition_optimality.py                  # the test's 40 instances, ~10 s
     python bench/bipartition_optimality.py --instances 300  # more seeds, same generator
+    python bench/bipartition_optimality.py --timing         # planning time on the largest built-ins
 
 Instances and brute force: tests/bipartition/round_search.py (1–3 identical devices, 4–8 layers,
 every interleaved (forward cuts, backward cuts) pair, memory budgets, the planner's `round_estimate` or bottleneck).
@@ -13,12 +14,24 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from hppctl.models.cluster import ClusterSpec  # noqa: E402
+from hppctl.models.plan import PlanRequest  # noqa: E402
+from hppctl.planner import make_plan  # noqa: E402
+from hppctl.profiling.from_presets import build_preset_profile  # noqa: E402
+from hppctl.store import load  # noqa: E402
+from hppctl.zoo import layer_costs  # noqa: E402
 from tests.bipartition.round_search import GAP_BOUNDS, INSTANCES, compare  # noqa: E402
+
+STRATEGIES = ("bipartition", "bipartition-bsa", "bipartition-paper", "layerwise")
+TIMED = (("efficientnet-b1", "fine", "env-c", 32), ("mobilenetv2", "fine", "env-c", 32),
+         ("bert-large", "fine", "env-c", 2), ("mobilenetv2", "block", "env-b", 32))
+"""(model, granularity, cluster, micro-batch) at global batch 256: bert-large fits the Jetsons at 2 only."""
 
 
 def table(instances: int) -> None:
@@ -40,10 +53,28 @@ def table(instances: int) -> None:
         print(f"  {strategy:<18} {feasible:>8} {sum(g < 1e-9 for g in gaps):>8} {worst:>10} {missed:>14}")
 
 
+def timing() -> None:
+    """Seconds of `make_plan` (the strategy alone: every device order and worker count it tries)."""
+    print("planning time, make_plan, preset profiles of profiles/env-*.yaml, global batch 256:")
+    print(f"  {'model':<16} {'gran.':<6} {'env':<6} {'B':>3} {'layers':>6}  " + "  ".join(f"{s:>17}" for s in STRATEGIES))
+    for model, granularity, env, micro_batch in TIMED:
+        cluster = load(ROOT / "profiles" / f"{env}.yaml", ClusterSpec)
+        profile = build_preset_profile(cluster, layer_costs(model, granularity), model=model, granularity=granularity)
+        cells = []
+        for strategy in STRATEGIES:
+            began = time.perf_counter()
+            plan = make_plan(profile, PlanRequest(global_batch=256, micro_batch=micro_batch), strategy)
+            cells.append(f"{time.perf_counter() - began:6.2f} s ({len(plan.stages)} w)")
+        print(f"  {model:<16} {granularity:<6} {env:<6} {micro_batch:>3} {len(profile.layers):>6}  "
+              + "  ".join(f"{c:>17}" for c in cells))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--instances", type=int, default=INSTANCES)
-    table(parser.parse_args().instances)
+    parser.add_argument("--timing", action="store_true", help="planning time instead of the optimality table")
+    args = parser.parse_args()
+    timing() if args.timing else table(args.instances)
 
 
 if __name__ == "__main__":

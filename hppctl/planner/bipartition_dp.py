@@ -36,6 +36,7 @@ the optimum; `bench/bipartition_search.py` reports the gap.
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import numpy as np
@@ -177,7 +178,7 @@ def _bsa_row(c: BiCosts, w: int, D: np.ndarray, link: np.ndarray, j1: int,
 def solve_round(c: BiCosts) -> BiResult | None:
     """Interleaved cuts (any cuts without split traffic, as `solve`) with the least round estimate
     for all W workers of `c`; None if nothing fits memory. See the module docstring."""
-    steps = [_worker_step_grid(c, w) for w in range(c.W)]
+    steps = [_worker_steps(c, w) for w in range(c.W)]
     best, best_latency, below = None, np.inf, np.inf
     while (result := _least_fill_drain(c, steps, below)) is not None:
         latency, _ = round_estimate(c, result)
@@ -191,29 +192,43 @@ def solve_round(c: BiCosts) -> BiResult | None:
     return best
 
 
-def _worker_step_grid(c: BiCosts, w: int) -> np.ndarray:
-    """e[i1, i2, j1, j2]: worker w's seconds per micro-batch for F [i1, j1) and B [i2, j2); inf where
-    the ranges are not allowed (empty, reversed, not interleaved, not equal with equal cuts, over
-    the memory budget). Independent of the send-back bound, so computed once per solve."""
+@functools.lru_cache(maxsize=16)
+def _allowed_ranges(n: int, interleaved_only: bool, equal_cuts: bool) -> tuple[np.ndarray, ...]:
+    """(i1, i2, j1, j2) of every worker range pair F [i1, j1), B [i2, j2) over n cuts that is not
+    empty, not reversed, interleaved (if asked) and equal (if asked), sorted by (i1, i2, j1, j2).
+    Listing only these (a sixth of the n^4 grid interleaved, n^2/2 with equal cuts) is what keeps
+    the round DP as fast as the bottleneck DP. Cached: read-only."""
+    if equal_cuts:
+        i, j = np.nonzero(np.triu(np.ones((n, n), dtype=bool), 1))
+        ranges = (i, i, j, j)
+    else:
+        i1, i2, j1, j2 = np.ix_(*(np.arange(n),) * 4)
+        allowed = (j1 >= i1) & (j2 >= i2) & ((j1 > i1) | (j2 > i2))
+        if interleaved_only:
+            allowed = allowed & (np.maximum(i1, i2) <= np.minimum(j1, j2))
+        ranges = np.nonzero(allowed)
+    for array in ranges:
+        array.flags.writeable = False
+    return tuple(ranges)
+
+
+def _worker_steps(c: BiCosts, w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Worker w's allowed range pairs within its memory budget, as (start cut pair i1*n + i2, end cut
+    pair j1*n + j2, seconds per micro-batch), sorted by start. Independent of the send-back bound,
+    so computed once per solve."""
     n = c.L + 1
-    i1, i2, j1, j2 = np.ix_(*(np.arange(n),) * 4)
-    allowed = (j1 >= i1) & (j2 >= i2) & ((j1 > i1) | (j2 > i2))
-    if c.options.interleaved_only:
-        allowed &= np.maximum(i1, i2) <= np.minimum(j1, j2)
-    if c.options.equal_cuts:
-        allowed &= (i1 == i2) & (j1 == j2)
-    # Clip the index arrays so that reversed ranges (masked anyway) index the prefix sums safely.
-    hi1, hi2 = np.maximum(j1, i1), np.maximum(j2, i2)
-    allowed &= worker_memory(c, w, i1, hi1, i2, hi2) <= c.budget[w]
-    return np.where(allowed, worker_time(c, w, i1, hi1, i2, hi2), np.inf)
+    i1, i2, j1, j2 = _allowed_ranges(n, c.options.interleaved_only, c.options.equal_cuts)
+    fits = worker_memory(c, w, i1, j1, i2, j2) <= c.budget[w]
+    i1, i2, j1, j2 = i1[fits], i2[fits], j1[fits], j2[fits]
+    return i1 * n + i2, j1 * n + j2, worker_time(c, w, i1, j1, i2, j2)
 
 
 def _pair_step(c: BiCosts, w: int, below: float) -> np.ndarray:
-    """link[j1, j2]: the transfer step between workers w and w+1 when w+1 starts at (j1, j2), as
+    """link[j1 * n + j2]: the transfer step between workers w and w+1 when w+1 starts at (j1, j2), as
     `round_estimate` prices it (both directions on the pair's bandwidth); inf where that link's
     weight send-back is not below `below`."""
     n = c.L + 1
-    j1, j2 = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    j1, j2 = (a.ravel() for a in np.meshgrid(np.arange(n), np.arange(n), indexing="ij"))
     bw = c.bandwidth[w, w + 1]
     link = forward_bytes(c, j1, j2) / bw + backward_bytes(c, j1, j2) / bw
     return np.where(send_back_at(c, w + 1, j1, j2) < below, link, np.inf)
@@ -227,30 +242,36 @@ def _step_then(e: np.ndarray, rest, M: int) -> np.ndarray:
     return np.where(finite, e0 + np.maximum((M - 1) * e0, rest), np.inf)
 
 
-def _least_fill_drain(c: BiCosts, steps: list[np.ndarray], below: float) -> BiResult | None:
+def _least_fill_drain(c: BiCosts, steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+                      below: float) -> BiResult | None:
     """The cuts with the least C (Eq. 4 without the send-back) among those whose every link sends
     back less than `below`, by the tail-first recursion G_s = e_s + max((M-1) e_s, G_{s+1})."""
     L, W, M = c.L, c.W, c.num_micro_batches
     n = L + 1
-    # rest[j1, j2]: least G of the steps after worker w, given worker w+1 starts at (j1, j2);
+    # rest[j1 * n + j2]: least G of the steps after worker w, given worker w+1 starts at (j1, j2);
     # past the last worker only (L, L) is allowed, with nothing after it.
-    rest = np.full((n, n), np.inf)
-    rest[L, L] = -np.inf
-    choice = np.zeros((W, n, n), dtype=np.int64)
+    rest = np.full(n * n, np.inf)
+    rest[L * n + L] = -np.inf
+    choice = np.zeros((W, n * n), dtype=np.int64)
     for w in range(W - 1, -1, -1):
-        e = steps[w]
-        value = _step_then(e, rest[None, None, :, :], M)
-        flat = value.reshape(n, n, n * n)
-        choice[w] = flat.argmin(axis=2)
-        best = np.take_along_axis(flat, choice[w][:, :, None], axis=2)[:, :, 0]
+        start, end, e = steps[w]
+        best = np.full(n * n, np.inf)
+        if len(start):
+            value = _step_then(e, rest[end], M)
+            first = np.flatnonzero(np.diff(start, prepend=-1))  # where each start pair's rows begin
+            least = np.minimum.reduceat(value, first)
+            # The first row reaching its group's least value (ties: smallest (j1, j2), as argmin).
+            group = np.repeat(np.arange(len(first)), np.diff(first, append=len(start)))
+            hits = np.flatnonzero(value == least[group])
+            chosen = hits[np.searchsorted(hits, first)]
+            best[start[first]], choice[w, start[first]] = least, end[chosen]
         if w > 0:
-            link = _pair_step(c, w - 1, below)
-            rest = _step_then(link, best, M)
-    if not np.isfinite(best[0, 0]):
+            rest = _step_then(_pair_step(c, w - 1, below), best, M)
+    if not np.isfinite(best[0]):
         return None
     forward, backward = [0], [0]
     for w in range(W):
-        j1, j2 = divmod(int(choice[w, forward[-1], backward[-1]]), n)
+        j1, j2 = divmod(int(choice[w, forward[-1] * n + backward[-1]]), n)
         forward.append(j1)
         backward.append(j2)
     return evaluate(c, forward, backward)

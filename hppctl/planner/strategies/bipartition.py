@@ -11,10 +11,10 @@ is the one with the shortest round estimate (`round_estimate`) under the strateg
 - `bipartition-bsa`: the same model, the paper's binary search for the backward cut (Alg. 2), which
   minimises the per-micro-batch bottleneck heuristically; its plan and the round-optimal equal-cut
   plan are ranked by round estimate (a heuristic: docs/bipartition.md gives its measured gap);
-- `bipartition-paper`: the paper's objective on the paper's own model (no recomputation, split
-  traffic free): the exact DP (`solve`) for the least per-micro-batch bottleneck T(U) (Eq. 3) over
-  interleaved cuts; across device orders and W the least bottleneck, ties by round estimate under
-  that model;
+- `bipartition-paper`: the paper's method on the paper's compute model (no recomputation, split
+  traffic free; per-device uplinks): for each worker set the exact DP (`solve`) for the least
+  per-micro-batch bottleneck T(U) (Eq. 3) over interleaved cuts, as the paper does for its given
+  workers; across device orders and W the shortest round estimate under that model;
 - `layerwise`: `solve_round` with equal cuts, the layer-wise special case (the paper's PipeDream
   baseline without replication: one device per stage, transfers and memory priced).
 
@@ -46,22 +46,21 @@ def device_orders(cm: CostModel) -> list[list[int]]:
 
 
 def best_cuts(cm: CostModel, options: BiOptions, search: str = "round") -> tuple[list[int], BiResult] | None:
-    """The best (device order prefix, cuts) under `options`, re-evaluated on the runtime's model (which
-    must fit memory too). `search` (see `solve_large`) also decides the ranking: "round" and "bsa" by
-    the round estimate under `options`, "bottleneck" by the bottleneck, then the round estimate."""
-    best: tuple[tuple[float, ...], list[int], BiResult] | None = None
+    """The best (device order prefix, cuts) under `options` (`search` as in `solve_large`; ranked by
+    the round estimate under `options`), re-evaluated on the runtime's model (which must fit memory
+    too)."""
+    best: tuple[float, list[int], BiResult] | None = None
     for order in device_orders(cm):
         for W in range(1, min(len(order), 2 * cm.num_layers) + 1):
             workers = order[:W]
             costs = costs_from_model(cm, workers, options, SCHEDULE)
-            # The layer-wise special case is a candidate too: the other searches do not rank by the
-            # round estimate, or only over coarse cuts, and then the plan is never worse than the
-            # best equal cuts.
-            layer_wise = costs.with_options(BiOptions(options.recompute, options.split_traffic, equal_cuts=True,
-                                                      uplink=options.uplink))
             candidates = [solve_large(costs, search)]
-            if search != "round" or costs.L > FINE_LAYERS:
-                candidates.append(solve_large(layer_wise, "bottleneck" if search == "bottleneck" else "round"))
+            if search == "bsa" or (search == "round" and costs.L > FINE_LAYERS):
+                # The best equal cuts are a candidate too: the binary search minimises the bottleneck,
+                # and above FINE_LAYERS the round search is exact over coarse cuts only.
+                layer_wise = costs.with_options(BiOptions(options.recompute, options.split_traffic, equal_cuts=True,
+                                                          uplink=options.uplink))
+                candidates.append(solve_large(layer_wise, "round"))
             for result in candidates:
                 if result is None:
                     continue
@@ -70,20 +69,9 @@ def best_cuts(cm: CostModel, options: BiOptions, search: str = "round") -> tuple
                 if not runtime.feasible:
                     continue
                 latency, _ = round_estimate(costs, result)  # ranked on the strategy's own model
-                rank = (result.bottleneck_s, latency) if search == "bottleneck" else (latency,)
-                if best is None or _better(rank, best[0]):
-                    best = (rank, workers, runtime)
+                if best is None or latency < best[0] * (1 - 1e-12):
+                    best = (latency, workers, runtime)
     return None if best is None else (best[1], best[2])
-
-
-def _better(rank: tuple[float, ...], than: tuple[float, ...]) -> bool:
-    """Lexicographically smaller, each value by more than rounding noise (the first found wins ties)."""
-    for value, other in zip(rank, than):
-        if value < other * (1 - 1e-12):
-            return True
-        if value > other * (1 + 1e-12):
-            return False
-    return False
 
 
 FINE_LAYERS = 32
@@ -173,7 +161,7 @@ def plan_bipartition_bsa(cm: CostModel) -> Candidate | None:
 
 @strategy("bipartition-paper", "Bi-Partition on the paper's cost model (no recomputation, split traffic free)")
 def plan_bipartition_paper(cm: CostModel) -> Candidate | None:
-    # The paper's objective, T(U) (Eq. 3), on its model; interleaved cuts, so the plan is executable.
+    # The paper's objective, T(U) (Eq. 3), per worker set; interleaved cuts, so the plan is executable.
     return _candidate(cm, BiOptions(recompute=False, split_traffic=False), "bottleneck")
 
 

@@ -36,7 +36,7 @@ TIMED = (("efficientnet-b1", "fine", "env-c", 32), ("mobilenetv2", "fine", "env-
 
 def table(instances: int) -> None:
     print(f"each strategy's objective vs exhaustive search, seeds 0..{instances - 1} (tests/bipartition/"
-          "round_search.py; round estimate; bipartition-paper: bottleneck on its plan's worker count):")
+          "round_search.py; round estimate; bipartition-paper: bottleneck, its plan's W and kind of cuts):")
     print(f"  {'strategy':<18} {'feasible':>8} {'optimal':>8} {'worst gap':>10} {'no plan found':>14}")
     for strategy in GAP_BOUNDS:
         gaps, missed = [], 0

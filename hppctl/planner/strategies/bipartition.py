@@ -14,7 +14,8 @@ is the one with the shortest round estimate (`round_estimate`) under the strateg
 - `bipartition-paper`: the paper's method on the paper's compute model (no recomputation, split
   traffic free; per-device uplinks): for each worker set the exact DP (`solve`) for the least
   per-micro-batch bottleneck T(U) (Eq. 3) over interleaved cuts, as the paper does for its given
-  workers; across device orders and W the shortest round estimate under that model;
+  workers, and the same over equal cuts (its layer-wise baseline); of these two per worker set,
+  over every device order and W, the shortest round estimate under that model;
 - `layerwise`: `solve_round` with equal cuts, the layer-wise special case (the paper's PipeDream
   baseline without replication: one device per stage, transfers and memory priced).
 
@@ -55,12 +56,13 @@ def best_cuts(cm: CostModel, options: BiOptions, search: str = "round") -> tuple
             workers = order[:W]
             costs = costs_from_model(cm, workers, options, SCHEDULE)
             candidates = [solve_large(costs, search)]
-            if search == "bsa" or (search == "round" and costs.L > FINE_LAYERS):
-                # The best equal cuts are a candidate too: the binary search minimises the bottleneck,
-                # and above FINE_LAYERS the round search is exact over coarse cuts only.
+            if search != "round" or costs.L > FINE_LAYERS:
+                # The best equal cuts are a candidate too (by the same objective): the bottleneck
+                # searches do not rank by the round, and above FINE_LAYERS the round search is exact
+                # over coarse cuts only.
                 layer_wise = costs.with_options(BiOptions(options.recompute, options.split_traffic, equal_cuts=True,
                                                           uplink=options.uplink))
-                candidates.append(solve_large(layer_wise, "round"))
+                candidates.append(solve_large(layer_wise, "bottleneck" if search == "bottleneck" else "round"))
             for result in candidates:
                 if result is None:
                     continue

@@ -151,22 +151,26 @@ def _candidate(cm: CostModel, options: BiOptions, search: str) -> Candidate | No
                      build_plan=lambda request, name, elapsed: build_plan(cm, workers, result, request, name, elapsed))
 
 
-@strategy("bipartition", "Bi-Partition: separate forward/backward cuts, exact DP, split layers recomputed and priced")
+@strategy("bipartition", "Bi-Partition: separate forward/backward cuts, exact DP over the round estimate, split layers "
+                         "recomputed and priced")
 def plan_bipartition(cm: CostModel) -> Candidate | None:
     return _candidate(cm, BiOptions(), "round")
 
 
-@strategy("bipartition-bsa", "Bi-Partition with the paper's binary search for the backward cut (Alg. 2)")
+@strategy("bipartition-bsa", "Bi-Partition with the paper's binary search for the backward cut (Alg. 2; a bottleneck "
+                             "heuristic)")
 def plan_bipartition_bsa(cm: CostModel) -> Candidate | None:
     return _candidate(cm, BiOptions(), "bsa")
 
 
-@strategy("bipartition-paper", "Bi-Partition on the paper's cost model (no recomputation, split traffic free)")
+@strategy("bipartition-paper", "Bi-Partition on the paper's cost model (no recomputation, split traffic free) and "
+                               "objective (least bottleneck per worker set)")
 def plan_bipartition_paper(cm: CostModel) -> Candidate | None:
     # The paper's objective, T(U) (Eq. 3), per worker set; interleaved cuts, so the plan is executable.
     return _candidate(cm, BiOptions(recompute=False, split_traffic=False), "bottleneck")
 
 
-@strategy("layerwise", "Bi-Partition's DP with equal cuts: layer-wise stages, transfers and memory priced (PipeDream without replication)")
+@strategy("layerwise", "Bi-Partition's round DP with equal cuts: layer-wise stages, transfers and memory priced "
+                       "(PipeDream without replication)")
 def plan_layerwise(cm: CostModel) -> Candidate | None:
     return _candidate(cm, BiOptions(equal_cuts=True), "round")

@@ -370,8 +370,8 @@ def coarsen_costs(c: BiCosts, groups: int) -> tuple[BiCosts, list[int]]:
 def refine(c: BiCosts, result: BiResult, max_rounds: int = 100,
            objective: Callable[[BiCosts, BiResult], float] | None = None) -> BiResult:
     """Hill-climb on fine layers: move one forward or backward cut by one layer while the objective
-    drops (default: the bottleneck; the strategies pass the one they searched the coarse cuts for)
-    (cuts stay valid, interleaved where the options ask, within memory)."""
+    drops (cuts stay valid, interleaved where the options ask, within memory). Default objective:
+    the bottleneck; the strategies pass the one they searched the coarse cuts for."""
     score = objective or (lambda _, r: r.bottleneck_s)
     best, best_score = result, score(c, result)
     for _ in range(max_rounds):

@@ -85,6 +85,8 @@ def solve_large(costs: BiCosts, search: str = "round") -> BiResult | None:
     """"round": least round estimate (`solve_round`); "bottleneck": least bottleneck (the exact DP,
     `solve`); "bsa": the paper's binary search on the bottleneck. Above FINE_LAYERS layers, on
     super-layers and then refined on the same objective."""
+    if search not in ("round", "bottleneck", "bsa"):
+        raise ValueError(f"search must be 'round', 'bottleneck' or 'bsa', got {search!r}")
     if search == "round":
         search_cuts, objective = solve_round, lambda c, result: round_estimate(c, result)[0]
     else:

@@ -38,6 +38,7 @@ no bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -319,17 +320,22 @@ def round_estimate(c: BiCosts, result: BiResult) -> tuple[float, list[Step]]:
             f, b = result.forward[w + 1], result.backward[w + 1]
             bw = c.bandwidth[w, w + 1]
             steps.append(Step(float(forward_bytes(c, f, b) / bw), float(backward_bytes(c, f, b) / bw)))
-    send_back = 0.0
-    if c.options.split_traffic:
-        send_back = max((_weights(c, result.forward[w], result.backward[w]) / c.bandwidth[w - 1, w]
-                         for w in range(1, W)), default=0.0)
-    return round_latency(steps, c.num_micro_batches) + float(send_back), steps
+    return round_latency(steps, c.num_micro_batches) + send_back_seconds(c, result.forward, result.backward), steps
 
 
-def _weights(c: BiCosts, i1: int, i2: int) -> float:
-    """Parameter bytes of the split layers between the cuts i1 and i2 (either order)."""
-    lo, hi = min(i1, i2), max(i1, i2)
-    return float(c.param_prefix[hi] - c.param_prefix[lo])
+def send_back_seconds(c: BiCosts, forward, backward) -> float:
+    """The round's weight send-back: the largest of the links' split-layer weights over their
+    bandwidth (the links send in parallel, once per round, after STEP)."""
+    return max((float(send_back_at(c, w, forward[w], backward[w])) for w in range(1, c.W)), default=0.0)
+
+
+def send_back_at(c: BiCosts, w: int, i1, i2):
+    """Seconds of the send-back from worker w to w-1 or back (w >= 1) when w starts at (f_w, b_w) =
+    (i1, i2): the weights of the split layers between the two cuts, either order (numpy-broadcastable)."""
+    if not c.options.split_traffic:
+        return np.zeros(np.broadcast(i1, i2).shape)
+    pp = c.param_prefix
+    return (pp[np.maximum(i1, i2)] - pp[np.minimum(i1, i2)]) / c.bandwidth[w - 1, w]
 
 
 def split_blocks(forward, backward, L: int) -> list[tuple[int, int, int, int]]:
@@ -361,10 +367,13 @@ def coarsen_costs(c: BiCosts, groups: int) -> tuple[BiCosts, list[int]]:
     return coarse, cuts
 
 
-def refine(c: BiCosts, result: BiResult, max_rounds: int = 100) -> BiResult:
-    """Hill-climb on fine layers: move one forward or backward cut by one layer while the bottleneck
-    drops (cuts stay valid, interleaved where the options ask, within memory)."""
-    best = result
+def refine(c: BiCosts, result: BiResult, max_rounds: int = 100,
+           objective: Callable[[BiCosts, BiResult], float] | None = None) -> BiResult:
+    """Hill-climb on fine layers: move one forward or backward cut by one layer while the objective
+    drops (cuts stay valid, interleaved where the options ask, within memory). Default objective:
+    the bottleneck; the strategies pass the one they searched the coarse cuts for."""
+    score = objective or (lambda _, r: r.bottleneck_s)
+    best, best_score = result, score(c, result)
     for _ in range(max_rounds):
         improved = False
         for which in (0, 1):
@@ -379,8 +388,11 @@ def refine(c: BiCosts, result: BiResult, max_rounds: int = 100) -> BiResult:
                     if c.options.interleaved_only and not interleaved(cuts[0], cuts[1]):
                         continue
                     moved = evaluate(c, cuts[0], cuts[1])
-                    if moved.feasible and moved.bottleneck_s < best.bottleneck_s * (1 - 1e-12):
-                        best, improved = moved, True
+                    if not moved.feasible:
+                        continue
+                    moved_score = score(c, moved)
+                    if moved_score < best_score * (1 - 1e-12):
+                        best, best_score, improved = moved, moved_score, True
         if not improved:
             return best
     return best

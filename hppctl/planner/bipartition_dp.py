@@ -16,6 +16,18 @@ interleaved_only=False)` measures what that costs on small instances. Without sp
 term is local, and `BiOptions(interleave=False)` (the paper's model, `BiOptions.paper()`) searches
 the whole Eq. 1 space exactly; the runtime executes interleaved plans only.
 
+`solve` minimises that bottleneck; the plans are ranked by their *round estimate* (`round_estimate`:
+Asteroid's Eq. 4 on the workers' and neighbour links' times plus the weight send-back), which the
+bottleneck does not determine: fill and drain count every step, not only the slowest. `solve_round`
+minimises the round estimate itself. Eq. 4 with no AllReduce is C = max_s (M·e_s + Σ_{i<s} e_i)
+over the steps s (worker, link, worker, ...), e_s = forward + backward time of step s, which is the
+tail-first recursion G_s = e_s + max((M−1)·e_s, G_{s+1}): non-decreasing in G_{s+1}, so the least
+G of every suffix (state: the start cuts of its first worker) is all the DP needs. The send-back
+(the largest split-weight transfer of any link, once per round) is a max over links added to C:
+the DP runs again with every link's send-back kept strictly below the last plan's, walking the
+(C, send-back) Pareto front until C alone reaches the best round found (tests/bipartition/
+test_round_optimal.py checks both against an exhaustive search scored by `round_estimate`).
+
 `search="bsa"` is the paper's Alg. 2: for each (j1', j2', j1) the backward cut j2 is found by
 binary search on the crossing of D (non-decreasing in j2) and T (non-increasing), then the better
 of the two neighbours is kept. It ignores the link term in the search (notes §7.3), so it can miss
@@ -24,12 +36,13 @@ the optimum; `bench/bipartition_search.py` reports the gap.
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import numpy as np
 
 from hppctl.planner.bipartition import BiCosts, BiResult, backward_bytes, evaluate, forward_bytes, interleaved, \
-    link_bytes, valid_cuts, worker_memory, worker_time
+    link_bytes, round_estimate, send_back_at, send_back_seconds, valid_cuts, worker_memory, worker_time
 
 
 def solve(c: BiCosts, search: str = "exact") -> BiResult | None:
@@ -160,6 +173,108 @@ def _bsa_row(c: BiCosts, w: int, D: np.ndarray, link: np.ndarray, j1: int,
     arg = np.where(second[:, None], np.stack([a2, b2], axis=1),
                    np.where(first_ok[:, None], np.stack([a1, b1], axis=1), 0))
     return value, arg
+
+
+def solve_round(c: BiCosts) -> BiResult | None:
+    """Interleaved cuts (any cuts without split traffic, as `solve`) with the least round estimate
+    for all W workers of `c`; None if nothing fits memory. See the module docstring."""
+    steps = [_worker_steps(c, w) for w in range(c.W)]
+    best, best_latency, below = None, np.inf, np.inf
+    while (result := _least_fill_drain(c, steps, below)) is not None:
+        latency, _ = round_estimate(c, result)
+        if latency < best_latency:
+            best, best_latency = result, latency
+        send_back = send_back_seconds(c, result.forward, result.backward)
+        # Every plan not yet seen sends back less but fills and drains no faster than this one.
+        if send_back <= 0 or latency - send_back >= best_latency:
+            break
+        below = send_back
+    return best
+
+
+@functools.lru_cache(maxsize=16)
+def _allowed_ranges(n: int, interleaved_only: bool, equal_cuts: bool) -> tuple[np.ndarray, ...]:
+    """(i1, i2, j1, j2) of every worker range pair F [i1, j1), B [i2, j2) over n cuts that is not
+    empty, not reversed, interleaved (if asked) and equal (if asked), sorted by (i1, i2, j1, j2).
+    Listing only these (a sixth of the n^4 grid interleaved, n^2/2 with equal cuts) is what keeps
+    the round DP as fast as the bottleneck DP. Cached: read-only."""
+    if equal_cuts:
+        i, j = np.nonzero(np.triu(np.ones((n, n), dtype=bool), 1))
+        ranges = (i, i, j, j)
+    else:
+        i1, i2, j1, j2 = np.ix_(*(np.arange(n),) * 4)
+        allowed = (j1 >= i1) & (j2 >= i2) & ((j1 > i1) | (j2 > i2))
+        if interleaved_only:
+            allowed = allowed & (np.maximum(i1, i2) <= np.minimum(j1, j2))
+        ranges = np.nonzero(allowed)
+    for array in ranges:
+        array.flags.writeable = False
+    return tuple(ranges)
+
+
+def _worker_steps(c: BiCosts, w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Worker w's allowed range pairs within its memory budget, as (start cut pair i1*n + i2, end cut
+    pair j1*n + j2, seconds per micro-batch), sorted by start. Independent of the send-back bound,
+    so computed once per solve."""
+    n = c.L + 1
+    i1, i2, j1, j2 = _allowed_ranges(n, c.options.interleaved_only, c.options.equal_cuts)
+    fits = worker_memory(c, w, i1, j1, i2, j2) <= c.budget[w]
+    i1, i2, j1, j2 = i1[fits], i2[fits], j1[fits], j2[fits]
+    return i1 * n + i2, j1 * n + j2, worker_time(c, w, i1, j1, i2, j2)
+
+
+def _pair_step(c: BiCosts, w: int, below: float) -> np.ndarray:
+    """link[j1 * n + j2]: the transfer step between workers w and w+1 when w+1 starts at (j1, j2), as
+    `round_estimate` prices it (both directions on the pair's bandwidth); inf where that link's
+    weight send-back is not below `below`."""
+    n = c.L + 1
+    j1, j2 = (a.ravel() for a in np.meshgrid(np.arange(n), np.arange(n), indexing="ij"))
+    bw = c.bandwidth[w, w + 1]
+    link = forward_bytes(c, j1, j2) / bw + backward_bytes(c, j1, j2) / bw
+    return np.where(send_back_at(c, w + 1, j1, j2) < below, link, np.inf)
+
+
+def _step_then(e: np.ndarray, rest, M: int) -> np.ndarray:
+    """G of a step taking e seconds per micro-batch followed by steps worth `rest`: e + max((M-1) e,
+    rest), inf where e is (0 * inf would be NaN at M = 1, and argmin would pick it)."""
+    finite = np.isfinite(e)
+    e0 = np.where(finite, e, 0.0)
+    return np.where(finite, e0 + np.maximum((M - 1) * e0, rest), np.inf)
+
+
+def _least_fill_drain(c: BiCosts, steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+                      below: float) -> BiResult | None:
+    """The cuts with the least C (Eq. 4 without the send-back) among those whose every link sends
+    back less than `below`, by the tail-first recursion G_s = e_s + max((M-1) e_s, G_{s+1})."""
+    L, W, M = c.L, c.W, c.num_micro_batches
+    n = L + 1
+    # rest[j1 * n + j2]: least G of the steps after worker w, given worker w+1 starts at (j1, j2);
+    # past the last worker only (L, L) is allowed, with nothing after it.
+    rest = np.full(n * n, np.inf)
+    rest[L * n + L] = -np.inf
+    choice = np.zeros((W, n * n), dtype=np.int64)
+    for w in range(W - 1, -1, -1):
+        start, end, e = steps[w]
+        best = np.full(n * n, np.inf)
+        if len(start):
+            value = _step_then(e, rest[end], M)
+            first = np.flatnonzero(np.diff(start, prepend=-1))  # where each start pair's rows begin
+            least = np.minimum.reduceat(value, first)
+            # The first row reaching its group's least value (ties: smallest (j1, j2), as argmin).
+            group = np.repeat(np.arange(len(first)), np.diff(first, append=len(start)))
+            hits = np.flatnonzero(value == least[group])
+            chosen = hits[np.searchsorted(hits, first)]
+            best[start[first]], choice[w, start[first]] = least, end[chosen]
+        if w > 0:
+            rest = _step_then(_pair_step(c, w - 1, below), best, M)
+    if not np.isfinite(best[0]):
+        return None
+    forward, backward = [0], [0]
+    for w in range(W):
+        j1, j2 = divmod(int(choice[w, forward[-1] * n + backward[-1]]), n)
+        forward.append(j1)
+        backward.append(j2)
+    return evaluate(c, forward, backward)
 
 
 def exhaustive(c: BiCosts, *, interleaved_only: bool = True) -> BiResult | None:

@@ -2,18 +2,26 @@
 
 Each worker is one device running the forward of one contiguous layer range and the backward of
 another (docs/bipartition.md). For every device order we try (fastest first, memory first, the
-cluster file's) and every worker count W, the DP of `bipartition_dp` finds the cuts with the least
-per-micro-batch bottleneck; the plan kept is the one with the shortest estimated round (the
-bottleneck decides the steady state, W the fill and drain).
+cluster file's) and every worker count W, a search of `bipartition_dp` finds cuts, and the plan kept
+is the one with the shortest round estimate (`round_estimate`) under the strategy's model:
 
-- `bipartition`: exact DP on the cost model the runtime executes (split layers recomputed by their
-  backward owner, split traffic and weight send-back on the links, memory budgets);
-- `bipartition-bsa`: the same model, the paper's binary search for the backward cut (Alg. 2);
-- `bipartition-paper`: exact DP on the paper's own model (no recomputation, split traffic free);
-- `layerwise`: the same DP with equal cuts, the layer-wise special case (the paper's PipeDream
+- `bipartition`: the DP over the round estimate itself (`solve_round`) on the cost model the runtime
+  executes (split layers recomputed by their backward owner, split traffic and weight send-back on
+  the links, memory budgets): the least round estimate over interleaved cuts, per device order;
+- `bipartition-bsa`: the same model, the paper's binary search for the backward cut (Alg. 2), which
+  minimises the per-micro-batch bottleneck heuristically; its plan and the round-optimal equal-cut
+  plan are ranked by round estimate (a heuristic: docs/bipartition.md gives its measured gap);
+- `bipartition-paper`: the paper's method on the paper's compute model (no recomputation, split
+  traffic free; per-device uplinks): for each worker set the exact DP (`solve`) for the least
+  per-micro-batch bottleneck T(U) (Eq. 3) over interleaved cuts, as the paper does for its given
+  workers, and the same over equal cuts (its layer-wise baseline); of these two per worker set,
+  over every device order and W, the shortest round estimate under that model;
+- `layerwise`: `solve_round` with equal cuts, the layer-wise special case (the paper's PipeDream
   baseline without replication: one device per stage, transfers and memory priced).
 
-Every plan's prediction uses the runtime's model, so the three compare fairly with `pp` & co.
+Above `FINE_LAYERS` layers the search runs on super-layers and single cuts are then moved while the
+round estimate drops: exact over the coarse cut positions only. Every plan's prediction uses the
+runtime's model, so the four compare fairly with `pp` & co.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from hppctl.models.plan import HppPlan, PlanRequest, Prediction, StagePlan, Tran
 from hppctl.planner.asteroid import memory_order
 from hppctl.planner.bipartition import BiCosts, BiOptions, BiResult, coarsen_costs, costs_from_model, evaluate, \
     forward_bytes, refine, round_estimate
-from hppctl.planner.bipartition_dp import solve
+from hppctl.planner.bipartition_dp import solve, solve_round
 from hppctl.planner.cost import CostModel, StageChoice
 from hppctl.planner.registry import Candidate, strategy
 from hppctl.planner.strategies.dp import fastest_first
@@ -38,19 +46,24 @@ def device_orders(cm: CostModel) -> list[list[int]]:
     return orders
 
 
-def best_cuts(cm: CostModel, options: BiOptions, search: str = "exact") -> tuple[list[int], BiResult] | None:
-    """The best (device order prefix, cuts) under `options` (ranked by its round estimate), re-evaluated
-    on the runtime's model (which must fit memory too)."""
+def best_cuts(cm: CostModel, options: BiOptions, search: str = "round") -> tuple[list[int], BiResult] | None:
+    """The best (device order prefix, cuts) under `options` (`search` as in `solve_large`; ranked by
+    the round estimate under `options`), re-evaluated on the runtime's model (which must fit memory
+    too)."""
     best: tuple[float, list[int], BiResult] | None = None
     for order in device_orders(cm):
         for W in range(1, min(len(order), 2 * cm.num_layers) + 1):
             workers = order[:W]
             costs = costs_from_model(cm, workers, options, SCHEDULE)
-            # The DP breaks bottleneck ties arbitrarily; the layer-wise special case is a candidate
-            # too, so the plan is never worse than equal cuts under the round estimate.
-            layer_wise = costs.with_options(BiOptions(options.recompute, options.split_traffic, equal_cuts=True,
-                                                      uplink=options.uplink))
-            for result in (solve_large(costs, search), solve_large(layer_wise)):
+            candidates = [solve_large(costs, search)]
+            if search != "round" or costs.L > FINE_LAYERS:
+                # The best equal cuts are a candidate too (by the same objective): the bottleneck
+                # searches do not rank by the round, and above FINE_LAYERS the round search is exact
+                # over coarse cuts only.
+                layer_wise = costs.with_options(BiOptions(options.recompute, options.split_traffic, equal_cuts=True,
+                                                          uplink=options.uplink))
+                candidates.append(solve_large(layer_wise, "bottleneck" if search == "bottleneck" else "round"))
+            for result in candidates:
                 if result is None:
                     continue
                 runtime = evaluate(costs_from_model(cm, workers, BiOptions(), SCHEDULE), result.forward,
@@ -68,15 +81,25 @@ FINE_LAYERS = 32
 super-layers and the cuts are then polished layer by layer (`refine`)."""
 
 
-def solve_large(costs: BiCosts, search: str = "exact") -> BiResult | None:
+def solve_large(costs: BiCosts, search: str = "round") -> BiResult | None:
+    """"round": least round estimate (`solve_round`); "bottleneck": least bottleneck (the exact DP,
+    `solve`); "bsa": the paper's binary search on the bottleneck. Above FINE_LAYERS layers, on
+    super-layers and then refined on the same objective."""
+    if search not in ("round", "bottleneck", "bsa"):
+        raise ValueError(f"search must be 'round', 'bottleneck' or 'bsa', got {search!r}")
+    if search == "round":
+        search_cuts, objective = solve_round, lambda c, result: round_estimate(c, result)[0]
+    else:
+        exact = "bsa" if search == "bsa" else "exact"
+        search_cuts, objective = (lambda c: solve(c, exact)), (lambda c, result: result.bottleneck_s)
     if costs.L <= FINE_LAYERS:
-        return solve(costs, search)
+        return search_cuts(costs)
     coarse, cuts = coarsen_costs(costs, FINE_LAYERS)
-    result = solve(coarse, search)
+    result = search_cuts(coarse)
     if result is None:
         return None
     fine = evaluate(costs, [cuts[f] for f in result.forward], [cuts[b] for b in result.backward])
-    return refine(costs, fine)
+    return refine(costs, fine, objective=objective)
 
 
 def build_plan(cm: CostModel, workers: list[int], result: BiResult, request: PlanRequest, name: str,
@@ -120,6 +143,7 @@ def _forward_bytes(c: BiCosts, result: BiResult, w: int) -> float:
 
 
 def _candidate(cm: CostModel, options: BiOptions, search: str) -> Candidate | None:
+    """The strategy's plan; `search` as in `best_cuts`."""
     found = best_cuts(cm, options, search)
     if found is None:
         return None
@@ -129,21 +153,26 @@ def _candidate(cm: CostModel, options: BiOptions, search: str) -> Candidate | No
                      build_plan=lambda request, name, elapsed: build_plan(cm, workers, result, request, name, elapsed))
 
 
-@strategy("bipartition", "Bi-Partition: separate forward/backward cuts, exact DP, split layers recomputed and priced")
+@strategy("bipartition", "Bi-Partition: separate forward/backward cuts, exact DP over the round estimate, split layers "
+                         "recomputed and priced")
 def plan_bipartition(cm: CostModel) -> Candidate | None:
-    return _candidate(cm, BiOptions(), "exact")
+    return _candidate(cm, BiOptions(), "round")
 
 
-@strategy("bipartition-bsa", "Bi-Partition with the paper's binary search for the backward cut (Alg. 2)")
+@strategy("bipartition-bsa", "Bi-Partition with the paper's binary search for the backward cut (Alg. 2; a bottleneck "
+                             "heuristic)")
 def plan_bipartition_bsa(cm: CostModel) -> Candidate | None:
     return _candidate(cm, BiOptions(), "bsa")
 
 
-@strategy("bipartition-paper", "Bi-Partition on the paper's cost model (no recomputation, split traffic free)")
+@strategy("bipartition-paper", "Bi-Partition on the paper's cost model (no recomputation, split traffic free) and "
+                               "objective (least bottleneck per worker set)")
 def plan_bipartition_paper(cm: CostModel) -> Candidate | None:
-    return _candidate(cm, BiOptions(recompute=False, split_traffic=False), "exact")  # executable: interleaved
+    # The paper's objective, T(U) (Eq. 3), per worker set; interleaved cuts, so the plan is executable.
+    return _candidate(cm, BiOptions(recompute=False, split_traffic=False), "bottleneck")
 
 
-@strategy("layerwise", "Bi-Partition's DP with equal cuts: layer-wise stages, transfers and memory priced (PipeDream without replication)")
+@strategy("layerwise", "Bi-Partition's round DP with equal cuts: layer-wise stages, transfers and memory priced "
+                       "(PipeDream without replication)")
 def plan_layerwise(cm: CostModel) -> Candidate | None:
-    return _candidate(cm, BiOptions(equal_cuts=True), "exact")
+    return _candidate(cm, BiOptions(equal_cuts=True), "round")

@@ -17,7 +17,7 @@ from tests.psl.factories import heterogeneous_times, request_for
 
 AUTO_BOUND = 0.0
 """auto's documented gap to the optimum where its search finishes (J <= 8): none (docs/psl.md)."""
-SMALL = [(seed, 4) for seed in range(36)] + [(seed, 5) for seed in (0, 6)]
+SMALL = [(seed, 4) for seed in range(40)] + [(seed, 5) for seed in (0, 6)]
 
 
 @pytest.mark.parametrize("seed,clients", SMALL)
@@ -38,12 +38,12 @@ def test_auto_finds_the_optimum_of_small_instances(seed, clients):
 
 @pytest.mark.parametrize("seed,clients", [(38, 4), (3, 4), (8, 4), (1, 12), (4, 12)])
 def test_auto_is_never_worse_than_another_method(seed, clients):
-    """Every method's plan, run as the runtime runs it, is no better than auto's — also beyond the
-    search (12 clients: balanced-greedy and admm only)."""
+    """No plan of a method auto runs beats auto's, run as the runtime runs it — also beyond the search
+    (12 clients: balanced-greedy and admm). Where auto is optimal (4 clients) no method at all does."""
     times = heterogeneous_times(seed, clients, helpers=2)
     request = request_for(times)
     auto = run_makespan(plan_times(times, request, "auto"))
-    methods = ("balanced-greedy", "admm", "random-fcfs") + (("exact",) if clients <= 4 else ())
+    methods = ("balanced-greedy", "admm") + (("random-fcfs", "exact") if clients <= 4 else ())
     for method in methods:
         try:
             other = plan_times(times, request, method, time_limit_s=30)

@@ -11,6 +11,7 @@ import pytest
 from hppctl.errors import Infeasible
 from hppctl.planner.psl import plan_times
 from hppctl.planner.psl.instance import Instance
+from hppctl.planner.psl.search import search
 from hppctl.schedule.psl_sim import simulate_psl
 from tests.psl.brute import nonpreemptive_optimum, run_makespan
 from tests.psl.factories import heterogeneous_times, request_for
@@ -65,3 +66,23 @@ def test_auto_is_deterministic():
     first, second = (plan_times(times, request_for(times), "auto") for _ in range(2))
     strip = {"solver_time_s"}
     assert first.model_dump(exclude=strip) == second.model_dump(exclude=strip)
+
+
+@pytest.mark.parametrize("seed,clients,helpers", [(s, 4, 2) for s in range(40, 48)] + [(48, 4, 3), (49, 3, 3)])
+def test_search_alone_finds_the_optimum(seed, clients, helpers):
+    """Without an incumbent the branch and bound covers the whole space, bounds and memo included."""
+    q = Instance.from_times(heterogeneous_times(seed, clients, helpers))
+    optimum = nonpreemptive_optimum(q)
+    result = search(q)
+    assert result.complete
+    if optimum == float("inf"):
+        assert result.timeline is None
+    else:
+        assert result.timeline.makespan == pytest.approx(optimum)
+
+
+def test_search_stops_at_its_node_budget_and_says_so():
+    q = Instance.from_times(heterogeneous_times(0, 6, 2))
+    stopped, full = search(q, max_nodes=500), search(q)
+    assert not stopped.complete and stopped.nodes == 501
+    assert full.complete and stopped.timeline.makespan >= full.timeline.makespan  # the same search, cut short

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hppctl.planner.psl.instance import B, F, Instance, Piece, Timeline
+from hppctl.planner.psl.instance import F, Instance, Piece, Timeline
 
 Task = tuple[str, int]
 """(kind F | B, client index)."""
@@ -59,4 +59,4 @@ def as_run(instance: Instance, timeline: Timeline) -> Timeline:
     return ordered_timeline(instance, timeline.assignment, [completion_order(p) for p in timeline.pieces])
 
 
-__all__ = ["B", "F", "Task", "as_run", "completion_order", "helper_run", "ordered_timeline"]
+__all__ = ["Task", "as_run", "completion_order", "helper_run", "ordered_timeline"]

@@ -2,6 +2,7 @@
 
     python bench/psl_exhaustive.py                      # ~3 minutes on 2 cores; figures in docs/psl.md
     python bench/psl_exhaustive.py --instances 10 --clients 4
+    python bench/psl_exhaustive.py --search-only        # the search alone on 6-8 clients (seconds)
 
 Instances: tests/psl/factories.py's `heterogeneous_times` (2 helpers; random client, helper and
 per-pair link speeds, so all six times differ per helper; every third seed binds helper memory),
@@ -9,7 +10,8 @@ seeds 0 .. N-1 for each client count. Optimum: tests/psl/brute.py's `nonpreempti
 memory-feasible assignment x every order of each helper's whole tasks). Every plan is scored by
 `run_makespan`: whole tasks in the order the plan completes them, unrounded times — how
 `hppctl psl run` executes it. gap = plan / optimum - 1. admm and exact solve on the default slot
-grid (T_f ~ 100 slots), exact with the default 60 s limit.
+grid (T_f ~ 100 slots), exact with the default 60 s limit. Last, the search alone (no incumbent,
+auto's node budget) on larger instances: whether it finishes, its nodes and its time.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 from hppctl.errors import Infeasible  # noqa: E402
 from hppctl.planner.psl import plan_times  # noqa: E402
 from hppctl.planner.psl.instance import Instance  # noqa: E402
+from hppctl.planner.psl.search import MAX_NODES, search  # noqa: E402
 from tests.psl.brute import nonpreemptive_optimum, run_makespan  # noqa: E402
 from tests.psl.factories import heterogeneous_times, request_for  # noqa: E402
 
@@ -35,7 +38,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--instances", type=int, default=30, help="seeds per client count")
     parser.add_argument("--clients", type=int, nargs="+", default=[4, 5])
+    parser.add_argument("--search-only", action="store_true", help="only the search-alone section")
     args = parser.parse_args()
+    if not args.search_only:
+        compare_methods(args)
+    search_alone()
+
+
+def search_alone() -> None:
+    print(f"\n# the search alone (no incumbent), budget {MAX_NODES} nodes")
+    print("  J  I seed  complete    nodes  seconds")
+    for clients, helpers in ((6, 2), (7, 2), (8, 2), (6, 3), (8, 3)):
+        for seed in range(3):
+            started = time.perf_counter()
+            result = search(Instance.from_times(heterogeneous_times(seed, clients, helpers)))
+            print(f"{clients:>3} {helpers:>2} {seed:>4} {str(result.complete):>9} {result.nodes:>8} "
+                  f"{time.perf_counter() - started:>8.2f}", flush=True)
+
+
+def compare_methods(args) -> None:
     gaps: dict[str, list[float]] = {m: [] for m in METHODS}
     failed = {m: 0 for m in METHODS}
     slowest = {m: 0.0 for m in METHODS}

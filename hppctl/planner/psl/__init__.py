@@ -30,7 +30,8 @@ from hppctl.planner.psl.search import MAX_NODES as SEARCH_MAX_NODES, search
 from hppctl.planner.psl.sequence import as_run
 from hppctl.planner.psl.times import pair_times
 
-__all__ = ["AUTO_ADMM_MAX_CLIENTS", "AUTO_EXACT_MAX_CLIENTS", "AUTO_EXACT_MAX_HELPERS", "AUTO_SEARCH_MAX_CLIENTS", "DEFAULT_TARGET_SLOTS", "METHODS", "pair_times", "plan_psl", "plan_times"]
+__all__ = ["AUTO_ADMM_MAX_CLIENTS", "AUTO_EXACT_MAX_CLIENTS", "AUTO_EXACT_MAX_HELPERS", "AUTO_SEARCH_MAX_CLIENTS",
+           "DEFAULT_TARGET_SLOTS", "METHODS", "pair_times", "plan_psl", "plan_times"]
 
 AUTO_ADMM_MAX_CLIENTS = 50
 """auto runs the decomposition up to this many clients (paper §VII: ADMM for medium sizes, up to

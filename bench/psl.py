@@ -88,7 +88,7 @@ def _heterogeneous(profile: Profile, rng: np.random.Generator) -> Profile:
 def run(times: PslTimes, request: PslRequest, method: str, **options):
     """(plan, simulated makespan s, solver s) or None if the method finds the instance infeasible."""
     try:
-        plan = plan_times(times, request, method, evaluate=lambda p: simulate_psl(p).makespan_s, **options)
+        plan = plan_times(times, request, method, **options)
     except Infeasible:
         return None
     return plan, simulate_psl(plan).makespan_s, plan.solver_time_s

@@ -77,7 +77,7 @@ def plan_command(
         rows = _compare(times, request, options, simulate_psl)
         emit_json(rows) if as_json else _render_compare(rows)
         return
-    plan = plan_times(times, request, method, evaluate=lambda p: simulate_psl(p).makespan_s, **options)
+    plan = plan_times(times, request, method, **options)
     if out is not None:
         save(out, plan)
         note(f"wrote {out}")
@@ -155,7 +155,7 @@ def _compare(times, request, options, simulate_psl) -> list[dict]:
     rows = []
     for method in METHODS:
         try:
-            plan = plan_times(times, request, method, evaluate=lambda p: simulate_psl(p).makespan_s, **options)
+            plan = plan_times(times, request, method, **options)
         except Infeasible as e:
             rows.append({"method": method, "feasible": False, "error": str(e)})
             continue

@@ -260,7 +260,8 @@ class PslPlan(FrozenModel):
 
     format_version: Literal[1] = 1
     kind: Literal["psl"] = "psl"
-    method: Literal["balanced-greedy", "admm", "exact", "random-fcfs"]
+    method: Literal["balanced-greedy", "admm", "exact", "random-fcfs", "search"]
+    """What produced the plan; `search` only through `auto` (its exhaustive search of small instances)."""
     requested_method: Literal["auto", "balanced-greedy", "admm", "exact", "random-fcfs"]
     model: str
     granularity: Granularity

@@ -62,3 +62,70 @@ def optimum(q: Instance) -> float:
         value = max(helper_optimum(q, i, [int(j) for j in np.flatnonzero(a == i)]) for i in range(q.num_helpers))
         best = min(best, value)
     return best
+
+
+def _helper_best(q: Instance, i: int, clients: tuple) -> float:
+    """min over every order of helper i's whole tasks (F before B per client), each task as early as
+    possible. No pruning: each branch carries the helper's time, the F finishes and the worst
+    completion so far, so a leaf costs O(1)."""
+    r = {j: float(q.r[i, j]) for j in clients}
+    p = {j: float(q.p[i, j]) for j in clients}
+    gap = {j: float(q.l[i, j] + q.lp[i, j]) for j in clients}
+    pp = {j: float(q.pp[i, j]) for j in clients}
+    rp = {j: float(q.rp[i, j]) for j in clients}
+
+    def best(now: float, f_end: dict, f_left: frozenset, b_left: frozenset, worst: float) -> float:
+        if not f_left and not b_left:
+            return worst
+        result = np.inf
+        for j in f_left:
+            end = max(now, r[j]) + p[j]
+            result = min(result, best(end, {**f_end, j: end}, f_left - {j}, b_left | {j}, worst))
+        for j in b_left:
+            end = max(now, f_end[j] + gap[j]) + pp[j]
+            result = min(result, best(end, f_end, f_left, b_left - {j}, max(worst, end + rp[j])))
+        return result
+
+    return best(0.0, {}, frozenset(clients), frozenset(), 0.0)
+
+
+def _run(q: Instance, i: int, order) -> float:
+    """Makespan of helper i serving `order` whole, each task as early as its input and the helper allow."""
+    now, f_end, worst = 0.0, {}, 0.0
+    for kind, j in order:
+        if kind == "F":
+            now = f_end[j] = max(now, q.r[i, j]) + q.p[i, j]
+        else:
+            now = max(now, f_end[j] + q.l[i, j] + q.lp[i, j]) + q.pp[i, j]
+            worst = max(worst, now + q.rp[i, j])
+    return float(worst)
+
+
+def nonpreemptive_optimum(q: Instance) -> float:
+    """The best makespan the runtime can achieve (seconds, no preemption): every memory-feasible
+    assignment x every order of each helper's whole tasks, each task started as early as possible."""
+    @lru_cache(maxsize=None)
+    def helper(i: int, clients: tuple) -> float:
+        return _helper_best(q, i, clients)
+
+    best = np.inf
+    for assignment in itertools.product(range(q.num_helpers), repeat=q.num_clients):
+        a = np.array(assignment)
+        used = np.zeros(q.num_helpers, dtype=np.int64)
+        np.add.at(used, a, q.demand)
+        if (used > q.capacity).any():
+            continue
+        best = min(best, max(helper(i, tuple(int(j) for j in np.flatnonzero(a == i))) for i in range(q.num_helpers)))
+    return best
+
+
+def run_makespan(plan) -> float:
+    """A plan's makespan as the runtime runs it: each helper serves its tasks whole, in the order
+    their last piece appears in its sequence, with the plan's unrounded times."""
+    q = Instance.from_times(plan.times)
+    worst = 0.0
+    for i, h in enumerate(plan.helper_plans):
+        j = {c: k for k, c in enumerate(plan.clients)}
+        last = {(pc.kind, j[pc.client]): k for k, pc in enumerate(h.sequence)}
+        worst = max(worst, _run(q, i, sorted(last, key=last.__getitem__)))
+    return worst

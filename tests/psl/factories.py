@@ -72,3 +72,28 @@ def preset_times(kind: int, clients: int, helpers: int, seed: int, model: str = 
             devices.append(d.model_copy(update=update))
         profile = profile.model_copy(update={"devices": devices})
     return pair_times(profile, psl.request()), psl.request()
+
+
+def heterogeneous_times(seed: int, clients: int, helpers: int) -> PslTimes:
+    """Seconds, as `pair_times` composes them (docs/psl.md, The six times), with every device and
+    every client-helper link drawn at random: client compute speed, helper speed, link bandwidth
+    per pair, so r, l, l′ and r′ differ per helper too. Every third seed binds helper memory."""
+    rng = np.random.default_rng(seed)
+    client = rng.uniform(0.5, 3.0, size=(1, clients))                 # client seconds per unit of work
+    helper = rng.uniform(0.1, 2.0, size=(helpers, 1))                 # helper seconds per unit of work
+    link = rng.uniform(0.05, 2.0, size=(helpers, clients))            # seconds per unit of data
+    work1, work2, work3 = rng.uniform(0.2, 1.0, size=(3, 1, clients))  # part 1, 2, 3 forward work
+    up, down = rng.uniform(0.2, 1.0, size=(2, 1, clients))            # boundary data at σ1, σ2
+    r = client * work1 + link * up
+    p = helper * work2
+    l = link * down + client * work3
+    lp = 2 * client * work3 + link * down
+    pp = 2 * helper * work2
+    rp = link * up + 2 * client * work1
+    demand, capacity = None, None
+    if seed % 3 == 2:  # memory binds: each helper holds only some of the clients
+        demand = [int(d) for d in rng.integers(1, 4, size=clients) * GB]
+        capacity = [int(c) for c in rng.integers(3, 7, size=helpers) * GB]
+        while sum(capacity) < sum(demand):
+            capacity[0] += GB
+    return make_times(r, p, l, lp, pp, rp, demand=demand, capacity=capacity)

@@ -39,8 +39,8 @@ def test_plan_writes_a_plan_and_one_json_document(cli, spec, tmp_path):
     plan = load(out, PslPlan)
     assert doc["plan"] == plan.model_dump(mode="json")
     assert plan.clients == ["pi0", "pi1", "pi2", "nano0"] and plan.cuts[3] == [2, 14]
-    assert plan.requested_method == "auto" and plan.method in ("admm", "balanced-greedy")
-    assert 0 < doc["simulated_makespan_s"] <= plan.prediction.makespan_s + 1e-9
+    assert plan.requested_method == "auto" and plan.method in ("admm", "balanced-greedy", "search", "exact")
+    assert doc["simulated_makespan_s"] == pytest.approx(plan.prediction.makespan_s)  # auto predicts what runs
 
 
 def test_plan_table_for_people(cli, spec):

@@ -83,7 +83,7 @@ def load_data(dataset: str, model: str) -> Data:
     """The dataset named by `--dataset`, shaped for `model`; `BadInput` if it cannot be."""
     shape, dtype, classes = model_io(model)
     if dataset == "synthetic":
-        train = _synthetic(shape, dtype, classes)
+        train = _synthetic(shape, dtype, classes, _token_ids(model) if dtype == torch.long else 0)
         return Data("synthetic", train, None, classes)
     if dataset == "digits":
         train, test = _digits(shape, dtype, model)
@@ -93,11 +93,20 @@ def load_data(dataset: str, model: str) -> Data:
     raise BadInput(f"--dataset: unknown dataset {dataset!r} (synthetic, digits, or package.module:factory)")
 
 
-def _synthetic(shape: tuple[int, ...], dtype: torch.dtype, classes: int) -> Split:
+def _token_ids(model: str) -> int:
+    """Token ids synthetic samples draw from: the model's vocabulary, at most 1000 (a model with a
+    smaller one failed in its embedding when 0-999 were drawn whatever its size)."""
+    from hppctl.zoo import get_model
+    from hppctl.zoo.build import vocab_size
+
+    return min(1000, vocab_size(get_model(model)))
+
+
+def _synthetic(shape: tuple[int, ...], dtype: torch.dtype, classes: int, token_ids: int) -> Split:
     gen = torch.Generator().manual_seed(_DATA_SEED)
     if dtype == torch.long:
-        x = torch.randint(0, 1000, (SYNTHETIC_SAMPLES, *shape), generator=gen)
-        features = x.float() / 1000.0
+        x = torch.randint(0, token_ids, (SYNTHETIC_SAMPLES, *shape), generator=gen)
+        features = x.float() / token_ids
     else:
         x = torch.randn((SYNTHETIC_SAMPLES, *shape), generator=gen)
         features = x

@@ -92,12 +92,13 @@ def example_input(spec: ModelSpec, batch_size: int, *, device: str = "cpu", seed
         return torch.zeros(shape, dtype=dtype, device="meta")
     gen = torch.Generator().manual_seed(seed)
     if spec.input_kind == "tokens":
-        vocab = _vocab_size(spec)
+        vocab = vocab_size(spec)
         return torch.randint(0, vocab, shape, generator=gen).to(device)
     return torch.randn(shape, generator=gen).to(device)
 
 
-def _vocab_size(spec: ModelSpec) -> int:
+def vocab_size(spec: ModelSpec) -> int:
+    """How many token ids the model's embedding takes (token models only)."""
     if spec.hf_path is not None:
         import json
         from pathlib import Path

@@ -131,3 +131,18 @@ def test_every_family_runs_as_single_layer_stages(tmp_path, family):
             for start in range(model_info(name).layers.model_dump()[granularity]):
                 values = build_stage(model, granularity, start, start + 1)(*values)
             assert_close(values[0], expected)
+
+
+def test_synthetic_token_ids_stay_inside_the_vocabulary(bert_dir):
+    """`--dataset synthetic` drew token ids from 0-999 whatever the model's vocabulary: an `hf:` model
+    with 120 tokens failed in its embedding (IndexError: index out of range in self)."""
+    from hppctl.runtime.data import load_data
+
+    model = f"hf:{bert_dir}"
+    data = load_data("synthetic", model)
+    ids = data.train.inputs
+    assert int(ids.max()) < 120 and int(ids.min()) >= 0
+    whole = build_stage(get_model(model).build().eval(), "block", 0, model_info(model).layers.block)
+    out = whole(ids[:4])  # the whole model takes them
+    logits = out[0] if isinstance(out, tuple) else out
+    assert logits.shape == (4, data.num_classes)

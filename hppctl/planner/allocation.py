@@ -21,7 +21,11 @@ from hppctl.planner.cost import CostModel
 
 
 def block_size(micro_batch: int) -> int:
-    """Samples moved per offloading step: ~1/32 of B, at least 1 (the paper leaves it tunable)."""
+    """Samples moved per offloading step: max(1, floor(B / 32)), as docs/planner.md states.
+
+    The paper leaves the block size tunable and gives no value (notes §3.4); rounding down keeps
+    the steps fine-grained for micro-batches that are not multiples of 32.
+    """
     return max(1, micro_batch // 32)
 
 

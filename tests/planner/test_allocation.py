@@ -55,3 +55,16 @@ def test_vectorised_algorithm1_equals_reference(seed):
         for col, (i, j) in enumerate(zip(start, end)):
             expected = allocate(cm, list(range(n)), int(i), int(j), warmup)
             assert (list(got.samples[:, col]) if got.feasible[col] else None) == expected
+
+
+@pytest.mark.parametrize("micro_batch,block", [(1, 1), (31, 1), (32, 1), (63, 1), (64, 2), (100, 3), (255, 7)])
+def test_offloading_block_is_one_32nd_of_b_rounded_down(micro_batch, block):
+    # issue 24 item 7: the paper leaves the block size tunable (notes §3.4, no value); ours is
+    # max(1, floor(B / 32)) and docs/planner.md must say the same (it said ceil(B / 32))
+    from pathlib import Path
+
+    from hppctl.planner.allocation import block_size
+
+    assert block_size(micro_batch) == block
+    docs = (Path(__file__).resolve().parents[2] / "docs/planner.md").read_text()
+    assert "blocks of max(1, ⌊B/32⌋) samples" in docs and "⌈B/32⌉" not in docs

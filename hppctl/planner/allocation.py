@@ -20,6 +20,10 @@ import math
 from hppctl.planner.cost import CostModel
 
 
+# Phase 1 drops a device out once its cap is within this of its share (the vectorised twin uses it too).
+DROP_OUT_TOLERANCE = 1e-9
+
+
 def block_size(micro_batch: int) -> int:
     """Samples moved per offloading step: max(1, floor(B / 32)), as docs/planner.md states.
 
@@ -50,7 +54,7 @@ def memory_aware_balancing(cm: CostModel, devices: list[int], caps: list[int], s
             y[i] += add
             given += add
         remaining -= given
-        active = [i for i in active if caps[i] - y[i] > 1e-9]
+        active = [i for i in active if caps[i] - y[i] > DROP_OUT_TOLERANCE]
     return y
 
 

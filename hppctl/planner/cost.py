@@ -147,7 +147,7 @@ class CostModel:
     def _interp(self, device: int, prefix: list[list[float]], start: int, end: int, y: float) -> float:
         """Time of layers [start, end) at batch y: linear between grid points, proportional outside.
 
-        The arithmetic is exactly the vectorised `_interp` in asteroid.py, so both agree bit for bit.
+        The arithmetic is exactly `LayerTables.times` in vector_alloc.py, so both agree bit for bit.
         """
         return interpolate(self.grid, [row[end] - row[start] for row in prefix], y)
 

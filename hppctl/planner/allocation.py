@@ -20,8 +20,16 @@ import math
 from hppctl.planner.cost import CostModel
 
 
+# Phase 1 drops a device out once its cap is within this of its share (the vectorised twin uses it too).
+DROP_OUT_TOLERANCE = 1e-9
+
+
 def block_size(micro_batch: int) -> int:
-    """Samples moved per offloading step: ~1/32 of B, at least 1 (the paper leaves it tunable)."""
+    """Samples moved per offloading step: max(1, floor(B / 32)), as docs/planner.md states.
+
+    The paper leaves the block size tunable and gives no value (notes §3.4); rounding down keeps
+    the steps fine-grained for micro-batches that are not multiples of 32.
+    """
     return max(1, micro_batch // 32)
 
 
@@ -46,7 +54,7 @@ def memory_aware_balancing(cm: CostModel, devices: list[int], caps: list[int], s
             y[i] += add
             given += add
         remaining -= given
-        active = [i for i in active if caps[i] - y[i] > 1e-9]
+        active = [i for i in active if caps[i] - y[i] > DROP_OUT_TOLERANCE]
     return y
 
 

@@ -147,7 +147,7 @@ class CostModel:
     def _interp(self, device: int, prefix: list[list[float]], start: int, end: int, y: float) -> float:
         """Time of layers [start, end) at batch y: linear between grid points, proportional outside.
 
-        The arithmetic is exactly the vectorised `_interp` in asteroid.py, so both agree bit for bit.
+        The arithmetic is exactly `LayerTables.times` in vector_alloc.py, so both agree bit for bit.
         """
         return interpolate(self.grid, [row[end] - row[start] for row in prefix], y)
 
@@ -203,6 +203,7 @@ class CostModel:
     def steps(self, stages: list[StageChoice]) -> list[Step]:
         steps: list[Step] = []
         for p, stage in enumerate(stages):
+            check_stage(stage)
             steps.append(self.stage_step(stage))
             if p + 1 < len(stages):
                 t = self.transfer_time(stage.end, stage.devices, stages[p + 1].devices)
@@ -217,7 +218,20 @@ class CostModel:
             for p, s in enumerate(stages)
         )
         feasible = all(mem <= self.budget[d] for s, row in zip(stages, memory) for d, mem in zip(s.devices, row))
-        return Evaluation(tuple(steps), round_latency(steps, self.M), dominant_step(steps, self.M), memory, feasible)
+        latency = round_latency(steps, self.M)
+        if math.isnan(latency):  # NaN compares false both ways: it would corrupt every ranking downstream
+            raise ValueError(f"round latency is NaN for stages {stages} (steps {steps}); a planner bug")
+        return Evaluation(tuple(steps), latency, dominant_step(steps, self.M), memory, feasible)
+
+
+def check_stage(stage: StageChoice) -> None:
+    """A stage every strategy must produce: some devices, one sample count each.
+
+    A malformed stage is a planner bug; say so here rather than fail later as arithmetic
+    (DAPPLE's 0 * inf = NaN once came out as `max() arg is an empty sequence`).
+    """
+    if not stage.devices or len(stage.devices) != len(stage.samples):
+        raise ValueError(f"a planner produced a stage without devices or with misaligned samples: {stage}")
 
 
 def _prefix(values: list[float]) -> list[float]:

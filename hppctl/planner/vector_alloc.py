@@ -4,9 +4,11 @@ The DP asks for Algorithm 1 on every layer range [i, j) of every contiguous devi
 several warm-up depths K. Three things make that affordable:
 - all (i, j) pairs of one group are processed together as columns of (devices x pairs) arrays;
 - converged columns leave the offloading loop (compaction), so later iterations are cheap;
-- the result for K only differs from the memory-unconstrained one where some device's
-  allocation, at any moment of the run, exceeded that K's memory cap; only those columns
-  are recomputed under the cap (`GroupAllocator.for_warmup`).
+- the result for K only differs from the memory-unconstrained one where some device, at any
+  moment of the run, held more than that K's memory cap allows — an integer allocation that
+  offloading tried, or a fractional phase-1 share (even one that rounds down to the cap: the
+  capped run hands the excess to the others and can end elsewhere); only those columns are
+  recomputed under the cap (`GroupAllocator.for_warmup`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hppctl.planner.allocation import block_size
+from hppctl.planner.allocation import DROP_OUT_TOLERANCE, block_size
 from hppctl.planner.cost import CostModel
 
 
@@ -27,7 +29,7 @@ class Allocation:
     forward_s: np.ndarray  # (pairs,) E_f, slowest device
     backward_s: np.ndarray  # (pairs,) E_b
     feasible: np.ndarray  # (pairs,) bool
-    peak: np.ndarray  # (devices, pairs) largest allocation tried for each device
+    peak: np.ndarray  # (devices, pairs) float: the most Algorithm 1 gave each device (see `peak_demand`)
 
 
 class LayerTables:
@@ -62,8 +64,7 @@ class LayerTables:
         row_hi = (dev * n + hi) * self.width
         row_lo = (dev * n + lo) * self.width
         below, above = k == 0, k == n
-        with np.errstate(divide="ignore", invalid="ignore"):
-            frac = (y - g_lo) / (g_hi - g_lo)
+        offset, span = y - g_lo, g_hi - g_lo
         out = []
         specials = [(exact, None), (below, lambda t_hi, t_lo: t_hi * y / g_hi), (above, lambda t_hi, t_lo: t_lo * y / g_lo)]
         specials = [(mask, fn) for mask, fn in specials if mask.any()]
@@ -71,8 +72,10 @@ class LayerTables:
         for flat in (self.fwd, self.bwd):
             t_hi = flat.take(row_hi + end) - flat.take(row_hi + start)
             t_lo = flat.take(row_lo + end) - flat.take(row_lo + start)
-            with np.errstate(invalid="ignore"):  # inf * 0 in columns replaced just below
-                t = t_lo + (t_hi - t_lo) * frac
+            # the operations in `cost.interpolate`'s order ((dt * offset) / span, not dt * (offset / span)):
+            # a different rounding would make the DP's times differ from the reference's in the last bit
+            with np.errstate(divide="ignore", invalid="ignore"):  # span 0 or inf * 0: replaced just below
+                t = t_lo + (t_hi - t_lo) * offset / span
             for mask, fn in specials:
                 t = np.where(mask, t_hi if fn is None else fn(t_hi, t_lo), t)
             if empty.any():
@@ -113,9 +116,21 @@ def allocate_many(tables: LayerTables, devices: list[int], start: np.ndarray, en
     feasible &= ok
     y = _integerize(shares, B)
     fwd, bwd = tables.times(dev, s2, e2, y.astype(np.float64))
-    peak = y.copy()
+    peak = peak_demand(shares, y)
     _offload_stragglers(tables, dev, start, end, caps, y, fwd, bwd, peak, feasible, block_size(B))
     return Allocation(y, fwd.max(axis=0), bwd.max(axis=0), feasible, peak)
+
+
+def peak_demand(shares: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """What a cap must allow for Algorithm 1 to run as if uncapped, before offloading raises it.
+
+    A capped run of phase 1 takes the same steps as the uncapped one exactly when every device's
+    final share stays more than DROP_OUT_TOLERANCE below its cap (no `min` binds, no device drops
+    out early). Twice the tolerance is added so that the test `peak > cap` keeps that margin
+    despite rounding. The integer allocation y can exceed the share by the remainder sample.
+    Offloading raises the peak to every allocation it tries (`_offload_stragglers`).
+    """
+    return np.maximum(y.astype(np.float64), shares + 2 * DROP_OUT_TOLERANCE)
 
 
 def _balance(time_at_b: np.ndarray, caps: np.ndarray, B: int) -> tuple[np.ndarray, np.ndarray]:
@@ -140,7 +155,7 @@ def _balance(time_at_b: np.ndarray, caps: np.ndarray, B: int) -> tuple[np.ndarra
         add = np.where(active & todo, add, 0.0)
         shares += add
         remaining = np.where(todo, remaining - add.sum(axis=0), 0.0)
-        active &= caps - shares > 1e-9
+        active &= caps - shares > DROP_OUT_TOLERANCE
     return shares, ok & (remaining <= 1e-9)
 
 
@@ -203,7 +218,7 @@ class GroupAllocator:
         self.tables, self.devices, self.start, self.end = tables, devices, start, end
         g, n = len(devices), len(start)
         self.samples = np.zeros((g, n), dtype=np.int64)
-        self.peak = np.zeros((g, n), dtype=np.int64)
+        self.peak = np.zeros((g, n))
         self.forward_s, self.backward_s = np.zeros(n), np.zeros(n)
         self.feasible = np.zeros(n, dtype=bool)
         self.done = np.zeros(n, dtype=bool)
@@ -229,8 +244,10 @@ class GroupAllocator:
     def for_warmup(self, warmup: int, cols: np.ndarray | None = None, *, with_samples: bool = False) -> Allocation:
         """Algorithm 1 under K = `warmup` for columns `cols` (default: all), in that order.
 
-        Only columns where some device could exceed K's memory cap are recomputed; a cheap
-        1-D test (the whole micro-batch on the smallest device fits) clears most of them.
+        Only columns where some device's peak demand in the uncapped run (its phase-1 share or
+        an allocation offloading tried) exceeds K's memory cap are recomputed; the rest take
+        exactly the same steps under the cap. A cheap 1-D test (the whole micro-batch on the
+        smallest device fits) clears most columns first.
         """
         cols = np.arange(len(self.start)) if cols is None else cols
         self._ensure(cols)

@@ -17,6 +17,15 @@ from hppctl.planner.registry import Candidate, strategy
 from hppctl.planner.strategies.homogeneous import HomogeneousView, place_in_cluster_order
 
 
+def pipeline_fill(m: int, peak: np.ndarray) -> np.ndarray:
+    """(M - 1) * max_s T_s, the fill and drain of M micro-batches behind the slowest stage.
+
+    With one micro-batch there is no fill: the term is 0 even where `peak` is inf (a prefix no
+    stage reaches), where (M - 1) * peak would be 0 * inf = NaN, and NaN wins `np.argmin`.
+    """
+    return (m - 1) * peak if m > 1 else np.zeros_like(peak)
+
+
 def dapple_partition(view: HomogeneousView, m: int) -> list[tuple[int, int, int]]:
     """Best-scored (start, end, replicas) stages over exactly N devices; DP over (layers, devices) prefixes."""
     L, N = view.L, view.N
@@ -34,7 +43,7 @@ def dapple_partition(view: HomogeneousView, m: int) -> list[tuple[int, int, int]
                 ar = 2 * (r - 1) * view.weights(i, j) / (r * view.bandwidth)
                 cand_total, cand_peak = total[i, n - r] + t, np.maximum(peak[i, n - r], t)
                 cand_comm, cand_allr = comm[i, n - r] + link, np.maximum(allr[i, n - r], ar)
-                cand = (m - 1) * cand_peak + cand_total + cand_comm + cand_allr
+                cand = pipeline_fill(m, cand_peak) + cand_total + cand_comm + cand_allr
                 k = int(np.argmin(cand))
                 if cand[k] < score[j, n]:
                     score[j, n], total[j, n], peak[j, n] = cand[k], cand_total[k], cand_peak[k]

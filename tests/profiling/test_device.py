@@ -108,7 +108,8 @@ def test_peak_rss_reset_and_read():
     # the process grew by 120 kB between the read and the reset.) The peak is reset first: in a whole
     # suite run, earlier tests left this process's peak far above anything the spike adds. The spike
     # is its own mapping: a malloc'd block can reuse heap pages already resident (after something set
-    # M_MMAP_THRESHOLD) and add nothing to the peak (failed once so in a whole suite run).
+    # M_MMAP_THRESHOLD, as hppctl/allocator.py does for any in-process `run`) and add nothing to the
+    # peak (failed once so in a whole suite run, after the fuzz suite ran commands in-process).
     if not device.reset_peak_rss():  # a kernel without clear_refs: only the reading is checked
         current, peak = device.rss_bytes()
         assert 0 < current <= peak

@@ -4,17 +4,11 @@ lab needed): 127.0.0.2 plays another address. No wall-clock assertions."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 
 from hppctl.lab import probe
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.hostile_peers import connect_from, free_port, ping_until_closed
 
 
 def in_thread(fn, *args):
@@ -22,20 +16,6 @@ def in_thread(fn, *args):
     thread = threading.Thread(target=lambda: out.append(fn(*args)), daemon=True)
     thread.start()
     return out, thread
-
-
-def connect_from(source: str, port: int) -> socket.socket:
-    for _ in range(100):  # until the server listens
-        s = socket.socket()
-        s.bind((source, 0))
-        s.settimeout(5)
-        try:
-            s.connect(("127.0.0.1", port))
-            return s
-        except ConnectionRefusedError:
-            s.close()
-            time.sleep(0.05)
-    raise AssertionError("the server never listened")
 
 
 def test_recv_refuses_a_stranger_that_connects_first_and_measures_the_sender(capsys):
@@ -55,16 +35,8 @@ def test_recv_refuses_a_stranger_that_connects_first_and_measures_the_sender(cap
 def test_echo_answers_the_pings_it_was_told_of_and_no_more():
     port = free_port()
     out, thread = in_thread(probe.echo, "127.0.0.1", "127.0.0.1", port, 3, 5.0)
-    answered = 0
     with connect_from("127.0.0.1", port) as conn:
-        try:
-            while answered < 10_000:  # a pinger that never stops
-                conn.sendall(b"p")
-                if not conn.recv(64):
-                    break
-                answered += 1
-        except OSError:
-            pass
+        answered = ping_until_closed(conn)
     thread.join(20)
     assert out[0]["echoed"] == 4 and out[0]["refused"] == 0 and answered == 4
 

@@ -14,14 +14,9 @@ import pytest
 from hppctl.profiling import netprobe, parse
 from hppctl.profiling.remote import DeviceFailure, LocalEndpoint
 from hppctl.models.cluster import ClusterSpec
+from tests.hostile_peers import connect_from, free_port, ping_until_closed
 
 TOKEN = "0123456789abcdef0123456789abcdef"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve(**args):
@@ -41,14 +36,6 @@ def serve(**args):
     thread = threading.Thread(target=drain, daemon=True)
     thread.start()
     return served, errors, thread
-
-
-def connect_from(source: str, port: int) -> socket.socket:
-    s = socket.socket()
-    s.bind((source, 0))
-    s.settimeout(5)
-    s.connect(("127.0.0.1", port))
-    return s
 
 
 def test_a_stranger_connecting_first_is_refused_and_the_prober_measures():
@@ -134,17 +121,8 @@ def test_echo_ends_after_the_round_trips_it_was_told_of():
     with netprobe_connect(port) as conn:
         while conn.recv(1 << 16):
             pass
-    answered = 0
     with netprobe_connect(port) as conn:
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            while answered < 10_000:  # a hostile pinger that never stops
-                conn.sendall(b"p")
-                if not conn.recv(64):
-                    break
-                answered += 1
-        except OSError:
-            pass
+        answered = ping_until_closed(conn)
     thread.join(20)
     assert not thread.is_alive() and not errors, errors
     assert served[2]["echoed"] == answered == 6  # count + the warm-up, then the server closes

@@ -276,8 +276,9 @@ def _profile_device(ctx: _Context, spec: DeviceSpec, endpoint) -> DeviceProfile:
         _run_train_probe(ctx, spec, endpoint, identity, cache, todo, budget)
     profile = _device_from_cache(ctx, spec, identity, cache, budget, device_fingerprint)
     suspect, problems = implausible_batch_sizes(profile), implausible_steps(profile)
-    if suspect and not ctx.interrupted:
-        # once, these batch sizes only: a burst of other work on the machine is the usual cause
+    if suspect and todo and not ctx.interrupted:
+        # once, these batch sizes only, and only in a run that measured (times from the cache were
+        # measured again when they were taken): a burst of other work is the usual cause
         observer.device_phase(name, f"implausible times at batch sizes {', '.join(map(str, suspect))}: measuring again")
         for b in suspect:
             cache.forget_passes(b)

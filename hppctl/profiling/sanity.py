@@ -26,6 +26,8 @@ RISE_FACTOR = 4.0
 FALL_FACTOR = 0.75
 """A whole step at a larger batch taking less than this fraction of one at a smaller batch is
 implausible (the margin absorbs the 20–40% noise of a shared machine at tiny batches)."""
+SHOWN_PROBLEMS = 2
+"""Phrases a warning line names (the rest are counted): it stays one line on a noisy machine."""
 
 
 def step_seconds(device: DeviceProfile, index: int) -> float:
@@ -67,8 +69,10 @@ def timing_warning(device: DeviceProfile) -> str | None:
         return None
     sizes = implausible_batch_sizes(device)
     times = ", ".join(f"{step_seconds(device, device.batch_sizes.index(b)) / b * 1e3:.3g} @{b}" for b in sizes)
+    shown = "; ".join(problems[:SHOWN_PROBLEMS]) + (f"; {len(problems) - SHOWN_PROBLEMS} more"
+                                                     if len(problems) > SHOWN_PROBLEMS else "")
     return (f"device {device.name}: implausible training times at batch sizes {', '.join(map(str, sizes))} "
-            f"(ms/sample {times}: {'; '.join(problems)}); measure it again (hppctl profile --force) before "
+            f"(ms/sample {times}: {shown}); measure it again (hppctl profile --force) before "
             f"trusting plans at these batch sizes")
 
 

@@ -105,3 +105,12 @@ def test_implausible_times_are_measured_again_once_then_marked(tmp_path, glitche
     d = run.profile.devices[0]
     assert bool(timing_warnings(run.profile)) is marked
     assert any("implausible training times" in n for n in d.measurement.notes) is marked
+
+
+def test_times_from_the_cache_are_marked_not_measured_again(tmp_path):
+    devices = {"a": FakeDevice(slow_batch=4, slow_runs=2)}
+    measure(local_cluster("a"), devices, tmp_path)
+    calls = len(devices["a"].calls)
+    again = measure(local_cluster("a"), devices, tmp_path)  # everything cached
+    assert [k for k, _ in devices["a"].calls[calls:]] == ["identify"]
+    assert len(timing_warnings(again.profile)) == 1

@@ -26,6 +26,9 @@ RISE_FACTOR = 4.0
 FALL_FACTOR = 0.75
 """A whole step at a larger batch taking less than this fraction of one at a smaller batch is
 implausible (the margin absorbs the 20–40% noise of a shared machine at tiny batches)."""
+STEP_MISMATCH = 4.0
+"""A measured device's layer times summing to more than this many times a whole training step timed
+in the same rounds, or less than its inverse, are implausible."""
 SHOWN_PROBLEMS = 2
 """Phrases a warning line names (the rest are counted): it stays one line on a noisy machine."""
 
@@ -36,18 +39,23 @@ def step_seconds(device: DeviceProfile, index: int) -> float:
 
 
 def implausible_steps(device: DeviceProfile) -> list[str]:
-    """What is implausible between adjacent batch sizes of `device`, one phrase each (empty: nothing)."""
-    return [p for i in range(len(device.batch_sizes) - 1) for p in _between(device, i)]
+    """What is implausible in `device`'s times, one phrase each (empty: nothing)."""
+    return [phrase for _, phrase in _findings(device)]
 
 
 def implausible_batch_sizes(device: DeviceProfile) -> list[int]:
     """The batch sizes the phrases of `implausible_steps` involve, in order."""
-    sizes = {b for i in range(len(device.batch_sizes) - 1) if _between(device, i)
-             for b in device.batch_sizes[i:i + 2]}
-    return sorted(sizes)
+    return sorted({b for sizes, _ in _findings(device) for b in sizes})
 
 
-def _between(device: DeviceProfile, i: int) -> list[str]:
+def _findings(device: DeviceProfile) -> list[tuple[tuple[int, ...], str]]:
+    """(batch sizes, phrase) of every implausible thing: between adjacent batch sizes, then against
+    the whole steps the probe timed."""
+    found = [f for i in range(len(device.batch_sizes) - 1) for f in _between(device, i)]
+    return found + _against_whole_steps(device)
+
+
+def _between(device: DeviceProfile, i: int) -> list[tuple[tuple[int, ...], str]]:
     """What is implausible between batch sizes i and i + 1."""
     small, large = device.batch_sizes[i], device.batch_sizes[i + 1]
     before, after = step_seconds(device, i), step_seconds(device, i + 1)
@@ -56,9 +64,22 @@ def _between(device: DeviceProfile, i: int) -> list[str]:
     found = []
     rise = (after / large) / (before / small)
     if rise > RISE_FACTOR:
-        found.append(f"time per sample rises {rise:.0f}x from batch {small} to {large}")
+        found.append(((small, large), f"time per sample rises {rise:.0f}x from batch {small} to {large}"))
     if after < FALL_FACTOR * before:
-        found.append(f"a step at batch {large} takes {after / before:.2f} of one at {small}")
+        found.append(((small, large), f"a step at batch {large} takes {after / before:.2f} of one at {small}"))
+    return found
+
+
+def _against_whole_steps(device: DeviceProfile) -> list[tuple[tuple[int, ...], str]]:
+    """Measured devices: the layer sum against the whole training steps timed in the same rounds
+    (`train_step_s`; within 15% on a quiet machine, docs/profiling.md)."""
+    if not device.train_step_s:
+        return []
+    found = []
+    for i, (b, whole) in enumerate(zip(device.batch_sizes, device.train_step_s)):
+        layers = step_seconds(device, i)
+        if whole > 0 and layers > 0 and not 1 / STEP_MISMATCH <= layers / whole <= STEP_MISMATCH:
+            found.append(((b,), f"the layers sum to {layers / whole:.3g}x a whole step at batch {b}"))
     return found
 
 

@@ -114,3 +114,17 @@ def test_times_from_the_cache_are_marked_not_measured_again(tmp_path):
     again = measure(local_cluster("a"), devices, tmp_path)  # everything cached
     assert [k for k, _ in devices["a"].calls[calls:]] == ["identify"]
     assert len(timing_warnings(again.profile)) == 1
+
+
+def test_layer_times_far_above_the_whole_steps_timed_with_them_are_implausible():
+    """What this machine measured under load: smooth-looking layer sums can still be hundreds of
+    times the whole steps the probe timed in the same rounds."""
+    profile = make_profile(layers=4, speeds=(1.0, 2.0), grid=[1, 16, 256])
+    d = profile.devices[0]
+    sums = [sum(f[i] + b[i] for f, b in zip(d.forward_s, d.backward_s)) for i in range(3)]
+    fine = d.model_copy(update={"train_step_s": [s * 1.1 for s in sums]})
+    assert implausible_batch_sizes(fine) == []
+    off = d.model_copy(update={"train_step_s": [sums[0], sums[1] / 10, sums[2]]})
+    assert implausible_batch_sizes(off) == [16]
+    assert "the layers sum to 10x a whole step at batch 16" in timing_warnings(
+        profile.model_copy(update={"devices": [off, *profile.devices[1:]]}))[0]

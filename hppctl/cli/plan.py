@@ -74,6 +74,9 @@ def plan_command(
     for missing in prof.missing_devices:  # a profile a failed `hppctl profile` run wrote
         note(f"note: {profile} has no measurement of {missing.name} ({missing.reason}); planning on the "
              f"{len(prof.devices)} devices it has")
+    from hppctl.profiling.sanity import timing_warnings
+    for line in timing_warnings(prof):  # a profile written before the check, or edited
+        note(f"warning: {line}")
     if existing is not None:
         plan = load(existing, HppPlan)
         check_plan_matches(plan, prof, str(existing), str(profile))

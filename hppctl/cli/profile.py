@@ -181,6 +181,7 @@ def profile_command(
                 f"{n} batch {','.join(map(str, b))}" for n, b in reused.items()))
         if profile is None:
             raise RuntimeFailure("no device could be profiled: " + "; ".join(f"{k}: {v}" for k, v in failures.items()))
+    warn_implausible_times(profile)
     if out is None:
         emit_json(profile.model_dump(mode="json"))
     else:
@@ -192,6 +193,14 @@ def profile_command(
         emit_json(summary) if as_json else _render(profile, summary)
     if failures:
         raise RuntimeFailure(failure_line(failures, out if profile.missing_devices else None))
+
+
+def warn_implausible_times(profile: Profile) -> None:
+    """One `warning:` line per device whose times are implausible (profiling/sanity.py)."""
+    from hppctl.profiling.sanity import timing_warnings
+
+    for line in timing_warnings(profile):
+        note(f"warning: {line}")
 
 
 def failure_line(failures: dict[str, str], out: Path | None) -> str:

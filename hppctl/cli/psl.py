@@ -374,7 +374,7 @@ def train_psl(plan: PslPlan, cluster, options, data, *, metrics=None, save_model
     state = result.client_model(plan.clients[0])  # every client holds the same model after FedAvg
     summary["test_accuracy"] = accuracy(plan.model, state, data.test) if data.test is not None else None
     if save_model is not None:
-        write_model(state, save_model)
+        write_model(plan.model, state, save_model)
     summary.update(saved_model=str(save_model) if save_model else None, metrics=str(metrics) if metrics else None)
     return summary
 

@@ -283,7 +283,7 @@ def train(plan, cluster, options, data, *, checkpoint_dir=None, resume=False, me
     if bn_recalibrate:
         state, recalibration = _recalibrate(plan, options, data, state, bn_recalibrate)
     if save_model is not None:
-        write_model(state, save_model)
+        write_model(plan.model, state, save_model)
     if trace is not None and result.trace is not None:
         write_text_atomic(trace, json.dumps(result.trace) + "\n")
     test_accuracy = accuracy(plan.model, state, data.test) if data.test is not None else None

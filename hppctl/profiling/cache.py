@@ -73,6 +73,10 @@ class MeasurementCache:
         size = int(record["batch_size"])
         self._write(f"passes-{size}.json", self.passes(size) + [record])
 
+    def forget_passes(self, size: int) -> None:
+        """Drop the timed passes of `size` (they are measured again); its memory record stays."""
+        self._write(f"passes-{size}.json", [])
+
     def complete(self, size: int, repeats: int) -> bool:
         return self.memory(size) is not None and len(self.passes(size)) >= repeats
 

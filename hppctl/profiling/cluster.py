@@ -42,6 +42,7 @@ from hppctl.profiling.records import Identity, Memory, Pass
 from hppctl.profiling.fleet import prepare, run_lanes
 from hppctl.profiling.links import link_text, measure_link, merge_links
 from hppctl.profiling.remote import DeviceFailure, endpoint_for
+from hppctl.profiling.sanity import implausible_batch_sizes, implausible_steps, share_machine_memory, timing_warning
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,6 +164,7 @@ def profile_cluster(cluster: ClusterSpec, model: str, *, granularity: str = "fin
         ctx.parts = _block_parts(model, ctx.layers)
     endpoints: dict[str, Any] = {}
     results = _measure_devices(ctx, measured_specs, endpoints, endpoint_factory)
+    results = _shared_memory(ctx, measured_specs, results)
     try:
         devices: list[DeviceProfile] = []
         for spec in cluster.devices:
@@ -228,6 +230,20 @@ def _measure_devices(ctx: _Context, specs: list[DeviceSpec], endpoints: dict[str
     return results
 
 
+def _shared_memory(ctx: _Context, specs: list[DeviceSpec], results: dict[str, DeviceProfile]) -> dict[str, DeviceProfile]:
+    """Devices on one machine share its memory (sanity.share_machine_memory): the `local:` devices
+    (this machine), and `host:` devices reached at the same address that report the same hostname."""
+    machine_of = {}
+    for spec in specs:
+        device = results.get(spec.name)
+        if device is None or device.measurement is None:
+            continue
+        machine_of[spec.name] = "this machine" if spec.local else f"{spec.host} ({device.measurement.hostname})"
+    shared, notes = share_machine_memory(list(results.values()), machine_of)
+    ctx.run.notes.extend(notes)
+    return {d.name: d for d in shared}
+
+
 def _fail(ctx: _Context, name: str, reason: str) -> None:
     with ctx.lock:
         ctx.run.failures[name] = reason
@@ -258,7 +274,29 @@ def _profile_device(ctx: _Context, spec: DeviceSpec, endpoint) -> DeviceProfile:
         ctx.run.measured[name] = []
     if todo:
         _run_train_probe(ctx, spec, endpoint, identity, cache, todo, budget)
-    return _device_from_cache(ctx, spec, identity, cache, budget, device_fingerprint)
+    profile = _device_from_cache(ctx, spec, identity, cache, budget, device_fingerprint)
+    suspect, problems = implausible_batch_sizes(profile), implausible_steps(profile)
+    if suspect and todo and not ctx.interrupted:
+        # once, these batch sizes only, and only in a run that measured (times from the cache were
+        # measured again when they were taken): a burst of other work is the usual cause
+        observer.device_phase(name, f"implausible times at batch sizes {', '.join(map(str, suspect))}: measuring again")
+        for b in suspect:
+            cache.forget_passes(b)
+        _run_train_probe(ctx, spec, endpoint, identity, cache, suspect, budget)
+        profile = _device_from_cache(ctx, spec, identity, cache, budget, device_fingerprint)
+        with ctx.lock:
+            ctx.run.notes.append(f"{name}: batch sizes {', '.join(map(str, suspect))} measured again "
+                                 f"({'; '.join(problems)})")
+    return _marked_if_implausible(profile)
+
+
+def _marked_if_implausible(profile: DeviceProfile) -> DeviceProfile:
+    """The profile with its timing warning (sanity.py) among its measurement notes, if it has one."""
+    warning = timing_warning(profile)
+    if warning is None or profile.measurement is None:
+        return profile
+    info = profile.measurement
+    return profile.model_copy(update={"measurement": info.model_copy(update={"notes": [*info.notes, warning]})})
 
 
 def _identity_record(endpoint, settings: ProbeSettings) -> dict[str, Any]:

@@ -7,6 +7,12 @@ users load it without hppctl:
     from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
     net = MobileNetV2ForImageClassification(config)      # the config `hppctl models mobilenetv2` describes
     net.load_state_dict(torch.load("model.pt"))
+
+Only the model's own state is kept: its parameters and persistent buffers, the names of its
+`state_dict()`. The run's stages are `torch.fx` modules that hold every buffer as persistent, so
+their joined state also carries the buffers a model registers with `persistent=False` (BERT's
+`position_ids` and `token_type_ids`); those are constants the model rebuilds itself, and a strict
+`load_state_dict` of the model refuses them.
 """
 
 from __future__ import annotations
@@ -23,11 +29,31 @@ def own_names(state: dict) -> dict:
     return {k.removeprefix(WRAPPER_PREFIX): v for k, v in state.items()}
 
 
-def save_model(state: dict, path: str | Path) -> None:
+def state_names(module) -> list[str]:
+    """The names `module.load_state_dict` expects: its parameters and persistent buffers."""
+    return list(module.state_dict(keep_vars=True))
+
+
+def persistent_state(module, state: dict) -> dict:
+    """`state` restricted to `module`'s own state names (non-persistent buffers and anything else
+    dropped); a name the module expects and `state` lacks is an error, as in a strict load."""
+    names = state_names(module)
+    missing = [k for k in names if k not in state]
+    if missing:
+        raise ValueError(f"the trained state lacks {len(missing)} of the model's tensors: "
+                         f"{', '.join(missing[:5])}{' …' if len(missing) > 5 else ''}")
+    return {k: state[k] for k in names}
+
+
+def save_model(model: str, state: dict, path: str | Path) -> None:
+    """Write the model's own state (see above) of the joined run `state` to `path`."""
     import torch
 
+    from hppctl.zoo import get_model
+
+    meta = get_model(model).build(device="meta")  # only the names: no memory
     buf = io.BytesIO()
-    torch.save(own_names(state), buf)
+    torch.save(own_names(persistent_state(meta, state)), buf)
     write_bytes_atomic(path, buf.getvalue())  # refuses a device or symlink at `path`
 
 
@@ -36,7 +62,7 @@ def build_trained(model: str, state: dict):
     from hppctl.zoo import get_model
 
     module = get_model(model).build()
-    module.load_state_dict(state)
+    module.load_state_dict(persistent_state(module, state))
     return module.eval()
 
 

@@ -28,6 +28,9 @@ class FakeDevice:
     memory_limit: int | None = 2 * 10**9
     link_failure: str | None = None
     """Reason its link server fails with (e.g. it saw only strangers)."""
+    slow_batch: int | None = None
+    """Batch size whose passes take 100x longer in the first `slow_runs` train probes (other work)."""
+    slow_runs: int = 0
 
 
 class FakeRunning:
@@ -102,6 +105,8 @@ class FakeEndpoint:
         emit({"type": "setup", "layers": self.device.layers, "threads": args["threads"], "clock": "cpu",
               "runtime_bytes": 4 * 10**8, "model_bytes": 10**6, "param_bytes": 10**6, "setup_s": 1.0})
         sizes = sorted(args["batch_sizes"])
+        self.device.train_runs = getattr(self.device, "train_runs", 0) + 1
+        slow = self.device.slow_batch if self.device.train_runs <= self.device.slow_runs else None
         for b in sizes:
             emit({"type": "progress", "batch_size": b, "phase": "memory", "done": 0, "total": len(sizes)})
             if self.device.killed_at is not None and b >= self.device.killed_at:
@@ -116,7 +121,7 @@ class FakeEndpoint:
                     continue
                 if self.device.die_after_passes is not None and passes >= self.device.die_after_passes:
                     raise DeviceFailure("probe 'train' exited with -1: connection lost", records)
-                cpu = 0.001 * b
+                cpu = 0.001 * b * (100 if b == slow else 1)
                 emit({"type": "pass", "batch_size": b,
                       "forward": [cpu * (i + 1) / 10 for i in range(self.device.layers)],
                       "backward": [2 * cpu * (i + 1) / 10 for i in range(self.device.layers)],

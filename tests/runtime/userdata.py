@@ -49,3 +49,22 @@ class SlowFeatures(Features):
 
 def slow_features():
     return SlowFeatures()
+
+
+class Tokens(Dataset):
+    """`count` sequences of 16 token ids below 100; label = whether the first id is even (for tiny-bert
+    and small `hf:` BERTs: 2 classes, sequences of 16)."""
+
+    def __init__(self, count: int, offset: int) -> None:
+        self.count, self.offset = count, offset
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int):
+        ids = (torch.arange(16) * 7 + 3 * (i + self.offset)) % 100
+        return ids, int(ids[0]) % 2
+
+
+def tokens():
+    return Tokens(64, 0), Tokens(24, 64)

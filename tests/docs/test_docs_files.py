@@ -1,0 +1,29 @@
+"""Issue 25 item 1: the docs' quick-start commands name input files that exist in the repository
+(docs/lab.md cited env-d-lab.yaml, docs/psl.md psl.yaml; both are in examples/ now)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.docs.commands import REPO, commands
+from tests.docs.test_help_examples import files_named
+
+
+def block_after(doc: str, heading: str) -> list[str]:
+    text = (REPO / "docs" / doc).read_text()
+    block = re.search(r"```(?:bash)?\n(.*?)```", text[text.index(heading):], re.S)
+    return [line for line in block.group(1).splitlines() if line.startswith("hppctl ")]
+
+
+@pytest.mark.parametrize("doc, heading", [("lab.md", "## Quick start"), ("psl.md", "## Commands")])
+def test_quick_start_commands_name_files_that_exist(doc, heading):
+    lines = block_after(doc, heading)
+    assert lines
+    for line in lines:
+        for argv in commands(re.sub(r"\[[^]]*\]", "", line)):
+            inputs, outputs = files_named(argv)
+            assert all(o.startswith("out/") for o in outputs), (line, outputs)
+            missing = [name for name in inputs if not name.startswith("out/") and not (REPO / name).exists()]
+            assert not missing, f"docs/{doc}: {line}: {missing}"

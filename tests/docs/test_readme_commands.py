@@ -12,6 +12,8 @@ from tests.docs.commands import REPO, commands, hppctl, readme_block
 LAB = "the lab lines need root and build network namespaces: the lab tier (tests/lab) covers `hppctl lab`"
 
 
+@pytest.mark.slow
+@pytest.mark.gloo
 def test_everyday_use_runs_as_written_in_order(tmp_path):
     root = tmp_path / "repo"
     for name in ("examples", "profiles"):

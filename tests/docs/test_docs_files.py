@@ -1,5 +1,6 @@
-"""Issue 25 item 1: the docs' quick-start commands name input files that exist in the repository
-(docs/lab.md cited env-d-lab.yaml, docs/psl.md psl.yaml; both are in examples/ now)."""
+"""Issue 25 item 1: the docs' first command blocks name input files that exist in the repository
+(examples/, profiles/, plans/) and write under out/ (docs/lab.md cited env-d-lab.yaml, docs/psl.md
+psl.yaml, others P.yaml, C.yaml, prof.json)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,11 @@ def block_after(doc: str, heading: str) -> list[str]:
     return [line for line in block.group(1).splitlines() if line.startswith("hppctl ")]
 
 
-@pytest.mark.parametrize("doc, heading", [("lab.md", "## Quick start"), ("psl.md", "## Commands")])
+@pytest.mark.parametrize("doc, heading", [
+    ("lab.md", "## Quick start"), ("psl.md", "## Commands"), ("galaxy.md", "## Commands"),
+    ("simulator.md", "# Simulator"), ("schedule.md", "# Schedules"), ("timeprest.md", "# TiMePReSt"),
+    ("runtime.md", "# The training runtime"), ("fault-tolerance.md", "# Fault tolerance"),
+])
 def test_quick_start_commands_name_files_that_exist(doc, heading):
     lines = block_after(doc, heading)
     assert lines

@@ -22,6 +22,7 @@ def block_after(doc: str, heading: str) -> list[str]:
     ("lab.md", "## Quick start"), ("psl.md", "## Commands"), ("galaxy.md", "## Commands"),
     ("simulator.md", "# Simulator"), ("schedule.md", "# Schedules"), ("timeprest.md", "# TiMePReSt"),
     ("runtime.md", "# The training runtime"), ("fault-tolerance.md", "# Fault tolerance"),
+    ("profiling.md", "## End to end"),
 ])
 def test_quick_start_commands_name_files_that_exist(doc, heading):
     lines = block_after(doc, heading)

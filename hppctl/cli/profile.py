@@ -37,7 +37,7 @@ Examples:
   hppctl profile --cluster out/env-d.yaml --model mobilenetv2 --out out/env-d.json --force --repeats 9
   hppctl profile --cluster out/env-d.yaml --model tiny-cnn --install --out out/env-d-tiny.json
   hppctl profile --cluster profiles/env-b.yaml --model resnet50 --batch-sizes 1,2,4,8,16,32 --out out/b-r50.yaml
-  hppctl profile --cluster profiles/example.yaml --model bert-small --granularity block --optimizer adam --json > out/p.json
+  hppctl profile --cluster profiles/example.yaml --model bert-small --granularity block --optimizer adam --json   # the profile on stdout
   hppctl profile --cluster profiles/example.yaml --model hf:./my-checkpoint --out out/mine.json
 
 Without --out, --json prints the profile itself on stdout; give one of the two.

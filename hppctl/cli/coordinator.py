@@ -19,12 +19,12 @@ from hppctl.runtime.bootstrap import check_listen
 from hppctl.errors import BadInput
 
 EXAMPLES = """
-Examples:
+Examples (from the repository root; out/env-d.yaml is written by `hppctl lab up`, out/env-d.json by `hppctl profile`):
 
 \b
-  hppctl coordinator --plan plans/d.yaml --cluster env-d.yaml --profile env-d.json --rounds 100
-  hppctl coordinator --plan P.yaml --cluster lab.yaml --profile prof.json --listen 10.213.0.1:29500 --timeout 3
-  hppctl coordinator --plan P.yaml --cluster lab.yaml --profile prof.json --replan heavy --events ev.jsonl
+  hppctl coordinator --plan examples/plan-local.yaml --cluster examples/local.yaml --profile examples/local-tiny-cnn.json --rounds 20
+  hppctl coordinator --plan out/d.yaml --cluster out/env-d.yaml --profile out/env-d.json --listen 10.213.0.1:29500 --timeout 3
+  hppctl coordinator --plan out/d.yaml --cluster out/env-d.yaml --profile out/env-d.json --replan heavy --events out/ev.jsonl
 """
 
 REPLAN_CHOICES = ("light", "heavy", "off")

@@ -20,15 +20,15 @@ Examples:
 \b
   hppctl demo                                  # 3 local workers, mobilenetv2 on digits, about a minute
   hppctl demo --profiler measured              # profile with `hppctl profile`'s measurement (slower)
-  hppctl demo --epochs 3 --workdir demo/       # keep the files; train shorter (90.3% test accuracy on 2026-11-25)
+  hppctl demo --epochs 3 --workdir out/demo    # keep the files; train shorter (90.3% test accuracy on 2026-11-25)
   hppctl demo --json
 
 Then run the same steps by hand on the files it wrote:
 
 \b
-  hppctl plan --profile demo/profile.json --global-batch 64 --micro-batch 16 --compare
-  hppctl simulate --plan demo/plan.yaml --trace sim.json
-  hppctl run --plan demo/plan.yaml --cluster demo/cluster.yaml --dataset digits --epochs 3 --optimizer adam --lr 0.002 --lr-schedule cosine --bn-recalibrate 1438
+  hppctl plan --profile out/demo/profile.json --global-batch 64 --micro-batch 16 --compare
+  hppctl simulate --plan out/demo/plan.yaml --trace out/sim.json
+  hppctl run --plan out/demo/plan.yaml --cluster out/demo/cluster.yaml --dataset digits --epochs 3 --optimizer adam --lr 0.002 --lr-schedule cosine --bn-recalibrate 1438
 """
 
 DEVICES = ("demo0", "demo1", "demo2")

@@ -12,18 +12,15 @@ from hppctl.cli.output import emit_json, note, stdout, writable_path
 from hppctl.models.units import format_bytes, format_rate
 
 EXAMPLES = """
-Examples:
+Examples (as root, from the repository root):
 
-  hppctl lab up --spec examples/lab/env-d.yaml --out env-d.yaml
-
-  hppctl lab status            (hosts, addresses, limits, memory use, OOM kills, sshd answering)
-
+\b
+  hppctl lab up --spec examples/lab/env-d.yaml --out out/env-d.yaml
+  hppctl lab status                       # hosts, addresses, limits, memory use, OOM kills, sshd answering
   ssh -F /run/hppctl-lab/env-d/ssh_config tx0 hostname
-
-  hppctl lab fault nano1 kill   (also stop, cont, term, link-down, link-up: failures for `hppctl run`)
-  hppctl lab fault nano1,tx0 link-down   (several hosts at once: devices that fail together)
-
-  hppctl lab down              (safe to repeat, and after a crashed `up`)
+  hppctl lab fault nano1 kill             # also stop, cont, term, link-down, link-up: failures for a run
+  hppctl lab fault nano1,tx0 link-down    # several hosts at once: devices that fail together
+  hppctl lab down                         # safe to repeat, and after a crashed `up`
 """
 
 StateDir = Annotated[Optional[Path], typer.Option(

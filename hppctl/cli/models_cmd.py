@@ -15,13 +15,11 @@ sequence instead: per-sample boundary and activation bytes, parameter bytes and 
 
 Examples:
 
+\b
   hppctl models
-
   hppctl models --json
-
   hppctl models resnet50 --granularity block
-
-  hppctl models hf:./my-bert --json
+  hppctl models hf:./my-bert --json             # a Hugging Face checkpoint directory of your own
 """
 
 

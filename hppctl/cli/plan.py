@@ -18,15 +18,14 @@ from hppctl.models.units import format_bytes
 from hppctl.store import load, save
 
 EXAMPLES = """
-Examples:
+Examples (from the repository root; files in examples/ and profiles/, outputs under out/):
 
-  hppctl plan --profile profiles/env-c-efficientnet-b1.json --global-batch 2048 --micro-batch 64 --out plans/c.yaml
-
-  hppctl plan --profile P.json --global-batch 2048 --micro-batch 64 --compare
-
-  hppctl plan --profile P.json --global-batch 2048 --micro-batch 64 --strategy asteroid-paper --explain
-
-  hppctl plan --profile P.json --plan plans/c.yaml --explain      (re-score an existing plan)
+\b
+  hppctl plan --profile profiles/example-tiny.json --global-batch 64 --micro-batch 16 --out out/plan.yaml
+  hppctl plan --profile profiles/example-tiny.json --global-batch 64 --micro-batch 16 --compare
+  hppctl plan --profile profiles/example-tiny.json --global-batch 64 --micro-batch 16 --strategy asteroid-paper --explain
+  hppctl plan --profile profiles/example-tiny.json --plan out/plan.yaml --explain     # re-score a plan
+  hppctl plan --profile examples/local-distilbert-284.json --seq-len 284 --compare    # inference (Galaxy)
 """
 
 

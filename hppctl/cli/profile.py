@@ -32,11 +32,12 @@ Examples:
 
 \b
   hppctl profile --cluster profiles/env-c.yaml --model efficientnet-b1 --out out/env-c-efficientnet-b1.json
-  hppctl profile --cluster lab.yaml --model mobilenetv2 --batch-sizes 1,2,4,8,16,32,64 --out out/lab.json
-  hppctl profile --cluster lab.yaml --model mobilenetv2 --out out/lab.json --force --repeats 9
-  hppctl profile --cluster pis.yaml --model tiny-cnn --install --out out/pis.json
+  hppctl profile --cluster examples/local.yaml --model tiny-cnn --out out/local.json     # measured: 3 local workers
+  hppctl profile --cluster out/env-d.yaml --model mobilenetv2 --batch-sizes 1,2,4,8,16,32,64 --out out/env-d.json
+  hppctl profile --cluster out/env-d.yaml --model mobilenetv2 --out out/env-d.json --force --repeats 9
+  hppctl profile --cluster out/env-d.yaml --model tiny-cnn --install --out out/env-d-tiny.json
   hppctl profile --cluster profiles/env-b.yaml --model resnet50 --batch-sizes 1,2,4,8,16,32 --out out/b-r50.yaml
-  hppctl profile --cluster profiles/example.yaml --model bert-small --granularity block --optimizer adam --json > p.json
+  hppctl profile --cluster profiles/example.yaml --model bert-small --granularity block --optimizer adam --json   # the profile on stdout
   hppctl profile --cluster profiles/example.yaml --model hf:./my-checkpoint --out out/mine.json
 
 Without --out, --json prints the profile itself on stdout; give one of the two.

@@ -25,18 +25,18 @@ MAX_TARGET_SLOTS = 100_000
 """The time-indexed solvers grow with the slot count: 10^7 slots took 4 s on 3 devices, 10^9 ran past 60 s."""
 
 EXAMPLES = """
-Examples:
+Examples (from the repository root; the spec format is in docs/psl.md, outputs under out/):
 
 \b
-  hppctl psl plan --spec psl.yaml --out plans/psl.yaml       # the spec format is in docs/psl.md
-  hppctl psl plan --spec S.yaml --method exact --slot 50ms --time-limit 120
-  hppctl psl plan --spec S.yaml --compare                      # every method side by side
-  hppctl psl plan --profile P.json --clients pi0,pi1,nano0 --helpers lap0,nx0 --cut 3,15 --batch 32
-  hppctl psl simulate --plan plans/psl.yaml --trace psl-trace.json   # open in ui.perfetto.dev
-  hppctl psl simulate --plan plans/psl.yaml --policy ltf --slow nx0=2 --json
-  hppctl psl run --plan plans/psl.yaml --cluster C.yaml --rounds 20 --dataset digits --metrics m.jsonl
-  hppctl psl run --plan P.yaml --cluster lab.yaml --local-batches 4 --shares 3,1,1,1 --json
-  hppctl psl run --plan P.yaml --cluster lab.yaml --order ltf        # online largest-tail-first
+  hppctl psl plan --spec examples/psl.yaml --out out/psl.yaml
+  hppctl psl plan --spec examples/psl.yaml --method exact --slot 1ms --time-limit 120
+  hppctl psl plan --spec examples/psl.yaml --compare                   # every method side by side
+  hppctl psl plan --profile profiles/example-tiny.json --clients pi0,nano0 --helpers tx0 --cut 3,8 --batch 16
+  hppctl psl simulate --plan out/psl.yaml --trace out/psl-trace.json   # open in ui.perfetto.dev
+  hppctl psl simulate --plan out/psl.yaml --policy ltf --slow nx=2 --json
+  hppctl psl run --plan out/psl.yaml --cluster examples/psl-cluster.yaml --rounds 20 --dataset digits --metrics out/m.jsonl
+  hppctl psl run --plan out/psl.yaml --cluster examples/psl-cluster.yaml --local-batches 4 --shares 3,1,1 --json
+  hppctl psl run --plan out/psl.yaml --cluster examples/psl-cluster.yaml --order ltf   # online largest-tail-first
 """
 
 AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]

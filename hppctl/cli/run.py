@@ -15,18 +15,15 @@ from hppctl.cli.output import emit_json, note, stderr, stdout, writable_path
 from hppctl.errors import BadInput
 
 EXAMPLES = """
-Examples:
+Examples (from the repository root; files in examples/, outputs under out/):
 
 \b
-  hppctl run --plan plans/local.yaml --cluster local.yaml --dataset digits --epochs 5
-  hppctl run --plan P.yaml --cluster C.yaml --rounds 200 --checkpoint-dir ckpt/ --resume --metrics m.jsonl
-  hppctl run --plan P.yaml --cluster lab.yaml --profile prof.json --trace run-trace.json --json
-  hppctl run --plan P.yaml --cluster C.yaml --dataset mypkg.data:make_dataset --save-model model.pt
-  hppctl run --plan P.yaml --cluster C.yaml --epochs 8 --optimizer adam --lr 0.002 --lr-schedule cosine --bn-recalibrate 2048
-  hppctl run --plan galaxy.yaml --cluster C.yaml --seq-len 284 --repeat 5 --output hidden.pt --json
-
-From cron, `--checkpoint-dir D --resume` continues from the newest complete round; a second run on
-the same directory is refused while the first holds its lock.
+  hppctl run --plan examples/plan-local.yaml --cluster examples/local.yaml --dataset digits --epochs 2
+  hppctl run --plan examples/plan-local.yaml --cluster examples/local.yaml --rounds 200 --checkpoint-dir out/ck --resume --metrics out/m.jsonl
+  hppctl run --plan examples/plan-local.yaml --cluster examples/local.yaml --profile examples/local-tiny-cnn.json --trace out/run-trace.json --json
+  hppctl run --plan examples/plan-local.yaml --cluster examples/local.yaml --dataset mypkg.data:make_dataset --save-model out/model.pt
+  hppctl run --plan examples/plan-local.yaml --cluster examples/local.yaml --epochs 8 --optimizer adam --lr 0.002 --lr-schedule cosine --bn-recalibrate 512
+  hppctl run --plan examples/galaxy-local.yaml --cluster examples/local.yaml --seq-len 284 --repeat 5 --output out/hidden.pt --json
 """
 
 

@@ -18,22 +18,16 @@ from hppctl.models.units import MAX_DURATION, format_bytes
 from hppctl.store import load, save, write_text_atomic
 
 EXAMPLES = """
-Examples:
+Examples (from the repository root; files in examples/ and profiles/, outputs under out/):
 
 \b
-  hppctl simulate --plan plans/c.yaml --profile profiles/env-c-efficientnet-b1.json
-  hppctl simulate --plan plans/c.yaml --profile P.json --trace c-trace.json      # open in ui.perfetto.dev
-  hppctl simulate --plan plans/c.yaml --profile P.json --png c.png               # needs 'hppctl[plot]'
-  hppctl simulate --plan plans/c.yaml --profile P.json --policy gpipe --json     # what-if: another schedule
-  hppctl simulate --plan plans/c.yaml --warmup 4,2,1 --write-schedule s.json     # explicit K_p, plan timings
-  hppctl simulate --plan plans/c.yaml --schedule s.json --blocking               # replay a schedule file
-
-  hppctl simulate --plan plans/d.yaml --profile P.json --fail nano1@30            # recovery what-if
-  hppctl simulate --plan plans/d.yaml --profile P.json --fail nano0,nano2@30      # two failing together
-
-Without --profile the simulator uses the plan's own per-stage figures (E_f, E_b, T_a, transfer
-times) and cannot report memory in bytes. --fail needs --profile: it predicts detection,
-re-planning, state movement and the first round after recovery for light and heavy re-planning.
+  hppctl simulate --plan plans/example-tiny.yaml --profile profiles/example-tiny.json
+  hppctl simulate --plan plans/example-tiny.yaml --trace out/trace.json                  # open in ui.perfetto.dev
+  hppctl simulate --plan plans/example-tiny.yaml --png out/timeline.png                  # needs 'hppctl[plot]'
+  hppctl simulate --plan plans/example-tiny.yaml --policy gpipe --json                   # what-if: another schedule
+  hppctl simulate --plan plans/example-tiny.yaml --warmup 2,1 --write-schedule out/s.json  # explicit K_p
+  hppctl simulate --plan plans/example-tiny.yaml --schedule out/s.json --blocking        # replay a schedule file
+  hppctl simulate --plan plans/example-tiny.yaml --profile profiles/example-tiny.json --fail pi0@30   # recovery what-if
 """
 
 

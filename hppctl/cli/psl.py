@@ -298,7 +298,7 @@ def run_psl(plan_file: Path, cluster_file: Path, *, rounds: int = 1, local_batch
             order: str = "plan", dataset: str = "synthetic", seed: int = 0, optimizer: str = "sgd", lr: float = 0.05, momentum: float = 0.9,
             weight_decay: float = 0.0, metrics: Optional[Path] = None, save_model: Optional[Path] = None,
             threads: Optional[int] = None, listen: Optional[str] = None, timeout: float = 300.0,
-            log: Optional[Path] = None, as_json: bool = False) -> None:
+            log: Optional[Path] = None, as_json: bool = False, divergence_factor: float = 10.0) -> None:
     """`hppctl psl run` (and `hppctl run` on a psl plan): check, run, report."""
     from hppctl.models.cluster import ClusterSpec
     from hppctl.runtime.config import TrainOptions
@@ -327,7 +327,7 @@ def run_psl(plan_file: Path, cluster_file: Path, *, rounds: int = 1, local_batch
         threads = max(1, (os.cpu_count() or 1) // len(local)) if local else 0
     options = PslOptions(train=TrainOptions(dataset=dataset, seed=seed, rounds=rounds, optimizer=optimizer, lr=lr,
                                             momentum=momentum, weight_decay=weight_decay, threads=threads,
-                                            timeout_s=timeout),
+                                            timeout_s=timeout, divergence_factor=divergence_factor),
                          local_batches=local_batches, shares=share_values, order=order)
     summary = train_psl(plan, cluster, options, data, metrics=metrics, save_model=save_model, listen=listen, log=log)
     emit_json(summary) if as_json else _render_run(summary)

@@ -70,7 +70,7 @@ def run_command(
     probe_timeout: Annotated[float, typer.Option("--probe-timeout", help="Fault tolerance: seconds a suspect has to answer the probe (0.01 to 2592000).")] = 2.0,
     replan: Annotated[str, typer.Option("--replan", help="On a lost device (needs --profile): light, heavy, or off (the run fails). docs/fault-tolerance.md")] = "light",
     replicate_every: Annotated[int, typer.Option("--replicate-every", help="Fault tolerance: snapshot and back up stage state every K rounds.")] = 1,
-    divergence_factor: Annotated[float, typer.Option("--divergence-factor", help="Stop the run with exit 4 (diverged) at a NaN or infinite loss, or a loss above this many times the first 3 rounds' mean; 0 turns the check off.")] = 10.0,
+    divergence_factor: Annotated[float, typer.Option("--divergence-factor", help="Stop the run with exit 4 (diverged) at a NaN or infinite loss, or a loss above this many times the mean of the first (up to 3) rounds; 0 turns the check off.")] = 10.0,
     schedule: Annotated[Optional[str], typer.Option("--schedule", help="Asynchronous training instead of the plan's rounds: nf1b (TiMePReSt) or pipedream; one device per stage, a round is an epoch (docs/timeprest.md).")] = None,
 ) -> None:
     """Train an HPP plan, or run collaborative inference on an inference (Galaxy) plan: one worker process per device, gloo for tensors."""

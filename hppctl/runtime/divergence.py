@@ -3,9 +3,9 @@
 A run stops with `Diverged` (exit 4) when a round's loss is
 
 - not finite (NaN or infinity), or
-- more than `factor` times the baseline: the mean loss of the run's first `BASELINE_ROUNDS` rounds
-  (of this invocation: a resumed run's baseline is its own first rounds). Until the baseline is
-  complete only non-finite losses are caught.
+- more than `factor` times the baseline: the mean loss of the run's first `BASELINE_ROUNDS` rounds,
+  or of as many as it has run so far (from its second round on, an explosion is caught at once). A
+  resumed run's baseline is its own first rounds.
 
 `factor` is `TrainOptions.divergence_factor` (`hppctl run --divergence-factor`, default
 `DEFAULT_FACTOR`); 0 turns the check off, non-finite losses included. The launcher checks a round
@@ -36,24 +36,20 @@ class DivergenceGuard:
         return self.factor > 0
 
     def baseline(self) -> float | None:
-        """Mean loss of the first rounds, once there are `baseline_rounds` of them."""
-        if len(self._first) < self.baseline_rounds:
-            return None
-        return sum(self._first) / len(self._first)
+        """Mean loss of the run's first rounds: the first `baseline_rounds`, or as many as seen so far."""
+        return sum(self._first) / len(self._first) if self._first else None
 
     def check(self, round_index: int, loss: float | None) -> None:
         if not self.enabled or loss is None:
             return
         if not math.isfinite(loss):
-            raise Diverged(f"training diverged: round {round_index} loss is {loss} "
-                           f"{_advice()}")
+            raise Diverged(f"training diverged: round {round_index} loss is {loss} {_advice()}")
         base = self.baseline()
-        if base is None:
-            self._first.append(loss)
-            return
-        if base > 0 and loss > self.factor * base:
+        if base is not None and base > 0 and loss > self.factor * base:
             raise Diverged(f"training diverged: round {round_index} loss {loss:.4g} is more than "
-                           f"{self.factor:g}x the first {self.baseline_rounds} rounds' mean {base:.4g} {_advice()}")
+                           f"{self.factor:g}x the first rounds' mean {base:.4g} {_advice()}")
+        if len(self._first) < self.baseline_rounds:
+            self._first.append(loss)
 
 
 def _advice() -> str:

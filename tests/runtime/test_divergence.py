@@ -77,8 +77,9 @@ def stage_states_finite(where) -> bool:
 
 @pytest.mark.gloo
 @pytest.mark.timeout(300)
-def test_lr_1e6_stops_with_the_diverged_code(cli, tiny, tmp_path):
-    code, out, err = cli(*tiny, "--rounds", "6", "--lr", "1e6", "--checkpoint-dir", tmp_path / "ck")
+@pytest.mark.parametrize("kind", [["--rounds", "6"], ["--schedule", "nf1b", "--epochs", "2"]], ids=["hpp", "nf1b"])
+def test_lr_1e6_stops_with_the_diverged_code(cli, tiny, tmp_path, kind):
+    code, out, err = cli(*tiny, *kind, "--lr", "1e6", "--checkpoint-dir", tmp_path / "ck")
     assert code == DIVERGED, err
     assert error_lines(err) == [err.strip().splitlines()[-1]]
     assert error_lines(err)[0].startswith("error: training diverged: round ")

@@ -112,3 +112,22 @@ def test_divergence_factor_zero_lets_it_finish(cli, tiny, tmp_path):
 def test_divergence_factor_is_checked(cli, tiny, value):
     code, out, err = cli(*tiny, "--divergence-factor", value)
     assert code == 2 and out == "" and err.startswith("error: --divergence-factor: must be 0 (off) or above 1")
+
+
+@pytest.mark.gloo
+@pytest.mark.timeout(300)
+def test_a_fault_tolerant_run_stops_the_same_way(cli, tmp_path):
+    """With --profile the run goes through runtime/recovery.py's session: the same check."""
+    from tests.recovery.factories import preset_profile
+
+    save(tmp_path / "profile.json", preset_profile("tiny-mlp", {"a": "jetson-nano", "b": "jetson-tx2"}))
+    save(tmp_path / "cluster.yaml", local_cluster("a", "b"))
+    assert cli("plan", "--profile", tmp_path / "profile.json", "--global-batch", 16, "--micro-batch", 4,
+               "--strategy", "pp", "--out", tmp_path / "plan.yaml")[0] == 0
+    code, _, err = cli("run", "--plan", tmp_path / "plan.yaml", "--cluster", tmp_path / "cluster.yaml",
+                       "--profile", tmp_path / "profile.json", "--rounds", 6, "--lr", "1e6", "--threads", 1,
+                       "--checkpoint-dir", tmp_path / "ck")
+    assert code == DIVERGED, err
+    assert error_lines(err) == [err.strip().splitlines()[-1]] and "training diverged: round " in err
+    for r in CheckpointDir(tmp_path / "ck").complete_rounds():
+        assert stage_states_finite(tmp_path / "ck" / f"round-{r:08d}")

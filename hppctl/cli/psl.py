@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from hppctl.cli.flags import check_optimizer_flags, positive, seconds, seed as check_seed, threads as check_threads
+from hppctl.cli.flags import check_optimizer_flags, divergence_factor as check_divergence_factor, positive, seconds, seed as check_seed, threads as check_threads
 from hppctl.cli.output import emit_json, note, stdout, writable_path
 from hppctl.errors import BadInput
 from hppctl.runtime.bootstrap import check_listen
@@ -278,12 +278,14 @@ def run_command(
     listen: Annotated[Optional[str], typer.Option("--listen", help="HOST[:PORT] for the run's store.")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for workers to join and for any transfer (1 to 2592000, 30 days).")] = 300.0,
     log: Annotated[Optional[Path], typer.Option("--log", help="Append every worker's output here, prefixed by device.")] = None,
+    divergence_factor: Annotated[float, typer.Option("--divergence-factor", help="Stop with exit 4 (diverged) at a NaN or infinite loss, or one above this many times the mean of the first (up to 3) rounds; 0: off.")] = 10.0,
     as_json: AsJson = False,
 ) -> None:
     """Train a PSL plan: clients (data, parts 1 and 3) and helpers (a part-2 copy per client) as worker processes over gloo; FedAvg every round."""
     run_psl(plan_file, cluster_file, rounds=rounds, local_batches=local_batches, shares=shares, order=order, dataset=dataset,
             seed=seed, optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay, metrics=metrics,
-            save_model=save_model, threads=threads, listen=listen, timeout=timeout, log=log, as_json=as_json)
+            save_model=save_model, threads=threads, listen=listen, timeout=timeout, log=log, as_json=as_json,
+            divergence_factor=divergence_factor)
 
 
 def is_psl_file(path: Path) -> bool:
@@ -308,6 +310,7 @@ def run_psl(plan_file: Path, cluster_file: Path, *, rounds: int = 1, local_batch
     for flag, value in (("--rounds", rounds), ("--local-batches", local_batches)):
         positive(flag, value)
     check_optimizer_flags(optimizer, lr, momentum, weight_decay)
+    check_divergence_factor("--divergence-factor", divergence_factor)
     seconds("--timeout", timeout)
     check_threads("--threads", threads)
     check_seed("--seed", seed)

@@ -1,12 +1,16 @@
 """The `hppctl` command line: one module per command, and the only error boundary.
 
 Library code raises `HppctlError` subclasses; `main` turns them into one `error: …` line on
-stderr and the exit code the contract names (1 runtime, 2 bad input, 3 infeasible).
+stderr and the exit code the contract names (`hppctl.errors.EXIT_CODES`: 1 runtime, 2 bad input,
+3 infeasible, 4 diverged, 75 lock held by another run, 141 broken pipe); with `--json`, also a JSON
+error document on stdout.
 `--debug` (anywhere on the line) shows the traceback instead.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import traceback
 
@@ -66,16 +70,23 @@ _register()
 def run(argv: list[str]) -> int:
     """Run the CLI on `argv` and return the exit code (tests call this directly)."""
     debug = "--debug" in argv
+    as_json = "--json" in argv[: argv.index("--")] if "--" in argv else "--json" in argv
     try:
         result = app(args=argv, prog_name="hppctl", standalone_mode=False)
+        sys.stdout.flush()  # inside the boundary: a reader gone away is met here, not at interpreter exit
         return result if isinstance(result, int) else 0
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
+    except SystemExit as e:  # rich meets a broken pipe with SystemExit(1) (Console.on_broken_pipe)
+        if isinstance(e.__context__, BrokenPipeError):
+            return _quiet_broken_pipe()
+        raise
     except HppctlError as e:
         if debug:
             traceback.print_exc()
         # Bad input is one bounded line whatever it quotes; a worker's failure keeps its last lines, each bounded.
         lines = [str(e)] if isinstance(e, BadInput) else str(e).splitlines() or [""]
-        print("error: " + "\n".join(one_line(line) for line in lines), file=sys.stderr)
-        return e.exit_code
+        return _report(e.exit_code, e.kind, "\n".join(one_line(line) for line in lines), as_json)
     except typer.Exit as e:
         return e.exit_code
     except click_exceptions.NoArgsIsHelpError as e:  # bare `hppctl`: show the help
@@ -83,14 +94,45 @@ def run(argv: list[str]) -> int:
         return 0
     except click_exceptions.ClickException as e:  # usage errors: bad option, missing argument
         path = e.ctx.command_path if getattr(e, "ctx", None) else "hppctl"
-        print(f"error: {one_line(e.format_message())} (see {path} --help)", file=sys.stderr)
-        return 2
+        return _report(BadInput.exit_code, BadInput.kind, f"{one_line(e.format_message())} (see {path} --help)", as_json)
     except typer.Abort:
-        print("error: aborted", file=sys.stderr)
-        return 130
+        return _report(130, "interrupted", "aborted", as_json)
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+        return _report(130, "interrupted", "interrupted", as_json)
+
+
+def _report(code: int, kind: str, message: str, as_json: bool) -> int:
+    """The one way an error leaves the CLI: `error: …` on stderr and, with `--json`, the JSON error
+    document `{"error": {"code", "kind", "message"}}` on stdout (so that stdout is never empty)."""
+    print(f"error: {message}", file=sys.stderr)
+    if as_json:
+        try:
+            print(json.dumps({"error": {"code": code, "kind": kind, "message": message}}))
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _silence_stdout()
+    return code
+
+
+BROKEN_PIPE_EXIT = 141
+"""128 + SIGPIPE: what `seq 1000000 | head -1` reports for `seq` (errors.EXIT_CODES)."""
+
+
+def _quiet_broken_pipe() -> int:
+    """stdout's reader went away (`hppctl models | head -1`): no traceback, no error line, exit 141."""
+    _silence_stdout()
+    return BROKEN_PIPE_EXIT
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush cannot fail (it printed
+    `Exception ignored … BrokenPipeError` or exited 1 with nothing said)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout without a descriptor (a test's capture): nothing to flush
+        pass
 
 
 def main() -> None:

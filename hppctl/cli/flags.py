@@ -81,3 +81,14 @@ def check_optimizer_flags(optimizer: str, lr: float, momentum: float, weight_dec
     positive("--lr", lr)
     positive("--momentum", momentum, allow_zero=True)
     positive("--weight-decay", weight_decay, allow_zero=True)
+
+
+MAX_DIVERGENCE_FACTOR = 1e9
+
+
+def divergence_factor(flag: str, value: float) -> float:
+    """`--divergence-factor`: 0 (the check off) or a finite factor above 1 (at most 1 the check
+    would stop a run on ordinary noise); runtime/divergence.py."""
+    if not (value == 0 or (math.isfinite(value) and 1 < value <= MAX_DIVERGENCE_FACTOR)):
+        raise BadInput(f"{flag}: must be 0 (off) or above 1, at most {_bound(MAX_DIVERGENCE_FACTOR)} (got {_shown(value)})")
+    return value

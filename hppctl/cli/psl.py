@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from hppctl.cli.flags import check_optimizer_flags, positive, seconds, seed as check_seed, threads as check_threads
+from hppctl.cli.flags import check_optimizer_flags, divergence_factor as check_divergence_factor, positive, seconds, seed as check_seed, threads as check_threads
 from hppctl.cli.output import emit_json, note, stdout, writable_path
 from hppctl.errors import BadInput
 from hppctl.runtime.bootstrap import check_listen
@@ -278,12 +278,14 @@ def run_command(
     listen: Annotated[Optional[str], typer.Option("--listen", help="HOST[:PORT] for the run's store.")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for workers to join and for any transfer (1 to 2592000, 30 days).")] = 300.0,
     log: Annotated[Optional[Path], typer.Option("--log", help="Append every worker's output here, prefixed by device.")] = None,
+    divergence_factor: Annotated[float, typer.Option("--divergence-factor", help="Stop with exit 4 (diverged) at a NaN or infinite loss, or one above this many times the mean of the first (up to 3) rounds; 0: off.")] = 10.0,
     as_json: AsJson = False,
 ) -> None:
     """Train a PSL plan: clients (data, parts 1 and 3) and helpers (a part-2 copy per client) as worker processes over gloo; FedAvg every round."""
     run_psl(plan_file, cluster_file, rounds=rounds, local_batches=local_batches, shares=shares, order=order, dataset=dataset,
             seed=seed, optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay, metrics=metrics,
-            save_model=save_model, threads=threads, listen=listen, timeout=timeout, log=log, as_json=as_json)
+            save_model=save_model, threads=threads, listen=listen, timeout=timeout, log=log, as_json=as_json,
+            divergence_factor=divergence_factor)
 
 
 def is_psl_file(path: Path) -> bool:
@@ -298,7 +300,7 @@ def run_psl(plan_file: Path, cluster_file: Path, *, rounds: int = 1, local_batch
             order: str = "plan", dataset: str = "synthetic", seed: int = 0, optimizer: str = "sgd", lr: float = 0.05, momentum: float = 0.9,
             weight_decay: float = 0.0, metrics: Optional[Path] = None, save_model: Optional[Path] = None,
             threads: Optional[int] = None, listen: Optional[str] = None, timeout: float = 300.0,
-            log: Optional[Path] = None, as_json: bool = False) -> None:
+            log: Optional[Path] = None, as_json: bool = False, divergence_factor: float = 10.0) -> None:
     """`hppctl psl run` (and `hppctl run` on a psl plan): check, run, report."""
     from hppctl.models.cluster import ClusterSpec
     from hppctl.runtime.config import TrainOptions
@@ -308,6 +310,7 @@ def run_psl(plan_file: Path, cluster_file: Path, *, rounds: int = 1, local_batch
     for flag, value in (("--rounds", rounds), ("--local-batches", local_batches)):
         positive(flag, value)
     check_optimizer_flags(optimizer, lr, momentum, weight_decay)
+    check_divergence_factor("--divergence-factor", divergence_factor)
     seconds("--timeout", timeout)
     check_threads("--threads", threads)
     check_seed("--seed", seed)
@@ -327,7 +330,7 @@ def run_psl(plan_file: Path, cluster_file: Path, *, rounds: int = 1, local_batch
         threads = max(1, (os.cpu_count() or 1) // len(local)) if local else 0
     options = PslOptions(train=TrainOptions(dataset=dataset, seed=seed, rounds=rounds, optimizer=optimizer, lr=lr,
                                             momentum=momentum, weight_decay=weight_decay, threads=threads,
-                                            timeout_s=timeout),
+                                            timeout_s=timeout, divergence_factor=divergence_factor),
                          local_batches=local_batches, shares=share_values, order=order)
     summary = train_psl(plan, cluster, options, data, metrics=metrics, save_model=save_model, listen=listen, log=log)
     emit_json(summary) if as_json else _render_run(summary)

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from hppctl.cli.flags import check_optimizer_flags, positive, seconds, seed as check_seed, threads as check_threads
+from hppctl.cli.flags import check_optimizer_flags, divergence_factor as check_divergence_factor, positive, seconds, seed as check_seed, threads as check_threads
 from hppctl.cli.output import emit_json, note, stderr, stdout, writable_path
 from hppctl.errors import BadInput
 
@@ -67,6 +67,7 @@ def run_command(
     probe_timeout: Annotated[float, typer.Option("--probe-timeout", help="Fault tolerance: seconds a suspect has to answer the probe (0.01 to 2592000).")] = 2.0,
     replan: Annotated[str, typer.Option("--replan", help="On a lost device (needs --profile): light, heavy, or off (the run fails). docs/fault-tolerance.md")] = "light",
     replicate_every: Annotated[int, typer.Option("--replicate-every", help="Fault tolerance: snapshot and back up stage state every K rounds.")] = 1,
+    divergence_factor: Annotated[float, typer.Option("--divergence-factor", help="Stop the run with exit 4 (diverged) at a NaN or infinite loss, or a loss above this many times the mean of the first (up to 3) rounds; 0 turns the check off.")] = 10.0,
     schedule: Annotated[Optional[str], typer.Option("--schedule", help="Asynchronous training instead of the plan's rounds: nf1b (TiMePReSt) or pipedream; one device per stage, a round is an epoch (docs/timeprest.md).")] = None,
 ) -> None:
     """Train an HPP plan, or run collaborative inference on an inference (Galaxy) plan: one worker process per device, gloo for tensors."""
@@ -86,6 +87,7 @@ def run_command(
     check_seed("--seed", seed)
     check_threads("--threads", threads)
     seconds("--timeout", timeout)
+    check_divergence_factor("--divergence-factor", divergence_factor)
     # Every output, before the plan is even read (its kind decides which flags apply; a flag that does
     # not apply is refused below): `--save-model /dev/null` was refused only after training.
     for flag, path in (("--metrics", metrics), ("--trace", trace), ("--save-model", save_model), ("--log", log),
@@ -111,7 +113,8 @@ def run_command(
                 raise BadInput(f"{flag}: not supported for psl plans (see `hppctl psl run --help`)")
         return run_psl(plan, cluster, rounds=rounds or 1, dataset=dataset, seed=seed, optimizer=optimizer, lr=lr,
                        momentum=momentum, weight_decay=weight_decay, metrics=metrics, save_model=save_model,
-                       threads=threads, listen=listen, timeout=timeout, log=log, as_json=as_json)
+                       threads=threads, listen=listen, timeout=timeout, log=log, as_json=as_json,
+                       divergence_factor=divergence_factor)
     if rounds is not None and epochs is not None:
         raise BadInput("--rounds and --epochs: give one of them")
     for flag, value in (("--rounds", rounds), ("--epochs", epochs), ("--checkpoint-every", checkpoint_every)):
@@ -161,7 +164,8 @@ def run_command(
     options = TrainOptions(dataset=dataset, seed=seed, rounds=total, optimizer=optimizer, lr=lr, lr_schedule=lr_schedule,
                            warmup_rounds=warmup_rounds, momentum=momentum,
                            weight_decay=weight_decay, checkpoint_every=checkpoint_every if checkpoint_dir else 0,
-                           threads=threads, trace=trace is not None, timeout_s=timeout)
+                           threads=threads, trace=trace is not None, timeout_s=timeout,
+                           divergence_factor=divergence_factor)
     from hppctl.cli.coordinator import recovery_options
     recovery = recovery_options(prof, heartbeat=heartbeat, timeout=failure_timeout, probe_timeout=probe_timeout,
                                 replan=replan, replicate_every=replicate_every) if window is None else None
@@ -222,8 +226,8 @@ def train(plan, cluster, options, data, *, checkpoint_dir=None, resume=False, me
     from hppctl.runtime.session import RunRequest, Session
     from hppctl.store import open_output_stream, write_text_atomic
 
-    log_file = open_output_stream(log, append=True) if log else None
-    metrics_file = None
+    log_file = open_output_stream(log, append=True) if log else None  # appended to: a refused run adds nothing
+    metrics_file = session = None
     try:
         request = RunRequest(plan, cluster, options, checkpoint_dir=checkpoint_dir, resume=resume,
                              listen=listen, log=log_file, schedule=schedule, lineage=lineage)
@@ -233,6 +237,7 @@ def train(plan, cluster, options, data, *, checkpoint_dir=None, resume=False, me
             session = ResilientSession(request, recovery)
         else:
             session = Session(request)
+        session.lock_checkpoint()  # another run active: exit 75 before any output, --metrics untouched
         progress = status_progress(stderr, quiet) if recovery is not None else Progress(TextColumn("[bold]training[/]"), BarColumn(), MofNCompleteColumn(),
                             TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=stderr,
                             disable=quiet, transient=False)
@@ -271,6 +276,8 @@ def train(plan, cluster, options, data, *, checkpoint_dir=None, resume=False, me
                 result = session.run(on_round=on_round, on_event=on_event)
             progress.update(task, completed=options.rounds)
     finally:
+        if session is not None:
+            session.unlock_checkpoint()
         if metrics_file is not None:
             metrics_file.close()
         if log_file is not None:

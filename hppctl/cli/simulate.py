@@ -61,6 +61,9 @@ def simulate_command(
     seconds("--step-time", step_time, low=0.0, high=MAX_DURATION)
     for flag, path in (("--write-schedule", write_schedule), ("--trace", trace), ("--png", png)):
         writable_path(flag, path)  # before the work: --png '' or a folder ended in an OSError traceback
+    if png is not None:
+        from hppctl.schedule.render import require_matplotlib
+        require_matplotlib()  # before --trace or --write-schedule is written: nothing half-done
     if sum(x is not None for x in (policy, warmup, schedule_file)) > 1:
         raise BadInput("--policy, --warmup and --schedule are alternatives: give at most one")
     plan = load(plan_file, HppPlan)

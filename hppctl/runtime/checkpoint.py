@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hppctl.errors import BadInput, RuntimeFailure
+from hppctl.errors import BadInput, LockHeld
 from hppctl.store import write_text_atomic
 
 KEEP = 2
@@ -47,8 +47,8 @@ MAX_META_BYTES = 64 * 2**20
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
-class CheckpointLocked(RuntimeFailure):
-    """Another run holds the checkpoint directory."""
+class CheckpointLocked(LockHeld):
+    """Another run holds the checkpoint directory (exit 75: another run is active, try later)."""
 
 
 def _round_dir(root: Path, round_index: int) -> Path:
@@ -155,7 +155,10 @@ class CheckpointDir:
 
     # --- the lock ---------------------------------------------------------------------------------
     def lock(self) -> None:
-        """Take the directory's lock or raise `CheckpointLocked` naming the holder."""
+        """Take the directory's lock or raise `CheckpointLocked` naming the holder; nothing if this
+        object holds it already (the CLI takes it before its first output, `Session.run` again)."""
+        if self._lock_fd is not None:
+            return
         self.path.mkdir(parents=True, exist_ok=True)
         fd = open_lock_file(self.path / "LOCK")
         try:

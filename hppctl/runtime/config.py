@@ -45,6 +45,9 @@ class TrainOptions(FrozenModel):
     trace: bool = False
     timeout_s: PosFloat = 300.0
     """How long a worker waits for the rendezvous and for any collective before failing."""
+    divergence_factor: NonNegFloat = 10.0
+    """Stop the run (exit 4) at a non-finite loss or one above this many times the first rounds' mean
+    (runtime/divergence.py); 0: never."""
 
     def learning_rate(self, round_index: int) -> float:
         """The rate of round `round_index` (0-based). A function of the round alone, so a resumed run

@@ -46,7 +46,7 @@ from hppctl.runtime import bootstrap
 from hppctl.runtime.config import RecoveryConfig, TrainOptions, WorkerConfig
 from hppctl.runtime.heartbeat import HeartbeatListener, probe
 from hppctl.runtime.metrics import TraceBuilder, aggregate
-from hppctl.runtime.session import Lineage, RunResult, Session, WorkerFailed, _load_states
+from hppctl.runtime.session import Lineage, RunResult, Session, WorkerFailed
 from hppctl.runtime.topology import Topology
 
 DROPPED_EVENT_EVERY_S = 10.0
@@ -299,9 +299,10 @@ class ResilientSession(Session):
                            backup_bytes=sum(x.get("backup_bytes", 0) for x in reports.values()),
                            backup_s=max(x.get("backup_s", 0.0) for x in reports.values()))
                 self._rows.append(row)
-                self._emitted = r + 1
                 if self._on_round:
                     self._on_round(row)
+                self._check_divergence(row, self._options)
+                self._emitted = r + 1
             self._previous_end = max(x["started_at"] + x["duration_s"] for x in reports.values())
             self._next_round += 1
 
@@ -322,19 +323,12 @@ class ResilientSession(Session):
         return {r for r in range(after + 1, options.rounds) if r % options.checkpoint_every == 0}
 
     def _write_checkpoints(self, options: TrainOptions) -> None:
-        store = self.store.store
-        stages = range(self.topo.num_stages)
-        for r in sorted(self._due):
-            if all(bootstrap.has_blob(store, f"ckpt/{r}/{p}") for p in stages):
-                blobs = {p: bootstrap.get_blob(store, f"ckpt/{r}/{p}", delete=True) for p in stages}
-                self.ckpt.write_round(r, blobs, self._checkpoint_meta(options))
-                self._due.discard(r)
+        self._write_due_checkpoints(options, checked=self._next_round)
 
     def _final_states(self, options: TrainOptions) -> dict[int, dict]:
         store = self.store.store
         blobs = {p: bootstrap.get_blob(store, f"final/{p}", delete=True) for p in range(self.topo.num_stages)}
-        if self.ckpt:
-            self.ckpt.write_round(options.rounds, blobs, self._checkpoint_meta(options))
+        states = self._write_final(blobs, options)
         store.set("end", "1")
         deadline = time.monotonic() + 30.0
         while time.monotonic() < deadline and not store.check([f"done/{d}" for d in self.topo.devices]):
@@ -342,7 +336,7 @@ class ResilientSession(Session):
         late = [d for d in self.topo.devices if not store.check([f"done/{d}"])]
         if late:
             self._event("late", devices=late)
-        return _load_states(blobs)
+        return states
 
     # --- recovery -----------------------------------------------------------------------------------
     def _recover(self, losses: list["Loss"]) -> None:

@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from hppctl.errors import RuntimeFailure
+from hppctl.errors import Diverged, RuntimeFailure
 from hppctl.models.cluster import ClusterSpec
 from hppctl.models.plan import HppPlan
 from hppctl.runtime import bootstrap
 from hppctl.runtime.checkpoint import CheckpointDir
 from hppctl.runtime.config import TrainOptions, WorkerConfig
+from hppctl.runtime.divergence import DivergenceGuard, first_nonfinite_tensor
 from hppctl.runtime.launch import LocalWorker, SshWorker, WorkerProcess, prepare_local_workers, stop_workers
 from hppctl.runtime.metrics import TraceBuilder, aggregate
 from hppctl.runtime.topology import Topology
@@ -134,14 +135,16 @@ class Session:
         self.ckpt = CheckpointDir(request.checkpoint_dir) if request.checkpoint_dir else None
         self.workers: dict[str, WorkerProcess] = {}
         self.store: bootstrap.RunStore | None = None
+        self._guard = DivergenceGuard(request.options.divergence_factor)
+        self._due: set[int] = set()
+        """Checkpoint rounds still to write (`_write_due_checkpoints`)."""
 
     # --- the run ------------------------------------------------------------------------------
     def run(self, *, on_round: Callable[[dict], None] | None = None,
             on_event: Callable[[str], None] | None = None) -> RunResult:
         started = time.perf_counter()
         notify = on_event or (lambda message: None)
-        if self.ckpt:
-            self.ckpt.lock()
+        self.lock_checkpoint()
         try:
             start_round, init = self._resume_point()
             options = self.request.options.model_copy(update={"start_round": start_round})
@@ -166,9 +169,19 @@ class Session:
                 self._stop_all()
                 self.store.close()
         finally:
-            if self.ckpt:
-                self.ckpt.unlock()
+            self.unlock_checkpoint()
         return RunResult(start_round, rounds, states, time.perf_counter() - started, trace, memory)
+
+    def lock_checkpoint(self) -> None:
+        """Take the checkpoint directory's lock now (`CheckpointLocked`, exit 75, if another run holds
+        it): the CLI calls this before it prints or opens anything, so a second run is refused
+        with one line and touches nothing. `run` takes it if not held yet and releases it."""
+        if self.ckpt:
+            self.ckpt.lock()
+
+    def unlock_checkpoint(self) -> None:
+        if self.ckpt:
+            self.ckpt.unlock()
 
     def _resume_point(self) -> tuple[int, dict[int, bytes]]:
         if not (self.ckpt and self.request.resume):
@@ -247,9 +260,8 @@ class Session:
     def _watch(self, options: TrainOptions, start_round: int, on_round) -> tuple[list[dict], dict | None, dict]:
         store, devices = self.store.store, list(self.topo.devices)
         rounds_per_epoch = self._rounds_per_epoch(options)
-        primaries = {p: group[0] for p, group in enumerate(self.topo.groups)}
-        due = {r for r in range(start_round + 1, options.rounds)
-               if options.checkpoint_every and r % options.checkpoint_every == 0} if self.ckpt else set()
+        self._due = {r for r in range(start_round + 1, options.rounds)
+                     if options.checkpoint_every and r % options.checkpoint_every == 0} if self.ckpt else set()
         trace = TraceBuilder(self.topo, f"hppctl run: {self.request.plan.model}") if options.trace else None
         rows, memory, previous_end, next_round = [], {}, None, start_round
         while True:
@@ -269,17 +281,50 @@ class Session:
                 rows.append(row)
                 if on_round:
                     on_round(row)
+                self._check_divergence(row, options)
                 next_round += 1
-            for r in sorted(due):
-                if all(bootstrap.has_blob(store, f"ckpt/{r}/{p}") for p in primaries):
-                    blobs = {p: bootstrap.get_blob(store, f"ckpt/{r}/{p}", delete=True) for p in primaries}
-                    self.ckpt.write_round(r, blobs, self._checkpoint_meta(options))
-                    due.discard(r)
+            self._write_due_checkpoints(options, checked=next_round)
             if store.check([f"done/{d}" for d in devices]) and next_round >= options.rounds:
                 break
             time.sleep(0.02)
         doc = trace.document({"rounds": len(rows)}) if trace else None
         return rows, doc, memory
+
+    # --- divergence and checkpoints ---------------------------------------------------------------
+    def _check_divergence(self, row: dict, options: TrainOptions) -> None:
+        """Stop the run (`Diverged`, exit 4) if the round's loss diverged, after writing every due
+        checkpoint of a round before it: checkpoint round r holds the weights round r's loss was
+        computed with, so only rounds whose loss passed are written (runtime/divergence.py)."""
+        try:
+            self._guard.check(row["round"], row.get("loss"))
+        except Diverged:
+            self._write_due_checkpoints(options, checked=row["round"])
+            raise
+
+    def _write_due_checkpoints(self, options: TrainOptions, *, checked: int) -> None:
+        """Write each due checkpoint round r < `checked` (the rounds whose loss passed the divergence
+        check) whose stage states have all arrived."""
+        store = self.store.store
+        stages = range(self.topo.num_stages)
+        for r in sorted(self._due):
+            if r < checked and all(bootstrap.has_blob(store, f"ckpt/{r}/{p}") for p in stages):
+                blobs = {p: bootstrap.get_blob(store, f"ckpt/{r}/{p}", delete=True) for p in stages}
+                self.ckpt.write_round(r, blobs, self._checkpoint_meta(options))
+                self._due.discard(r)
+
+    def _write_final(self, blobs: dict[int, bytes], options: TrainOptions) -> dict[int, dict]:
+        """The final stage states, written as the last checkpoint round; `Diverged` instead if one
+        holds NaN or infinity (the last round's update can break weights its loss never saw)."""
+        states = _load_states(blobs)
+        if self._guard.enabled:
+            for p, state in sorted(states.items()):
+                name = first_nonfinite_tensor(state)
+                if name is not None:
+                    raise Diverged(f"training diverged: after round {options.rounds - 1}, stage {p}'s {name} "
+                                   f"holds NaN or infinity (lower --lr; --divergence-factor 0 turns this check off)")
+        if self.ckpt:
+            self.ckpt.write_round(options.rounds, blobs, self._checkpoint_meta(options))
+        return states
 
     def _rounds_per_epoch(self, options: TrainOptions) -> int:
         from hppctl.runtime.data import load_data
@@ -289,9 +334,7 @@ class Session:
     def _final_states(self, options: TrainOptions) -> dict[int, dict]:
         store = self.store.store
         blobs = {p: bootstrap.get_blob(store, f"final/{p}", delete=True) for p in range(self.topo.num_stages)}
-        if self.ckpt:
-            self.ckpt.write_round(options.rounds, blobs, self._checkpoint_meta(options))
-        return _load_states(blobs)
+        return self._write_final(blobs, options)
 
     def _lineage(self) -> Lineage:
         return self.request.lineage or Lineage(origin=plan_digest(self.request.plan))

@@ -8,13 +8,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hppctl.errors import RuntimeFailure
+from hppctl.errors import BadInput
 from hppctl.models.schedule import Schedule
 from hppctl.schedule.simulate import SimResult
 from hppctl.store import atomic_output
 
 COLOURS = {"forward": "#4c78a8", "backward": "#59a14f", "allreduce": "#e15759", "step": "#555555",
            "activations": "#f28e2b", "gradients": "#b07aa1"}
+
+
+MISSING_MATPLOTLIB = "--png needs matplotlib: pip install 'hppctl[plot]'"
+
+
+def require_matplotlib() -> None:
+    """Refuse `--png` before any work when matplotlib cannot be imported: a missing optional
+    dependency is the user's to install (`BadInput`, exit 2), not a failure of the run."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise BadInput(MISSING_MATPLOTLIB) from None
 
 
 def render_png(result: SimResult, schedule: Schedule, path: str | Path, *, title: str = "") -> None:
@@ -25,7 +37,7 @@ def render_png(result: SimResult, schedule: Schedule, path: str | Path, *, title
         import matplotlib.pyplot as plt
         from matplotlib.patches import Patch
     except ImportError:
-        raise RuntimeFailure("--png needs matplotlib: pip install 'hppctl[plot]'") from None
+        raise BadInput(MISSING_MATPLOTLIB) from None
     devices = [d for s in schedule.stages for d in s.devices]
     stage_of = {d: p for p, s in enumerate(schedule.stages) for d in s.devices}
     links = sorted({sp.track for sp in result.spans if "->" in sp.track},

@@ -47,7 +47,7 @@ def test_one_model_layers_table(capsys):
 def test_unknown_model_is_bad_input(capsys):
     assert run(["models", "nope", "--json"]) == 2
     captured = capsys.readouterr()
-    assert captured.out == ""
+    assert json.loads(captured.out)["error"]["kind"] == "bad_input"  # --json: the error document on stdout
     assert captured.err.startswith("error: unknown model 'nope' (known: mobilenetv2,")
     assert captured.err.count("\n") == 1
 

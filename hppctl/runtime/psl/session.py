@@ -26,6 +26,7 @@ from hppctl.runtime import bootstrap
 from hppctl.runtime.launch import LocalWorker, SshWorker, prepare_local_workers
 from hppctl.runtime.psl.config import PslOptions, PslWorkerConfig
 from hppctl.runtime.psl.topology import PslTopology
+from hppctl.runtime.divergence import DivergenceGuard
 from hppctl.runtime.session import Session
 
 WORKER_MODULE = "hppctl.runtime.psl.worker"
@@ -82,6 +83,7 @@ class PslSession(Session):
         self.ckpt = None
         self.workers = {}
         self.store = None
+        self._guard = DivergenceGuard(request.options.train.divergence_factor)
 
     def run(self, *, on_round: Callable[[dict], None] | None = None,
             on_event: Callable[[str], None] | None = None) -> PslRunResult:
@@ -156,6 +158,7 @@ class PslSession(Session):
                 rows.append(row)
                 if on_round:
                     on_round(row)
+                self._guard.check(r, row.get("loss"))  # PSL keeps no checkpoints: nothing to write first
                 continue
             if r >= rounds and store.check([f"done/{d}" for d in devices]):
                 return rows, workers

@@ -22,6 +22,7 @@ except ImportError:  # pragma: no cover - older typer uses click itself
     from click import exceptions as click_exceptions
 
 from hppctl import __version__
+from hppctl.cli import output
 from hppctl.errors import BadInput, HppctlError, one_line
 
 app = typer.Typer(
@@ -71,6 +72,7 @@ def run(argv: list[str]) -> int:
     """Run the CLI on `argv` and return the exit code (tests call this directly)."""
     debug = "--debug" in argv
     as_json = "--json" in argv[: argv.index("--")] if "--" in argv else "--json" in argv
+    output.forget_json_emitted()
     try:
         result = app(args=argv, prog_name="hppctl", standalone_mode=False)
         sys.stdout.flush()  # inside the boundary: a reader gone away is met here, not at interpreter exit
@@ -103,9 +105,10 @@ def run(argv: list[str]) -> int:
 
 def _report(code: int, kind: str, message: str, as_json: bool) -> int:
     """The one way an error leaves the CLI: `error: …` on stderr and, with `--json`, the JSON error
-    document `{"error": {"code", "kind", "message"}}` on stdout (so that stdout is never empty)."""
+    document `{"error": {"code", "kind", "message"}}` on stdout (so that stdout is never empty), unless
+    the command printed its own document before failing (stdout holds exactly one)."""
     print(f"error: {message}", file=sys.stderr)
-    if as_json:
+    if as_json and not output.json_emitted():
         try:
             print(json.dumps({"error": {"code": code, "kind": kind, "message": message}}))
             sys.stdout.flush()

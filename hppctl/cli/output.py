@@ -12,10 +12,28 @@ stderr = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty()
 stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 
 
+_documents_emitted = 0
+"""JSON documents this command wrote to stdout: the error boundary adds its error document only to
+an empty stdout (a partial failure, such as `profile --json` with a device lost, has printed its
+summary already, and stdout must hold exactly one document)."""
+
+
 def emit_json(data: object) -> None:
     """Exactly one JSON document on stdout."""
+    global _documents_emitted
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
     sys.stdout.flush()
+    _documents_emitted += 1
+
+
+def json_emitted() -> bool:
+    return _documents_emitted > 0
+
+
+def forget_json_emitted() -> None:
+    """A new command starts (tests run several in one process)."""
+    global _documents_emitted
+    _documents_emitted = 0
 
 
 def note(message: str) -> None:

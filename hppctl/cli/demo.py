@@ -22,6 +22,7 @@ Examples:
   hppctl demo --profiler measured              # profile with `hppctl profile`'s measurement (slower)
   hppctl demo --epochs 3 --workdir out/demo    # keep the files; train shorter (90.3% test accuracy on 2026-11-25)
   hppctl demo --json
+  hppctl demo --min-accuracy 90                # a CI smoke run: exit 1 below 90% test accuracy
 
 Then run the same steps by hand on the files it wrote:
 
@@ -46,6 +47,7 @@ def demo_command(
     profiler: Annotated[str, typer.Option("--profiler", help="quick (one in-process measurement of this machine, ~10 s) or measured (`hppctl profile`'s full per-device measurement, minutes).")] = "quick",
     seed: Annotated[int, typer.Option("--seed", help="Weights and sample order (0 to 2^32 - 1).")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON summary on stdout.")] = False,
+    min_accuracy: Annotated[Optional[float], typer.Option("--min-accuracy", help="Percent (0-100): exit 1 after the report when the test accuracy is below it, for CI smoke runs.")] = None,
 ) -> None:
     """Three local worker processes: profile them, plan with asteroid, train on digits, print plan, throughput and accuracy."""
     from hppctl.models.cluster import ClusterSpec, DeviceSpec
@@ -60,6 +62,7 @@ def demo_command(
         raise BadInput(f"--profiler: unknown value {profiler!r} (quick or measured)")
     positive("--epochs", epochs)
     check_seed("--seed", seed)
+    _check_percent("--min-accuracy", min_accuracy)
     from hppctl.cli.plan import make_request
     request = make_request(global_batch, micro_batch)  # before the profile: these were tracebacks after it
     started = time.perf_counter()
@@ -105,7 +108,23 @@ def demo_command(
                    demo_wall_s=time.perf_counter() - started)
     if as_json:
         emit_json(summary)
-        return
+    else:
+        _print_summary(summary, plan, epochs, where)
+    _require_accuracy(summary["test_accuracy"], min_accuracy)
+
+
+def _check_percent(flag: str, value: float | None) -> None:
+    if value is not None and not 0 <= value <= 100:  # also refuses nan
+        raise BadInput(f"{flag}: must be a percentage from 0 to 100 (got {value})")
+
+
+def _require_accuracy(accuracy: float, min_accuracy: float | None) -> None:
+    """The demo as a smoke test: exit 0 whatever it learned told CI nothing (issue 25 item 9)."""
+    if min_accuracy is not None and accuracy * 100 < min_accuracy:
+        raise RuntimeFailure(f"test accuracy {accuracy:.1%} is below --min-accuracy {min_accuracy:g}%")
+
+
+def _print_summary(summary: dict, plan, epochs: int, where: Path) -> None:
     stdout.print(f"throughput: {summary['samples_per_s']:.1f} samples/s measured, "
                  f"{plan.prediction.throughput_samples_per_s:.1f} predicted by the plan")
     stdout.print(f"test accuracy on held-out digits: {summary['test_accuracy']:.1%} after {epochs} epochs "

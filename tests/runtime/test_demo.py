@@ -10,10 +10,14 @@ pytestmark = [pytest.mark.gloo, pytest.mark.timeout(300)]
 
 
 def test_demo_profiles_plans_trains_and_reports(cli, tmp_path):
+    """With --min-accuracy 100 the report comes first, then exit 1 naming the accuracy (a demo that
+    learned nothing exited 0: CI could not use it as a smoke test)."""
     code, out, err = cli("demo", "--model", "tiny-cnn", "--epochs", "1", "--profiler", "quick",
-                         "--workdir", tmp_path, "--json")
-    assert code == 0, err
-    summary = json.loads(out)
+                         "--workdir", tmp_path, "--json", "--min-accuracy", "100")
+    summary = json.loads(out)  # one document: the summary, not an error document after it
+    assert summary["test_accuracy"] < 1.0
+    assert code == 1 and err.strip().splitlines()[-1] == (
+        f"error: test accuracy {summary['test_accuracy']:.1%} is below --min-accuracy 100%")
     assert summary["strategy"] == "asteroid" and summary["dataset"] == "digits"
     assert summary["rounds_run"] == 22 and summary["samples_per_s"] > 0
     assert 0.0 <= summary["test_accuracy"] <= 1.0
@@ -26,8 +30,10 @@ def test_demo_profiles_plans_trains_and_reports(cli, tmp_path):
     (["--global-batch", "0"], "--global-batch: must be a positive number of samples (got 0)"),
     (["--micro-batch", "-1"], "--micro-batch: must be a positive number of samples (got -1)"),
     (["--global-batch", "10", "--micro-batch", "4"], "--micro-batch: 4 does not divide --global-batch 10"),
+    (["--min-accuracy", "101"], "--min-accuracy: must be a percentage from 0 to 100 (got 101.0)"),
+    (["--min-accuracy", "nan"], "--min-accuracy: must be a percentage from 0 to 100 (got nan)"),
 ])
-def test_bad_batch_sizes_are_one_line_before_any_work(cli, tmp_path, args, message):
+def test_bad_flags_are_one_line_before_any_work(cli, tmp_path, args, message):
     # each was a pydantic traceback (exit 1) after the ~10 s profile, or torch's "negative dimension"
     code, out, err = cli("demo", "--workdir", tmp_path / "w", *args)
     assert code == 2 and out == ""

@@ -52,16 +52,18 @@ def helper_optimum(q: Instance, i: int, clients: list[int]) -> float:
 
 def optimum(q: Instance) -> float:
     """Optimum of P: every memory-feasible assignment, each helper solved exhaustively."""
-    best = np.inf
+    return min((max(helper_optimum(q, i, list(clients)) for i, clients in enumerate(groups))
+                for groups in feasible_assignments(q)), default=np.inf)
+
+
+def feasible_assignments(q: Instance):
+    """Every assignment of clients to helpers within the helpers' memory, as each helper's clients."""
     for assignment in itertools.product(range(q.num_helpers), repeat=q.num_clients):
         a = np.array(assignment)
         used = np.zeros(q.num_helpers, dtype=np.int64)
         np.add.at(used, a, q.demand)
-        if (used > q.capacity).any():
-            continue
-        value = max(helper_optimum(q, i, [int(j) for j in np.flatnonzero(a == i)]) for i in range(q.num_helpers))
-        best = min(best, value)
-    return best
+        if not (used > q.capacity).any():
+            yield [tuple(int(j) for j in np.flatnonzero(a == i)) for i in range(q.num_helpers)]
 
 
 def _helper_best(q: Instance, i: int, clients: tuple) -> float:
@@ -108,15 +110,8 @@ def nonpreemptive_optimum(q: Instance) -> float:
     def helper(i: int, clients: tuple) -> float:
         return _helper_best(q, i, clients)
 
-    best = np.inf
-    for assignment in itertools.product(range(q.num_helpers), repeat=q.num_clients):
-        a = np.array(assignment)
-        used = np.zeros(q.num_helpers, dtype=np.int64)
-        np.add.at(used, a, q.demand)
-        if (used > q.capacity).any():
-            continue
-        best = min(best, max(helper(i, tuple(int(j) for j in np.flatnonzero(a == i))) for i in range(q.num_helpers)))
-    return best
+    return min((max(helper(i, clients) for i, clients in enumerate(groups)) for groups in feasible_assignments(q)),
+               default=np.inf)
 
 
 def run_makespan(plan) -> float:

@@ -20,3 +20,14 @@ def cli(capsys):
         captured = capsys.readouterr()
         return code, captured.out, captured.err
     return invoke
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny models: one intra-op thread is as fast and does not collapse on a busy machine."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -53,12 +53,8 @@ def models(tmp_path_factory) -> dict[str, str]:
 
 
 @pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny models: one intra-op thread is as fast and does not collapse on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_torch_thread(one_torch_thread):
+    """Every test here on one intra-op thread (tests/conftest.py)."""
 
 
 def preset_profile(model: str, devices: list[str], bandwidth: str = "1gbit"):

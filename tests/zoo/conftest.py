@@ -15,13 +15,8 @@ def _isolated_cache(tmp_path, monkeypatch):
 
 
 @pytest.fixture(autouse=True)
-def _one_torch_thread():
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_torch_thread(one_torch_thread):
+    """Every test here on one intra-op thread (tests/conftest.py)."""
 
 
 def shipped_table_version() -> str:

@@ -295,7 +295,7 @@ def labs_seen() -> list[str]:
     names = set()
     try:
         names.update(d.name[len(CGROUP_PREFIX):] for d in cgroups.find_lab_dirs(cgroups.detect()))
-    except BadInput:
+    except BadInput:  # no cgroup hierarchy this lab code can use: the namespaces alone name the labs
         pass
     for netns in network.lab_netns():
         rest = netns[len(NETNS_PREFIX):]

@@ -282,6 +282,9 @@ def run_command(
     as_json: AsJson = False,
 ) -> None:
     """Train a PSL plan: clients (data, parts 1 and 3) and helpers (a part-2 copy per client) as worker processes over gloo; FedAvg every round."""
+    # Outputs first, before the plan is read (`hppctl run` on a psl plan checked its own already).
+    for flag, path in (("--metrics", metrics), ("--save-model", save_model), ("--log", log)):
+        writable_path(flag, path)
     run_psl(plan_file, cluster_file, rounds=rounds, local_batches=local_batches, shares=shares, order=order, dataset=dataset,
             seed=seed, optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay, metrics=metrics,
             save_model=save_model, threads=threads, listen=listen, timeout=timeout, log=log, as_json=as_json,
@@ -318,8 +321,6 @@ def run_psl(plan_file: Path, cluster_file: Path, *, rounds: int = 1, local_batch
         raise BadInput(f"--order: unknown value {order!r} (plan or ltf)")
     if metrics is not None and metrics.suffix.lower() not in (".jsonl", ".json"):
         raise BadInput(f"--metrics: {metrics}: use a .jsonl file")
-    for flag, path in (("--metrics", metrics), ("--save-model", save_model), ("--log", log)):
-        writable_path(flag, path)
     check_listen(listen)
     plan = load(plan_file, PslPlan)
     cluster = load(cluster_file, ClusterSpec)

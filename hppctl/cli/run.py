@@ -45,6 +45,9 @@ def run_command(
     checkpoint_dir: Annotated[Optional[Path], typer.Option("--checkpoint-dir", help="Per-stage checkpoints, written atomically; locked while the run lasts.")] = None,
     checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Checkpoint every K rounds (and at the end).")] = 1,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the newest complete round in --checkpoint-dir (re-cut to this plan's stages if another plan of the model wrote it).")] = False,
+    more_rounds: Annotated[Optional[int], typer.Option("--more-rounds", help="With --resume: train N rounds past the checkpoint's newest round (from 0 if it has none), so one command continues every day; the learning-rate schedule restarts over them.")] = None,
+    more_epochs: Annotated[Optional[int], typer.Option("--more-epochs", help="As --more-rounds, counted in epochs.")] = None,
+    init_from: Annotated[Optional[Path], typer.Option("--init-from", help="Start from trained weights: a --save-model file or a checkpoint directory (optimizer, round count and schedule start afresh; ignored when --resume finds a round to continue).")] = None,
     rejoin: Annotated[bool, typer.Option("--rejoin", help="With --resume after fault tolerance re-planned the run: continue on --plan as given, devices lost before included (default: on the re-planned plan).")] = False,
     metrics: Annotated[Optional[Path], typer.Option("--metrics", help="Per-round metrics, one JSON object per line.")] = None,
     trace: Annotated[Optional[Path], typer.Option("--trace", help="Chrome/Perfetto trace of the run (the simulator's layout).")] = None,
@@ -95,6 +98,7 @@ def run_command(
         writable_path(flag, path)
     from hppctl.cli.galaxy import is_inference_file
     if is_inference_file(plan):  # collaborative inference (issue 8)
+        _refuse_training_only(plan, {"--init-from": init_from, "--more-rounds": more_rounds, "--more-epochs": more_epochs})
         from hppctl.cli.galaxy import run_inference_command
         return run_inference_command(plan, cluster, text=text, input_ids=input_ids, seq_len=seq_len, repeat=repeat,
                                      warmup=warmup, overlap=overlap, output=output, as_json=as_json, threads=threads,
@@ -108,7 +112,8 @@ def run_command(
         from hppctl.cli.psl import run_psl
         for flag, value in (("--epochs", epochs), ("--checkpoint-dir", checkpoint_dir), ("--profile", profile),
                             ("--trace", trace), ("--lr-schedule", None if lr_schedule == "constant" else lr_schedule),
-                            ("--warmup-rounds", warmup_rounds or None), ("--bn-recalibrate", bn_recalibrate or None)):
+                            ("--warmup-rounds", warmup_rounds or None), ("--bn-recalibrate", bn_recalibrate or None),
+                            ("--init-from", init_from), ("--more-rounds", more_rounds), ("--more-epochs", more_epochs)):
             if value is not None:
                 raise BadInput(f"{flag}: not supported for psl plans (see `hppctl psl run --help`)")
         return run_psl(plan, cluster, rounds=rounds or 1, dataset=dataset, seed=seed, optimizer=optimizer, lr=lr,
@@ -117,6 +122,8 @@ def run_command(
                        divergence_factor=divergence_factor)
     if rounds is not None and epochs is not None:
         raise BadInput("--rounds and --epochs: give one of them")
+    _check_extension_flags(rounds=rounds, epochs=epochs, more_rounds=more_rounds, more_epochs=more_epochs,
+                           resume=resume, schedule=schedule)
     for flag, value in (("--rounds", rounds), ("--epochs", epochs), ("--checkpoint-every", checkpoint_every)):
         positive(flag, value)
     from hppctl.cli.coordinator import check_recovery_flags
@@ -156,13 +163,19 @@ def run_command(
         if rounds is not None:
             raise BadInput(f"--rounds: --schedule {schedule} trains whole epochs; use --epochs")
         window, total = epoch_schedule(hpp, schedule, dataset), epochs or 1
-    if warmup_rounds >= total:
-        raise BadInput(f"--warmup-rounds: {warmup_rounds} leaves none of the run's {total} rounds at --lr")
+    extending = more_rounds is not None or more_epochs is not None
+    schedule_start = newest_complete_round(checkpoint_dir) if extending else 0
+    if extending:  # N rounds past the newest one: the same command continues the run each time
+        total = schedule_start + (more_rounds or more_epochs * (1 if window is not None else per_epoch))
+    if warmup_rounds >= total - schedule_start:
+        raise BadInput(f"--warmup-rounds: {warmup_rounds} leaves none of the run's {total - schedule_start} rounds "
+                       f"at --lr")
+    initial_state = _initial_state(init_from, hpp.model, checkpoint_dir if resume else None)
     local = [d for d in hpp.devices() if inventory.device(d).local]
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // len(local)) if len(local) == len(hpp.devices()) else 0
     options = TrainOptions(dataset=dataset, seed=seed, rounds=total, optimizer=optimizer, lr=lr, lr_schedule=lr_schedule,
-                           warmup_rounds=warmup_rounds, momentum=momentum,
+                           warmup_rounds=warmup_rounds, schedule_start=schedule_start, momentum=momentum,
                            weight_decay=weight_decay, checkpoint_every=checkpoint_every if checkpoint_dir else 0,
                            threads=threads, trace=trace is not None, timeout_s=timeout,
                            divergence_factor=divergence_factor)
@@ -173,11 +186,65 @@ def run_command(
         note(line)  # the lock file and the round to resume, before anything starts (runtime/preflight.py)
     summary = train(hpp, inventory, options, data, checkpoint_dir=checkpoint_dir, resume=resume, metrics=metrics,
                     trace=trace, save_model=save_model, listen=listen, log=log, plan_source=str(plan), schedule=window,
-                    recovery=recovery, lineage=lineage, bn_recalibrate=bn_recalibrate)
+                    recovery=recovery, lineage=lineage, bn_recalibrate=bn_recalibrate, initial_state=initial_state,
+                    expected_start=schedule_start if extending else None)
+    summary["init_from"] = str(init_from) if initial_state is not None else None
     if as_json:
         emit_json(summary)
     else:
         render(summary)
+
+
+def _refuse_training_only(plan_file: Path, given: dict) -> None:
+    """Flags only training plans use, on an inference plan (flag -> value, None when not given)."""
+    for flag, value in given.items():
+        if value is not None:
+            raise BadInput(f"{flag}: only for training plans; {plan_file} is an inference (galaxy) plan")
+
+
+def _check_extension_flags(*, rounds, epochs, more_rounds, more_epochs, resume, schedule) -> None:
+    """`--more-rounds`/`--more-epochs` count past the checkpoint's newest round: they need --resume and
+    replace --rounds/--epochs (totals), and an asynchronous schedule counts in epochs."""
+    given = [f for f, v in (("--more-rounds", more_rounds), ("--more-epochs", more_epochs)) if v is not None]
+    if not given:
+        return
+    flag = given[0]
+    if len(given) > 1:
+        raise BadInput("--more-rounds and --more-epochs: give one of them")
+    positive(flag, more_rounds if more_rounds is not None else more_epochs)
+    for total_flag, value in (("--rounds", rounds), ("--epochs", epochs)):
+        if value is not None:
+            raise BadInput(f"{flag}: counts past the checkpoint's newest round; {total_flag} gives the total "
+                           f"instead: give one of them")
+    if not resume:
+        raise BadInput(f"{flag}: goes with --resume and --checkpoint-dir (it counts past the newest round there)")
+    if schedule is not None and more_rounds is not None:
+        raise BadInput(f"--more-rounds: --schedule {schedule} trains whole epochs; use --more-epochs")
+
+
+def newest_complete_round(checkpoint_dir: Path) -> int:
+    """The newest complete round in `checkpoint_dir`, 0 if none (its content is checked later, by
+    check_checkpoint, and the round again once the lock is held: Session's `expected_start`)."""
+    from hppctl.runtime.checkpoint import CheckpointDir
+
+    rounds = CheckpointDir(checkpoint_dir).complete_rounds()
+    return rounds[-1] if rounds else 0
+
+
+def _initial_state(init_from: Path | None, model: str, resume_dir: Path | None) -> dict | None:
+    """The weights `--init-from` gives (checked: runtime/warmstart.py), or None: not given, or a
+    `--resume` that finds a round to continue, which wins (so one cron line works from its first
+    day, when the checkpoint directory is still empty, and every day after)."""
+    if init_from is None:
+        return None
+    if resume_dir is not None:
+        newest = newest_complete_round(resume_dir)
+        if newest:  # (no run writes round 0)
+            note(f"--init-from: not used: --resume continues from round {newest} of {resume_dir}")
+            return None
+    from hppctl.runtime.warmstart import load_initial_state
+
+    return load_initial_state(init_from, model)
 
 
 def _refuse_inference_flags(plan_file: Path, kind: str, given: dict) -> None:
@@ -215,11 +282,12 @@ def _plan_to_resume(checkpoint_dir: Path, plan, profile, plan_file: Path, rejoin
 
 def train(plan, cluster, options, data, *, checkpoint_dir=None, resume=False, metrics=None, trace=None,
           save_model=None, listen=None, log=None, plan_source="plan", quiet=False, schedule=None, recovery=None,
-          lineage=None, bn_recalibrate=0) -> dict:
+          lineage=None, bn_recalibrate=0, initial_state=None, expected_start=None) -> dict:
     """Run the session with progress on stderr; write metrics, trace and model; return the summary.
 
     bn_recalibrate: re-estimate BatchNorm statistics over this many training samples before saving
-    and testing the model (0: keep the running averages the workers trained)."""
+    and testing the model (0: keep the running averages the workers trained). initial_state,
+    expected_start: `RunRequest`'s (runtime/session.py)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from hppctl.runtime.results import accuracy, save_model as write_model
@@ -230,7 +298,8 @@ def train(plan, cluster, options, data, *, checkpoint_dir=None, resume=False, me
     metrics_file = session = None
     try:
         request = RunRequest(plan, cluster, options, checkpoint_dir=checkpoint_dir, resume=resume,
-                             listen=listen, log=log_file, schedule=schedule, lineage=lineage)
+                             listen=listen, log=log_file, schedule=schedule, lineage=lineage,
+                             initial_state=initial_state, expected_start=expected_start)
         if recovery is not None:  # the embedded coordinator (docs/fault-tolerance.md)
             from hppctl.cli.coordinator import describe, status_progress
             from hppctl.runtime.recovery import ResilientSession

@@ -28,11 +28,15 @@ class TrainOptions(FrozenModel):
     """Rounds to run in total, counting those a resumed checkpoint already holds."""
     start_round: NonNegInt = 0
     """First round to run (the checkpoint's round when resuming)."""
+    schedule_start: NonNegInt = 0
+    """First round of the learning-rate schedule's cycle: 0, or the round a `--more-rounds` run
+    resumed from. Each such extension is a cycle of its own (warm restart, as in SGDR): its warm-up,
+    then its schedule over the rounds from `schedule_start` to `rounds`."""
     optimizer: Literal["sgd", "adam"] = "sgd"
     lr: PosFloat = 0.05
     """Peak learning rate (the rate throughout with `lr_schedule="constant"`)."""
     lr_schedule: Literal["constant", "cosine"] = "constant"
-    """cosine: after the warm-up, decays from `lr` to 0 along half a cosine over the remaining rounds."""
+    """cosine: after the warm-up, decays from `lr` to 0 along half a cosine over the cycle's remaining rounds."""
     warmup_rounds: NonNegInt = 0
     """Rounds over which the rate rises linearly from lr / warmup_rounds to `lr` (either schedule)."""
     momentum: NonNegFloat = 0.9
@@ -51,13 +55,16 @@ class TrainOptions(FrozenModel):
 
     def learning_rate(self, round_index: int) -> float:
         """The rate of round `round_index` (0-based). A function of the round alone, so a resumed run
-        and a replayed round use the rate the uninterrupted run would have."""
-        if round_index < self.warmup_rounds:
-            return self.lr * (round_index + 1) / self.warmup_rounds
+        and a replayed round use the rate the uninterrupted run would have. Counted from the cycle's
+        first round (`schedule_start`): an extension's rounds take the rates a run of as many rounds
+        takes from round 0."""
+        step = max(0, round_index - self.schedule_start)
+        if step < self.warmup_rounds:
+            return self.lr * (step + 1) / self.warmup_rounds
         if self.lr_schedule == "constant":
             return self.lr
-        span = max(1, self.rounds - self.warmup_rounds)
-        return self.lr * 0.5 * (1.0 + math.cos(math.pi * (round_index - self.warmup_rounds) / span))
+        span = max(1, self.rounds - self.schedule_start - self.warmup_rounds)
+        return self.lr * 0.5 * (1.0 + math.cos(math.pi * (step - self.warmup_rounds) / span))
 
 
 class WorkerConfig(FrozenModel):

@@ -212,13 +212,13 @@ def check_checkpoint(checkpoint_dir, plan: HppPlan, options, *, resume: bool) ->
     file loads safely (`weights_only`), is the stage the record says, has the tensor names and
     shapes the round's plan gives that stage, and holds finite values. `BadInput` (exit 2) naming the
     file and what is wrong; returns notes for the user (a round written before digests existed)."""
-    from hppctl.runtime.session import run_fingerprint
+    from hppctl.runtime.session import resume_fingerprint
 
     ck = CheckpointDir(checkpoint_dir)
     check_lock_file(ck.path / "LOCK")
     if not resume:
         return []
-    found = ck.newest_round(run_fingerprint(plan, options))
+    found = ck.newest_round(resume_fingerprint(plan, options))
     if found is None:
         return []
     where, meta, blobs = found

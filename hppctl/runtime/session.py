@@ -70,6 +70,13 @@ class RunRequest:
     hppctl.runtime.async_exec.plans.epoch_schedule), one round = one epoch."""
     lineage: Lineage | None = None
     """Where `plan` comes from (a resumed run's, from its checkpoint); None: the plan is its own origin."""
+    initial_state: dict | None = None
+    """Trained weights to start from instead of the seed's (`--init-from`, runtime/warmstart.py): the
+    whole model's parameters and persistent buffers under the wrapper's names. A resumed round is
+    still loaded over them."""
+    expected_start: int | None = None
+    """The round the run must resume from (`--more-rounds` counted its rounds from it): another round
+    once the lock is held means another run wrote one in between, and this one stops (exit 75)."""
 
 
 @dataclass
@@ -97,13 +104,25 @@ def run_fingerprint(plan: HppPlan, options: TrainOptions) -> dict:
     return {"plan": plan_document(plan), **{k: getattr(options, k) for k in keep}, "lr_schedule": _schedule_text(options)}
 
 
+def resume_fingerprint(plan: HppPlan, options: TrainOptions) -> dict:
+    """What the newest round must share with a run resuming from it: `run_fingerprint`, but for the
+    learning-rate schedule when the run starts a new schedule cycle (`--more-rounds`: the cycle
+    begins at the resumed round, whatever the previous one was)."""
+    keep = run_fingerprint(plan, options)
+    if options.schedule_start > 0:
+        del keep["lr_schedule"]
+    return keep
+
+
 def _schedule_text(options: TrainOptions) -> str | None:
     """The learning-rate schedule as a checkpoint records it: None for a constant rate (what
-    checkpoints written before schedules existed hold); a cosine's total rounds are part of it."""
+    checkpoints written before schedules existed hold); a cosine's total rounds are part of it, and
+    the round its cycle started from when that is not 0 (`--more-rounds`)."""
     if options.lr_schedule == "constant" and not options.warmup_rounds:
         return None
     parts = [options.lr_schedule] + ([f"{options.rounds} rounds"] if options.lr_schedule == "cosine" else [])
-    return ", ".join(parts + ([f"{options.warmup_rounds} warm-up rounds"] if options.warmup_rounds else []))
+    parts += [f"{options.warmup_rounds} warm-up rounds"] if options.warmup_rounds else []
+    return ", ".join(parts + ([f"cycle from round {options.schedule_start}"] if options.schedule_start else []))
 
 
 def plan_document(plan: HppPlan) -> dict:
@@ -147,6 +166,7 @@ class Session:
         self.lock_checkpoint()
         try:
             start_round, init = self._resume_point()
+            self._check_expected_start(start_round)
             options = self.request.options.model_copy(update={"start_round": start_round})
             if start_round >= options.rounds:
                 notify(f"the checkpoint already holds round {start_round} of {options.rounds}; nothing to run")
@@ -186,10 +206,21 @@ class Session:
     def _resume_point(self) -> tuple[int, dict[int, bytes]]:
         if not (self.ckpt and self.request.resume):
             return 0, {}
-        found = self.ckpt.latest(run_fingerprint(self.request.plan, self.request.options))
+        found = self.ckpt.latest(resume_fingerprint(self.request.plan, self.request.options))
         if found is None:
             return 0, {}
         return found
+
+    def _check_expected_start(self, start_round: int) -> None:
+        """The CLI counted `--more-rounds` from the newest round before the lock was held; a run that
+        held it meanwhile may have written a newer one (exit 75, as if it still held the lock)."""
+        from hppctl.runtime.checkpoint import CheckpointLocked
+
+        expected = self.request.expected_start
+        if expected is not None and start_round != expected:
+            raise CheckpointLocked(f"--checkpoint-dir {self.request.checkpoint_dir}: another run wrote round "
+                                   f"{start_round} after this one counted its rounds from round {expected}; "
+                                   f"try again")
 
     def _initial_blobs(self, seed: int) -> list[bytes]:
         import torch
@@ -200,7 +231,8 @@ class Session:
         blobs = []
         # Bi-Partition: a worker holds the layers it forwards and those it backwards.
         held = [(min(s.start, s.backward[0]), max(s.end, s.backward[1])) for s in plan.stages]
-        for tensors in initial_stage_tensors(plan.model, plan.granularity, held, seed=seed):
+        for tensors in initial_stage_tensors(plan.model, plan.granularity, held, seed=seed,
+                                             state=self.request.initial_state):
             buf = io.BytesIO()
             torch.save(tensors, buf)
             blobs.append(buf.getvalue())

@@ -73,13 +73,16 @@ def stage_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def initial_stage_tensors(model: str, granularity: str, layers: Sequence[tuple[int, int]], *,
-                          seed: int) -> list[dict[str, torch.Tensor]]:
+                          seed: int, state: dict[str, torch.Tensor] | None = None) -> list[dict[str, torch.Tensor]]:
     """What each stage starts from: the whole model built from `seed` (as a single process would),
-    cut into the plan's layer ranges. The launcher builds it once and ships each stage its part, so
-    no worker ever holds the whole model."""
+    with the trained `state` loaded over it if given (`--init-from`: every parameter and persistent
+    buffer, checked by runtime/warmstart.py), cut into the plan's layer ranges. The launcher builds it
+    once and ships each stage its part, so no worker ever holds the whole model."""
     from hppctl.zoo import build_stage, get_model
 
     whole = get_model(model).build(seed=seed).train()
+    if state is not None:
+        whole.load_state_dict(state)  # strict: warmstart.py gave exactly the model's state names
     return [stage_tensors(build_stage(whole, granularity, a, b, mode="train")) for a, b in layers]
 
 

@@ -25,17 +25,19 @@ from hppctl.schedule.routing import owned_ranges
 from hppctl.zoo import build_stage, get_model
 
 
-def _setup(plan: HppPlan, options: TrainOptions):
+def _setup(plan: HppPlan, options: TrainOptions, initial: dict | None = None):
     torch.manual_seed(0)
     model = get_model(plan.model).build(seed=options.seed)
+    if initial is not None:  # trained weights to start from (`--init-from`), the wrapper's names
+        model.load_state_dict(initial)
     model.train()
     data = load_data(options.dataset, plan.model)
     order = SampleOrder(len(data.train), plan.global_batch, plan.micro_batch, options.seed)
     return model, data, order
 
 
-def train_reference(plan: HppPlan, options: TrainOptions) -> dict[str, torch.Tensor]:
-    model, data, order = _setup(plan, options)
+def train_reference(plan: HppPlan, options: TrainOptions, initial: dict | None = None) -> dict[str, torch.Tensor]:
+    model, data, order = _setup(plan, options, initial)
     opt = make_optimizer(model.parameters(), options)
     for r in range(options.rounds):
         set_learning_rate(opt, options.learning_rate(r))
@@ -48,8 +50,9 @@ def train_reference(plan: HppPlan, options: TrainOptions) -> dict[str, torch.Ten
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def train_sharded_reference(plan: HppPlan, options: TrainOptions) -> dict[str, torch.Tensor]:
-    model, data, order = _setup(plan, options)
+def train_sharded_reference(plan: HppPlan, options: TrainOptions,
+                            initial: dict | None = None) -> dict[str, torch.Tensor]:
+    model, data, order = _setup(plan, options, initial)
     stages = [build_stage(model, plan.granularity, s.start, s.end, mode="train") for s in plan.stages]
     opt = make_optimizer(model.parameters(), options)
     # One copy of each stage's buffers per device of the stage.

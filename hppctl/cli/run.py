@@ -22,6 +22,8 @@ Examples (from the repository root; files in examples/, outputs under out/):
   hppctl run --plan examples/plan-local.yaml --cluster examples/local.yaml --rounds 200 --checkpoint-dir out/ck --resume --metrics out/m.jsonl
   hppctl run --plan examples/plan-local.yaml --cluster examples/local.yaml --profile examples/local-tiny-cnn.json --trace out/run-trace.json --json
   hppctl run --plan examples/plan-local.yaml --cluster examples/local.yaml --dataset mypkg.data:make_dataset --save-model out/model.pt
+  hppctl run --plan examples/plan-local.yaml --cluster examples/local.yaml --dataset digits --checkpoint-dir out/ck --resume --more-rounds 20 --save-model out/model.pt
+  hppctl run --plan examples/plan-local-pp.yaml --cluster examples/local.yaml --dataset digits --epochs 2 --init-from out/model.pt
   hppctl run --plan examples/plan-local.yaml --cluster examples/local.yaml --epochs 8 --optimizer adam --lr 0.002 --lr-schedule cosine --bn-recalibrate 512
   hppctl run --plan examples/galaxy-local.yaml --cluster examples/local.yaml --seq-len 284 --repeat 5 --output out/hidden.pt --json
 """
@@ -430,8 +432,8 @@ def render(summary: dict) -> None:
     for d, m in summary["memory"].items():
         stdout.print(f"  {d}: peak RSS {format_bytes(m['peak_rss_bytes'])} "
                      f"(process baseline {format_bytes(m['baseline_rss_bytes'])})")
-    for key in ("saved_model", "checkpoint_dir", "metrics", "trace"):
-        if summary[key]:
+    for key in ("init_from", "saved_model", "checkpoint_dir", "metrics", "trace"):
+        if summary.get(key):  # (init_from: only `hppctl run` sets it)
             note(f"{key.replace('_', ' ')}: {summary[key]}")
 
 

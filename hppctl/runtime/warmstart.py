@@ -8,7 +8,7 @@ The weights are checked here, before the lock is taken and any worker starts: ev
 `load_state_dict` would refuse, or load and then train on garbage, is exit 2 with one line naming the
 file and the first offending tensor. The launcher loads them into the whole model before cutting it
 into the plan's stages (runtime/stage.py: `initial_stage_tensors`), so any plan of the model can start
-from them: other cut points, replicated stages, Bi-Partition or asynchronous schedules.
+from them: other cut points, replicated stages, asynchronous schedules.
 """
 
 from __future__ import annotations

@@ -11,9 +11,12 @@ import math
 
 import pytest
 
-from hppctl.runtime.checkpoint import COMPLETE
+from hppctl.models.cluster import ClusterSpec
+from hppctl.models.plan import HppPlan
+from hppctl.runtime.checkpoint import COMPLETE, CheckpointLocked
 from hppctl.runtime.config import TrainOptions
-from hppctl.store import save
+from hppctl.runtime.session import RunRequest, Session
+from hppctl.store import load, save
 from tests.runtime.factories import local_cluster, make_plan
 
 DATASET = "tests.runtime.userdata:slow_features"
@@ -96,3 +99,16 @@ def test_a_cosine_run_extended_twice_restarts_its_cycle(cli, files, tmp_path):
     code, out, err = cli(*[a for a in command if a not in ("--more-rounds", str(n))], "--rounds", str(3 * n))
     assert code == 2, err
     assert "lr_schedule is 'cosine, 8 rounds, 1 warm-up rounds, cycle from round 4'" in err
+
+    # a start that counted its rounds from round 4 while another run went on to write round 8: once it
+    # holds the lock it sees round 8, and stops as if the lock were still held (exit 75), starting nothing
+    options = TrainOptions(dataset=DATASET, rounds=4 + n, schedule_start=4, lr=lr, lr_schedule="cosine",
+                           warmup_rounds=warmup)
+    late = Session(RunRequest(load(tmp_path / "plan.yaml", HppPlan), load(tmp_path / "cluster.yaml", ClusterSpec),
+                              options, checkpoint_dir=tmp_path / "ck", resume=True, expected_start=4))
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "ck").rglob("*.pt"))
+    with pytest.raises(CheckpointLocked, match="another run wrote round 8 after this one counted its rounds from "
+                                               "round 4"):
+        late.run()
+    assert not late.workers
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "ck").rglob("*.pt")) == before

@@ -79,6 +79,7 @@ def run_command(
     from hppctl.models.cluster import ClusterSpec
     from hppctl.models.plan import HppPlan
     from hppctl.models.profile import Profile
+    from hppctl.runtime.checkpoint import CheckpointDir
     from hppctl.runtime.config import TrainOptions
     from hppctl.runtime.preflight import check_bipartition_run, check_checkpoint, preflight
     from hppctl.store import load
@@ -166,7 +167,8 @@ def run_command(
             raise BadInput(f"--rounds: --schedule {schedule} trains whole epochs; use --epochs")
         window, total = epoch_schedule(hpp, schedule, dataset), epochs or 1
     extending = more_rounds is not None or more_epochs is not None
-    schedule_start = newest_complete_round(checkpoint_dir) if extending else 0
+    # counted before the lock is held; Session checks it again once it is (`expected_start`)
+    schedule_start = CheckpointDir(checkpoint_dir).newest_round_number() if extending else 0
     if extending:  # N rounds past the newest one: the same command continues the run each time
         total = schedule_start + (more_rounds or more_epochs * (1 if window is not None else per_epoch))
     if warmup_rounds >= total - schedule_start:
@@ -224,24 +226,17 @@ def _check_extension_flags(*, rounds, epochs, more_rounds, more_epochs, resume, 
         raise BadInput(f"--more-rounds: --schedule {schedule} trains whole epochs; use --more-epochs")
 
 
-def newest_complete_round(checkpoint_dir: Path) -> int:
-    """The newest complete round in `checkpoint_dir`, 0 if none (its content is checked later, by
-    check_checkpoint, and the round again once the lock is held: Session's `expected_start`)."""
-    from hppctl.runtime.checkpoint import CheckpointDir
-
-    rounds = CheckpointDir(checkpoint_dir).complete_rounds()
-    return rounds[-1] if rounds else 0
-
-
 def _initial_state(init_from: Path | None, model: str, resume_dir: Path | None) -> dict | None:
     """The weights `--init-from` gives (checked: runtime/warmstart.py), or None: not given, or a
     `--resume` that finds a round to continue, which wins (so one cron line works from its first
     day, when the checkpoint directory is still empty, and every day after)."""
+    from hppctl.runtime.checkpoint import CheckpointDir
+
     if init_from is None:
         return None
     if resume_dir is not None:
-        newest = newest_complete_round(resume_dir)
-        if newest:  # (no run writes round 0)
+        newest = CheckpointDir(resume_dir).newest_round_number()
+        if newest:
             note(f"--init-from: not used: --resume continues from round {newest} of {resume_dir}")
             return None
     from hppctl.runtime.warmstart import load_initial_state

@@ -205,6 +205,12 @@ class CheckpointDir:
                     continue
         return sorted(rounds)
 
+    def newest_round_number(self) -> int:
+        """The newest complete round's number, 0 if there is none (no run writes round 0). Its files
+        are not read: `newest_round` checks them."""
+        rounds = self.complete_rounds()
+        return rounds[-1] if rounds else 0
+
     def _prune(self) -> None:
         complete = self.complete_rounds()
         for r in complete[:-KEEP]:

@@ -24,7 +24,7 @@ from hppctl.errors import Diverged, RuntimeFailure
 from hppctl.models.cluster import ClusterSpec
 from hppctl.models.plan import HppPlan
 from hppctl.runtime import bootstrap
-from hppctl.runtime.checkpoint import CheckpointDir
+from hppctl.runtime.checkpoint import CheckpointDir, CheckpointLocked
 from hppctl.runtime.config import TrainOptions, WorkerConfig
 from hppctl.runtime.divergence import DivergenceGuard, first_nonfinite_tensor
 from hppctl.runtime.launch import LocalWorker, SshWorker, WorkerProcess, prepare_local_workers, stop_workers
@@ -214,8 +214,6 @@ class Session:
     def _check_expected_start(self, start_round: int) -> None:
         """The CLI counted `--more-rounds` from the newest round before the lock was held; a run that
         held it meanwhile may have written a newer one (exit 75, as if it still held the lock)."""
-        from hppctl.runtime.checkpoint import CheckpointLocked
-
         expected = self.request.expected_start
         if expected is not None and start_round != expected:
             raise CheckpointLocked(f"--checkpoint-dir {self.request.checkpoint_dir}: another run wrote round "

@@ -116,7 +116,7 @@ def assert_refused(cli, flags, path, *expected: str) -> str:
     lines = err.strip().splitlines()
     assert code == 2, err
     assert out == ""  # (a pickled payload's print would land here)
-    assert len(lines) == 1 and lines[0].startswith(f"error: --init-from: "), err
+    assert len(lines) == 1 and lines[0].startswith("error: --init-from: "), err
     for text in expected:
         assert text in lines[0], lines[0]
     assert not (path.parent / "out.pt").exists()  # nothing ran

@@ -180,14 +180,15 @@ def _probe_device(device: DeviceSpec, cluster: ClusterSpec, timeout_s: float):
                               timeout=timeout_s)
     except Exception as e:  # noqa: BLE001 - paramiko and fabric fail in many classes; the launcher names each
         error = ssh_start_failure(e, device, cluster)
-        return StepFailed(f"device {device.name}: {error}", error.exit_code)
+        return StepFailed(str(error), error.exit_code)  # it names the device and its address
     if result.exited != 0:
         last = (result.stderr.strip().splitlines() or [f"exit {result.exited}"])[-1]
-        return StepFailed(f"device {device.name}: {python} cannot import hppctl there: {last[:200]}")
+        return StepFailed(f"device {device.name!r} ({device.host}): {python} cannot import hppctl there: {last[:200]}")
     words = result.stdout.split()
     theirs = words[0] if words else "nothing"
     if theirs != __version__:
-        return StepFailed(f"device {device.name}: hppctl {theirs} there, {__version__} here: install the same version")
+        return StepFailed(f"device {device.name!r} ({device.host}): hppctl {theirs} there, {__version__} here: "
+                          f"install the same version")
     return theirs, words[1] if len(words) > 1 else "?"
 
 

@@ -137,7 +137,7 @@ def torch_requirement():
     runs from a source tree that was never installed."""
     import importlib.metadata
 
-    from packaging.requirements import Requirement
+    from packaging.requirements import Requirement  # installed with transformers, which hppctl requires
 
     try:
         requires = importlib.metadata.requires("hppctl") or []

@@ -14,7 +14,7 @@ EXAMPLES = """
 Examples (from the repository root; files in examples/):
 
 \b
-  hppctl check                                 # this install and 3 local workers: pass or fail, about 15 s
+  hppctl check                                 # this install and 3 local workers: pass or fail, about 10 s
   hppctl check --cluster examples/local.yaml   # the devices of a cluster file (local: or host:)
   hppctl check --cluster examples/local.yaml --json --timeout 30
 

@@ -1,6 +1,6 @@
-"""`hppctl check`: a pass/fail smoke test of this installation and of a cluster (docs/runtime.md, "Smoke test").
+"""`hppctl check`: a pass/fail smoke test of this installation and of a cluster (docs/runtime.md, "`hppctl check`").
 
-    report = run_check(cluster, timeout_s=60, on_step=print)   # CheckReport: steps, verdict, exit code
+    report = run_check(cluster, source="cluster.yaml", timeout_s=60, on_step=print)   # CheckReport
 
 Four steps, each a `Step` (ok or failed, what was checked, how long it took), stopping at the first
 that fails:

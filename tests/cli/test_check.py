@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from hppctl.check import LEARNED_RATIO, ROUNDS, judge_learning
+from hppctl.check import LEARNED_RATIO, ROUNDS, check_plan, judge_learning
+from hppctl.models.cluster import ClusterSpec, DeviceSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -116,3 +117,16 @@ def test_a_loss_that_does_not_fall_far_enough_or_is_nan_or_cut_short_did_not_lea
     assert not ok and f"needs below {LEARNED_RATIO:g} x the start" in text
     assert not judge_learning(falling[:-1] + [float("nan")])[0]
     assert not judge_learning(falling[: ROUNDS - 1])[0]
+
+
+# --- the plan: every device, pipeline and all-reduce -----------------------------------------------
+
+@pytest.mark.parametrize("count, shape", [
+    (1, [["d0"]]), (2, [["d0"], ["d1"]]), (3, [["d0", "d1"], ["d2"]]), (5, [["d0", "d1", "d2"], ["d3", "d4"]]),
+])
+def test_the_check_plan_uses_every_device_in_at_most_two_stages(count, shape):
+    cluster = ClusterSpec(name="c", devices=[DeviceSpec(name=f"d{i}", local=True) for i in range(count)])
+    plan = check_plan(cluster)
+    assert [s.devices for s in plan.stages] == shape
+    assert plan.stages[0].layers[0] == 0 and plan.stages[-1].layers[1] == 5  # all of tiny-mlp's layers
+    assert all(sum(s.samples) == plan.micro_batch and min(s.samples) > 0 for s in plan.stages)

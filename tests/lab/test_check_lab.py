@@ -1,6 +1,6 @@
 """`hppctl check` on a real 3-host edge lab (issue 25, item 9): it passes; a host whose Python runs
-another hppctl, and a host whose sshd was stopped, fail naming that host. Needs root; no wall-clock
-assertions (the measured times are in docs/runtime.md, "Smoke test")."""
+another hppctl, one whose Python cannot import hppctl, and one whose sshd was stopped fail naming
+that host. Needs root; no wall-clock assertions (the measured times: docs/runtime.md, "hppctl check")."""
 
 from __future__ import annotations
 
@@ -85,6 +85,27 @@ def test_a_host_whose_python_runs_another_hppctl_fails_naming_it(lab, tmp_path):
     verdict = json.loads(done.stdout)["verdict"]
     assert verdict.startswith("check FAILED: device 'kb' (10.") and f"hppctl 0.0.1 there, {__version__} here" in verdict
     assert "'ka'" not in verdict and "'kc'" not in verdict
+
+
+def test_a_host_whose_python_cannot_import_hppctl_fails_naming_it(lab, tmp_path):
+    """kc's `python:` is this interpreter without its site-packages (`-S`): no hppctl there."""
+    import yaml
+
+    cluster_file, _ = lab
+    wrapper = tmp_path / "python-bare"
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    wrapper.chmod(0o755)
+    doc = yaml.safe_load(cluster_file.read_text())
+    for device in doc["devices"]:
+        if device["name"] == "kc":
+            device["python"] = str(wrapper)
+    bare = tmp_path / "bare.yaml"
+    bare.write_text(yaml.safe_dump(doc))
+    done = hppctl("check", "--cluster", bare)
+    assert done.returncode == 1, done.stdout + done.stderr
+    verdict = done.stdout.splitlines()[-1]
+    assert verdict.startswith("check FAILED: device 'kc' (10.") and "cannot import hppctl there" in verdict
+    assert "No module named 'hppctl'" in verdict
 
 
 def test_a_host_whose_sshd_is_stopped_fails_naming_it(lab):

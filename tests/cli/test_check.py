@@ -1,7 +1,7 @@
 """`hppctl check` (issue 25, item 9): a pass/fail smoke test with an exit code a CI job can act on.
 
-The command runs in a subprocess, as CI runs it: real local workers over gloo, real SSH attempts
-(an unresolvable name, a closed port). The 3-host lab and a stopped sshd: tests/lab/test_check_lab.py.
+The passing runs are a subprocess, as CI runs them, with real local workers over gloo; the failures
+are real SSH attempts (an unresolvable name, a closed port) through the CLI in this process. The 3-host lab and a stopped sshd: tests/lab/test_check_lab.py.
 """
 
 from __future__ import annotations
@@ -44,45 +44,40 @@ def write_cluster(tmp_path: Path, devices: str) -> Path:
 # --- pass ------------------------------------------------------------------------------------------
 
 @pytest.mark.gloo
-def test_local_workers_pass_with_one_line_per_step_and_exit_0():
-    done = hppctl("check")
+def test_local_workers_pass_with_one_line_per_step_exit_0_and_one_json_document():
+    """One run (the slow part of this file): the step lines (on stderr with --json, on stdout
+    otherwise: the failures below) and the document."""
+    done = hppctl("check", "--json", "--timeout", "60")
     assert done.returncode == 0, done.stdout + done.stderr
-    lines = done.stdout.splitlines()
+    lines = done.stderr.splitlines()
     assert [line.split()[:2] for line in lines[:4]] == [["ok", "install"], ["ok", "cluster"], ["ok", "devices"],
                                                        ["ok", "train"]]
     assert "check0, check1 | check2" in lines[3] and f"over {ROUNDS} rounds" in lines[3]
     assert lines[4].startswith("check passed in ") and len(lines) == 5
-
-
-@pytest.mark.gloo
-def test_json_is_one_document_with_every_step_and_the_verdict():
-    done = hppctl("check", "--cluster", "examples/local.yaml", "--json", "--timeout", "60")
-    assert done.returncode == 0, done.stderr
-    doc = json.loads(done.stdout)
-    assert doc["passed"] is True and doc["exit_code"] == 0 and doc["verdict"].startswith("check passed")
+    doc = json.loads(done.stdout)  # stdout holds the document alone
+    assert doc["passed"] is True and doc["exit_code"] == 0 and doc["verdict"] == lines[4]
     assert [s["name"] for s in doc["steps"]] == ["install", "cluster", "devices", "train"]
-    assert all(s["ok"] and s["seconds"] >= 0 for s in doc["steps"])
-    assert "examples/local.yaml: 3 devices (3 local): w0, w1, w2" == doc["steps"][1]["detail"]
-    assert "ok   train" in done.stderr  # the step lines go to stderr, so stdout holds the document alone
+    assert all(s["ok"] and s["seconds"] >= 0 and s["exit_code"] == 0 for s in doc["steps"])
+    assert doc["steps"][1]["detail"] == "3 local workers (no --cluster): 3 devices (3 local): check0, check1, check2"
 
 
 # --- fail ------------------------------------------------------------------------------------------
 
-def test_a_closed_ssh_port_fails_naming_the_device_exit_1_before_any_worker(tmp_path):
+def test_a_closed_ssh_port_fails_naming_the_device_exit_1_before_any_worker(cli, tmp_path):
     port = closed_port()
     cluster = write_cluster(tmp_path, f"  - {{name: w0, local: true}}\n  - {{name: nx2, host: 127.0.0.1, port: {port}}}\n")
-    done = hppctl("check", "--cluster", cluster)
-    assert done.returncode == 1, done.stdout + done.stderr
-    verdict = done.stdout.splitlines()[-1]
+    code, out, err = cli("check", "--cluster", cluster)
+    assert code == 1, out + err
+    verdict = out.splitlines()[-1]
     assert verdict.startswith("check FAILED: device 'nx2' (127.0.0.1:") and "connection refused" in verdict
-    assert "FAIL devices" in done.stdout and " train " not in done.stdout  # stops at the failed step
+    assert "FAIL devices" in out and " train " not in out  # stops at the failed step
 
 
-def test_an_unresolvable_host_is_bad_input_exit_2_and_json_says_so(tmp_path):
+def test_an_unresolvable_host_is_bad_input_exit_2_and_json_says_so(cli, tmp_path):
     cluster = write_cluster(tmp_path, "  - {name: w0, local: true}\n  - {name: nx1, host: no-such-host.invalid}\n")
-    done = hppctl("check", "--cluster", cluster, "--json")
-    assert done.returncode == 2, done.stdout + done.stderr
-    doc = json.loads(done.stdout)
+    code, out, err = cli("check", "--cluster", cluster, "--json")
+    assert code == 2, out + err
+    doc = json.loads(out)
     assert doc["passed"] is False and doc["exit_code"] == 2
     assert doc["verdict"].startswith("check FAILED: device 'nx1'") and "does not resolve" in doc["verdict"]
     assert [s["ok"] for s in doc["steps"]] == [True, True, False]
@@ -93,18 +88,18 @@ def test_an_unresolvable_host_is_bad_input_exit_2_and_json_says_so(tmp_path):
      "devices: n1: preset devices are modelled, not real machines"),
     ("  - {name: w0, local: true}\n  - {name: w0, local: true}\n", "duplicate device names"),
 ])
-def test_a_bad_cluster_file_is_one_error_line_exit_2(tmp_path, devices, message):
+def test_a_bad_cluster_file_is_one_error_line_exit_2(cli, tmp_path, devices, message):
     cluster = write_cluster(tmp_path, devices)
-    done = hppctl("check", "--cluster", cluster)
-    assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.startswith(f"error: {cluster}: ") and message in done.stderr
-    assert len(done.stderr.splitlines()) == 1
+    code, out, err = cli("check", "--cluster", cluster)
+    assert code == 2 and out == ""
+    assert err.startswith(f"error: {cluster}: ") and message in err
+    assert len(err.splitlines()) == 1
 
 
-def test_a_missing_cluster_file_and_a_bad_timeout_are_bad_input(tmp_path):
-    assert hppctl("check", "--cluster", tmp_path / "none.yaml").returncode == 2
-    done = hppctl("check", "--timeout", "0")
-    assert done.returncode == 2 and done.stderr.startswith("error: --timeout:")
+def test_a_missing_cluster_file_and_a_bad_timeout_are_bad_input(cli, tmp_path):
+    assert cli("check", "--cluster", tmp_path / "none.yaml")[0] == 2
+    code, _, err = cli("check", "--timeout", "0")
+    assert code == 2 and err.startswith("error: --timeout:")
 
 
 # --- the learning verdict --------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import contextmanager
 
 from rich.console import Console
 
@@ -39,6 +40,62 @@ def forget_json_emitted() -> None:
 def note(message: str) -> None:
     """Progress for people, on stderr so that `--json` stdout stays clean."""
     stderr.print(message)
+
+
+DEFAULT_LOG_EVERY_S = 30.0
+"""`--log-every` when stderr is not a terminal and the flag is not given."""
+
+LOG_EVERY_HELP = ("Progress as plain lines on stderr, each with a UTC timestamp: one every SECONDS and one at "
+                  "each phase's start and end (default: 30 when stderr is not a terminal, none on a terminal, "
+                  "which shows bars; 0.01 to 2592000).")
+
+
+def progress_log(log_every: float | None):
+    """The command's `ProgressLog` (runtime/progress.py), or None: lines every `log_every` seconds
+    when given, every 30 s when stderr is not a terminal (a log, CI, cron: a rich bar there prints
+    only its last state), none on a terminal, where the bars show progress. Use it as a context
+    manager: its thread writes the interval lines while a phase blocks the command."""
+    from hppctl.runtime.progress import ProgressLog
+
+    every = log_every if log_every is not None else (None if stderr.is_terminal else DEFAULT_LOG_EVERY_S)
+    return ProgressLog(_log_write, every) if every is not None else None
+
+
+def _log_write(line: str) -> None:
+    stderr.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+@contextmanager
+def phase(log, name: str, *, total: int | None = None, unit: str = "", quiet: bool = False):
+    """A phase of a command that can last (a test pass, a recalibration, Galaxy's passes): a
+    transient bar on a terminal, and `log`'s start, interval and end lines. Yields
+    `update(done, status=None)`; the log's status is "NAME DONE/TOTAL UNIT" unless given."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = None
+    if total and stderr.is_terminal and not quiet:
+        bar = Progress(TextColumn(f"[bold]{name}[/]"), BarColumn(), MofNCompleteColumn(), TextColumn(unit),
+                       TimeElapsedColumn(), console=stderr, transient=True)
+        task = bar.add_task(name, total=total)
+        bar.start()
+    if log is not None:
+        log.begin(name, f"{total} {unit}".strip() if total else "")
+
+    def update(done: float, status: str | None = None) -> None:
+        if bar is not None:
+            bar.update(task, completed=done)
+        if log is not None:
+            log.update(status or f"{name} {done:g}/{total} {unit}".rstrip())
+
+    failed = True
+    try:
+        yield update
+        failed = False
+    finally:
+        if bar is not None:
+            bar.stop()
+        if log is not None:
+            log.end(failed=failed)
 
 
 def writable_path(flag: str, path, *, directory: bool = False) -> None:

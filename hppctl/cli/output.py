@@ -65,37 +65,50 @@ def _log_write(line: str) -> None:
     stderr.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
+class PhaseDisplay:
+    """A phase of a command that can last (a test pass, a recalibration, Galaxy's passes, starting
+    workers): a transient bar on a terminal (a spinner with the elapsed time when the phase has no
+    count), and `log`'s start, interval and end lines. `update(done, status=None)`: the log's status
+    is "NAME DONE/TOTAL UNIT" unless given; `close()` at the end."""
+
+    def __init__(self, log, name: str, *, total: int | None = None, unit: str = "", quiet: bool = False) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.log, self.name, self.total, self.unit = log, name, total, unit
+        self.bar = None
+        if stderr.is_terminal and not quiet:
+            columns = (BarColumn(), MofNCompleteColumn(), TextColumn(unit)) if total else (SpinnerColumn(),)
+            self.bar = Progress(TextColumn(f"[bold]{name}[/]"), *columns, TimeElapsedColumn(), console=stderr,
+                                transient=True)
+            self.task = self.bar.add_task(name, total=total)
+            self.bar.start()
+        if log is not None:
+            log.begin(name, f"{total} {unit}".strip() if total else "")
+
+    def update(self, done: float, status: str | None = None) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done)
+        if self.log is not None:
+            self.log.update(status or f"{self.name} {done:g}/{self.total} {self.unit}".rstrip())
+
+    def close(self, failed: bool = False) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+        if self.log is not None:
+            self.log.end(failed=failed)
+
+
 @contextmanager
 def phase(log, name: str, *, total: int | None = None, unit: str = "", quiet: bool = False):
-    """A phase of a command that can last (a test pass, a recalibration, Galaxy's passes): a
-    transient bar on a terminal, and `log`'s start, interval and end lines. Yields
-    `update(done, status=None)`; the log's status is "NAME DONE/TOTAL UNIT" unless given."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    bar = None
-    if total and stderr.is_terminal and not quiet:
-        bar = Progress(TextColumn(f"[bold]{name}[/]"), BarColumn(), MofNCompleteColumn(), TextColumn(unit),
-                       TimeElapsedColumn(), console=stderr, transient=True)
-        task = bar.add_task(name, total=total)
-        bar.start()
-    if log is not None:
-        log.begin(name, f"{total} {unit}".strip() if total else "")
-
-    def update(done: float, status: str | None = None) -> None:
-        if bar is not None:
-            bar.update(task, completed=done)
-        if log is not None:
-            log.update(status or f"{name} {done:g}/{total} {unit}".rstrip())
-
-    failed = True
+    """`PhaseDisplay` for a `with` block; yields its `update`."""
+    display = PhaseDisplay(log, name, total=total, unit=unit, quiet=quiet)
     try:
-        yield update
-        failed = False
-    finally:
-        if bar is not None:
-            bar.stop()
-        if log is not None:
-            log.end(failed=failed)
+        yield display.update
+    except BaseException:
+        display.close(failed=True)
+        raise
+    display.close()
 
 
 def writable_path(flag: str, path, *, directory: bool = False) -> None:

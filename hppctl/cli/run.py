@@ -296,6 +296,7 @@ def _run_session(session, progress, task, options, metrics_file, lines, word: st
     and a fractional position, so an nf1b epoch moves by micro-batch), and on `lines`. `word`:
     what a round is called ("epoch" for an asynchronous window)."""
     total = options.rounds
+    last = {"figures": ""}  # the last finished round's, repeated beside a step report
 
     def on_phase(name: str) -> None:
         if lines is not None:
@@ -306,6 +307,7 @@ def _run_session(session, progress, task, options, metrics_file, lines, word: st
             metrics_file.write(json.dumps(row) + "\n")
             metrics_file.flush()
         status = f"loss {row['loss']:.4f}  {row['samples_per_s']:.1f} samples/s"
+        last["figures"] = f" (last {word}: {status.replace('  ', ' ')})"
         progress.update(task, completed=row["round"] + 1, status=status)
         if lines is not None:
             lines.update(f"{word} {row['round'] + 1}/{total} {status.replace('  ', ' ')}")
@@ -314,7 +316,7 @@ def _run_session(session, progress, task, options, metrics_file, lines, word: st
         status = f"{word} {step.round + 1}: {step.step_name()} {step.done}/{step.total}"
         progress.update(task, completed=step.position(), status=status)
         if lines is not None:
-            lines.update(f"{word} {step.round + 1}/{total} {step.step_name()} {step.done}/{step.total}")
+            lines.update(f"{word} {step.round + 1}/{total} {step.step_name()} {step.done}/{step.total}{last['figures']}")
 
     def on_event(message: str) -> None:
         progress.update(task, status=message)

@@ -361,7 +361,7 @@ def train_psl(plan: PslPlan, cluster, options, data, *, metrics=None, save_model
     """Run the session (progress on stderr: a line per round, or `lines`, a `ProgressLog`, when
     given), write metrics and the model; return the summary."""
     from hppctl.runtime.psl.session import PslRunRequest, PslSession, summarize
-    from hppctl.runtime.results import accuracy, save_model as write_model, test_batches
+    from hppctl.runtime.results import accuracy, save_model as write_model, evaluation_batches
 
     log_file = open_output_stream(log, append=True) if log else None
     metrics_file = None
@@ -399,7 +399,7 @@ def train_psl(plan: PslPlan, cluster, options, data, *, metrics=None, save_model
     state = result.client_model(plan.clients[0])  # every client holds the same model after FedAvg
     summary["test_accuracy"] = None
     if data.test is not None:
-        with phase(lines, "test pass", total=test_batches(data.test), unit="batches") as update:
+        with phase(lines, "test pass", total=evaluation_batches(data.test), unit="batches") as update:
             summary["test_accuracy"] = accuracy(plan.model, state, data.test, on_batch=lambda done, total: update(done))
     if save_model is not None:
         with phase(lines, "saving"):

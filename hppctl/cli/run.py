@@ -346,9 +346,9 @@ def _run_session(session, progress, task, options, metrics_file, lines, word: st
 
 
 def _test_pass(model: str, state: dict, split, lines, quiet: bool, name: str = "test pass") -> float:
-    from hppctl.runtime.results import accuracy, test_batches
+    from hppctl.runtime.results import accuracy, evaluation_batches
 
-    with phase(lines, name, total=test_batches(split), unit="batches", quiet=quiet) as update:
+    with phase(lines, name, total=evaluation_batches(split), unit="batches", quiet=quiet) as update:
         return accuracy(model, state, split, on_batch=lambda done, total: update(done))
 
 

@@ -101,7 +101,7 @@ def recalibrate_batchnorm(model: str, state: dict, split, indices, batch_size: i
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
-def test_batches(split, batch_size: int = 256) -> int:
+def evaluation_batches(split, batch_size: int = 256) -> int:
     """How many batches `accuracy` runs over `split`: a progress bar's total."""
     return -(-len(split) // batch_size)
 
@@ -112,7 +112,7 @@ def accuracy(model: str, state: dict, split, batch_size: int = 256,
     import torch
 
     module = build_trained(model, state)
-    correct, total = 0, test_batches(split, batch_size)
+    correct, total = 0, evaluation_batches(split, batch_size)
     with torch.no_grad():
         for n, first in enumerate(range(0, len(split), batch_size)):
             idx = torch.arange(first, min(first + batch_size, len(split)))

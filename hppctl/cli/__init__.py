@@ -63,6 +63,7 @@ def _register() -> None:
     from hppctl.cli import run as run_cmd; run_cmd.register(app)  # noqa: E702  (training runtime, issue 6)
     from hppctl.cli import demo; demo.register(app)  # noqa: E702  (issue 6)
     from hppctl.cli import coordinator; coordinator.register(app)  # noqa: E702  (fault tolerance, issue 7)
+    from hppctl.cli import check; check.register(app)  # noqa: E702  (the CI smoke test, issue 25)
 
 
 _register()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
@@ -10,8 +11,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from hppctl.cli.flags import positive, seed as check_seed
-from hppctl.cli.output import emit_json, note, stderr, stdout, writable_path
+from hppctl.cli.flags import MIN_PERIOD_S, positive, seconds, seed as check_seed
+from hppctl.cli.output import LOG_EVERY_HELP, emit_json, note, phase, progress_log, stderr, stdout, writable_path
 from hppctl.errors import BadInput, RuntimeFailure
 
 EXAMPLES = """
@@ -48,21 +49,18 @@ def demo_command(
     seed: Annotated[int, typer.Option("--seed", help="Weights and sample order (0 to 2^32 - 1).")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON summary on stdout.")] = False,
     min_accuracy: Annotated[Optional[float], typer.Option("--min-accuracy", help="Percent (0-100): exit 1 after the report when the test accuracy is below it, for CI smoke runs.")] = None,
+    log_every: Annotated[Optional[float], typer.Option("--log-every", metavar="SECONDS", help=LOG_EVERY_HELP)] = None,
 ) -> None:
     """Three local worker processes: profile them, plan with asteroid, train on digits, print plan, throughput and accuracy."""
     from hppctl.models.cluster import ClusterSpec, DeviceSpec
-    from hppctl.planner import make_plan
-    from hppctl.runtime.config import TrainOptions
-    from hppctl.runtime.preflight import preflight
     from hppctl.store import save
-
-    from hppctl.cli.run import train
 
     if profiler not in ("measured", "quick"):
         raise BadInput(f"--profiler: unknown value {profiler!r} (quick or measured)")
     positive("--epochs", epochs)
     check_seed("--seed", seed)
     _check_percent("--min-accuracy", min_accuracy)
+    seconds("--log-every", log_every, low=MIN_PERIOD_S)
     from hppctl.cli.plan import make_request
     request = make_request(global_batch, micro_batch)  # before the profile: these were tracebacks after it
     started = time.perf_counter()
@@ -75,8 +73,31 @@ def demo_command(
     note(f"[1/4] cluster: {len(DEVICES)} local worker processes ({', '.join(DEVICES)}) -> {where / 'cluster.yaml'}")
 
     threads = max(1, (os.cpu_count() or 1) // len(DEVICES))
+    lines = progress_log(log_every)
+    with lines or contextlib.nullcontext():
+        summary, plan = _profile_plan_train(where, cluster, model, granularity, request, micro_batch, epochs, seed,
+                                            threads, profiler, as_json, lines, log_every)
+    summary["demo_wall_s"] = time.perf_counter() - started
+    if as_json:
+        emit_json(summary)
+    else:
+        _print_summary(summary, plan, epochs, where)
+    _require_accuracy(summary["test_accuracy"], min_accuracy)
+
+
+def _profile_plan_train(where: Path, cluster, model: str, granularity: str, request, micro_batch: int, epochs: int,
+                        seed: int, threads: int, profiler: str, as_json: bool, lines, log_every: float | None):
+    """Steps 2 to 4 of the demo: (the training run's summary, the plan)."""
+    from hppctl.cli.run import train
+    from hppctl.planner import make_plan
+    from hppctl.runtime.config import TrainOptions
+    from hppctl.runtime.preflight import preflight
+    from hppctl.runtime.progress import report_every
+    from hppctl.store import save
+
     t0 = time.perf_counter()
-    profile, how = _profile(cluster, model, granularity, micro_batch, threads, profiler)
+    with phase(lines, "profile"):
+        profile, how = _profile(cluster, model, granularity, micro_batch, threads, profiler)
     save(where / "profile.json", profile)
     profile_s = time.perf_counter() - t0
     note(f"[2/4] profile ({how}, {profile_s:.0f} s): {len(profile.layers)} {granularity} layers of {model} "
@@ -97,20 +118,15 @@ def demo_command(
     # still cost 4-9 points of test accuracy (88.9-92.5 % against 96.4-98.1 % re-estimated, 4 runs,
     # docs/runtime.md "BatchNorm"), so the demo re-estimates them over the training split.
     options = TrainOptions(dataset="digits", seed=seed, rounds=1, optimizer="adam", lr=0.002, lr_schedule="cosine",
-                           threads=threads)
+                           threads=threads, progress_every_s=report_every(log_every))
     data = preflight(plan, cluster, "digits", profile=profile)
     rounds = epochs * (len(data.train) // plan.global_batch)
     options = options.model_copy(update={"rounds": rounds})
     note(f"[4/4] training on digits: {epochs} epochs = {rounds} rounds of {plan.global_batch} samples")
     summary = train(plan, cluster, options, data, metrics=where / "metrics.jsonl", save_model=where / "model.pt",
-                    plan_source=str(where / "plan.yaml"), bn_recalibrate=len(data.train))
-    summary.update(workdir=str(where), profiler=how, profile_s=profile_s, baselines_predicted_samples_per_s=baselines,
-                   demo_wall_s=time.perf_counter() - started)
-    if as_json:
-        emit_json(summary)
-    else:
-        _print_summary(summary, plan, epochs, where)
-    _require_accuracy(summary["test_accuracy"], min_accuracy)
+                    plan_source=str(where / "plan.yaml"), bn_recalibrate=len(data.train), lines=lines)
+    summary.update(workdir=str(where), profiler=how, profile_s=profile_s, baselines_predicted_samples_per_s=baselines)
+    return summary, plan
 
 
 def _check_percent(flag: str, value: float | None) -> None:

@@ -9,6 +9,7 @@ profile, and `hppctl run` on an inference plan. The commands' own modules call t
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 from rich.table import Table
 
 from hppctl.cli.flags import positive
-from hppctl.cli.output import emit_json, note, stdout
+from hppctl.cli.output import PhaseDisplay, emit_json, note, progress_log, stdout
 from hppctl.errors import BadInput, shorten
 from hppctl.models.units import format_bytes
 
@@ -213,12 +214,13 @@ def text_ids(model: str, text: str):
 def run_inference_command(plan_path: Path, cluster_path: Path, *, text: str | None, input_ids: Path | None,
                           seq_len: int | None, repeat: int, warmup: int, overlap: bool, output: Path | None,
                           as_json: bool, threads: int | None, seed: int, listen: str | None, timeout: float,
-                          log: Path | None, wire_dtype: str = "float32") -> None:
+                          log: Path | None, wire_dtype: str = "float32", log_every: float | None = None) -> None:
     import os
 
     from hppctl.models.cluster import ClusterSpec
     from hppctl.models.inference import InferencePlan
     from hppctl.runtime.galaxy.launch import InferenceRequest, run_inference
+    from hppctl.runtime.progress import report_every
     from hppctl.store import load, open_output_stream
 
     given = [flag for flag, v in (("--input", text), ("--input-ids", input_ids), ("--seq-len", seq_len)) if v is not None]
@@ -240,10 +242,19 @@ def run_inference_command(plan_path: Path, cluster_path: Path, *, text: str | No
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // len(local)) if local and len(local) == len(plan.shares) else 0
     log_file = open_output_stream(log, append=True) if log else None
+    lines = progress_log(log_every)
+    shown = InferenceProgress(lines, warmup, repeat)
     try:
-        result = run_inference(InferenceRequest(plan, inventory, ids, seq_len=seq_len, overlap=overlap, wire_dtype=wire_dtype, repeats=repeat,
-                                                warmup=warmup, threads=threads, seed=seed, timeout_s=timeout,
-                                                listen=listen, log=log_file))
+        with lines or contextlib.nullcontext():
+            request = InferenceRequest(plan, inventory, ids, seq_len=seq_len, overlap=overlap, wire_dtype=wire_dtype,
+                                       repeats=repeat, warmup=warmup, threads=threads, seed=seed, timeout_s=timeout,
+                                       listen=listen, log=log_file, progress_every_s=report_every(log_every))
+            try:
+                result = run_inference(request, on_phase=shown.on_phase, on_step=shown.on_step)
+            except BaseException:
+                shown.close(failed=True)
+                raise
+            shown.close()
     finally:
         if log_file is not None:
             log_file.close()
@@ -252,6 +263,33 @@ def run_inference_command(plan_path: Path, cluster_path: Path, *, text: str | No
         save_tensor(output, result.output)
         summary["output"] = str(output)
     emit_json(summary) if as_json else _render_run(summary)
+
+
+class InferenceProgress:
+    """The phases of an inference run on stderr (cli/output.py `PhaseDisplay`): building the model
+    and cutting its shards, starting the workers, then the passes (warm-up first) as they report."""
+
+    TITLES = {"model": "model and shards", "workers": "workers", "passes": "passes"}
+
+    def __init__(self, lines, warmup: int, repeats: int) -> None:
+        self.lines, self.warmup, self.passes = lines, warmup, warmup + repeats
+        self.display: PhaseDisplay | None = None
+
+    def on_phase(self, name: str) -> None:
+        self.close()
+        total = self.passes if name == "passes" else None
+        self.display = PhaseDisplay(self.lines, self.TITLES.get(name, name), total=total,
+                                    unit="passes" if total else "")
+
+    def on_step(self, step) -> None:
+        if self.display is not None:
+            kind = "warm-up" if step.done <= self.warmup else "timed"
+            self.display.update(step.done, f"pass {step.done}/{step.total} ({kind})")
+
+    def close(self, failed: bool = False) -> None:
+        if self.display is not None:
+            self.display.close(failed=failed)
+            self.display = None
 
 
 def save_tensor(path: Path, tensor) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import contextmanager
 
 from rich.console import Console
 
@@ -39,6 +40,75 @@ def forget_json_emitted() -> None:
 def note(message: str) -> None:
     """Progress for people, on stderr so that `--json` stdout stays clean."""
     stderr.print(message)
+
+
+DEFAULT_LOG_EVERY_S = 30.0
+"""`--log-every` when stderr is not a terminal and the flag is not given."""
+
+LOG_EVERY_HELP = ("Progress as plain lines on stderr, each with a UTC timestamp: one every SECONDS and one at "
+                  "each phase's start and end (default: 30 when stderr is not a terminal, none on a terminal, "
+                  "which shows bars; 0.01 to 2592000).")
+
+
+def progress_log(log_every: float | None):
+    """The command's `ProgressLog` (runtime/progress.py), or None: lines every `log_every` seconds
+    when given, every 30 s when stderr is not a terminal (a log, CI, cron: a rich bar there prints
+    only its last state), none on a terminal, where the bars show progress. Use it as a context
+    manager: its thread writes the interval lines while a phase blocks the command."""
+    from hppctl.runtime.progress import ProgressLog
+
+    every = log_every if log_every is not None else (None if stderr.is_terminal else DEFAULT_LOG_EVERY_S)
+    return ProgressLog(_log_write, every) if every is not None else None
+
+
+def _log_write(line: str) -> None:
+    stderr.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+class PhaseDisplay:
+    """A phase of a command that can last (a test pass, a recalibration, Galaxy's passes, starting
+    workers): a transient bar on a terminal (a spinner with the elapsed time when the phase has no
+    count), and `log`'s start, interval and end lines. `update(done, status=None)`: the log's status
+    is "NAME DONE/TOTAL UNIT" unless given; `close()` at the end."""
+
+    def __init__(self, log, name: str, *, total: int | None = None, unit: str = "", quiet: bool = False) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.log, self.name, self.total, self.unit = log, name, total, unit
+        self.bar = None
+        if stderr.is_terminal and not quiet:
+            columns = (BarColumn(), MofNCompleteColumn(), TextColumn(unit)) if total else (SpinnerColumn(),)
+            self.bar = Progress(TextColumn(f"[bold]{name}[/]"), *columns, TimeElapsedColumn(), console=stderr,
+                                transient=True)
+            self.task = self.bar.add_task(name, total=total)
+            self.bar.start()
+        if log is not None:
+            log.begin(name, f"{total} {unit}".strip() if total else "")
+
+    def update(self, done: float, status: str | None = None) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done)
+        if self.log is not None:
+            self.log.update(status or f"{self.name} {done:g}/{self.total} {self.unit}".rstrip())
+
+    def close(self, failed: bool = False) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+        if self.log is not None:
+            self.log.end(failed=failed)
+
+
+@contextmanager
+def phase(log, name: str, *, total: int | None = None, unit: str = "", quiet: bool = False):
+    """`PhaseDisplay` for a `with` block; yields its `update`."""
+    display = PhaseDisplay(log, name, total=total, unit=unit, quiet=quiet)
+    try:
+        yield display.update
+    except BaseException:
+        display.close(failed=True)
+        raise
+    display.close()
 
 
 def writable_path(flag: str, path, *, directory: bool = False) -> None:

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -13,8 +14,8 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from hppctl.cli.flags import check_optimizer_flags, divergence_factor as check_divergence_factor, positive, seconds, seed as check_seed, threads as check_threads
-from hppctl.cli.output import emit_json, note, stdout, writable_path
+from hppctl.cli.flags import MIN_PERIOD_S, check_optimizer_flags, divergence_factor as check_divergence_factor, positive, seconds, seed as check_seed, threads as check_threads
+from hppctl.cli.output import LOG_EVERY_HELP, emit_json, note, phase, progress_log, stdout, writable_path
 from hppctl.errors import BadInput
 from hppctl.runtime.bootstrap import check_listen
 from hppctl.models.psl import METHODS, OPTIMIZERS, PslPlan, PslRequest, PslSpec
@@ -280,6 +281,7 @@ def run_command(
     log: Annotated[Optional[Path], typer.Option("--log", help="Append every worker's output here, prefixed by device.")] = None,
     divergence_factor: Annotated[float, typer.Option("--divergence-factor", help="Stop with exit 4 (diverged) at a NaN or infinite loss, or one above this many times the mean of the first (up to 3) rounds; 0: off.")] = 10.0,
     as_json: AsJson = False,
+    log_every: Annotated[Optional[float], typer.Option("--log-every", metavar="SECONDS", help=LOG_EVERY_HELP)] = None,
 ) -> None:
     """Train a PSL plan: clients (data, parts 1 and 3) and helpers (a part-2 copy per client) as worker processes over gloo; FedAvg every round."""
     # Outputs first, before the plan is read (`hppctl run` on a psl plan checked its own already).
@@ -288,7 +290,7 @@ def run_command(
     run_psl(plan_file, cluster_file, rounds=rounds, local_batches=local_batches, shares=shares, order=order, dataset=dataset,
             seed=seed, optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay, metrics=metrics,
             save_model=save_model, threads=threads, listen=listen, timeout=timeout, log=log, as_json=as_json,
-            divergence_factor=divergence_factor)
+            divergence_factor=divergence_factor, log_every=log_every)
 
 
 def is_psl_file(path: Path) -> bool:
@@ -303,7 +305,8 @@ def run_psl(plan_file: Path, cluster_file: Path, *, rounds: int = 1, local_batch
             order: str = "plan", dataset: str = "synthetic", seed: int = 0, optimizer: str = "sgd", lr: float = 0.05, momentum: float = 0.9,
             weight_decay: float = 0.0, metrics: Optional[Path] = None, save_model: Optional[Path] = None,
             threads: Optional[int] = None, listen: Optional[str] = None, timeout: float = 300.0,
-            log: Optional[Path] = None, as_json: bool = False, divergence_factor: float = 10.0) -> None:
+            log: Optional[Path] = None, as_json: bool = False, divergence_factor: float = 10.0,
+            log_every: Optional[float] = None) -> None:
     """`hppctl psl run` (and `hppctl run` on a psl plan): check, run, report."""
     from hppctl.models.cluster import ClusterSpec
     from hppctl.runtime.config import TrainOptions
@@ -315,6 +318,7 @@ def run_psl(plan_file: Path, cluster_file: Path, *, rounds: int = 1, local_batch
     check_optimizer_flags(optimizer, lr, momentum, weight_decay)
     check_divergence_factor("--divergence-factor", divergence_factor)
     seconds("--timeout", timeout)
+    seconds("--log-every", log_every, low=MIN_PERIOD_S)
     check_threads("--threads", threads)
     check_seed("--seed", seed)
     if order not in ("plan", "ltf"):
@@ -333,7 +337,10 @@ def run_psl(plan_file: Path, cluster_file: Path, *, rounds: int = 1, local_batch
                                             momentum=momentum, weight_decay=weight_decay, threads=threads,
                                             timeout_s=timeout, divergence_factor=divergence_factor),
                          local_batches=local_batches, shares=share_values, order=order)
-    summary = train_psl(plan, cluster, options, data, metrics=metrics, save_model=save_model, listen=listen, log=log)
+    lines = progress_log(log_every)
+    with lines or contextlib.nullcontext():
+        summary = train_psl(plan, cluster, options, data, metrics=metrics, save_model=save_model, listen=listen,
+                            log=log, lines=lines)
     emit_json(summary) if as_json else _render_run(summary)
 
 
@@ -349,10 +356,12 @@ def _parse_shares(text: Optional[str]) -> Optional[list[float]]:
     return values
 
 
-def train_psl(plan: PslPlan, cluster, options, data, *, metrics=None, save_model=None, listen=None, log=None) -> dict:
-    """Run the session (progress on stderr), write metrics and the model; return the summary."""
+def train_psl(plan: PslPlan, cluster, options, data, *, metrics=None, save_model=None, listen=None, log=None,
+              lines=None) -> dict:
+    """Run the session (progress on stderr: a line per round, or `lines`, a `ProgressLog`, when
+    given), write metrics and the model; return the summary."""
     from hppctl.runtime.psl.session import PslRunRequest, PslSession, summarize
-    from hppctl.runtime.results import accuracy, save_model as write_model
+    from hppctl.runtime.results import accuracy, save_model as write_model, evaluation_batches
 
     log_file = open_output_stream(log, append=True) if log else None
     metrics_file = None
@@ -365,20 +374,36 @@ def train_psl(plan: PslPlan, cluster, options, data, *, metrics=None, save_model
                 metrics_file.write(json.dumps(row) + "\n")
                 metrics_file.flush()
             worst = max(b["makespan_s"] for b in row["batches"])
-            note(f"round {row['round'] + 1}/{options.train.rounds}: loss {row['loss']:.4f}, "
-                 f"slowest batch makespan {worst * 1e3:.1f} ms, FedAvg {row['fedavg_s'] * 1e3:.1f} ms")
+            status = (f"round {row['round'] + 1}/{options.train.rounds}: loss {row['loss']:.4f}, "
+                      f"slowest batch makespan {worst * 1e3:.1f} ms, FedAvg {row['fedavg_s'] * 1e3:.1f} ms")
+            if lines is None:
+                note(status)
+            else:
+                lines.update(status)
 
-        result = PslSession(PslRunRequest(plan, cluster, options, listen=listen, log=log_file)).run(
-            on_round=on_round, on_event=note)
+        def on_phase(name: str) -> None:
+            if lines is not None:
+                lines.begin(name, f"{len(session.topo.devices)} workers" if name == "workers"
+                            else f"{options.train.rounds} rounds")
+
+        session = PslSession(PslRunRequest(plan, cluster, options, listen=listen, log=log_file))
+        session.on_phase = on_phase
+        result = session.run(on_round=on_round, on_event=note if lines is None else lines.event)
+        if lines is not None:
+            lines.end()
     finally:
         for f in (metrics_file, log_file):
             if f is not None:
                 f.close()
     summary = summarize(result)
     state = result.client_model(plan.clients[0])  # every client holds the same model after FedAvg
-    summary["test_accuracy"] = accuracy(plan.model, state, data.test) if data.test is not None else None
+    summary["test_accuracy"] = None
+    if data.test is not None:
+        with phase(lines, "test pass", total=evaluation_batches(data.test), unit="batches") as update:
+            summary["test_accuracy"] = accuracy(plan.model, state, data.test, on_batch=lambda done, total: update(done))
     if save_model is not None:
-        write_model(plan.model, state, save_model)
+        with phase(lines, "saving"):
+            write_model(plan.model, state, save_model)
     summary.update(saved_model=str(save_model) if save_model else None, metrics=str(metrics) if metrics else None)
     return summary
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -10,9 +11,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from hppctl.cli.flags import check_optimizer_flags, divergence_factor as check_divergence_factor, positive, seconds, seed as check_seed, threads as check_threads
-from hppctl.cli.output import emit_json, note, stderr, stdout, writable_path
+from hppctl.cli.flags import MIN_PERIOD_S, check_optimizer_flags, divergence_factor as check_divergence_factor, positive, seconds, seed as check_seed, threads as check_threads
+from hppctl.cli.output import LOG_EVERY_HELP, emit_json, note, phase, progress_log, stderr, stdout, writable_path
 from hppctl.errors import BadInput
+from hppctl.runtime.progress import report_every
 
 EXAMPLES = """
 Examples (from the repository root; files in examples/, outputs under out/):
@@ -59,6 +61,7 @@ def run_command(
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for workers to join and for any transfer (1 to 2592000, 30 days).")] = 300.0,
     log: Annotated[Optional[Path], typer.Option("--log", help="Append every worker's output here, prefixed by device.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON summary on stdout.")] = False,
+    log_every: Annotated[Optional[float], typer.Option("--log-every", metavar="SECONDS", help=LOG_EVERY_HELP)] = None,
     text: Annotated[Optional[str], typer.Option("--input", help="Inference plans: the request's text (UTF-8 bytes as ids unless an hf: checkpoint has a tokenizer).")] = None,
     input_ids: Annotated[Optional[Path], typer.Option("--input-ids", help="Inference plans: token ids, a JSON list or a torch.save'd tensor.")] = None,
     seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Inference plans: N random token ids (default: the plan's length).")] = None,
@@ -93,6 +96,7 @@ def run_command(
     check_seed("--seed", seed)
     check_threads("--threads", threads)
     seconds("--timeout", timeout)
+    seconds("--log-every", log_every, low=MIN_PERIOD_S)
     check_divergence_factor("--divergence-factor", divergence_factor)
     # Every output, before the plan is even read (its kind decides which flags apply; a flag that does
     # not apply is refused below): `--save-model /dev/null` was refused only after training.
@@ -105,7 +109,8 @@ def run_command(
         from hppctl.cli.galaxy import run_inference_command
         return run_inference_command(plan, cluster, text=text, input_ids=input_ids, seq_len=seq_len, repeat=repeat,
                                      warmup=warmup, overlap=overlap, output=output, as_json=as_json, threads=threads,
-                                     seed=seed, listen=listen, timeout=timeout, log=log, wire_dtype=wire_dtype)
+                                     seed=seed, listen=listen, timeout=timeout, log=log, wire_dtype=wire_dtype,
+                                     log_every=log_every)
     from hppctl.cli.psl import is_psl_file
     _refuse_inference_flags(plan, "psl" if is_psl_file(plan) else "hpp", {
         "--input": text, "--input-ids": input_ids, "--seq-len": seq_len, "--output": output,
@@ -122,7 +127,7 @@ def run_command(
         return run_psl(plan, cluster, rounds=rounds or 1, dataset=dataset, seed=seed, optimizer=optimizer, lr=lr,
                        momentum=momentum, weight_decay=weight_decay, metrics=metrics, save_model=save_model,
                        threads=threads, listen=listen, timeout=timeout, log=log, as_json=as_json,
-                       divergence_factor=divergence_factor)
+                       divergence_factor=divergence_factor, log_every=log_every)
     if rounds is not None and epochs is not None:
         raise BadInput("--rounds and --epochs: give one of them")
     _check_extension_flags(rounds=rounds, epochs=epochs, more_rounds=more_rounds, more_epochs=more_epochs,
@@ -182,16 +187,19 @@ def run_command(
                            warmup_rounds=warmup_rounds, schedule_start=schedule_start, momentum=momentum,
                            weight_decay=weight_decay, checkpoint_every=checkpoint_every if checkpoint_dir else 0,
                            threads=threads, trace=trace is not None, timeout_s=timeout,
-                           divergence_factor=divergence_factor)
+                           divergence_factor=divergence_factor, progress_every_s=report_every(log_every))
     from hppctl.cli.coordinator import recovery_options
     recovery = recovery_options(prof, heartbeat=heartbeat, timeout=failure_timeout, probe_timeout=probe_timeout,
                                 replan=replan, replicate_every=replicate_every) if window is None else None
     for line in check_checkpoint(checkpoint_dir, hpp, options, resume=resume) if checkpoint_dir else ():
         note(line)  # the lock file and the round to resume, before anything starts (runtime/preflight.py)
-    summary = train(hpp, inventory, options, data, checkpoint_dir=checkpoint_dir, resume=resume, metrics=metrics,
-                    trace=trace, save_model=save_model, listen=listen, log=log, plan_source=str(plan), schedule=window,
-                    recovery=recovery, lineage=lineage, bn_recalibrate=bn_recalibrate, initial_state=initial_state,
-                    expected_start=schedule_start if extending else None)
+    lines = progress_log(log_every)
+    with lines or contextlib.nullcontext():
+        summary = train(hpp, inventory, options, data, checkpoint_dir=checkpoint_dir, resume=resume, metrics=metrics,
+                        trace=trace, save_model=save_model, listen=listen, log=log, plan_source=str(plan),
+                        schedule=window, recovery=recovery, lineage=lineage, bn_recalibrate=bn_recalibrate,
+                        lines=lines, initial_state=initial_state,
+                        expected_start=schedule_start if extending else None)
     summary["init_from"] = str(init_from) if initial_state is not None else None
     if as_json:
         emit_json(summary)
@@ -279,15 +287,14 @@ def _plan_to_resume(checkpoint_dir: Path, plan, profile, plan_file: Path, rejoin
 
 def train(plan, cluster, options, data, *, checkpoint_dir=None, resume=False, metrics=None, trace=None,
           save_model=None, listen=None, log=None, plan_source="plan", quiet=False, schedule=None, recovery=None,
-          lineage=None, bn_recalibrate=0, initial_state=None, expected_start=None) -> dict:
+          lineage=None, bn_recalibrate=0, lines=None, initial_state=None, expected_start=None) -> dict:
     """Run the session with progress on stderr; write metrics, trace and model; return the summary.
 
     bn_recalibrate: re-estimate BatchNorm statistics over this many training samples before saving
-    and testing the model (0: keep the running averages the workers trained). initial_state,
-    expected_start: `RunRequest`'s (runtime/session.py)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from hppctl.runtime.results import accuracy, save_model as write_model
+    and testing the model (0: keep the running averages the workers trained).
+    lines: a `ProgressLog` (cli/output.py `progress_log`) for timestamped progress lines, or None.
+    initial_state, expected_start: `RunRequest`'s (runtime/session.py)."""
+    from hppctl.runtime.results import save_model as write_model
     from hppctl.runtime.session import RunRequest, Session
     from hppctl.store import open_output_stream, write_text_atomic
 
@@ -298,49 +305,22 @@ def train(plan, cluster, options, data, *, checkpoint_dir=None, resume=False, me
                              listen=listen, log=log_file, schedule=schedule, lineage=lineage,
                              initial_state=initial_state, expected_start=expected_start)
         if recovery is not None:  # the embedded coordinator (docs/fault-tolerance.md)
-            from hppctl.cli.coordinator import describe, status_progress
+            from hppctl.cli.coordinator import status_progress
             from hppctl.runtime.recovery import ResilientSession
             session = ResilientSession(request, recovery)
         else:
             session = Session(request)
         session.lock_checkpoint()  # another run active: exit 75 before any output, --metrics untouched
-        progress = status_progress(stderr, quiet) if recovery is not None else Progress(TextColumn("[bold]training[/]"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=stderr,
-                            disable=quiet, transient=False)
+        progress = status_progress(stderr, quiet) if recovery is not None else _training_bar(quiet)
         if metrics is not None:
             metrics_file = open_output_stream(metrics, append=resume)
         with progress:
             task = progress.add_task("rounds", total=options.rounds, status="starting workers")
-
-            def on_round(row: dict) -> None:
-                if metrics_file is not None:
-                    metrics_file.write(json.dumps(row) + "\n")
-                    metrics_file.flush()
-                progress.update(task, completed=row["round"] + 1,
-                                status=f"loss {row['loss']:.4f}  {row['samples_per_s']:.1f} samples/s")
-
-            def on_event(message: str) -> None:
-                progress.update(task, status=message)
-
-            if recovery is not None:
-                def on_fault(event: dict) -> None:  # fault events go to --metrics beside the rounds
-                    if metrics_file is not None:
-                        metrics_file.write(json.dumps(event) + "\n")
-                        metrics_file.flush()
-                    progress.update(task, status=describe(event))
-
-                def on_status(rows: list[dict]) -> None:
-                    progress.rows = rows
-
-                def on_state(event) -> None:  # the coordinator's full event log (it keeps only the last ones)
-                    if metrics_file is not None:
-                        metrics_file.write(json.dumps({"event": "state", **event.model_dump(mode="json")}) + "\n")
-
-                result = session.run(on_round=on_round, on_event=on_event, on_fault=on_fault, on_status=on_status,
-                                     on_state=on_state)
-            else:
-                result = session.run(on_round=on_round, on_event=on_event)
+            result = _run_session(session, progress, task, options, metrics_file, lines,
+                                  "epoch" if schedule is not None else "round", recovery is not None)
             progress.update(task, completed=options.rounds)
+        if lines is not None:
+            lines.end()
     finally:
         if session is not None:
             session.unlock_checkpoint()
@@ -351,12 +331,14 @@ def train(plan, cluster, options, data, *, checkpoint_dir=None, resume=False, me
     state = result.model_state()
     recalibration = None
     if bn_recalibrate:
-        state, recalibration = _recalibrate(plan, options, data, state, bn_recalibrate)
-    if save_model is not None:
-        write_model(plan.model, state, save_model)
-    if trace is not None and result.trace is not None:
-        write_text_atomic(trace, json.dumps(result.trace) + "\n")
-    test_accuracy = accuracy(plan.model, state, data.test) if data.test is not None else None
+        state, recalibration = _recalibrate(plan, options, data, state, bn_recalibrate, lines, quiet)
+    if save_model is not None or (trace is not None and result.trace is not None):
+        with phase(lines, "saving", quiet=quiet):
+            if save_model is not None:
+                write_model(plan.model, state, save_model)
+            if trace is not None and result.trace is not None:
+                write_text_atomic(trace, json.dumps(result.trace) + "\n")
+    test_accuracy = _test_pass(plan.model, state, data.test, lines, quiet) if data.test is not None else None
     summary = summarize(plan, options, result, test_accuracy, plan_source=plan_source, checkpoint_dir=checkpoint_dir,
                         metrics=metrics, trace=trace, save_model=save_model)
     summary["bn_recalibration"] = recalibration
@@ -367,19 +349,91 @@ def train(plan, cluster, options, data, *, checkpoint_dir=None, resume=False, me
     return summary
 
 
-def _recalibrate(plan, options, data, state: dict, samples: int) -> tuple[dict, dict | None]:
+def _training_bar(quiet: bool):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("[bold]training[/]"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=stderr,
+                    disable=quiet, transient=False)
+
+
+def _run_session(session, progress, task, options, metrics_file, lines, word: str, resilient: bool):
+    """`session.run` with its reports shown: rounds, events and in-round steps on the bar (status
+    and a fractional position, so an nf1b epoch moves by micro-batch), and on `lines`. `word`:
+    what a round is called ("epoch" for an asynchronous window)."""
+    total = options.rounds
+    last = {"figures": ""}  # the last finished round's, repeated beside a step report
+
+    def on_phase(name: str) -> None:
+        if lines is not None:
+            lines.begin(name, f"{len(session.topo.devices)} workers" if name == "workers" else f"{total} {word}s")
+
+    def on_round(row: dict) -> None:
+        if metrics_file is not None:
+            metrics_file.write(json.dumps(row) + "\n")
+            metrics_file.flush()
+        status = f"loss {row['loss']:.4f}  {row['samples_per_s']:.1f} samples/s"
+        last["figures"] = f" (last {word}: {status.replace('  ', ' ')})"
+        progress.update(task, completed=row["round"] + 1, status=status)
+        if lines is not None:
+            lines.update(f"{word} {row['round'] + 1}/{total} {status.replace('  ', ' ')}")
+
+    def on_step(step) -> None:
+        status = f"{word} {step.round + 1}: {step.step_name()} {step.done}/{step.total}"
+        progress.update(task, completed=step.position(), status=status)
+        if lines is not None:
+            lines.update(f"{word} {step.round + 1}/{total} {step.step_name()} {step.done}/{step.total}{last['figures']}")
+
+    def on_event(message: str) -> None:
+        progress.update(task, status=message)
+        if lines is not None:
+            lines.event(message)
+
+    session.on_phase, session.on_step = on_phase, on_step
+    if not resilient:
+        return session.run(on_round=on_round, on_event=on_event)
+    from hppctl.cli.coordinator import describe
+
+    def on_fault(event: dict) -> None:  # fault events go to --metrics beside the rounds
+        if metrics_file is not None:
+            metrics_file.write(json.dumps(event) + "\n")
+            metrics_file.flush()
+        on_event(describe(event))
+
+    def on_status(rows: list[dict]) -> None:
+        progress.rows = rows
+
+    def on_state(event) -> None:  # the coordinator's full event log (it keeps only the last ones)
+        if metrics_file is not None:
+            metrics_file.write(json.dumps({"event": "state", **event.model_dump(mode="json")}) + "\n")
+
+    return session.run(on_round=on_round, on_event=on_event, on_fault=on_fault, on_status=on_status,
+                       on_state=on_state)
+
+
+def _test_pass(model: str, state: dict, split, lines, quiet: bool, name: str = "test pass") -> float:
+    from hppctl.runtime.results import accuracy, evaluation_batches
+
+    with phase(lines, name, total=evaluation_batches(split), unit="batches", quiet=quiet) as update:
+        return accuracy(model, state, split, on_batch=lambda done, total: update(done))
+
+
+def _recalibrate(plan, options, data, state: dict, samples: int, lines=None, quiet=False) -> tuple[dict, dict | None]:
     """Precise BatchNorm (runtime/results.py) over the first `samples` of epoch 0's sample order, in
     the plan's micro-batches; also the test accuracy with the trained running averages, for comparison."""
     from hppctl.runtime.data import SampleOrder
-    from hppctl.runtime.results import accuracy, recalibrate_batchnorm
+    from hppctl.runtime.results import recalibrate_batchnorm
 
     order = SampleOrder(len(data.train), plan.global_batch, plan.micro_batch, options.seed)
     indices = order.permutation(0)[:samples]
-    new = recalibrate_batchnorm(plan.model, state, data.train, indices, plan.micro_batch)
+    with phase(lines, "BatchNorm recalibration", total=len(indices), unit="samples", quiet=quiet) as update:
+        new = recalibrate_batchnorm(plan.model, state, data.train, indices, plan.micro_batch,
+                                    on_batch=lambda done, total: update(done))
     if new is None:
         note(f"--bn-recalibrate: {plan.model} has no BatchNorm layer; the model is saved and tested as trained")
         return state, None
-    before = accuracy(plan.model, state, data.test) if data.test is not None else None
+    before = (_test_pass(plan.model, state, data.test, lines, quiet, "test pass (running averages)")
+              if data.test is not None else None)
     return new, {"samples": len(indices), "test_accuracy_running_averages": before}
 
 

@@ -53,6 +53,10 @@ class TrainOptions(FrozenModel):
     """Stop the run (exit 4) at a non-finite loss or one above this many times the first rounds' mean
     (runtime/divergence.py); 0: never."""
 
+    progress_every_s: PosFloat = 0.5
+    """How often a worker may report its progress within a round (runtime/progress.py): the
+    launcher's log interval, at most 0.5 s."""
+
     def learning_rate(self, round_index: int) -> float:
         """The rate of round `round_index` (0-based). A function of the round alone, so a resumed run
         and a replayed round use the rate the uninterrupted run would have. Counted from the cycle's

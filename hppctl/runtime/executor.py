@@ -136,6 +136,10 @@ class Executor:
             "AR": self._allreduce, "STEP": self._step,
         }
         self.handlers.update(self.more_handlers())
+        self.backwards_per_round = sum(a.kind == "B" for a in self.actions)
+        self.on_step: Callable[[int, int, int], None] | None = None
+        """Called after each backward with (round, backwards done, backwards per round): the
+        worker's progress report (runtime/progress.py), for rounds long enough to need one."""
         unknown = sorted({a.kind for a in self.actions} - set(self.handlers))
         if unknown:
             raise ExecutionError(f"{device}: the schedule has actions of unknown kind {unknown}")
@@ -157,6 +161,7 @@ class Executor:
         self._recv_grad: dict[int, list[_Pending]] = {}
         self._sends: list[tuple[Work, torch.Tensor]] = []
         self._post_receives()
+        backwards = 0
         for position, action in enumerate(self.actions):
             if action.kind in PREPOSTED:
                 continue
@@ -166,6 +171,9 @@ class Executor:
                 raise
             except Exception as e:
                 raise ExecutionError(self._failure(position, e)) from e
+            if action.kind == "B" and self.on_step is not None:
+                backwards += 1
+                self.on_step(round_index, backwards, self.backwards_per_round)
         self._wait_sends()
         self.stats.duration_s = time.perf_counter() - self._t0
         return self.stats

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Callable
 
 from hppctl.store import write_bytes_atomic
 
@@ -66,7 +67,8 @@ def build_trained(model: str, state: dict):
     return module.eval()
 
 
-def recalibrate_batchnorm(model: str, state: dict, split, indices, batch_size: int) -> dict | None:
+def recalibrate_batchnorm(model: str, state: dict, split, indices, batch_size: int,
+                          on_batch: Callable[[int, int], None] | None = None) -> dict | None:
     """The state with every BatchNorm's running statistics re-estimated over the training samples
     `indices` ("precise BatchNorm"), None for a model without BatchNorm.
 
@@ -75,7 +77,9 @@ def recalibrate_batchnorm(model: str, state: dict, split, indices, batch_size: i
     micro-batches that average can sit far enough from the trained network's real statistics to cost
     several points of test accuracy (docs/runtime.md, "BatchNorm"). Here the weights are final: each
     layer's mean and variance are the plain average over all the given samples' micro-batches, taken
-    in training mode for the BatchNorm layers only (dropout off, as at inference)."""
+    in training mode for the BatchNorm layers only (dropout off, as at inference).
+
+    on_batch(samples done, samples in all): after each micro-batch (progress on stderr)."""
     import torch
     from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -89,19 +93,31 @@ def recalibrate_batchnorm(model: str, state: dict, split, indices, batch_size: i
         norm.train()
     with torch.no_grad():
         # a last piece of one sample is dropped: BatchNorm cannot take batch statistics of one sample
+        usable = len(indices) - 1 if len(indices) % batch_size == 1 else len(indices)
         for first in range(0, len(indices) - 1, batch_size):
             module(split.take(indices[first:first + batch_size])[0])
+            if on_batch is not None:
+                on_batch(min(first + batch_size, usable), usable)
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
-def accuracy(model: str, state: dict, split, batch_size: int = 256) -> float:
+def evaluation_batches(split, batch_size: int = 256) -> int:
+    """How many batches `accuracy` runs over `split`: a progress bar's total."""
+    return -(-len(split) // batch_size)
+
+
+def accuracy(model: str, state: dict, split, batch_size: int = 256,
+             on_batch: Callable[[int, int], None] | None = None) -> float:
+    """Top-1 accuracy over `split`; on_batch(batches done, batches in all) after each batch."""
     import torch
 
     module = build_trained(model, state)
-    correct = 0
+    correct, total = 0, evaluation_batches(split, batch_size)
     with torch.no_grad():
-        for first in range(0, len(split), batch_size):
+        for n, first in enumerate(range(0, len(split), batch_size)):
             idx = torch.arange(first, min(first + batch_size, len(split)))
             x, y = split.take(idx)
             correct += int((module(x).argmax(dim=1) == y).sum())
+            if on_batch is not None:
+                on_batch(n + 1, total)
     return correct / len(split)

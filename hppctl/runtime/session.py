@@ -29,6 +29,7 @@ from hppctl.runtime.config import TrainOptions, WorkerConfig
 from hppctl.runtime.divergence import DivergenceGuard, first_nonfinite_tensor
 from hppctl.runtime.launch import LocalWorker, SshWorker, WorkerProcess, prepare_local_workers, stop_workers
 from hppctl.runtime.metrics import TraceBuilder, aggregate
+from hppctl.runtime.progress import StepProgress, Throttle, read_steps, slowest
 from hppctl.runtime.topology import Topology
 
 
@@ -157,6 +158,11 @@ class Session:
         self._guard = DivergenceGuard(request.options.divergence_factor)
         self._due: set[int] = set()
         """Checkpoint rounds still to write (`_write_due_checkpoints`)."""
+        self.on_phase: Callable[[str], None] = lambda phase: None
+        """Called as the run enters "workers" (start and join) and "training" (the rounds)."""
+        self.on_step: Callable[[StepProgress], None] | None = None
+        """Called with the slowest device's progress within the running round, when the workers
+        report one (long rounds: an nf1b or pipedream epoch; runtime/progress.py)."""
 
     # --- the run ------------------------------------------------------------------------------
     def run(self, *, on_round: Callable[[dict], None] | None = None,
@@ -171,6 +177,7 @@ class Session:
             if start_round >= options.rounds:
                 notify(f"the checkpoint already holds round {start_round} of {options.rounds}; nothing to run")
                 return RunResult(start_round, [], _load_states(init), time.perf_counter() - started)
+            self.on_phase("workers")
             prepare_local_workers(self.request.cluster, self.topo.devices, self.request.env)
             self.store = self._host_store(options.timeout_s)
             try:
@@ -183,6 +190,7 @@ class Session:
                 notify(f"started {len(self.workers)} workers; store on {self.store.host}:{self.store.port}")
                 self._admit(nonce, options.timeout_s)
                 notify("all workers joined")
+                self.on_phase("training")
                 rounds, trace, memory = self._watch(options, start_round, on_round)
                 states = self._final_states(options)
             finally:
@@ -294,6 +302,7 @@ class Session:
                      if options.checkpoint_every and r % options.checkpoint_every == 0} if self.ckpt else set()
         trace = TraceBuilder(self.topo, f"hppctl run: {self.request.plan.model}") if options.trace else None
         rows, memory, previous_end, next_round = [], {}, None, start_round
+        steps = Throttle(options.progress_every_s)
         while True:
             self._check_alive()
             while next_round < options.rounds and store.check([f"metrics/{next_round}/{d}" for d in devices]):
@@ -314,6 +323,10 @@ class Session:
                 self._check_divergence(row, options)
                 next_round += 1
             self._write_due_checkpoints(options, checked=next_round)
+            if self.on_step is not None and next_round < options.rounds and steps.due():
+                step = slowest(read_steps(store, devices), next_round)
+                if step is not None and step.round == next_round:
+                    self.on_step(step)
             if store.check([f"done/{d}" for d in devices]) and next_round >= options.rounds:
                 break
             time.sleep(0.02)

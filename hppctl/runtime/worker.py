@@ -120,6 +120,8 @@ class Worker:
         opts = self.config.options
         executor = self._executor_class()(self.device, self.config.schedule.actions[self.device], self.topo,
                                           self.stage, self.optimizer, comm, self.feed, trace=opts.trace)
+        from hppctl.runtime.progress import StepReporter
+        executor.on_step = StepReporter(self.store, self.device, "micro-batches", opts.progress_every_s).report
         primary = self.topo.replica_index(self.device) == 0
         for r in range(opts.start_round, opts.rounds):
             stats = self.run_round(executor, r)

@@ -4,6 +4,7 @@ three local workers with a tiny `hf:` GPT-2 checkpoint; refusals with exit codes
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -45,6 +46,9 @@ def test_run_galaxy_plan_equals_the_checkpoint_forward(setup, cli):
     assert code == 0, err
     summary = json.loads(out)
     assert summary["strategy"] == "galaxy" and summary["overlap"] is True and summary["repeats"] == 2
+    # stderr is not a terminal here: every phase is logged, timestamped (issue 25 item 4: ~40 s of silence)
+    for phase in ("model and shards: started", "workers: started", "passes: started (2 passes)", "passes: done in "):
+        assert re.search(rf"^\d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\dZ {re.escape(phase)}", err, re.M), err
     assert summary["seq_len"] == 13 and set(summary["devices"]) == {"a", "b", "c"}
     with torch.no_grad():
         expected = model(input_ids=ids[None]).last_hidden_state[0]

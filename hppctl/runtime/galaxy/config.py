@@ -31,3 +31,5 @@ class InferenceWorkerConfig(FrozenModel):
     wire_dtype: Literal["float32", "float16"] = "float32"
     """What the collectives carry (float16: half the bytes, as the paper's fp16 models send)."""
     timeout_s: Annotated[float, Field(gt=0)] = 300.0
+    progress_every_s: Annotated[float, Field(gt=0)] = 0.5
+    """How often the worker may report the passes it has run (runtime/progress.py)."""

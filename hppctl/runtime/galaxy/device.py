@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -37,8 +37,9 @@ class PassTiming:
 
 
 def run_device(strategy: str, shard: dict[str, Any], ids: torch.Tensor, rank: int, row_sizes: list[int], *,
-               overlap: bool, repeats: int = 1, warmup: int = 0,
-               wire_dtype: str = "float32") -> tuple[torch.Tensor, list[PassTiming]]:
+               overlap: bool, repeats: int = 1, warmup: int = 0, wire_dtype: str = "float32",
+               on_pass: Callable[[int, int], None] | None = None) -> tuple[torch.Tensor, list[PassTiming]]:
+    """on_pass(passes done, passes in all, warm-up included): after each pass (progress reports)."""
     ring = Ring(rank, row_sizes, wire_dtype=getattr(torch, wire_dtype))
     timings: list[PassTiming] = []
     output = None
@@ -56,4 +57,6 @@ def run_device(strategy: str, shard: dict[str, Any], ids: torch.Tensor, rank: in
                                       exposed_comm_s=ring.stats.exposed_comm_s,
                                       compute_s=ended - started - ring.stats.exposed_comm_s,
                                       bytes_sent=ring.stats.bytes_sent, cpu_s=time.process_time() - cpu))
+        if on_pass is not None:
+            on_pass(n + 1, warmup + repeats)
     return output, timings

@@ -18,7 +18,7 @@ import json
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from hppctl.errors import BadInput, Infeasible, RuntimeFailure
 from hppctl.models.cluster import ClusterSpec
@@ -29,6 +29,7 @@ from hppctl.runtime import bootstrap
 from hppctl.runtime.galaxy.config import InferenceWorkerConfig
 from hppctl.runtime.galaxy.weights import for_request
 from hppctl.runtime.launch import LocalWorker, SshWorker, prepare_local_workers, stop_workers
+from hppctl.runtime.progress import REPORT_EVERY_S, StepProgress, Throttle, read_steps, slowest
 
 WORKER_MODULE = "hppctl.runtime.galaxy.worker"
 
@@ -52,6 +53,8 @@ class InferenceRequest:
     listen: str | None = None
     log: Any = None
     env: dict = field(default_factory=dict)
+    progress_every_s: float = REPORT_EVERY_S
+    """How often workers report their passes, and the launcher reads them (runtime/progress.py)."""
 
 
 @dataclass
@@ -146,6 +149,11 @@ class InferenceSession:
         self.request = request
         self.workers: dict[str, Any] = {}
         self.store: bootstrap.RunStore | None = None
+        self.on_phase: Callable[[str], None] = lambda phase: None
+        """Called as the run enters "model" (build and cut the weights), "workers" (start and join)
+        and "passes" (warm-up and timed passes)."""
+        self.on_step: Callable[[StepProgress], None] | None = None
+        """Called with the slowest device's passes done, as the workers report them."""
 
     def run(self) -> InferenceResult:
         req, plan = self.request, self.request.plan
@@ -153,6 +161,7 @@ class InferenceSession:
         self._check_devices()
         prepare_local_workers(req.cluster, [s.device for s in plan.shares], req.env)
         started = time.perf_counter()
+        self.on_phase("model")
         parts = shards(plan, req.seed)
         self.ids = token_ids(req, next(iter(parts.values()))["embed"]["word"].shape[0])
         trimmed = {d: for_request(shard, self.ids) for d, shard in parts.items()}
@@ -164,8 +173,10 @@ class InferenceSession:
             del parts
             bootstrap.put_blob(self.store.store, "ids", _blob(local_ids))
             nonce = self.store.publish_nonce()
+            self.on_phase("workers")
             self._launch()
             self._admit(nonce)
+            self.on_phase("passes")
             reports = self._wait_reports()
             output = _load(bootstrap.get_blob(self.store.store, "output", delete=True))
         finally:
@@ -207,7 +218,8 @@ class InferenceSession:
                 device=share.device, rank=rank, world_size=len(plan.shares), store_host=self.store.host,
                 store_port=self.store.port, strategy=plan.strategy, row_sizes=rows, overlap=self._overlap(),
                 repeats=req.repeats, warmup=req.warmup, threads=req.threads,
-                budget_bytes=share.memory_budget_bytes, wire_dtype=req.wire_dtype, timeout_s=req.timeout_s)
+                budget_bytes=share.memory_budget_bytes, wire_dtype=req.wire_dtype, timeout_s=req.timeout_s,
+                progress_every_s=req.progress_every_s)
             payload = json.dumps({"token": self.store.token, "config": config.model_dump(mode="json")})
             spec = req.cluster.device(share.device)
             if spec.host is not None:
@@ -243,8 +255,13 @@ class InferenceSession:
 
     def _wait_reports(self) -> dict[str, dict]:
         store, devices = self.store.store, list(self.workers)
+        steps = Throttle(self.request.progress_every_s)
         while not store.check([f"done/{d}" for d in devices]):
             self._check_alive()
+            if self.on_step is not None and steps.due():
+                step = slowest(read_steps(store, devices), 0)
+                if step is not None:
+                    self.on_step(step)
             time.sleep(0.02)
         return {d: bootstrap.read_json(store, f"timings/{d}") for d in devices}
 
@@ -275,5 +292,11 @@ def _load(data: bytes):
     return torch.load(io.BytesIO(data), weights_only=True)
 
 
-def run_inference(request: InferenceRequest) -> InferenceResult:
-    return InferenceSession(request).run()
+def run_inference(request: InferenceRequest, *, on_phase: Callable[[str], None] | None = None,
+                  on_step: Callable[[StepProgress], None] | None = None) -> InferenceResult:
+    """Run the request; on_phase and on_step: `InferenceSession`'s progress hooks."""
+    session = InferenceSession(request)
+    if on_phase is not None:
+        session.on_phase = on_phase
+    session.on_step = on_step
+    return session.run()

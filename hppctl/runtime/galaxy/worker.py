@@ -48,6 +48,7 @@ def serve(config: InferenceWorkerConfig, store) -> None:
 
     from hppctl.runtime import bootstrap
     from hppctl.runtime.galaxy.device import run_device
+    from hppctl.runtime.progress import StepReporter
     from hppctl.runtime.worker import peak_rss_bytes, rss_bytes
 
     if config.threads:
@@ -57,10 +58,12 @@ def serve(config: InferenceWorkerConfig, store) -> None:
     ids = load_blob(store, "ids")
     bootstrap.init_process_groups(store, config.rank, config.world_size, [], 0, store_host=config.store_host,
                                   timeout_s=config.timeout_s)
+    reporter = StepReporter(store, config.device, "passes", config.progress_every_s)
     try:
         output, timings = run_device(config.strategy, shard, ids, config.rank, config.row_sizes,
                                      overlap=config.overlap, repeats=config.repeats, warmup=config.warmup,
-                                     wire_dtype=config.wire_dtype)
+                                     wire_dtype=config.wire_dtype,
+                                     on_pass=lambda done, total: reporter.report(0, done, total))
     finally:
         bootstrap.destroy_process_groups()
     report = {"device": config.device, "host": socket.gethostname(), "threads": torch.get_num_threads(),

@@ -84,12 +84,15 @@ class PslSession(Session):
         self.workers = {}
         self.store = None
         self._guard = DivergenceGuard(request.options.train.divergence_factor)
+        self.on_phase: Callable[[str], None] = lambda phase: None
+        """Called as the run enters "workers" (start and join) and "training" (the rounds)."""
 
     def run(self, *, on_round: Callable[[dict], None] | None = None,
             on_event: Callable[[str], None] | None = None) -> PslRunResult:
         started = time.perf_counter()
         notify = on_event or (lambda message: None)
         timeout = self.request.options.train.timeout_s
+        self.on_phase("workers")
         prepare_local_workers(self.request.cluster, self.topo.devices, self.request.env)
         self.store = self._host_store(timeout)
         try:
@@ -99,6 +102,7 @@ class PslSession(Session):
             notify(f"started {len(self.workers)} workers; store on {self.store.host}:{self.store.port}")
             self._admit(nonce, timeout)
             notify("all workers joined")
+            self.on_phase("training")
             rows, workers = self._collect(on_round)
             finals = {d: _load(bootstrap.get_blob(self.store.store, f"final/{d}", delete=True)) for d in self.topo.devices}
         finally:

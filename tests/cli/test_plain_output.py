@@ -1,0 +1,64 @@
+"""Issue 25, item 5: human output reads without the papers. Plain column headers, the papers' symbols
+(K, E_f, E_b, T_a, equation numbers) only under --explain beside the words; a message that applies
+to one schedule only where it applies."""
+
+import re
+
+import pytest
+
+from hppctl.store import save
+from tests.conftest import make_profile
+
+PAPER_SYMBOLS = re.compile(r"\bK\b|E_f|E_b|T_a|T_w|T_e|Eqs?\.")
+
+
+@pytest.fixture
+def profile(tmp_path):
+    path = tmp_path / "p.json"
+    save(path, make_profile(layers=12, speeds=(1, 1, 2), memory_gb=(4, 4, 4)))
+    return path
+
+
+def plan(cli, profile, *extra):
+    code, out, err = cli("plan", "--profile", profile, "--global-batch", 64, "--micro-batch", 16, *extra)
+    assert code == 0, err
+    return out
+
+
+@pytest.mark.parametrize("strategy", ["asteroid", "pp", "bipartition", "dp"])
+def test_plan_table_has_plain_headers_and_no_paper_symbols(cli, profile, strategy):
+    out = plan(cli, profile, "--strategy", strategy)
+    header = out.splitlines()[1].split()
+    for word in ("stage", "layers", "devices", "samples/device", "flight", "forward", "backward", "all-reduce",
+                 "memory", "budget"):
+        assert word in header, (word, header)
+    assert not PAPER_SYMBOLS.search(out), out
+
+
+def test_explain_puts_the_symbols_beside_the_words(cli, profile):
+    out = plan(cli, profile, "--explain")
+    for column in ("in flight (K)", "forward s (E_f)", "backward s (E_b)", "all-reduce s (T_a)", "waits s (T_w)",
+                   "runs s (T_e)"):
+        assert column in out
+    assert "Eqs. 4-6" in out
+
+
+def test_layers_read_as_people_count_them(cli, profile):
+    out = plan(cli, profile, "--strategy", "pp", "--explain")
+    assert "[" not in out.split("steps")[0]  # half-open ranges stay in the plan file
+    assert re.search(r"^0\s+0-\d+\s", out.splitlines()[2])
+
+
+@pytest.mark.parametrize("strategy", ["pp", "bipartition", "asteroid"])
+def test_nf1b_what_if_only_under_explain(cli, profile, strategy):
+    """The plans are synchronous (1f1b-asteroid): "under nf1b (TiMePReSt ...): v = 1" printed for every
+    one of them read as if the plan were nf1b."""
+    assert "nf1b" not in plan(cli, profile, "--strategy", strategy)
+    out = plan(cli, profile, "--strategy", "pp", "--explain")
+    assert "if run asynchronously (hppctl run --schedule nf1b" in out and "version difference v = 1" in out
+
+
+def test_compare_names_the_estimate_without_equation_numbers(cli, profile):
+    out = plan(cli, profile, "--compare")
+    assert "the estimate is the planner's own formula" in out and not PAPER_SYMBOLS.search(out)
+    assert "Eqs. 4-6" in plan(cli, profile, "--compare", "--explain")

@@ -62,3 +62,31 @@ def test_compare_names_the_estimate_without_equation_numbers(cli, profile):
     out = plan(cli, profile, "--compare")
     assert "the estimate is the planner's own formula" in out and not PAPER_SYMBOLS.search(out)
     assert "Eqs. 4-6" in plan(cli, profile, "--compare", "--explain")
+
+
+@pytest.mark.parametrize("policy", ["nf1b", "pipedream"])
+def test_async_simulation_compares_throughput_not_a_window_with_a_round(cli, profile, tmp_path, policy):
+    """`simulate --policy nf1b` printed "estimate 0.004 s (-91.7%)": one synchronous round's estimate
+    against a 16-mini-batch window. Throughputs compare; the latency comparison is gone."""
+    import json
+
+    plan_file = tmp_path / "plan.yaml"
+    plan(cli, profile, "--strategy", "pp", "--out", plan_file)
+    code, out, err = cli("simulate", "--plan", plan_file, "--profile", profile, "--policy", policy)
+    assert code == 0, err
+    assert "estimate" not in out.split("samples/s")[0]  # no latency estimate beside the window's seconds
+    code, doc, _ = cli("simulate", "--plan", plan_file, "--profile", profile, "--policy", policy, "--json")
+    doc = json.loads(doc)
+    sync = doc["estimate"]["throughput_samples_per_s"]
+    ratio = doc["throughput_samples_per_s"] / sync - 1
+    side = "above" if ratio >= 0 else "below"
+    assert f"{abs(ratio):.0%} {side} the {sync:.1f} samples/s the planner estimates for the plan's synchronous" in out
+    assert ("version difference v =" in out) == (policy == "nf1b")  # v is nf1b's figure
+
+
+def test_simulate_table_has_no_abbreviations(cli, profile, tmp_path):
+    plan_file = tmp_path / "plan.yaml"
+    plan(cli, profile, "--strategy", "dp", "--out", plan_file)
+    code, out, err = cli("simulate", "--plan", plan_file, "--profile", profile)
+    assert code == 0, err
+    assert "all-reduce s" in out and "AR s" not in out and "K =" not in out

@@ -47,7 +47,7 @@ def test_plan_timings_without_profile_report_no_bytes(cli, files):
 
 def test_table_output(cli, files):
     code, out, _ = sim(cli, files, "--profile", files / "p.json")
-    assert code == 0 and "simulated round latency" in out and "closed-form estimate" in out and "dev2" in out
+    assert code == 0 and "simulated round latency" in out and "planner's estimate" in out and "dev2" in out
 
 
 def test_plan_for_another_profile_is_refused_in_one_line(cli, files):

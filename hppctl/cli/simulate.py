@@ -141,7 +141,7 @@ def _simulate_failure(plan_file, profile_file, fail: str, replan: str, timeout: 
     table = Table(box=None, pad_edge=False, title=f"{', '.join(devices)} fail{'s' * (len(devices) == 1)} ({kind}) "
                                                   f"at {at_s:g} s")
     for col in ("re-planning", "detected s", "replan s", "moved", "move s", "first round done s", "recovery s",
-                "throughput before", "throughput after", "stages after"):
+                "samples/s before", "samples/s after", "stages after"):
         table.add_column(col)
     for r in runs:
         label = r.method if r.method == r.requested else f"{r.requested} -> {r.method} (memory)"
@@ -149,6 +149,26 @@ def _simulate_failure(plan_file, profile_file, fail: str, replan: str, timeout: 
                       f"{r.move_s:.2f}", f"{r.first_round_done_at_s:.2f}", f"{r.recovery_s:.2f}",
                       f"{r.throughput_before:.1f}", f"{r.throughput_after:.1f}", str(r.stages_after))
     stdout.print(table)
+    stdout.print(_backup_cost(plan, profile, replicate_every, runs[0].throughput_before), soft_wrap=True)
+
+
+def _backup_cost(plan: HppPlan, profile: Profile, replicate_every: int, with_backups: float) -> str:
+    """Why "samples/s before" is not `hppctl simulate`'s figure for the same plan: rounds that can
+    recover carry backups on the same uplinks as the activations (schedule/failure.py)."""
+    from hppctl.schedule import simulate_plan
+    from hppctl.schedule.failure import backups
+
+    plain = simulate_plan(plan, profile)[1].throughput_samples_per_s
+    sent = backups(plan, profile) if replicate_every > 0 else []
+    if not sent:
+        why = "no backups (--replicate-every 0)" if replicate_every <= 0 else "no backups (every stage is replicated)"
+        return f"samples/s before: {with_backups:.1f}, as `hppctl simulate` reports: {why}"
+    every = "every round" if replicate_every == 1 else f"every {replicate_every} rounds"
+    listed = ", ".join(f"{b.sender} -> {b.holder} {format_bytes(b.bytes)}" for b in sent)
+    return (f"samples/s before and after count the backups that make recovery possible: {format_bytes(sum(b.bytes for b in sent))} "
+            f"of weights and optimizer state {every} ({listed}) on the links the activations use; without them the "
+            f"plan runs at {plain:.1f} samples/s (`hppctl simulate`), with them {with_backups:.1f} "
+            f"(--replicate-every sets how often)")
 
 
 def _parse_warmup(text: str) -> list[int]:

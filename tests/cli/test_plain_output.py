@@ -90,3 +90,33 @@ def test_simulate_table_has_no_abbreviations(cli, profile, tmp_path):
     code, out, err = cli("simulate", "--plan", plan_file, "--profile", profile)
     assert code == 0, err
     assert "all-reduce s" in out and "AR s" not in out and "K =" not in out
+
+
+def test_fail_explains_why_its_throughput_differs_from_simulate(cli, tmp_path):
+    """`simulate --fail` reported a "throughput before" below `simulate`'s for the same plan and did not
+    say why: the backups a recoverable run sends on the activations' links."""
+    import json
+
+    from hppctl.models.plan import HppPlan
+    from hppctl.models.profile import Profile
+    from hppctl.models.units import format_bytes
+    from hppctl.schedule.failure import backups
+    from hppctl.store import load
+
+    profile = tmp_path / "heavy.json"  # weights large enough for their backup to show on the links
+    save(profile, make_profile(layers=12, speeds=(1, 1, 2), memory_gb=(4, 4, 4), param_scale=200))
+    plan_file = tmp_path / "plan.yaml"
+    plan(cli, profile, "--strategy", "pp", "--out", plan_file)
+    code, out, _ = cli("simulate", "--plan", plan_file, "--profile", profile, "--json")
+    plain = json.loads(out)["throughput_samples_per_s"]
+    code, out, err = cli("simulate", "--plan", plan_file, "--profile", profile, "--fail", "dev1@30", "--json")
+    before = json.loads(out)[0]["throughput_before"]
+    assert before < plain  # the cost the text must explain
+    code, out, err = cli("simulate", "--plan", plan_file, "--profile", profile, "--fail", "dev1@30")
+    assert code == 0, err
+    sent = sum(b.bytes for b in backups(load(plan_file, HppPlan), load(profile, Profile)))
+    assert f"without them the plan runs at {plain:.1f} samples/s (`hppctl simulate`), with them {before:.1f}" in out
+    assert f"{format_bytes(sent)} of weights and optimizer state every round" in out
+    code, out, err = cli("simulate", "--plan", plan_file, "--profile", profile, "--fail", "dev1@30",
+                         "--replicate-every", "0", "--replan", "light")
+    assert f"samples/s before: {plain:.1f}, as `hppctl simulate` reports: no backups (--replicate-every 0)" in out

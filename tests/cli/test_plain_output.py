@@ -120,3 +120,37 @@ def test_fail_explains_why_its_throughput_differs_from_simulate(cli, tmp_path):
     code, out, err = cli("simulate", "--plan", plan_file, "--profile", profile, "--fail", "dev1@30",
                          "--replicate-every", "0", "--replan", "light")
     assert f"samples/s before: {plain:.1f}, as `hppctl simulate` reports: no backups (--replicate-every 0)" in out
+
+
+def test_profile_names_what_computes_on_each_device(cli, tmp_path):
+    """A Jetson preset printed "cpu 845 GFLOP/s peak" for its GPU."""
+    code, out, err = cli("profile", "--cluster", "profiles/env-c.yaml", "--model", "tiny-mlp",
+                         "--out", tmp_path / "c.json")
+    assert code == 0, err
+    rows = {line.split()[0]: line for line in out.splitlines()[2:]}
+    assert "GPU (Jetson Xavier NX, 845 GFLOP/s peak)" in rows["nx0"]
+    assert "GPU (Jetson Nano, 236 GFLOP/s peak)" in rows["nano0"]
+    assert "cpu" not in out.splitlines()[1]
+
+
+def test_compute_label_of_a_measured_device_and_a_cpu_preset():
+    from hppctl.cli.profile import compute_label
+    from hppctl.profiling.presets import PRESETS
+
+    assert PRESETS["rpi4"].compute_label == "CPU (Raspberry Pi 4, 48 GFLOP/s peak)"
+    measured = make_profile(layers=2, speeds=(1,)).devices[0]
+    assert compute_label(measured) == "-"  # synthetic: no preset, no peak, not measured
+
+
+def test_compute_label_of_a_measured_device():
+    from hppctl.cli.profile import compute_label
+    from hppctl.models.profile import MeasurementInfo
+
+    info = dict(hostname="h", cpu_model="Fake CPU", cpus=4, cpu_quota_cores=0.5, cpu_quota_source="cgroup",
+                threads=1, clock="cpu", repeats=3, warmup=1, sustained_factor=[1.0], step_clock_s=[0.01],
+                memory_budget_source="cgroup", fingerprint="f", python="3", hppctl="0")
+    device = make_profile(layers=2, speeds=(1,)).devices[0]
+    assert compute_label(device.model_copy(update={"measurement": MeasurementInfo(**info)})) == \
+        "CPU (0.50 cores, 1 thread)"
+    unlimited = MeasurementInfo(**{**info, "cpu_quota_cores": None, "threads": 4})
+    assert compute_label(device.model_copy(update={"measurement": unlimited})) == "CPU (4 cores, 4 threads)"

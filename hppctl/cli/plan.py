@@ -48,7 +48,7 @@ def plan_command(
     profile: Annotated[Path, typer.Option("--profile", help="Profile file (.json/.yaml) from `hppctl profile`.")],
     global_batch: Annotated[Optional[int], typer.Option("--global-batch", help="Samples per training round.")] = None,
     micro_batch: Annotated[Optional[int], typer.Option("--micro-batch", help="Samples per micro-batch (divides the global batch).")] = None,
-    strategy: Annotated[str, typer.Option("--strategy", help="asteroid, asteroid-paper, dp, pp, pipedream, dapple, bipartition, bipartition-bsa, bipartition-paper, layerwise; on an inference profile galaxy (default), megatron, sp, local.")] = "asteroid",
+    strategy: Annotated[Optional[str], typer.Option("--strategy", help="asteroid (default), asteroid-paper, dp, pp, pipedream, dapple, bipartition, bipartition-bsa, bipartition-paper, layerwise; on an inference profile galaxy, megatron, sp, local (default: the fastest predicted that fits).")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="Write the plan here (.json or .yaml).")] = None,
     compare: Annotated[bool, typer.Option("--compare", help="Evaluate every strategy on the same request.")] = False,
     explain_: Annotated[bool, typer.Option("--explain", help="Also the round step by step, with the paper's symbols (K, E_f, E_b, T_w, T_e, T_a) beside the plain words.")] = False,
@@ -66,8 +66,9 @@ def plan_command(
         from hppctl.cli.galaxy import plan_inference
         _refuse_training_flags(profile, {"--plan": existing, "--explain": explain_ or None,
                                          "--global-batch": global_batch, "--micro-batch": micro_batch})
-        return plan_inference(profile, "galaxy" if strategy == "asteroid" else strategy, seq_len, out=out,
-                              compare=compare, as_json=as_json)
+        if strategy is None and not compare:
+            strategy = _fastest_inference_strategy(profile, seq_len)
+        return plan_inference(profile, strategy or "galaxy", seq_len, out=out, compare=compare, as_json=as_json)
     if seq_len is not None:
         raise BadInput(f"--seq-len: {profile} is a training profile; profile with `hppctl profile --seq-len N` to plan inference")
     prof = load(profile, Profile)
@@ -90,11 +91,21 @@ def plan_command(
         rows = planner.compare(prof, request, simulate=simulated_round_latency(prof))
         emit_json([r.as_json() for r in rows]) if as_json else _render_compare(rows, request, explain_)
         return
-    plan = planner.make_plan(prof, request, strategy)
+    plan = planner.make_plan(prof, request, strategy or "asteroid")
     if out is not None:
         save(out, plan)
         note(f"wrote {out}")
     _show(plan, prof, explain_, as_json, explain)
+
+
+def _fastest_inference_strategy(profile: Path, seq_len: int | None) -> str:
+    """No --strategy on an inference profile: the fastest predicted, said on stderr with the figures."""
+    from hppctl.models.inference import InferenceProfile
+    from hppctl.planner.galaxy import choose_inference_strategy
+
+    choice = choose_inference_strategy(load(profile, InferenceProfile), seq_len)
+    note(choice.reason)
+    return choice.strategy
 
 
 def _refuse_training_flags(profile: Path, flags: dict[str, object]) -> None:

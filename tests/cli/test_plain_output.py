@@ -154,3 +154,42 @@ def test_compute_label_of_a_measured_device():
         "CPU (0.50 cores, 1 thread)"
     unlimited = MeasurementInfo(**{**info, "cpu_quota_cores": None, "threads": 4})
     assert compute_label(device.model_copy(update={"measurement": unlimited})) == "CPU (4 cores, 4 threads)"
+
+
+INFERENCE = "examples/local-distilbert-284.json"
+
+
+def test_inference_default_is_the_fastest_predicted_and_says_so(cli, tmp_path):
+    """Galaxy was the default on an inference profile while `plan --compare` predicted it several times
+    slower than `local`, and nothing said so."""
+    import json
+
+    code, out, _ = cli("plan", "--profile", INFERENCE, "--compare", "--json")
+    rows = [r for r in json.loads(out) if r["feasible"]]
+    fastest = min(rows, key=lambda r: r["plan"]["prediction"]["latency_s"])
+    galaxy = next(r for r in rows if r["strategy"] == "galaxy")
+    assert fastest["strategy"] != "galaxy"  # the case of the issue
+    code, out, err = cli("plan", "--profile", INFERENCE, "--json")
+    assert code == 0, err
+    assert json.loads(out)["strategy"] == fastest["strategy"]
+    assert (f"galaxy predicted {galaxy['plan']['prediction']['latency_s']:.3f} s, {fastest['strategy']} "
+            f"{fastest['plan']['prediction']['latency_s']:.3f} s: chose {fastest['strategy']}") in err
+    code, out, err = cli("plan", "--profile", INFERENCE, "--strategy", "galaxy", "--json")
+    assert code == 0 and json.loads(out)["strategy"] == "galaxy" and "chose" not in err  # asked for: kept
+
+
+def test_inference_default_keeps_galaxy_when_it_is_the_fastest(cli, tmp_path):
+    from hppctl.models.inference import InferenceProfile
+    from hppctl.planner.galaxy import choose_inference_strategy, compare_inference
+    from hppctl.store import load
+
+    code, _, err = cli("profile", "--cluster", "profiles/env-c.yaml", "--model", "distilbert", "--seq-len", 284,
+                       "--out", tmp_path / "c.json")
+    assert code == 0, err
+    profile = load(tmp_path / "c.json", InferenceProfile)
+    # 100 Mbit/s links x 1000: galaxy's communication no longer dominates, its split compute wins.
+    fast = profile.model_copy(update={"default_bytes_per_s": profile.default_bytes_per_s * 1000})
+    ranked = [name for name, plan, _ in compare_inference(fast) if plan is not None]
+    choice = choose_inference_strategy(fast)
+    assert ranked[0] == choice.strategy == "galaxy"
+    assert choice.reason.startswith("chose galaxy: predicted")

@@ -193,3 +193,21 @@ def test_inference_default_keeps_galaxy_when_it_is_the_fastest(cli, tmp_path):
     choice = choose_inference_strategy(fast)
     assert ranked[0] == choice.strategy == "galaxy"
     assert choice.reason.startswith("chose galaxy: predicted")
+
+
+def test_psl_output_explains_its_columns(cli, tmp_path):
+    code, out, err = cli("psl", "plan", "--spec", "examples/psl.yaml", "--out", tmp_path / "psl.yaml")
+    assert code == 0, err
+    assert "F forward, B backward" in out and "(until the last client is done)" in out
+    code, out, err = cli("psl", "plan", "--spec", "examples/psl.yaml", "--compare")
+    assert code == 0, err
+    assert "slots: the solver's time grid" in out and "served first come, first served" in out
+    code, out, err = cli("psl", "simulate", "--plan", tmp_path / "psl.yaml")
+    assert code == 0 and "task pieces" in out
+
+
+def test_models_tables_spell_out_their_columns(cli):
+    code, out, _ = cli("models")
+    assert code == 0 and "fine layers" in out and "blocks" in out
+    code, out, _ = cli("models", "tiny-mlp")
+    assert code == 0 and "sent if cut after" in out and "forward FLOPs" in out and "fwd" not in out

@@ -25,7 +25,7 @@ Examples (from the repository root; files in examples/ and profiles/, outputs un
   hppctl simulate --plan plans/example-tiny.yaml --trace out/trace.json                  # open in ui.perfetto.dev
   hppctl simulate --plan plans/example-tiny.yaml --png out/timeline.png                  # needs 'hppctl[plot]'
   hppctl simulate --plan plans/example-tiny.yaml --policy gpipe --json                   # what-if: another schedule
-  hppctl simulate --plan plans/example-tiny.yaml --warmup 2,1 --write-schedule out/s.json  # explicit K_p
+  hppctl simulate --plan plans/example-tiny.yaml --warmup 2,1 --write-schedule out/s.json  # in flight per stage
   hppctl simulate --plan plans/example-tiny.yaml --schedule out/s.json --blocking        # replay a schedule file
   hppctl simulate --plan plans/example-tiny.yaml --profile profiles/example-tiny.json --fail pi0@30   # recovery what-if
 """
@@ -35,7 +35,7 @@ def simulate_command(
     plan_file: Annotated[Path, typer.Option("--plan", help="Plan file (.json/.yaml) from `hppctl plan`.")],
     profile_file: Annotated[Optional[Path], typer.Option("--profile", help="Profile the plan was made from: per-device, per-layer timings and memory (recommended).")] = None,
     policy: Annotated[Optional[str], typer.Option("--policy", help="Schedule instead of the plan's: 1f1b-asteroid, 1f1b, gpipe, 2(P-p), 2(P-p)+1.")] = None,
-    warmup: Annotated[Optional[str], typer.Option("--warmup", help="Explicit K_p per stage, e.g. 5,3,1.")] = None,
+    warmup: Annotated[Optional[str], typer.Option("--warmup", help="Micro-batches each stage forwards before its first backward (its most in flight), e.g. 5,3,1.")] = None,
     schedule_file: Annotated[Optional[Path], typer.Option("--schedule", help="Replay this schedule file (checked first) instead of generating one.")] = None,
     write_schedule: Annotated[Optional[Path], typer.Option("--write-schedule", help="Write the (generated) schedule here (.json/.yaml).")] = None,
     show_schedule: Annotated[bool, typer.Option("--show-schedule", help="Print every device's actions in text form.")] = False,
@@ -177,7 +177,7 @@ def _parse_warmup(text: str) -> list[int]:
     except ValueError:
         raise BadInput(f"--warmup: expected comma-separated positive integers like 5,3,1, got {text!r}") from None
     if any(v < 1 for v in values):
-        raise BadInput(f"--warmup: every K_p must be at least 1, got {text!r}")
+        raise BadInput(f"--warmup: every stage needs at least 1 micro-batch in flight, got {text!r}")
     return values
 
 

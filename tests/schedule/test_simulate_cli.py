@@ -107,7 +107,7 @@ def test_schedule_for_another_plan_is_refused(cli, files, tmp_path):
     (("--warmup", "1,x"), "comma-separated positive integers"),
     (("--warmup", "0,1"), "at least 1"),
     (("--warmup", "1,2"), "must not increase"),
-    (("--warmup", "1,1,1"), "one K_p per stage"),
+    (("--warmup", "1,1,1"), "one per stage: micro-batches in flight"),
     (("--policy", "zigzag"), "unknown schedule policy"),
     (("--policy", "gpipe", "--warmup", "2,1"), "alternatives"),
     (("--step-time", "-1"), "--step-time: must be a number of seconds from 0 to 86400 (got -1.0)"),

@@ -15,7 +15,6 @@ from hppctl.errors import BadInput, Infeasible
 from hppctl.models.plan import HppPlan, PlanRequest
 from hppctl.models.profile import Profile
 from hppctl.models.units import format_bytes
-from hppctl.planner.explain import stage_layers
 from hppctl.store import load, save
 
 EXAMPLES = """
@@ -197,6 +196,8 @@ def _header(plain: str, symbol: str, explain_: bool) -> str:
 
 
 def _render_plan(plan: HppPlan, explain_: bool = False) -> None:
+    from hppctl.planner.explain import stage_layers
+
     pred = plan.prediction
     stdout.print(f"{plan.strategy} plan for {plan.model} ({plan.granularity}): global batch {plan.global_batch} = "
                  f"{plan.num_micro_batches} micro-batches x {plan.micro_batch} samples, schedule {plan.schedule}")

@@ -58,8 +58,8 @@ def _list(as_json: bool) -> None:
         )
         return
     table = Table(title="built-in models", title_justify="left")
-    for column, justify in (("name", "left"), ("task", "left"), ("parameters", "right"), ("fine", "right"),
-                            ("block", "right"), ("input", "left"), ("description", "left")):
+    for column, justify in (("name", "left"), ("task", "left"), ("parameters", "right"), ("fine layers", "right"),
+                            ("blocks", "right"), ("input", "left"), ("description", "left")):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for i in infos:
         table.add_row(i.name, i.task, _count(i.parameters), str(i.layers.fine), str(i.layers.block),
@@ -80,8 +80,8 @@ def _layers(name: str, granularity: str, as_json: bool) -> None:
     table = Table(
         title=f"{info.name}: {len(costs)} layers at {granularity} granularity (per sample, fp32)", title_justify="left"
     )
-    for column, justify in (("#", "right"), ("name", "left"), ("kind", "left"), ("boundary", "right"),
-                            ("activations", "right"), ("params", "right"), ("fwd FLOPs", "right")):
+    for column, justify in (("#", "right"), ("name", "left"), ("kind", "left"), ("sent if cut after", "right"),
+                            ("kept for backward", "right"), ("parameters", "right"), ("forward FLOPs", "right")):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for index, c in enumerate(costs):
         table.add_row(str(index), c.name, c.kind, _bytes(c.boundary_bytes_per_sample), _bytes(c.activation_bytes_per_sample),

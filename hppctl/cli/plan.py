@@ -47,10 +47,10 @@ def plan_command(
     profile: Annotated[Path, typer.Option("--profile", help="Profile file (.json/.yaml) from `hppctl profile`.")],
     global_batch: Annotated[Optional[int], typer.Option("--global-batch", help="Samples per training round.")] = None,
     micro_batch: Annotated[Optional[int], typer.Option("--micro-batch", help="Samples per micro-batch (divides the global batch).")] = None,
-    strategy: Annotated[str, typer.Option("--strategy", help="asteroid, asteroid-paper, dp, pp, pipedream, dapple, bipartition, bipartition-bsa, bipartition-paper, layerwise; on an inference profile galaxy (default), megatron, sp, local.")] = "asteroid",
+    strategy: Annotated[Optional[str], typer.Option("--strategy", help="asteroid (default), asteroid-paper, dp, pp, pipedream, dapple, bipartition, bipartition-bsa, bipartition-paper, layerwise; on an inference profile galaxy, megatron, sp, local (default: the fastest predicted that fits).")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="Write the plan here (.json or .yaml).")] = None,
     compare: Annotated[bool, typer.Option("--compare", help="Evaluate every strategy on the same request.")] = False,
-    explain_: Annotated[bool, typer.Option("--explain", help="Per-step table: E_f, E_b, T_w, T_e, T_a, memory.")] = False,
+    explain_: Annotated[bool, typer.Option("--explain", help="Also the round step by step, with the paper's symbols (K, E_f, E_b, T_w, T_e, T_a) beside the plain words.")] = False,
     existing: Annotated[Optional[Path], typer.Option("--plan", help="Re-score an existing plan against --profile instead of planning.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
     seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Inference profiles (Galaxy): plan for this sequence length; strategies galaxy, megatron, sp, local.")] = None,
@@ -65,8 +65,9 @@ def plan_command(
         from hppctl.cli.galaxy import plan_inference
         _refuse_training_flags(profile, {"--plan": existing, "--explain": explain_ or None,
                                          "--global-batch": global_batch, "--micro-batch": micro_batch})
-        return plan_inference(profile, "galaxy" if strategy == "asteroid" else strategy, seq_len, out=out,
-                              compare=compare, as_json=as_json)
+        if strategy is None and not compare:
+            strategy = _fastest_inference_strategy(profile, seq_len)
+        return plan_inference(profile, strategy or "galaxy", seq_len, out=out, compare=compare, as_json=as_json)
     if seq_len is not None:
         raise BadInput(f"--seq-len: {profile} is a training profile; profile with `hppctl profile --seq-len N` to plan inference")
     prof = load(profile, Profile)
@@ -87,13 +88,23 @@ def plan_command(
     if compare:
         from hppctl.schedule import simulated_round_latency
         rows = planner.compare(prof, request, simulate=simulated_round_latency(prof))
-        emit_json([r.as_json() for r in rows]) if as_json else _render_compare(rows, request)
+        emit_json([r.as_json() for r in rows]) if as_json else _render_compare(rows, request, explain_)
         return
-    plan = planner.make_plan(prof, request, strategy)
+    plan = planner.make_plan(prof, request, strategy or "asteroid")
     if out is not None:
         save(out, plan)
         note(f"wrote {out}")
     _show(plan, prof, explain_, as_json, explain)
+
+
+def _fastest_inference_strategy(profile: Path, seq_len: int | None) -> str:
+    """No --strategy on an inference profile: the fastest predicted, said on stderr with the figures."""
+    from hppctl.models.inference import InferenceProfile
+    from hppctl.planner.galaxy import choose_inference_strategy
+
+    choice = choose_inference_strategy(load(profile, InferenceProfile), seq_len)
+    note(choice.reason)
+    return choice.strategy
 
 
 def _refuse_training_flags(profile: Path, flags: dict[str, object]) -> None:
@@ -113,7 +124,7 @@ def _show(plan: HppPlan, profile: Profile, explain_: bool, as_json: bool, explai
                     "timeprest": _timeprest(plan)}
         emit_json(data)
         return
-    _render_plan(plan)
+    _render_plan(plan, explain_)
     if explain_:
         _render_explain(explain(plan, profile))
 
@@ -132,7 +143,7 @@ def _show_rescored(stored: HppPlan, profile: Profile, explain_: bool, as_json: b
             data.update(steps=[_row_json(r) for r in explain(plan, profile)], timeprest=_timeprest(plan))
         emit_json(data)
     else:
-        _render_plan(plan)
+        _render_plan(plan, explain_)
         if explain_:
             _render_explain(explain(plan, profile))
         _render_differences(rescored.differences, source)
@@ -171,30 +182,55 @@ def _row_json(row) -> dict:
     }
 
 
-def _render_plan(plan: HppPlan) -> None:
+def _memory_of_budget(used: int, budget: int) -> str:
+    return f"{format_bytes(used)} of {format_bytes(budget)}"
+
+
+# Plain column headers; the paper's symbol (Asteroid, MobiCom'24) joins them under --explain.
+PLAN_COLUMNS = (("stage", ""), ("layers", ""), ("devices", ""), ("samples/device", ""), ("in flight", "K"),
+                ("forward s", "E_f"), ("backward s", "E_b"), ("all-reduce s", "T_a"), ("peak memory of budget", ""))
+
+
+def _header(plain: str, symbol: str, explain_: bool) -> str:
+    return f"{plain} ({symbol})" if explain_ and symbol else plain
+
+
+def _render_plan(plan: HppPlan, explain_: bool = False) -> None:
+    from hppctl.planner.explain import stage_layers
+
     pred = plan.prediction
     stdout.print(f"{plan.strategy} plan for {plan.model} ({plan.granularity}): global batch {plan.global_batch} = "
-                 f"{plan.num_micro_batches} x {plan.micro_batch}, schedule {plan.schedule}")
+                 f"{plan.num_micro_batches} micro-batches x {plan.micro_batch} samples, schedule {plan.schedule}")
     table = Table(box=None, pad_edge=False)
-    for col in ("stage", "layers", "devices (samples)", "K", "E_f s", "E_b s", "T_a s", "peak memory / budget"):
-        table.add_column(col)
+    for plain, symbol in PLAN_COLUMNS:
+        table.add_column(_header(plain, symbol, explain_))
     for p, s in enumerate(plan.stages):
-        devices = ", ".join(f"{d} ({y})" for d, y in zip(s.devices, s.samples))
-        memory = ", ".join(f"{format_bytes(m)}/{format_bytes(u)}" for m, u in zip(s.memory_bytes, s.memory_budget_bytes))
-        ranges = f"[{s.start}, {s.end})" + (f" B[{s.backward[0]}, {s.backward[1]})" if s.backward_layers else "")
-        table.add_row(str(p), ranges, devices, str(s.warmup), f"{s.forward_s:.4f}",
-                      f"{s.backward_s:.4f}", f"{s.allreduce_s:.4f}", memory)
+        memory = ", ".join(_memory_of_budget(m, u) for m, u in zip(s.memory_bytes, s.memory_budget_bytes))
+        table.add_row(str(p), stage_layers(s), ", ".join(s.devices), ", ".join(map(str, s.samples)), str(s.warmup),
+                      f"{s.forward_s:.4f}", f"{s.backward_s:.4f}", f"{s.allreduce_s:.4f}", memory)
     stdout.print(table)
+    stdout.print("forward/backward s: one micro-batch on the stage's slowest device; all-reduce s: averaging the "
+                 "stage's gradients across its devices, per round; in flight: most micro-batches a stage holds",
+                 soft_wrap=True)
     stdout.print(f"predicted round latency {pred.round_latency_s:.3f} s, throughput "
                  f"{pred.throughput_samples_per_s:.1f} samples/s, peak memory {pred.peak_memory_ratio:.0%} of budget, "
                  f"planned in {plan.planning_time_s:.2f} s")
     for v in plan.memory_violations:
         stdout.print(f"memory violation: {v.device} (stage {v.stage}) needs {format_bytes(v.needed_bytes)}, "
                      f"has {format_bytes(v.budget_bytes)}")
+    if explain_:
+        _render_nf1b_what_if(plan)
+
+
+def _render_nf1b_what_if(plan: HppPlan) -> None:
+    """The plan's schedule is synchronous: what running it asynchronously would do is a what-if, shown
+    with the other details under --explain (it printed for every plan, as if the plan were nf1b)."""
+    from hppctl.schedule.async_version import describe_version_report
+
     report = _timeprest(plan)
     if report:
-        paper = f", paper's formula {report['paper_formula']}" if report["paper_formula"] is not None else ""
-        stdout.print(f"under nf1b (TiMePReSt, W = {report['W']}, N = {report['N']}{paper}): {report['advice']}")
+        stdout.print(f"if run asynchronously (hppctl run --schedule nf1b, TiMePReSt): "
+                     f"{describe_version_report(report)}", soft_wrap=True)
 
 
 def _timeprest(plan: HppPlan) -> dict | None:
@@ -206,20 +242,29 @@ def _timeprest(plan: HppPlan) -> dict | None:
     return plan_version_report(len(plan.stages), plan.num_micro_batches)
 
 
+# The steps of Asteroid's round formula (Eqs. 4-6), each plain word with the paper's symbol beside it.
+STEP_COLUMNS = ("step", "", "forward s (E_f)", "backward s (E_b)", "waits s (T_w)", "runs s (T_e)",
+                "all-reduce s (T_a)", "ends at s", "peak memory of budget")
+
+
 def _render_explain(rows) -> None:
-    table = Table(box=None, pad_edge=False, title="steps (Eqs. 4-6); * = dominant step")
-    for col in ("step", "", "E_f s", "E_b s", "T_w s", "T_e s", "T_a s", "end s", "memory / budget"):
+    table = Table(box=None, pad_edge=False,
+                  title="the round step by step (Asteroid's Eqs. 4-6); * = the step that sets the pace (dominant)")
+    for col in STEP_COLUMNS:
         table.add_column(col)
     for r in rows:
-        memory = ", ".join(f"{d} {format_bytes(b)}/{format_bytes(u)}" for d, b, u in r.memory)
+        memory = ", ".join(f"{d} {_memory_of_budget(b, u)}" for d, b, u in r.memory)
         table.add_row(f"{r.index}{' *' if r.dominant else ''}", r.label, f"{r.forward_s:.4f}", f"{r.backward_s:.4f}",
                       f"{r.wait_s:.3f}", f"{r.execute_s:.3f}", f"{r.allreduce_s:.3f}", f"{r.end_s:.3f}", memory)
     stdout.print(table)
+    stdout.print("waits: the forwards upstream of the step (T_w); runs: from its first forward to its last "
+                 "backward (T_e); ends at: waits + runs + all-reduce", soft_wrap=True)
 
 
-def _render_compare(rows, request: PlanRequest) -> None:
+def _render_compare(rows, request: PlanRequest, explain_: bool = False) -> None:
     table = Table(box=None, pad_edge=False,
-                  title=f"global batch {request.global_batch} = {request.num_micro_batches} x {request.micro_batch}")
+                  title=f"global batch {request.global_batch} = {request.num_micro_batches} micro-batches x "
+                        f"{request.micro_batch} samples")
     for col in ("strategy", "feasible", "simulated samples/s", "estimate samples/s", "round latency s (sim / est)",
                 "peak memory", "stages", "plan time s"):
         table.add_column(col)
@@ -230,8 +275,9 @@ def _render_compare(rows, request: PlanRequest) -> None:
                       f"{sim:.3f} / {r.round_latency_s:.3f}" if sim is not None else "-",
                       f"{r.peak_memory_ratio:.0%}" if r.plan else "-", r.shape, f"{r.planning_time_s:.2f}")
     stdout.print(table)
+    formula = " (Asteroid's closed form, Eqs. 4-6)" if explain_ else ""
     stdout.print("ranked by the simulated figure (hppctl simulate: the plan's schedule replayed on the profile); "
-                 "the estimate is the closed form of Eqs. 4-6")
+                 f"the estimate is the planner's own formula{formula}; stages: devices per stage", soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -312,6 +312,22 @@ def summarize(profile: Profile, out: Path | None) -> dict:
     }
 
 
+def compute_label(device) -> str:
+    """What runs a device's layers: measured devices on their CPU (hppctl measures with CPU torch), a
+    preset on what the preset models ("cpu 845 GFLOP/s peak" was a Jetson's GPU)."""
+    from hppctl.profiling.presets import PRESETS
+
+    if device.measurement is not None:
+        quota = device.measurement.cpu_quota_cores
+        share = f"{quota:.2f} cores" if quota else f"{device.measurement.cpus} cores"
+        threads = device.measurement.threads
+        return f"CPU ({share}, {threads} thread{'s' * (threads != 1)})"
+    preset = PRESETS.get(device.kind)
+    if preset is not None:
+        return preset.compute_label
+    return f"{device.peak_flops / 1e9:.0f} GFLOP/s peak" if device.peak_flops else "-"
+
+
 def _render(profile: Profile, summary: dict) -> None:
     stdout.print(f"{profile.model} ({profile.granularity}, {len(profile.layers)} layers, "
                  f"{format_bytes(summary['parameters_bytes'])} of parameters, "
@@ -320,16 +336,11 @@ def _render(profile: Profile, summary: dict) -> None:
     grid = sorted({b for d in profile.devices for b in d.batch_sizes})
     shown = sorted({grid[0], grid[len(grid) // 2], grid[-1]})
     table = Table(box=None, pad_edge=False)
-    for col in ("device", "kind", "memory budget", "cpu", *[f"train ms/sample @{b}" for b in shown]):
+    for col in ("device", "kind", "memory budget", "computes on", *[f"train ms/sample @{b}" for b in shown]):
         table.add_column(col)
     for d, entry in zip(profile.devices, summary["devices"]):
-        if d.measurement is not None:
-            quota = d.measurement.cpu_quota_cores
-            cpu = f"{quota:.2f} cores, {d.measurement.threads} thr" if quota else f"{d.measurement.cpus} cpus"
-        else:
-            cpu = f"{d.peak_flops / 1e9:.0f} GFLOP/s peak" if d.peak_flops else "-"
         per_sample = entry["train_s_per_sample"]
-        table.add_row(d.name, d.kind, format_bytes(d.memory_bytes), cpu,
+        table.add_row(d.name, d.kind, format_bytes(d.memory_bytes), compute_label(d),
                       *[f"{per_sample[str(b)] * 1e3:.3f}" if str(b) in per_sample else "-" for b in shown])
     stdout.print(table)
     measured = [l for l in profile.links if l.source == "measured"]

@@ -178,16 +178,17 @@ def _render_plan(plan: PslPlan, simulated: float) -> None:
     stdout.print(f"psl plan for {plan.model} ({plan.granularity}), batch {plan.batch}: {len(plan.clients)} clients, "
                  f"{len(plan.helpers)} helpers, method {chosen}")
     table = Table(box=None, pad_edge=False)
-    for col in ("helper", "clients", "memory / budget", "order (first 12 pieces)"):
+    for col in ("helper", "clients", "memory of budget", "task order (first 12; F forward, B backward, of a client)"):
         table.add_column(col)
     for h in plan.helper_plans:
         order = " ".join(str(p) for p in h.sequence[:12]) + (" …" if len(h.sequence) > 12 else "")
-        table.add_row(h.helper, str(len(h.clients)), f"{format_bytes(h.memory_bytes)} / {format_bytes(h.memory_budget_bytes)}",
+        table.add_row(h.helper, str(len(h.clients)), f"{format_bytes(h.memory_bytes)} of {format_bytes(h.memory_budget_bytes)}",
                       order)
     stdout.print(table)
     slots = f" ({pred.makespan_slots} slots of {plan.slot_s * 1e3:.1f} ms)" if plan.slot_s else ""
     worst = max(pred.clients, key=lambda c: c.completion_s)
-    stdout.print(f"predicted batch makespan {pred.makespan_s:.3f} s{slots}; simulated (plan order, unrounded times) "
+    stdout.print(f"predicted batch makespan (until the last client is done) {pred.makespan_s:.3f} s{slots}; "
+                 f"simulated (plan order, unrounded times) "
                  f"{simulated:.3f} s; lower bound {pred.lower_bound_s:.3f} s; last client {worst.client} on "
                  f"{worst.helper} (queued {worst.queueing_s:.3f} s); solver {plan.solver_time_s:.2f} s")
     for n in plan.notes:
@@ -206,6 +207,8 @@ def _render_compare(rows: list[dict]) -> None:
         table.add_row(name, f"{r['simulated_makespan_s']:.3f}", f"{r['predicted_makespan_s']:.3f}",
                       str(r["makespan_slots"] or "-"), f"{r.get('vs_random_fcfs', 0):+.1%}", f"{r['solver_time_s']:.2f}")
     stdout.print(table)
+    stdout.print("slots: the solver's time grid (admm, exact); vs random+FCFS: against clients given to helpers "
+                 "at random and served first come, first served", soft_wrap=True)
 
 
 def simulate_command(
@@ -234,7 +237,7 @@ def simulate_command(
     stdout.print(f"{plan.method} plan, policy {policy}: simulated batch makespan {result.makespan_s:.3f} s "
                  f"(plan's prediction {plan.prediction.makespan_s:.3f} s)")
     table = Table(box=None, pad_edge=False)
-    for col in ("helper", "clients", "busy s", "busy", "finish s", "pieces"):
+    for col in ("helper", "clients", "busy s", "busy", "finish s", "task pieces"):
         table.add_column(col)
     for h in result.helpers:
         table.add_row(h.helper, str(h.clients), f"{h.busy_s:.3f}", f"{h.busy_s / result.makespan_s:.0%}",

@@ -25,7 +25,7 @@ Examples (from the repository root; files in examples/ and profiles/, outputs un
   hppctl simulate --plan plans/example-tiny.yaml --trace out/trace.json                  # open in ui.perfetto.dev
   hppctl simulate --plan plans/example-tiny.yaml --png out/timeline.png                  # needs 'hppctl[plot]'
   hppctl simulate --plan plans/example-tiny.yaml --policy gpipe --json                   # what-if: another schedule
-  hppctl simulate --plan plans/example-tiny.yaml --warmup 2,1 --write-schedule out/s.json  # explicit K_p
+  hppctl simulate --plan plans/example-tiny.yaml --warmup 2,1 --write-schedule out/s.json  # in flight per stage
   hppctl simulate --plan plans/example-tiny.yaml --schedule out/s.json --blocking        # replay a schedule file
   hppctl simulate --plan plans/example-tiny.yaml --profile profiles/example-tiny.json --fail pi0@30   # recovery what-if
 """
@@ -35,7 +35,7 @@ def simulate_command(
     plan_file: Annotated[Path, typer.Option("--plan", help="Plan file (.json/.yaml) from `hppctl plan`.")],
     profile_file: Annotated[Optional[Path], typer.Option("--profile", help="Profile the plan was made from: per-device, per-layer timings and memory (recommended).")] = None,
     policy: Annotated[Optional[str], typer.Option("--policy", help="Schedule instead of the plan's: 1f1b-asteroid, 1f1b, gpipe, 2(P-p), 2(P-p)+1.")] = None,
-    warmup: Annotated[Optional[str], typer.Option("--warmup", help="Explicit K_p per stage, e.g. 5,3,1.")] = None,
+    warmup: Annotated[Optional[str], typer.Option("--warmup", help="Micro-batches each stage forwards before its first backward (its most in flight), e.g. 5,3,1.")] = None,
     schedule_file: Annotated[Optional[Path], typer.Option("--schedule", help="Replay this schedule file (checked first) instead of generating one.")] = None,
     write_schedule: Annotated[Optional[Path], typer.Option("--write-schedule", help="Write the (generated) schedule here (.json/.yaml).")] = None,
     show_schedule: Annotated[bool, typer.Option("--show-schedule", help="Print every device's actions in text form.")] = False,
@@ -141,7 +141,7 @@ def _simulate_failure(plan_file, profile_file, fail: str, replan: str, timeout: 
     table = Table(box=None, pad_edge=False, title=f"{', '.join(devices)} fail{'s' * (len(devices) == 1)} ({kind}) "
                                                   f"at {at_s:g} s")
     for col in ("re-planning", "detected s", "replan s", "moved", "move s", "first round done s", "recovery s",
-                "throughput before", "throughput after", "stages after"):
+                "samples/s before", "samples/s after", "stages after"):
         table.add_column(col)
     for r in runs:
         label = r.method if r.method == r.requested else f"{r.requested} -> {r.method} (memory)"
@@ -149,6 +149,26 @@ def _simulate_failure(plan_file, profile_file, fail: str, replan: str, timeout: 
                       f"{r.move_s:.2f}", f"{r.first_round_done_at_s:.2f}", f"{r.recovery_s:.2f}",
                       f"{r.throughput_before:.1f}", f"{r.throughput_after:.1f}", str(r.stages_after))
     stdout.print(table)
+    stdout.print(_backup_cost(plan, profile, replicate_every, runs[0].throughput_before), soft_wrap=True)
+
+
+def _backup_cost(plan: HppPlan, profile: Profile, replicate_every: int, with_backups: float) -> str:
+    """Why "samples/s before" is not `hppctl simulate`'s figure for the same plan: rounds that can
+    recover carry backups on the same uplinks as the activations (schedule/failure.py)."""
+    from hppctl.schedule import simulate_plan
+    from hppctl.schedule.failure import backups
+
+    plain = simulate_plan(plan, profile)[1].throughput_samples_per_s
+    sent = backups(plan, profile) if replicate_every > 0 else []
+    if not sent:
+        why = "no backups (--replicate-every 0)" if replicate_every <= 0 else "no backups (every stage is replicated)"
+        return f"samples/s before: {with_backups:.1f}, as `hppctl simulate` reports: {why}"
+    every = "every round" if replicate_every == 1 else f"every {replicate_every} rounds"
+    listed = ", ".join(f"{b.sender} -> {b.holder} {format_bytes(b.bytes)}" for b in sent)
+    return (f"samples/s before and after count the backups that make recovery possible: {format_bytes(sum(b.bytes for b in sent))} "
+            f"of weights and optimizer state {every} ({listed}) on the links the activations use; without them the "
+            f"plan runs at {plain:.1f} samples/s (`hppctl simulate`), with them {with_backups:.1f} "
+            f"(--replicate-every sets how often)")
 
 
 def _parse_warmup(text: str) -> list[int]:
@@ -157,7 +177,7 @@ def _parse_warmup(text: str) -> list[int]:
     except ValueError:
         raise BadInput(f"--warmup: expected comma-separated positive integers like 5,3,1, got {text!r}") from None
     if any(v < 1 for v in values):
-        raise BadInput(f"--warmup: every K_p must be at least 1, got {text!r}")
+        raise BadInput(f"--warmup: every stage needs at least 1 micro-batch in flight, got {text!r}")
     return values
 
 
@@ -198,24 +218,21 @@ def result_json(plan: HppPlan, schedule, result, *, with_profile: bool) -> dict:
 
 
 def _render(plan: HppPlan, schedule, result, with_profile: bool) -> None:
-    est = plan.prediction.round_latency_s
-    error = (est - result.round_latency_s) / result.round_latency_s if result.round_latency_s else 0.0
-    stdout.print(f"{plan.strategy} plan for {plan.model}: {len(plan.stages)} stages, schedule {schedule.policy} "
-                 f"(K = {', '.join(str(s.warmup) for s in schedule.stages)}), {result.mode} transfers, "
-                 f"timings from the {'profile' if with_profile else 'plan (no --profile)'}")
-    stdout.print(f"simulated round latency {result.round_latency_s:.3f} s, throughput "
-                 f"{result.throughput_samples_per_s:.1f} samples/s; closed-form estimate {est:.3f} s ({error:+.1%})")
-    if schedule.micro_batches_per_update is not None:  # nf1b, pipedream (docs/timeprest.md)
-        N = schedule.micro_batches_per_update
-        stdout.print(f"asynchronous window: {schedule.num_micro_batches // N} mini-batches of {N} x {schedule.micro_batch} "
-                     f"(the 'round' above; the estimate is one synchronous round); weight versions held: "
-                     + ", ".join(f"{d.device} {d.weight_versions}" for d in result.devices))
+    stdout.print(f"{plan.strategy} plan for {plan.model}: {len(plan.stages)} stages, schedule {schedule.policy}, "
+                 f"{result.mode} transfers, timings from the {'profile' if with_profile else 'plan (no --profile)'}")
+    if schedule.micro_batches_per_update is None:
+        _render_round(plan, result)
+    else:  # nf1b, pipedream (docs/timeprest.md)
+        _render_async_window(plan, schedule, result)
+
+
+def _render_table(result) -> None:
     table = Table(box=None, pad_edge=False)
-    for col in ("stage", "device", "samples", "compute s", "busy", "bubble", "AR s", "in flight",
-                "peak activations", "peak memory / budget"):
+    for col in ("stage", "device", "samples", "compute s", "busy", "idle", "all-reduce s", "in flight",
+                "peak activations", "peak memory of budget"):
         table.add_column(col)
     for d in result.devices:
-        memory = (f"{format_bytes(d.peak_memory_bytes)} / {format_bytes(d.budget_bytes)}"
+        memory = (f"{format_bytes(d.peak_memory_bytes)} of {format_bytes(d.budget_bytes)}"
                   if d.peak_memory_bytes is not None and d.budget_bytes else "-")
         table.add_row(str(d.stage), d.device, str(d.samples), f"{d.compute_s:.3f}", f"{result.busy_fraction(d):.0%}",
                       f"{result.bubble_fraction(d):.0%}", f"{d.allreduce_s:.3f}", str(d.peak_in_flight_micro_batches),
@@ -226,6 +243,40 @@ def _render(plan: HppPlan, schedule, result, with_profile: bool) -> None:
         stdout.print("busiest links: " + ", ".join(
             f"{link.src}->{link.dst} {format_bytes(link.bytes)} in {link.busy_s:.3f} s "
             f"({link.busy_s / result.round_latency_s:.0%})" for link in busiest))
+
+
+def _render_round(plan: HppPlan, result) -> None:
+    est = plan.prediction.round_latency_s
+    error = (est - result.round_latency_s) / result.round_latency_s if result.round_latency_s else 0.0
+    stdout.print(f"simulated round latency {result.round_latency_s:.3f} s, throughput "
+                 f"{result.throughput_samples_per_s:.1f} samples/s; planner's estimate {est:.3f} s ({error:+.1%})")
+    _render_table(result)
+
+
+def _against_synchronous(throughput: float, plan: HppPlan) -> str:
+    sync = plan.prediction.throughput_samples_per_s
+    if sync <= 0 or throughput <= 0:  # a hand-written plan without timings
+        return ""
+    ratio = throughput / sync - 1
+    side = "above" if ratio >= 0 else "below"
+    return f", {abs(ratio):.0%} {side} the {sync:.1f} samples/s the planner estimates for the plan's synchronous rounds"
+
+
+def _render_async_window(plan: HppPlan, schedule, result) -> None:
+    """An asynchronous window is many mini-batches, the plan's estimate one synchronous round: their
+    latencies do not compare (it printed "estimate 0.004 s (-91.7%)"); throughputs do."""
+    from hppctl.schedule.async_version import describe_version_report, plan_version_report
+
+    N = schedule.micro_batches_per_update
+    mini_batches = schedule.num_micro_batches // N
+    stdout.print(f"simulated window of {mini_batches} mini-batches ({N} micro-batch{'es' * (N != 1)} x "
+                 f"{schedule.micro_batch} samples each): {result.round_latency_s:.3f} s, throughput {result.throughput_samples_per_s:.1f} "
+                 f"samples/s{_against_synchronous(result.throughput_samples_per_s, plan)}", soft_wrap=True)
+    report = plan_version_report(len(plan.stages), N)
+    if schedule.policy == "nf1b" and report:  # v is nf1b's (pipedream stashes the forward's weights)
+        stdout.print(describe_version_report(report), soft_wrap=True)
+    stdout.print("weight copies held per device: " + ", ".join(f"{d.device} {d.weight_versions}" for d in result.devices))
+    _render_table(result)
 
 
 def register(app: typer.Typer) -> None:

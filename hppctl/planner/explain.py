@@ -46,6 +46,21 @@ def check_plan_matches(plan: HppPlan, profile: Profile, source: str = "plan", pr
                 raise PlanMismatch(f"{source}: stages.{p}.devices.{i}: device {device!r} is not in {profile_source}")
 
 
+def layer_span(start: int, end: int) -> str:
+    """A half-open range [start, end) as people count layers: first-last, inclusive."""
+    if end <= start:
+        return "none"
+    return str(start) if end - start == 1 else f"{start}-{end - 1}"
+
+
+def stage_layers(stage) -> str:
+    """A stage's layers for people; Bi-Partition's separate backward cut beside them."""
+    forward = layer_span(stage.start, stage.end)
+    if not stage.backward_layers:
+        return forward
+    return f"{forward}, backward {layer_span(*stage.backward)}"
+
+
 def stage_choices(plan: HppPlan, profile: Profile) -> list[StageChoice]:
     index = {d.name: i for i, d in enumerate(profile.devices)}
     return [StageChoice(s.start, s.end, tuple(index[d] for d in s.devices), tuple(s.samples)) for s in plan.stages]
@@ -78,8 +93,7 @@ def step_rows(steps: tuple[Step, ...], m: int, plan: HppPlan, memory) -> list[St
             execute = e_dm - sum(steps[i].forward_s + steps[i].backward_s for i in range(dm, s))
         if s % 2 == 0:
             stage = plan.stages[s // 2]
-            back = f" B[{stage.backward[0]}, {stage.backward[1]})" if stage.backward_layers else ""
-            label = f"stage {s // 2}: layers [{stage.start}, {stage.end}){back} on {', '.join(stage.devices)}"
+            label = f"stage {s // 2}: layers {stage_layers(stage)} on {', '.join(stage.devices)}"
             mem = tuple(zip(stage.devices, memory[s // 2], stage.memory_budget_bytes))
             kind = "stage"
         else:

@@ -343,3 +343,33 @@ def compare_inference(profile: InferenceProfile, seq_len: int | None = None) -> 
             rows.append((name, None, str(e)))
     return sorted(rows, key=lambda r: (r[1] is None or bool(r[1].memory_violations),
                                        r[1].prediction.latency_s if r[1] else math.inf))
+
+
+@dataclass(frozen=True)
+class DefaultChoice:
+    """The strategy `hppctl plan` picks on an inference profile when none is asked for, and why."""
+
+    strategy: str
+    reason: str
+
+
+def choose_inference_strategy(profile: InferenceProfile, seq_len: int | None = None) -> DefaultChoice:
+    """The fastest predicted strategy that fits the memory budgets. Galaxy was the default whatever
+    the prediction: on Env C's bert-large it is predicted 7.6 s a pass against local's 0.37 s, and
+    nothing said so. With nothing that fits, galaxy is planned (its error or OOM report says why)."""
+    rows = compare_inference(profile, seq_len)
+    fits = [(name, plan) for name, plan, _ in rows if plan is not None and not plan.memory_violations]
+    if not fits:
+        return DefaultChoice("galaxy", "no inference strategy fits the memory budgets; planning galaxy")
+    best, best_plan = fits[0]
+    galaxy = next((plan for name, plan, _ in rows if name == "galaxy"), None)
+    others = ", ".join(f"{name} {plan.prediction.latency_s:.3f} s" for name, plan in fits if name != best)
+    if best == "galaxy":
+        return DefaultChoice("galaxy", f"chose galaxy: predicted {best_plan.prediction.latency_s:.3f} s, the fastest"
+                                       + (f" (then {others})" if others else ""))
+    if galaxy is None or galaxy.memory_violations:
+        why = "does not fit the memory budgets"
+    else:
+        why = f"predicted {galaxy.prediction.latency_s:.3f} s"
+    return DefaultChoice(best, f"galaxy {why}, {best} {best_plan.prediction.latency_s:.3f} s: chose {best}, the "
+                               f"fastest predicted (--strategy galaxy plans galaxy; --compare shows all)")

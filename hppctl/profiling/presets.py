@@ -141,8 +141,12 @@ class DevicePreset:
 
     name: str
     description: str
+    computes_on: str
+    """What runs the layers: "GPU" or "CPU"."""
+    product: str
+    """The device as people name it, e.g. "Jetson Xavier NX"."""
     peak_flops: float
-    """Peak FP32 FLOP/s (cores x 2 FLOPs per FMA x clock)."""
+    """Peak FP32 FLOP/s of what computes (cores x 2 FLOPs per FMA x clock)."""
     memory_total_bytes: int
     memory_reserved_bytes: int
     """Held back for the OS, the CUDA context / framework and allocator slack."""
@@ -159,6 +163,11 @@ class DevicePreset:
     backward_ratio: dict[str, float]
     """Backward time / forward time per class (≈2 for layers with weights: grad-input + grad-weight)."""
     sources: tuple[str, ...] = field(default=())
+
+    @property
+    def compute_label(self) -> str:
+        """For tables: what computes, on which device, how fast at peak."""
+        return f"{self.computes_on} ({self.product}, {self.peak_flops / 1e9:.0f} GFLOP/s peak)"
 
     @property
     def memory_budget_bytes(self) -> int:
@@ -202,6 +211,8 @@ PRESETS: dict[str, DevicePreset] = {p.name: p for p in [
     DevicePreset(
         name="jetson-nano",
         description="NVIDIA Jetson Nano 4GB: 128-core Maxwell GPU @ 921.6 MHz, 4 GB 64-bit LPDDR4-3200",
+        computes_on="GPU",
+        product="Jetson Nano",
         peak_flops=128 * 2 * 921.6e6,           # 235.9 GFLOP/s FP32 (472 GFLOP/s FP16 in the datasheet)
         memory_total_bytes=4 * GiB,
         memory_reserved_bytes=int(1.5 * GiB),    # L4T (headless) + CUDA/cuDNN context + allocator slack
@@ -216,6 +227,8 @@ PRESETS: dict[str, DevicePreset] = {p.name: p for p in [
     DevicePreset(
         name="jetson-tx2",
         description="NVIDIA Jetson TX2 8GB: 256-core Pascal GPU @ 1.30 GHz, 8 GB 128-bit LPDDR4-1866",
+        computes_on="GPU",
+        product="Jetson TX2",
         peak_flops=256 * 2 * 1.3e9,             # 665.6 GFLOP/s FP32 (1.33 TFLOP/s FP16)
         memory_total_bytes=8 * GiB,
         memory_reserved_bytes=2 * GiB,
@@ -230,6 +243,8 @@ PRESETS: dict[str, DevicePreset] = {p.name: p for p in [
     DevicePreset(
         name="jetson-nx",
         description="NVIDIA Jetson Xavier NX 8GB: 384-core Volta GPU @ 1.10 GHz, 8 GB 128-bit LPDDR4x @ 1600 MHz",
+        computes_on="GPU",
+        product="Jetson Xavier NX",
         peak_flops=384 * 2 * 1.1e9,             # 844.8 GFLOP/s FP32
         memory_total_bytes=8 * GiB,
         memory_reserved_bytes=2 * GiB,
@@ -244,6 +259,8 @@ PRESETS: dict[str, DevicePreset] = {p.name: p for p in [
     DevicePreset(
         name="jetson-orin-nano",
         description="NVIDIA Jetson Orin Nano 8GB: 1024-core Ampere GPU @ 625 MHz, 8 GB 128-bit LPDDR5 (68 GB/s)",
+        computes_on="GPU",
+        product="Jetson Orin Nano",
         peak_flops=1024 * 2 * 625e6,            # 1.28 TFLOP/s FP32 (original clocks, not the 2024 "Super" mode)
         memory_total_bytes=8 * GiB,
         memory_reserved_bytes=2 * GiB,
@@ -258,6 +275,8 @@ PRESETS: dict[str, DevicePreset] = {p.name: p for p in [
     DevicePreset(
         name="rpi4",
         description="Raspberry Pi 4 Model B 4GB: 4x Cortex-A72 @ 1.5 GHz (NEON), 4 GB 32-bit LPDDR4-3200, CPU only",
+        computes_on="CPU",
+        product="Raspberry Pi 4",
         peak_flops=4 * 1.5e9 * 8,               # 48 GFLOP/s FP32: one 4-wide FMA per cycle per core
         memory_total_bytes=4 * GiB,
         memory_reserved_bytes=int(0.75 * GiB),  # Raspberry Pi OS Lite + Python/PyTorch runtime
@@ -273,6 +292,8 @@ PRESETS: dict[str, DevicePreset] = {p.name: p for p in [
     DevicePreset(
         name="rpi4-8gb",
         description="Raspberry Pi 4 Model B 8GB: as rpi4 with 8 GB LPDDR4",
+        computes_on="CPU",
+        product="Raspberry Pi 4 8GB",
         peak_flops=4 * 1.5e9 * 8,
         memory_total_bytes=8 * GiB,
         memory_reserved_bytes=int(0.75 * GiB),
@@ -289,6 +310,8 @@ PRESETS: dict[str, DevicePreset] = {p.name: p for p in [
         name="laptop-cpu",
         description="A 4-core laptop CPU (Intel Core i7-1165G7 class: AVX-512/2xFMA-256 @ 2.8 GHz all-core, "
                     "16 GB LPDDR4x-4266), CPU only, half the memory left to the desktop",
+        computes_on="CPU",
+        product="laptop",
         peak_flops=4 * 2.8e9 * 32,              # 358 GFLOP/s FP32: 32 FP32 FLOPs/cycle/core
         memory_total_bytes=16 * GiB,
         memory_reserved_bytes=8 * GiB,

@@ -157,3 +157,22 @@ def plan_version_report(num_stages: int, micro_batches: int) -> dict | None:
               f"v = {result.simulated}: {result.simulated} interleaved update sequences; "
               f"use N >= {recommended_micro_batches(W)} micro-batches per mini-batch for v = 1")
     return {**result.as_json(), "recommended_min_micro_batches": recommended_micro_batches(W), "advice": advice}
+
+
+def describe_version_report(report: dict) -> str:
+    """`plan_version_report` in words a practitioner reads without the paper; v and the paper's
+    figure stay beside them for those who have it (docs/timeprest.md)."""
+    W, N = report["W"], report["N"]
+    fewest = report["recommended_min_micro_batches"]
+    if report["simulated"] is None and report["paper_formula"] is None:  # N < 2: no mini-batch to split
+        return (f"nf1b needs at least 2 micro-batches per mini-batch (this plan has {N}); with {fewest} or more, "
+                f"each mini-batch's backward sees every earlier update (version difference v = 1)")
+    v = report["simulated"] if report["simulated"] is not None else 1  # None: v = 1 by eq. 11 (N >= W - 1)
+    how = "simulated" if report["simulated"] is not None else "by eq. 11"
+    figures = f"version difference v = {v} {how}, paper's formula {report['paper_formula']}"
+    setting = f"{W} stages, {N} micro-batches per mini-batch"
+    if v == 1:
+        return f"{setting}: each mini-batch's backward sees every earlier update ({figures})"
+    missed = "the update" if v == 2 else f"the updates of the {v - 1} mini-batches"
+    return (f"{setting}: each mini-batch's backward misses {missed} before it ({figures}); "
+            f"{fewest} or more micro-batches per mini-batch give v = 1")

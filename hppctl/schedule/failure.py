@@ -122,17 +122,35 @@ def simulate_failure(plan: HppPlan, profile: Profile, device: str | Collection[s
     )
 
 
-def backup_link_s(plan: HppPlan, profile: Profile, replicate_every: int) -> dict[str, float]:
-    """Per backup sender, the seconds per round its uplink spends on its backup (every K rounds)."""
+@dataclass(frozen=True)
+class Backup:
+    """What one single-device stage sends to its backup holder every `replicate_every` rounds."""
+
+    sender: str
+    holder: str
+    bytes: float
+    """The stage's weights and optimizer state."""
+
+
+def backups(plan: HppPlan, profile: Profile) -> list[Backup]:
+    """Every backup a round with replication sends (replicated stages need none)."""
     factor = optimizer_factor(profile)
-    out: dict[str, float] = {}
+    out = []
     for sender, holder in _backup_holders(plan).items():
-        if holder is None or replicate_every <= 0:
+        if holder is None:
             continue
         stage = next(st for st in plan.stages if sender in st.devices)
         size = factor * sum(layer.param_bytes for layer in profile.layers[stage.start:stage.end])
-        out[sender] = size / profile.bandwidth_between(sender, holder) / replicate_every
+        out.append(Backup(sender, holder, size))
     return out
+
+
+def backup_link_s(plan: HppPlan, profile: Profile, replicate_every: int) -> dict[str, float]:
+    """Per backup sender, the seconds per round its uplink spends on its backup (every K rounds)."""
+    if replicate_every <= 0:
+        return {}
+    return {b.sender: b.bytes / profile.bandwidth_between(b.sender, b.holder) / replicate_every
+            for b in backups(plan, profile)}
 
 
 def round_with_replication(plan: HppPlan, profile: Profile, latency_s: float, replicate_every: int) -> float:

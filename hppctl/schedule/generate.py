@@ -110,7 +110,7 @@ def schedule_for_plan(plan: HppPlan, policy: str | None = None, warmup: Sequence
     if warmup is not None:
         ks, name = [min(int(k), M) for k in warmup], "warmup:" + ",".join(str(k) for k in warmup)
         if len(ks) != P or min(ks) < 1:
-            raise ValueError(f"warmup needs {P} positive values (one K_p per stage), got {list(warmup)}")
+            raise ValueError(f"warmup needs {P} positive values (one per stage: micro-batches in flight), got {list(warmup)}")
     elif policy is None and [s.warmup for s in plan.stages] != warmups(plan.schedule, P, M):
         ks, name = [s.warmup for s in plan.stages], "warmup:" + ",".join(str(s.warmup) for s in plan.stages)
     else:

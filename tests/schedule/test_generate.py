@@ -105,5 +105,5 @@ def test_schedule_for_plan_explicit_warmup(plan):
     s = schedule_for_plan(plan, warmup=ks)
     check_schedule(s)
     assert s.policy == "warmup:" + ",".join("1" for _ in ks)
-    with pytest.raises(ValueError, match="one K_p per stage"):
+    with pytest.raises(ValueError, match="one per stage: micro-batches in flight"):
         schedule_for_plan(plan, warmup=[1] * (len(plan.stages) + 1))

@@ -47,7 +47,7 @@ def test_plan_timings_without_profile_report_no_bytes(cli, files):
 
 def test_table_output(cli, files):
     code, out, _ = sim(cli, files, "--profile", files / "p.json")
-    assert code == 0 and "simulated round latency" in out and "closed-form estimate" in out and "dev2" in out
+    assert code == 0 and "simulated round latency" in out and "planner's estimate" in out and "dev2" in out
 
 
 def test_plan_for_another_profile_is_refused_in_one_line(cli, files):
@@ -107,7 +107,7 @@ def test_schedule_for_another_plan_is_refused(cli, files, tmp_path):
     (("--warmup", "1,x"), "comma-separated positive integers"),
     (("--warmup", "0,1"), "at least 1"),
     (("--warmup", "1,2"), "must not increase"),
-    (("--warmup", "1,1,1"), "one K_p per stage"),
+    (("--warmup", "1,1,1"), "one per stage: micro-batches in flight"),
     (("--policy", "zigzag"), "unknown schedule policy"),
     (("--policy", "gpipe", "--warmup", "2,1"), "alternatives"),
     (("--step-time", "-1"), "--step-time: must be a number of seconds from 0 to 86400 (got -1.0)"),

@@ -22,8 +22,9 @@ def test_report_names_the_minimum_for_unmicrobatched_plans():
 def test_plan_cli_prints_and_explains_v(cli, tmp_path):
     profile = tmp_path / "p.json"
     save(profile, make_profile(layers=12, speeds=(1, 1, 1, 1), memory_gb=(4, 4, 4, 4)))
-    code, stdout, _ = cli("plan", "--profile", profile, "--global-batch", 64, "--micro-batch", 32, "--strategy", "pp")
-    assert code == 0 and "under nf1b (TiMePReSt" in stdout
+    code, stdout, _ = cli("plan", "--profile", profile, "--global-batch", 64, "--micro-batch", 32, "--strategy", "pp",
+                          "--explain")
+    assert code == 0 and "if run asynchronously (hppctl run --schedule nf1b, TiMePReSt)" in stdout
     code, stdout, _ = cli("plan", "--profile", profile, "--global-batch", 64, "--micro-batch", 32, "--strategy", "pp",
                           "--explain", "--json")
     doc = json.loads(stdout)
@@ -58,6 +59,6 @@ def test_plan_table_for_10000_micro_batches_runs_no_nf1b_simulation(cli, tmp_pat
     profile = tmp_path / "p.json"
     save(profile, make_profile(layers=12, speeds=(1, 1, 1), memory_gb=(4, 4, 4)))
     code, stdout, err = cli("plan", "--profile", profile, "--global-batch", 10000, "--micro-batch", 1,
-                            "--strategy", "pp")
+                            "--strategy", "pp", "--explain")
     assert code == 0, err
-    assert "N = 10000" in stdout and "v = 1: a single update sequence" in stdout
+    assert "10000 micro-batches per mini-batch" in stdout and "version difference v = 1 by eq. 11" in stdout

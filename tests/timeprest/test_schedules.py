@@ -161,7 +161,7 @@ def test_simulate_cli_replays_an_async_window(cli, tmp_path):
         held = [d["weight_versions"] for d in doc["devices"]]
         assert held == ([1, 2, 3] if policy == "nf1b" else [3, 3, 3])  # nf1b: only forwards keep old versions
         code, out, _ = cli("simulate", "--plan", tmp_path / "plan.yaml", "--policy", policy)
-        assert code == 0 and "asynchronous window: 16 mini-batches" in out
+        assert code == 0 and "simulated window of 16 mini-batches" in out
     from hppctl.schedule import schedule_for_plan
 
     schedule = schedule_for_plan(plan, "nf1b")

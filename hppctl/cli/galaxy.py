@@ -87,7 +87,7 @@ def _render_profile(profile) -> None:
             table.add_row(d.name, str(t.seq_len), f"{t.attention.seconds[-1]:.4f}", f"{t.mlp.seconds[-1]:.4f}",
                           f"{t.connective.seconds[-1]:.5f}", format_bytes(d.memory_bytes))
     stdout.print(table)
-    stdout.print(f"M_att {format_bytes(profile.attention_bytes)}, M_mlp {format_bytes(profile.mlp_bytes)} per layer, "
+    stdout.print(f"weights per layer: attention {format_bytes(profile.attention_bytes)}, MLP {format_bytes(profile.mlp_bytes)}; "
                  f"{profile.num_layers} layers")
 
 
@@ -123,7 +123,7 @@ def _render_plan(plan) -> None:
     stdout.print(f"{plan.strategy} plan for {plan.model}: {plan.num_layers} layers at sequence length {plan.seq_len}, "
                  f"sync {plan.sync}{', tile overlap' if plan.overlap else ''}")
     table = Table(box=None, pad_edge=False)
-    for col in ("device", "heads", "MLP columns", "rows", "V_d 1/s", "weights / budget"):
+    for col in ("device", "heads", "MLP columns", "rows", "speed (layers/s)", "weights / budget"):
         table.add_column(col)
     for s in plan.shares:
         table.add_row(s.device, str(s.heads), str(s.columns), str(s.rows), f"{s.capacity:.2f}",
@@ -133,7 +133,8 @@ def _render_plan(plan) -> None:
                  f"{pred.communication_s:.3f} s of which exposed {pred.exposed_communication_s:.3f} s); "
                  f"planned in {plan.planning_time_s * 1e3:.1f} ms")
     for v in plan.memory_violations:
-        stdout.print(f"OOM: {v.device} needs {format_bytes(v.needed_bytes)}, has {format_bytes(v.budget_bytes)}")
+        stdout.print(f"does not fit: {v.device} needs {format_bytes(v.needed_bytes)} of weights, its budget is "
+                     f"{format_bytes(v.budget_bytes)}")
 
 
 def _render_compare(rows) -> None:
@@ -144,7 +145,7 @@ def _render_compare(rows) -> None:
         if plan is None:
             table.add_row(name, "no plan", "-", "-", "-", why[:60])
             continue
-        table.add_row(name, "OOM" if plan.memory_violations else "yes", f"{plan.prediction.latency_s:.3f}",
+        table.add_row(name, "out of memory" if plan.memory_violations else "yes", f"{plan.prediction.latency_s:.3f}",
                       "/".join(str(s.heads) for s in plan.shares), "/".join(str(s.columns) for s in plan.shares),
                       "/".join(str(s.rows) for s in plan.shares))
     stdout.print(table)

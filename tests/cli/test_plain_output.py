@@ -211,3 +211,25 @@ def test_models_tables_spell_out_their_columns(cli):
     assert code == 0 and "fine layers" in out and "blocks" in out
     code, out, _ = cli("models", "tiny-mlp")
     assert code == 0 and "sent if cut after" in out and "forward FLOPs" in out and "fwd" not in out
+
+
+GALAXY_SYMBOLS = re.compile(r"V_d|M_att|M_mlp|\bOOM\b")
+
+
+def test_galaxy_plan_and_compare_read_without_the_paper(cli):
+    code, out, err = cli("plan", "--profile", INFERENCE, "--strategy", "galaxy")
+    assert code == 0, err
+    assert "speed (layers/s)" in out and not GALAXY_SYMBOLS.search(out), out
+    code, out, err = cli("plan", "--profile", INFERENCE, "--compare")
+    assert code == 0 and not GALAXY_SYMBOLS.search(out), out
+
+
+def test_galaxy_plan_over_budget_says_what_does_not_fit(cli, tmp_path):
+    from hppctl.store import load
+    from hppctl.models.inference import InferenceProfile
+    tight = load(INFERENCE, InferenceProfile)
+    small = tight.model_copy(update={"devices": [d.model_copy(update={"memory_bytes": 10**6}) for d in tight.devices]})
+    save(tmp_path / "tight.json", small)
+    code, out, err = cli("plan", "--profile", tmp_path / "tight.json", "--strategy", "megatron")
+    assert code == 0, err
+    assert "does not fit: w0 needs" in out and not GALAXY_SYMBOLS.search(out), out

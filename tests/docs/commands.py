@@ -35,9 +35,9 @@ def commands(line: str) -> list[list[str]]:
     return [argv[1:] if argv[:1] == ["sudo"] else argv for argv in out if argv]
 
 
-def hppctl(argv: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
-    """Run `hppctl ARGS` (argv[0] == "hppctl") from `cwd` with this checkout's package."""
+def hppctl(argv: list[str], cwd: Path, timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run `hppctl ARGS` (argv[0] == "hppctl") from `cwd` with this checkout's package (and `env` added)."""
     assert argv[0] == "hppctl", argv
-    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="120")
+    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="120", **(env or {}))
     return subprocess.run([sys.executable, "-m", "hppctl", *argv[1:]], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)

@@ -14,7 +14,7 @@ from typing import Annotated, Optional
 import typer
 
 from hppctl.cli.flags import MIN_PERIOD_S, check_optimizer_flags, positive, seconds, seed as check_seed
-from hppctl.cli.output import emit_json, stdout, writable_path
+from hppctl.cli.output import emit_json, note, stdout, writable_path
 from hppctl.runtime.bootstrap import check_listen
 from hppctl.errors import BadInput
 
@@ -23,11 +23,12 @@ Examples (from the repository root; out/env-d.yaml is written by `hppctl lab up`
 
 \b
   hppctl coordinator --plan examples/plan-local.yaml --cluster examples/local.yaml --profile examples/local-tiny-cnn.json --rounds 20
-  hppctl coordinator --plan out/d.yaml --cluster out/env-d.yaml --profile out/env-d.json --listen 10.213.0.1:29500 --timeout 3
+  hppctl coordinator --plan out/d.yaml --cluster out/env-d.yaml --profile out/env-d.json --listen 10.213.0.1:29500 --failure-timeout 3
   hppctl coordinator --plan out/d.yaml --cluster out/env-d.yaml --profile out/env-d.json --replan heavy --events out/ev.jsonl
 """
 
 REPLAN_CHOICES = ("light", "heavy", "off")
+DEFAULT_FAILURE_TIMEOUT_S = 3.0
 
 
 def recovery_options(profile, *, heartbeat: float, timeout: float, probe_timeout: float, replan: str,
@@ -97,23 +98,36 @@ def describe(event: dict) -> str:
     return f"{kind}: {event.get('device', '')} {event.get('why', event.get('reason', ''))}".strip()
 
 
+def silence_timeout(failure_timeout: float, deprecated: float | None) -> tuple[float, str]:
+    """(seconds, the flag that gave them). `--timeout` was the coordinator's name for the silence
+    timeout while `hppctl run --timeout` is the 300 s join and transfer wait (issue 25 item 7); it is
+    still accepted here, hidden, with a note on stderr, so scripts written for it keep working."""
+    if deprecated is None:
+        return failure_timeout, "--failure-timeout"
+    if failure_timeout != DEFAULT_FAILURE_TIMEOUT_S:
+        raise BadInput("--timeout: deprecated name of --failure-timeout; give only --failure-timeout")
+    note("--timeout is deprecated in `hppctl coordinator`: use --failure-timeout (as `hppctl run` calls it)")
+    return deprecated, "--timeout"
+
+
 def coordinator_command(
     plan: Annotated[Optional[Path], typer.Option("--plan", help="Plan file from `hppctl plan`. Required.")] = None,
     cluster: Annotated[Optional[Path], typer.Option("--cluster", help="Cluster inventory naming the plan's devices. Required.")] = None,
     profile: Annotated[Optional[Path], typer.Option("--profile", help="The profile the plan was made from (re-planning plans on it). Required.")] = None,
     listen: Annotated[Optional[str], typer.Option("--listen", help="HOST[:PORT]: the only address the store and the heartbeat socket listen on.")] = None,
     heartbeat: Annotated[float, typer.Option("--heartbeat", help="Seconds between a worker's heartbeats (0.01 to 2592000).")] = 1.0,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds of silence before a device is suspect (a probe then decides); more than --heartbeat, at most 2592000.")] = 3.0,
+    failure_timeout: Annotated[float, typer.Option("--failure-timeout", help="Seconds of silence before a device is suspect (a probe then decides); more than --heartbeat, at most 2592000.")] = DEFAULT_FAILURE_TIMEOUT_S,
+    timeout: Annotated[Optional[float], typer.Option("--timeout", hidden=True, help="Deprecated name of --failure-timeout.")] = None,
     probe_timeout: Annotated[float, typer.Option("--probe-timeout", help="Seconds a suspect has to answer the probe (0.01 to 2592000).")] = 2.0,
     replan: Annotated[str, typer.Option("--replan", help="light (move cut points, migrate changed layers) or heavy (gather, plan from scratch, redistribute).")] = "light",
     replicate_every: Annotated[int, typer.Option("--replicate-every", help="Snapshot and back up stage state every K rounds.")] = 1,
     rounds: Annotated[int, typer.Option("--rounds", help="Rounds to train.")] = 100,
     dataset: Annotated[str, typer.Option("--dataset", help="synthetic, digits, or package.module:factory.")] = "synthetic",
     seed: Annotated[int, typer.Option("--seed", help="Weights, sample order and dropout derive from it (0 to 2^32 - 1).")] = 0,
-    optimizer: Annotated[str, typer.Option("--optimizer", help="sgd (with --momentum) or adam.")] = "sgd",
-    lr: Annotated[float, typer.Option("--lr", help="Learning rate.")] = 0.05,
-    momentum: Annotated[float, typer.Option("--momentum", help="SGD momentum.")] = 0.9,
-    weight_decay: Annotated[float, typer.Option("--weight-decay", help="L2 weight decay.")] = 0.0,
+    optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="sgd (with --momentum) or adam. Default: per model family, printed (docs/runtime.md).")] = None,
+    lr: Annotated[Optional[float], typer.Option("--lr", help="Learning rate. Default: the family's (adam), 0.05 for sgd.")] = None,
+    momentum: Annotated[Optional[float], typer.Option("--momentum", help="SGD momentum (default 0.9).")] = None,
+    weight_decay: Annotated[Optional[float], typer.Option("--weight-decay", help="L2 weight decay (default 0).")] = None,
     events: Annotated[Optional[Path], typer.Option("--events", help="Fault events and rounds, one JSON object per line.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON summary (events, final plan) on stdout.")] = False,
 ) -> None:
@@ -130,15 +144,16 @@ def coordinator_command(
             raise BadInput(f"{flag}: required")
     positive("--rounds", rounds)
     check_seed("--seed", seed)
-    check_recovery_flags(heartbeat=heartbeat, timeout=timeout, probe_timeout=probe_timeout, replan=replan,
-                         replicate_every=replicate_every, timeout_flag="--timeout")
+    failure_timeout, timeout_flag = silence_timeout(failure_timeout, timeout)
+    check_recovery_flags(heartbeat=heartbeat, timeout=failure_timeout, probe_timeout=probe_timeout, replan=replan,
+                         replicate_every=replicate_every, timeout_flag=timeout_flag)
     check_optimizer_flags(optimizer, lr, momentum, weight_decay)
     check_listen(listen)
     writable_path("--events", events)
     hpp, inventory, prof = load(plan, HppPlan), load(cluster, ClusterSpec), load(profile, Profile)
     check_bipartition_coordinator(hpp, str(plan))
-    recovery = recovery_options(prof, heartbeat=heartbeat, timeout=timeout, probe_timeout=probe_timeout,
-                                replan=replan, replicate_every=replicate_every, timeout_flag="--timeout")
+    recovery = recovery_options(prof, heartbeat=heartbeat, timeout=failure_timeout, probe_timeout=probe_timeout,
+                                replan=replan, replicate_every=replicate_every, timeout_flag=timeout_flag)
     if recovery is None:
         raise BadInput("--replan: the coordinator needs light or heavy")
     data = preflight(hpp, inventory, dataset, profile=prof, plan_source=str(plan), cluster_source=str(cluster),
@@ -146,8 +161,11 @@ def coordinator_command(
     from hppctl.cli.run import train
 
     local = all(inventory.device(d).local for d in hpp.devices())
-    options = TrainOptions(dataset=dataset, seed=seed, rounds=rounds, optimizer=optimizer, lr=lr, momentum=momentum,
-                           weight_decay=weight_decay, threads=1 if local else 0)
+    from hppctl.runtime.optimizer_defaults import resolve
+    chosen = resolve(hpp.model, optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if chosen.line():
+        note(chosen.line())
+    options = TrainOptions(dataset=dataset, seed=seed, rounds=rounds, **chosen.as_options(), threads=1 if local else 0)
     summary = train(hpp, inventory, options, data, metrics=events, listen=listen, plan_source=str(plan),
                     recovery=recovery)
     if as_json:

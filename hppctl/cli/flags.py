@@ -73,10 +73,11 @@ def _shown(value) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def check_optimizer_flags(optimizer: str, lr: float, momentum: float, weight_decay: float) -> None:
+def check_optimizer_flags(optimizer: str | None, lr: float | None, momentum: float | None, weight_decay: float | None) -> None:
     """The optimizer's flags (`hppctl run`, `hppctl coordinator`, `hppctl psl run`): left to TrainOptions, a negative
-    --momentum or --weight-decay printed pydantic's traceback and exit 1."""
-    if optimizer not in ("sgd", "adam"):
+    --momentum or --weight-decay printed pydantic's traceback and exit 1. None: not given (the model
+    family's default, runtime/optimizer_defaults.py)."""
+    if optimizer not in (None, "sgd", "adam"):
         raise BadInput(f"--optimizer: unknown value {optimizer!r} (sgd or adam)")
     positive("--lr", lr)
     positive("--momentum", momentum, allow_zero=True)

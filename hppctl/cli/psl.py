@@ -272,10 +272,10 @@ def run_command(
     order: Annotated[str, typer.Option("--order", help="plan: helpers serve the plan's order; ltf: online, the ready task with the most client work after it.")] = "plan",
     dataset: Annotated[str, typer.Option("--dataset", help="synthetic, digits, or package.module:factory.")] = "synthetic",
     seed: Annotated[int, typer.Option("--seed", help="Initial model, shards and sample orders derive from it (0 to 2^32 - 1).")] = 0,
-    optimizer: Annotated[str, typer.Option("--optimizer", help="sgd (with --momentum) or adam.")] = "sgd",
-    lr: Annotated[float, typer.Option("--lr", help="Learning rate.")] = 0.05,
-    momentum: Annotated[float, typer.Option("--momentum", help="SGD momentum.")] = 0.9,
-    weight_decay: Annotated[float, typer.Option("--weight-decay", help="L2 weight decay.")] = 0.0,
+    optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="sgd (with --momentum) or adam. Default: per model family, printed (docs/runtime.md).")] = None,
+    lr: Annotated[Optional[float], typer.Option("--lr", help="Learning rate. Default: the family's (adam), 0.05 for sgd.")] = None,
+    momentum: Annotated[Optional[float], typer.Option("--momentum", help="SGD momentum (default 0.9).")] = None,
+    weight_decay: Annotated[Optional[float], typer.Option("--weight-decay", help="L2 weight decay (default 0).")] = None,
     metrics: Annotated[Optional[Path], typer.Option("--metrics", help="Per-round metrics (.jsonl): loss, every batch's makespan and tasks.")] = None,
     save_model: Annotated[Optional[Path], typer.Option("--save-model", help="Write the FedAvg'd model as one state dict (the model's own names).")] = None,
     threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads per worker, at most 1024 (default: cores / local workers; SSH workers follow OMP_NUM_THREADS).")] = None,
@@ -305,8 +305,8 @@ def is_psl_file(path: Path) -> bool:
 
 
 def run_psl(plan_file: Path, cluster_file: Path, *, rounds: int = 1, local_batches: int = 1, shares: Optional[str] = None,
-            order: str = "plan", dataset: str = "synthetic", seed: int = 0, optimizer: str = "sgd", lr: float = 0.05, momentum: float = 0.9,
-            weight_decay: float = 0.0, metrics: Optional[Path] = None, save_model: Optional[Path] = None,
+            order: str = "plan", dataset: str = "synthetic", seed: int = 0, optimizer: Optional[str] = None,
+            lr: Optional[float] = None, momentum: Optional[float] = None, weight_decay: Optional[float] = None, metrics: Optional[Path] = None, save_model: Optional[Path] = None,
             threads: Optional[int] = None, listen: Optional[str] = None, timeout: float = 300.0,
             log: Optional[Path] = None, as_json: bool = False, divergence_factor: float = 10.0,
             log_every: Optional[float] = None) -> None:
@@ -336,8 +336,11 @@ def run_psl(plan_file: Path, cluster_file: Path, *, rounds: int = 1, local_batch
     if threads is None:
         local = [d for d in (*plan.clients, *plan.helpers) if cluster.device(d).local]
         threads = max(1, (os.cpu_count() or 1) // len(local)) if local else 0
-    options = PslOptions(train=TrainOptions(dataset=dataset, seed=seed, rounds=rounds, optimizer=optimizer, lr=lr,
-                                            momentum=momentum, weight_decay=weight_decay, threads=threads,
+    from hppctl.runtime.optimizer_defaults import resolve
+    chosen = resolve(plan.model, optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if chosen.line():
+        note(chosen.line())
+    options = PslOptions(train=TrainOptions(dataset=dataset, seed=seed, rounds=rounds, **chosen.as_options(), threads=threads,
                                             timeout_s=timeout, divergence_factor=divergence_factor),
                          local_batches=local_batches, shares=share_values, order=order)
     lines = progress_log(log_every)

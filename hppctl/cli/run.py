@@ -39,13 +39,13 @@ def run_command(
     epochs: Annotated[Optional[int], typer.Option("--epochs", help="Epochs to train (rounds = epochs x floor(samples / global batch)). Default 1.")] = None,
     dataset: Annotated[str, typer.Option("--dataset", help="synthetic, digits, or package.module:factory.")] = "synthetic",
     seed: Annotated[int, typer.Option("--seed", help="Weights, sample order and dropout derive from it (0 to 2^32 - 1).")] = 0,
-    optimizer: Annotated[str, typer.Option("--optimizer", help="sgd (with --momentum) or adam.")] = "sgd",
-    lr: Annotated[float, typer.Option("--lr", help="Learning rate (the peak, under a schedule).")] = 0.05,
-    lr_schedule: Annotated[str, typer.Option("--lr-schedule", help="constant, or cosine: decays to 0 over the run's rounds (after any warm-up).")] = "constant",
+    optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="sgd (with --momentum) or adam. Default: per model family, printed (docs/runtime.md); on --resume, the checkpoint's.")] = None,
+    lr: Annotated[Optional[float], typer.Option("--lr", help="Learning rate (the peak, under a schedule). Default: the family's (adam), 0.05 for sgd.")] = None,
+    lr_schedule: Annotated[Optional[str], typer.Option("--lr-schedule", help="constant (default), or cosine: decays to 0 over the run's rounds (after any warm-up).")] = None,
     warmup_rounds: Annotated[int, typer.Option("--warmup-rounds", help="Rounds of linear warm-up to --lr.")] = 0,
     bn_recalibrate: Annotated[int, typer.Option("--bn-recalibrate", help="After training, re-estimate BatchNorm statistics over N training samples before saving and testing (0: keep the running averages).")] = 0,
-    momentum: Annotated[float, typer.Option("--momentum", help="SGD momentum.")] = 0.9,
-    weight_decay: Annotated[float, typer.Option("--weight-decay", help="L2 weight decay.")] = 0.0,
+    momentum: Annotated[Optional[float], typer.Option("--momentum", help="SGD momentum (default 0.9).")] = None,
+    weight_decay: Annotated[Optional[float], typer.Option("--weight-decay", help="L2 weight decay (default 0).")] = None,
     checkpoint_dir: Annotated[Optional[Path], typer.Option("--checkpoint-dir", help="Per-stage checkpoints, written atomically; locked while the run lasts.")] = None,
     checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Checkpoint every K rounds (and at the end).")] = 1,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the newest complete round in --checkpoint-dir (re-cut to this plan's stages if another plan of the model wrote it).")] = False,
@@ -119,7 +119,7 @@ def run_command(
     if is_psl_file(plan):  # parallel split learning (issue 11); `hppctl psl run` has its PSL-only flags
         from hppctl.cli.psl import run_psl
         for flag, value in (("--epochs", epochs), ("--checkpoint-dir", checkpoint_dir), ("--profile", profile),
-                            ("--trace", trace), ("--lr-schedule", None if lr_schedule == "constant" else lr_schedule),
+                            ("--trace", trace), ("--lr-schedule", lr_schedule),
                             ("--warmup-rounds", warmup_rounds or None), ("--bn-recalibrate", bn_recalibrate or None),
                             ("--init-from", init_from), ("--more-rounds", more_rounds), ("--more-epochs", more_epochs)):
             if value is not None:
@@ -142,7 +142,7 @@ def run_command(
         raise BadInput("--resume: needs --checkpoint-dir")
     if rejoin and not resume:
         raise BadInput("--rejoin: goes with --resume")
-    if lr_schedule not in ("constant", "cosine"):
+    if lr_schedule not in (None, "constant", "cosine"):
         raise BadInput(f"--lr-schedule: unknown value {lr_schedule!r} (constant or cosine)")
     positive("--warmup-rounds", warmup_rounds, allow_zero=True)
     positive("--bn-recalibrate", bn_recalibrate, allow_zero=True)
@@ -183,9 +183,12 @@ def run_command(
     local = [d for d in hpp.devices() if inventory.device(d).local]
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // len(local)) if len(local) == len(hpp.devices()) else 0
-    options = TrainOptions(dataset=dataset, seed=seed, rounds=total, optimizer=optimizer, lr=lr, lr_schedule=lr_schedule,
-                           warmup_rounds=warmup_rounds, schedule_start=schedule_start, momentum=momentum,
-                           weight_decay=weight_decay, checkpoint_every=checkpoint_every if checkpoint_dir else 0,
+    from hppctl.runtime.optimizer_defaults import recorded_settings, resolve
+    chosen = resolve(hpp.model, optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay,
+                     lr_schedule=lr_schedule, warmup_rounds=warmup_rounds or None,
+                     recorded=recorded_settings(checkpoint_dir) if resume else None)
+    options = TrainOptions(dataset=dataset, seed=seed, rounds=total, **chosen.as_options(), schedule_start=schedule_start,
+                           checkpoint_every=checkpoint_every if checkpoint_dir else 0,
                            threads=threads, trace=trace is not None, timeout_s=timeout,
                            divergence_factor=divergence_factor, progress_every_s=report_every(log_every))
     from hppctl.cli.coordinator import recovery_options
@@ -201,6 +204,7 @@ def run_command(
                         lines=lines, initial_state=initial_state,
                         expected_start=schedule_start if extending else None)
     summary["init_from"] = str(init_from) if initial_state is not None else None
+    summary["optimizer"] = {**chosen.as_options(), "source": chosen.source}
     if as_json:
         emit_json(summary)
     else:

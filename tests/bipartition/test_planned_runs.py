@@ -141,7 +141,7 @@ def test_hppctl_run_of_the_planned_bert_split_from_layer_0(models, cli, tmp_path
         # issue's hand-written cuts keep this path covered.
         save(plan_file, starting_at_layer_0(model))
     code, out, err = cli("run", "--plan", plan_file, "--cluster", cluster_file, "--rounds", OPTIONS.rounds,
-                         "--dataset", "synthetic", "--lr", OPTIONS.lr, "--threads", 1, "--save-model", saved)
+                         "--dataset", "synthetic", "--optimizer", "sgd", "--lr", OPTIONS.lr, "--threads", 1, "--save-model", saved)
     assert code == 0, err
     # the saved model holds the model's own state names: no non-persistent buffer (issue 25, item 10)
     whole = get_model(model).build(device="meta")

@@ -117,7 +117,7 @@ FLAGS = (
     Flag(run_training, "--epochs", extra=("--rounds",)),  # replaces --rounds: the two exclude each other
     *(Flag(run_with_recovery, f) for f in ("--heartbeat", "--failure-timeout", "--probe-timeout", "--replicate-every")),
     *(Flag(run_inference, f) for f in ("--seq-len", "--repeat", "--warmup", "--threads", "--timeout")),
-    *(Flag(coordinator, f) for f in ("--heartbeat", "--timeout", "--probe-timeout", "--replicate-every", "--rounds",
+    *(Flag(coordinator, f) for f in ("--heartbeat", "--failure-timeout", "--timeout", "--probe-timeout", "--replicate-every", "--rounds",
                                      "--seed", "--lr", "--momentum", "--weight-decay")),
     Flag(coordinator, "--listen", "127.0.0.1:{}"),
     *(Flag(demo, f) for f in ("--global-batch", "--micro-batch", "--epochs", "--seed")),

@@ -172,7 +172,7 @@ def test_psl_run_end_to_end_with_the_online_ltf_order(cli, files, tmp_path):
     metrics, model = tmp_path / "m.jsonl", tmp_path / "model.pt"
     # act
     code, stdout, _ = cli("psl", "run", *args, "--order", "ltf", "--local-batches", "2", "--dataset", "digits",
-                          "--lr", "0.1", "--metrics", metrics, "--save-model", model, "--threads", "1", "--json")
+                          "--optimizer", "sgd", "--lr", "0.1", "--metrics", metrics, "--save-model", model, "--threads", "1", "--json")
     # assert: one JSON summary, one metrics line, the saved model is the FedAvg'd one (order changes no number)
     assert code == 0
     summary = json.loads(stdout)

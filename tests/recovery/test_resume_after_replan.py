@@ -45,7 +45,7 @@ def test_resume_with_the_original_plan_continues_on_the_replanned_one(cli, tmp_p
     save(tmp_path / "profile.json", profile)
     save(tmp_path / "cluster.yaml", local_cluster("a", "b", "c"))
     code, out, err = cli("run", "--plan", tmp_path / "plan.yaml", "--cluster", tmp_path / "cluster.yaml",
-                         "--profile", tmp_path / "profile.json", "--rounds", TOTAL, "--lr", "0.1", "--threads", "1",
+                         "--profile", tmp_path / "profile.json", "--rounds", TOTAL, "--optimizer", "sgd", "--lr", "0.1", "--threads", "1",
                          "--checkpoint-dir", checkpoints, "--resume", "--save-model", tmp_path / "model.pt", "--json")
     assert code == 0, err
     assert "fault tolerance re-planned" in err and "without b" in err
@@ -61,7 +61,7 @@ def test_resume_with_the_original_plan_continues_on_the_replanned_one(cli, tmp_p
 
     # b is back: --rejoin continues on the original plan, the re-planned stages' state re-cut to it
     code, out, err = cli("run", "--plan", tmp_path / "plan.yaml", "--cluster", tmp_path / "cluster.yaml",
-                         "--profile", tmp_path / "profile.json", "--rounds", REJOINED, "--lr", "0.1", "--threads", "1",
+                         "--profile", tmp_path / "profile.json", "--rounds", REJOINED, "--optimizer", "sgd", "--lr", "0.1", "--threads", "1",
                          "--checkpoint-dir", checkpoints, "--resume", "--rejoin", "--save-model", tmp_path / "model.pt",
                          "--json")
     assert code == 0, err

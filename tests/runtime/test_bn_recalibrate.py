@@ -86,7 +86,7 @@ def test_hppctl_run_saves_and_tests_the_recalibrated_model(cli, tmp_path):
     save(tmp_path / "plan.yaml", plan)
     save(tmp_path / "cluster.yaml", local_cluster("a", "b", "c"))
     code, out, err = cli("run", "--plan", tmp_path / "plan.yaml", "--cluster", tmp_path / "cluster.yaml", "--rounds", "3",
-                         "--dataset", "digits", "--lr", "0.1", "--threads", "1", "--bn-recalibrate", "40",
+                         "--dataset", "digits", "--optimizer", "sgd", "--lr", "0.1", "--threads", "1", "--bn-recalibrate", "40",
                          "--save-model", tmp_path / "model.pt", "--json")
     assert code == 0, err
     summary = json.loads(out)

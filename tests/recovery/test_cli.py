@@ -43,7 +43,7 @@ def test_coordinator_needs_plan_cluster_and_profile(cli):
 
 @pytest.mark.parametrize("args, message", [
     (["--rounds", "0"], "--rounds: must be a positive finite number (got 0)"),
-    (["--timeout", "0.5"], "--timeout: 0.5 s must exceed --heartbeat 1.0 s"),  # it said --failure-timeout
+    (["--failure-timeout", "0.5"], "--failure-timeout: 0.5 s must exceed --heartbeat 1.0 s"),
     (["--listen", "127.0.0.1:70000"], "--listen: '127.0.0.1:70000': port 70000 is out of range"),
     (["--listen", "192.0.2.1:29500"], "--listen: '192.0.2.1:29500': this machine cannot listen on 192.0.2.1"),
     (["--events", "{blocker}/ev.jsonl"], "--events: {blocker}/ev.jsonl: cannot create the folder"),
@@ -67,6 +67,24 @@ def test_coordinator_bad_values_exit_2_naming_the_flag(cli, tmp_path, profile, a
     assert code == 2, err
     assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
     assert message.format(blocker=blocker) in err and out == ""
+
+
+def test_coordinator_calls_the_silence_timeout_failure_timeout_as_run_does(cli):
+    # `--timeout` was 3 s of silence here and the 300 s join wait in `hppctl run` (issue 25 item 7)
+    code, out, _ = cli("coordinator", "--help")
+    assert code == 0 and "--failure-timeout" in out and "--timeout" not in out.replace("--failure-timeout", "")
+
+
+def test_coordinator_timeout_still_works_as_a_deprecated_alias(cli, tmp_path):
+    code, _, err = cli("coordinator", "--plan", tmp_path / "p.yaml", "--cluster", tmp_path / "c.yaml",
+                       "--profile", tmp_path / "x.json", "--timeout", "0.5")
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 2, err
+    assert lines[0] == "--timeout is deprecated in `hppctl coordinator`: use --failure-timeout (as `hppctl run` calls it)"
+    assert lines[1] == "error: --timeout: 0.5 s must exceed --heartbeat 1.0 s (a device is suspect after missing several beats)"
+    code, _, err = cli("coordinator", "--plan", tmp_path / "p.yaml", "--cluster", tmp_path / "c.yaml",
+                       "--profile", tmp_path / "x.json", "--timeout", "5", "--failure-timeout", "4")
+    assert code == 2 and "error: --timeout: deprecated name of --failure-timeout; give only --failure-timeout" in err
 
 
 def test_events_read_as_one_line_each():

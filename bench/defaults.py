@@ -69,6 +69,8 @@ CELLS = [  # (model, dataset, epochs, at most this many rounds or None, candidat
     ("bert-small", "synthetic", 1, 12, TEXT),
     ("resnet50", "digits", 1, 4, ("sgd-0.05", "adam-0.001")),
 ]
+LONGER = [("efficientnet-b1", "digits", 2, None, HEAVY[:3]), ("mobilenetv2", "digits", 3, None, HEAVY[:3])]
+"""`--longer`: the heavy CNNs with budgets where something learns (the default table stops early)."""
 QUICK = [("tiny-mlp", "digits", 1, None, SMALL), ("tiny-cnn", "digits", 1, None, SMALL), ("tiny-bert", "synthetic", 1, None, TEXT)]
 
 
@@ -104,6 +106,13 @@ def train_cell(model: str, dataset: str, candidate: dict, epochs: int, max_round
     return row
 
 
+def majority_share(model: str, dataset: str) -> float:
+    """The share of the most frequent label in the split `train_cell` measures accuracy on."""
+    data = load_data(dataset, model)
+    labels = (data.test if data.test is not None else data.train).labels
+    return float(torch.bincount(labels).max()) / len(labels)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", help="comma-separated subset of the cells' models")
@@ -111,13 +120,21 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--longer", action="store_true", help="efficientnet-b1 for 2 epochs, mobilenetv2 for 3 (~20 min)")
+    parser.add_argument("--majority", action="store_true",
+                        help="print each cell's majority-class share (the accuracy of a model that learned nothing but the prior) and exit")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    cells = QUICK if args.quick else CELLS
+    cells = QUICK if args.quick else LONGER if args.longer else CELLS
     if args.models:
         wanted = args.models.split(",")
         cells = [c for c in cells if c[0] in wanted]
     only = args.candidates.split(",") if args.candidates else None
+    if args.majority:
+        print(f"# python bench/defaults.py {' '.join(sys.argv[1:])}")
+        for model, dataset, *_ in cells:
+            print(f"{model:<16} {dataset:<10} majority class {majority_share(model, dataset):.1%}")
+        return
     print(f"# python bench/defaults.py {' '.join(sys.argv[1:])}".rstrip())
     print(f"# global batch {GLOBAL_BATCH}, micro-batch {MICRO_BATCH}, seed {args.seed}, {args.threads} threads; "
           f"accuracy: digits test split (359), synthetic training set (2048); recal: after --bn-recalibrate "

@@ -347,6 +347,7 @@ def run_psl(plan_file: Path, cluster_file: Path, *, rounds: int = 1, local_batch
     with lines or contextlib.nullcontext():
         summary = train_psl(plan, cluster, options, data, metrics=metrics, save_model=save_model, listen=listen,
                             log=log, lines=lines)
+    summary["optimizer"] = {**chosen.as_options(), "source": chosen.source}
     emit_json(summary) if as_json else _render_run(summary)
 
 

@@ -59,7 +59,7 @@ class OptimizerSettings:
         return text
 
     def line(self) -> str | None:
-        """What a run prints on stderr before it starts, or None when every setting was given."""
+        """What a run prints on stderr before it starts, or None when the optimizer and rate were given."""
         if self.source == "as given":
             return None
         if self.source.startswith("default"):
@@ -101,7 +101,9 @@ def resolve(model: str, *, optimizer: str | None = None, lr: float | None = None
                 "momentum": SGD_MOMENTUM, "weight_decay": 0.0, "lr_schedule": "constant", "warmup_rounds": 0}
         source = f"default for {default.family}"
     settings = {k: (v if v is not None else base[k]) for k, v in given.items()}
-    return OptimizerSettings(**settings, source=source if any(v is None for v in given.values()) else "as given")
+    # momentum, weight decay and warm-up have one default whatever the family: worth a line only
+    # when the optimizer or its rate was chosen for the user
+    return OptimizerSettings(**settings, source=source if optimizer is None or lr is None else "as given")
 
 
 def _recorded_settings(meta: dict) -> dict:

@@ -101,12 +101,12 @@ def describe(event: dict) -> str:
 def silence_timeout(failure_timeout: float, deprecated: float | None) -> tuple[float, str]:
     """(seconds, the flag that gave them). `--timeout` was the coordinator's name for the silence
     timeout while `hppctl run --timeout` is the 300 s join and transfer wait (issue 25 item 7); it is
-    still accepted here, hidden, with a note on stderr, so scripts written for it keep working."""
+    still accepted here, hidden, with a note on stderr once its value passed the checks (a bad value
+    gets the one error line alone), so scripts written for it keep working."""
     if deprecated is None:
         return failure_timeout, "--failure-timeout"
     if failure_timeout != DEFAULT_FAILURE_TIMEOUT_S:
         raise BadInput("--timeout: deprecated name of --failure-timeout; give only --failure-timeout")
-    note("--timeout is deprecated in `hppctl coordinator`: use --failure-timeout (as `hppctl run` calls it)")
     return deprecated, "--timeout"
 
 
@@ -147,6 +147,8 @@ def coordinator_command(
     failure_timeout, timeout_flag = silence_timeout(failure_timeout, timeout)
     check_recovery_flags(heartbeat=heartbeat, timeout=failure_timeout, probe_timeout=probe_timeout, replan=replan,
                          replicate_every=replicate_every, timeout_flag=timeout_flag)
+    if timeout_flag == "--timeout":
+        note("--timeout is deprecated in `hppctl coordinator`: use --failure-timeout (as `hppctl run` calls it)")
     check_optimizer_flags(optimizer, lr, momentum, weight_decay)
     check_listen(listen)
     writable_path("--events", events)

@@ -165,11 +165,9 @@ def coordinator_command(
     local = all(inventory.device(d).local for d in hpp.devices())
     from hppctl.runtime.optimizer_defaults import resolve
     chosen = resolve(hpp.model, optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    if chosen.line():
-        note(chosen.line())
     options = TrainOptions(dataset=dataset, seed=seed, rounds=rounds, **chosen.as_options(), threads=1 if local else 0)
     summary = train(hpp, inventory, options, data, metrics=events, listen=listen, plan_source=str(plan),
-                    recovery=recovery)
+                    recovery=recovery, announce=chosen.line())
     if as_json:
         emit_json({k: summary[k] for k in ("plan", "rounds_run", "samples_per_s", "events", "final_stages", "wall_s")})
     else:

@@ -202,7 +202,8 @@ def run_command(
                         trace=trace, save_model=save_model, listen=listen, log=log, plan_source=str(plan),
                         schedule=window, recovery=recovery, lineage=lineage, bn_recalibrate=bn_recalibrate,
                         lines=lines, initial_state=initial_state,
-                        expected_start=schedule_start if extending else None)
+                        expected_start=schedule_start if extending else None,
+                        announce=chosen.line())
     summary["init_from"] = str(init_from) if initial_state is not None else None
     summary["optimizer"] = {**chosen.as_options(), "source": chosen.source}
     if as_json:
@@ -291,8 +292,11 @@ def _plan_to_resume(checkpoint_dir: Path, plan, profile, plan_file: Path, rejoin
 
 def train(plan, cluster, options, data, *, checkpoint_dir=None, resume=False, metrics=None, trace=None,
           save_model=None, listen=None, log=None, plan_source="plan", quiet=False, schedule=None, recovery=None,
-          lineage=None, bn_recalibrate=0, lines=None, initial_state=None, expected_start=None) -> dict:
+          lineage=None, bn_recalibrate=0, lines=None, initial_state=None, expected_start=None, announce=None) -> dict:
     """Run the session with progress on stderr; write metrics, trace and model; return the summary.
+
+    announce: a line for stderr once the run holds its checkpoint lock (the optimizer chosen for the
+    user): after every refusal, which must stay the one `error:` line it is.
 
     bn_recalibrate: re-estimate BatchNorm statistics over this many training samples before saving
     and testing the model (0: keep the running averages the workers trained).
@@ -315,6 +319,8 @@ def train(plan, cluster, options, data, *, checkpoint_dir=None, resume=False, me
         else:
             session = Session(request)
         session.lock_checkpoint()  # another run active: exit 75 before any output, --metrics untouched
+        if announce and not quiet:
+            note(announce)
         progress = status_progress(stderr, quiet) if recovery is not None else _training_bar(quiet)
         if metrics is not None:
             metrics_file = open_output_stream(metrics, append=resume)

@@ -237,8 +237,8 @@ def test_ltf_serves_the_ready_task_with_the_largest_tail(arrivals, tails, expect
 def test_psl_run_that_diverges_exits_4(cli, files):
     # issue 25, item 3: --lr 1e6 made `loss nan` and exit 0; the launcher's divergence check stops it
     args = files(plan=tiny_plan("tiny-mlp", cuts=((1, 3), (2, 4), (1, 3))))
-    code, _, err = cli("psl", "run", *args, "--rounds", "4", "--local-batches", "2", "--lr", "1e6", "--threads", "1")
+    code, _, err = cli("psl", "run", *args, "--rounds", "4", "--local-batches", "2", "--optimizer", "sgd", "--lr", "1e6", "--threads", "1")
     assert code == 4, err
     assert err.strip().splitlines()[-1].startswith("error: training diverged: round ") and "Traceback" not in err
-    code, _, err = cli("psl", "run", *args, "--rounds", "2", "--lr", "1e6", "--threads", "1", "--divergence-factor", "0")
+    code, _, err = cli("psl", "run", *args, "--rounds", "2", "--optimizer", "sgd", "--lr", "1e6", "--threads", "1", "--divergence-factor", "0")
     assert code == 0, err

@@ -33,6 +33,9 @@ class TrainOptions(FrozenModel):
     resumed from. Each such extension is a cycle of its own (warm restart, as in SGDR): its warm-up,
     then its schedule over the rounds from `schedule_start` to `rounds`."""
     optimizer: Literal["sgd", "adam"] = "sgd"
+    """The commands fill optimizer, lr and momentum from the model family's default when no flag names
+    them (runtime/optimizer_defaults.py); these field defaults (SGD 0.05, momentum 0.9, the commands'
+    default before issue 25) serve library callers and the tests' references, which give them all."""
     lr: PosFloat = 0.05
     """Peak learning rate (the rate throughout with `lr_schedule="constant"`)."""
     lr_schedule: Literal["constant", "cosine"] = "constant"

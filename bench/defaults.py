@@ -120,6 +120,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--epochs", type=int, help="every cell's epochs (and no round cap) instead of its own budget")
     parser.add_argument("--longer", action="store_true", help="efficientnet-b1 for 2 epochs, mobilenetv2 for 3 (~20 min)")
     parser.add_argument("--majority", action="store_true",
                         help="print each cell's majority-class share (the accuracy of a model that learned nothing but the prior) and exit")
@@ -130,6 +131,8 @@ def main() -> None:
         wanted = args.models.split(",")
         cells = [c for c in cells if c[0] in wanted]
     only = args.candidates.split(",") if args.candidates else None
+    if args.epochs:
+        cells = [(model, dataset, args.epochs, None, names) for model, dataset, _, _, names in cells]
     if args.majority:
         print(f"# python bench/defaults.py {' '.join(sys.argv[1:])}")
         for model, dataset, *_ in cells:

@@ -77,7 +77,7 @@ def test_nonsense_combinations_are_refused(cli, files, tmp_path, flags, message)
 @pytest.mark.timeout(600)
 def test_a_cosine_run_extended_twice_restarts_its_cycle(cli, files, tmp_path):
     n, lr, warmup = 4, 0.05, 1
-    command = [*files, "--checkpoint-dir", tmp_path / "ck", "--resume", "--more-rounds", str(n), "--lr", str(lr),
+    command = [*files, "--checkpoint-dir", tmp_path / "ck", "--resume", "--more-rounds", str(n), "--optimizer", "sgd", "--lr", str(lr),
                "--lr-schedule", "cosine", "--warmup-rounds", str(warmup), "--metrics", tmp_path / "m.jsonl", "--json"]
     for day in (1, 2):
         code, out, err = cli(*command)

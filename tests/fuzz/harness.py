@@ -25,7 +25,9 @@ REPO = Path(__file__).resolve().parents[2]
 DOCUMENTED_EXITS = {0, 1, 2, 3}
 BAD_INPUT_EXITS = {0, 2, 3}
 """A mutated input: refused (2, or 3 if it is valid but infeasible), or accepted (0) if still valid."""
-MAX_STDERR_LINES = 3
+MAX_STDERR_LINES = 4
+"""A refusal is one line; an accepted run may add the optimizer chosen for it (runtime/optimizer_defaults.py)
+and its progress lines."""
 MAX_STDERR_CHARS = 4096
 """An error line names the value, capped: never a 200 kB value echoed back (issue 23, item 8)."""
 HANG_BOUND_S = 60

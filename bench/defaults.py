@@ -1,8 +1,10 @@
 """Which optimizer defaults learn: every built-in training model x dataset x candidate default.
 
-    python bench/defaults.py                          # the table in docs/runtime.md ("Default optimizer")
-    python bench/defaults.py --models tiny-cnn,vgg-mini --candidates sgd-0.05,adam-0.002-cosine
-    python bench/defaults.py --quick                  # 1 epoch of the small models only (a smoke run)
+    python bench/defaults.py            # the table in docs/runtime.md ("Default optimizer"), ~25 min on 2 busy cores
+    python bench/defaults.py --longer   # mobilenetv2 for 3 epochs, efficientnet-b1 for 2 (~5 min)
+    python bench/defaults.py --majority # each cell's majority-class share: the accuracy of learning nothing
+    python bench/defaults.py --models tiny-cnn,vgg-mini --candidates sgd-0.05,adam-0.001 --epochs 2
+    python bench/defaults.py --quick    # 1 epoch of the small models only (a smoke run)
 
 Each cell trains the model from `--seed 0` weights with the same math as `hppctl run` on a plan of one
 device per stage (global batch 64, micro-batches of 16 as in examples/plan-local*.yaml): the
@@ -14,7 +16,9 @@ BatchNorm models the test accuracy after `--bn-recalibrate 512` (runtime/results
 no test split: its accuracy is over the 2048 training samples, in eval mode. Token models take
 `synthetic` only (`digits` are images).
 
-Budgets: `epochs` below, fewer for the heavy models (each row says how many rounds it ran).
+Budgets: `epochs` below, fewer for the heavy models (each row says how many rounds it ran; `*`: capped
+below the epochs); `--epochs N` gives every selected cell N epochs. One torch thread by default: with
+two on a busy 2-core machine the small cells ran 50x slower.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Which optimizer defaults learn: every built-in training model x dataset x candidate default.
 
-    python bench/defaults.py            # the table in docs/runtime.md ("Default optimizer"), ~25 min on 2 busy cores
+    python bench/defaults.py            # the table in docs/runtime.md ("Default optimizer"), ~30 min on 2 busy cores
     python bench/defaults.py --longer   # mobilenetv2 for 3 epochs, efficientnet-b1 for 2 (~5 min)
     python bench/defaults.py --majority # each cell's majority-class share: the accuracy of learning nothing
     python bench/defaults.py --models tiny-cnn,vgg-mini --candidates sgd-0.05,adam-0.001 --epochs 2

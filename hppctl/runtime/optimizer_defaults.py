@@ -1,9 +1,9 @@
 """The optimizer a training run uses when its command line names none, per model family.
 
 Until issue 25 every run defaulted to SGD, lr 0.05, momentum 0.9: it diverged on mobilenetv2 (loss
-10.7 after 3 epochs of digits) and resnet50, and did not move vgg-mini off chance (7.0 %). The defaults below are the best of
-`python bench/defaults.py` (the table and the command in docs/runtime.md, "Default optimizer"):
-Adam at a rate per family, constant (a cosine schedule did not help at these budgets, and a constant
+10.7 after 3 epochs of digits) and resnet50, and did not move vgg-mini off chance (7.0 %). The
+defaults below are the best of `python bench/defaults.py` (the table and the command in
+docs/runtime.md, "Default optimizer"): Adam at a rate per family, constant (a cosine schedule did not help at these budgets, and a constant
 rate lets `--resume` continue a run for more rounds).
 
 `resolve` fills the settings a command line leaves out: from the checkpoint's record when resuming
@@ -109,7 +109,8 @@ def resolve(model: str, *, optimizer: str | None = None, lr: float | None = None
 def _recorded_settings(meta: dict) -> dict:
     """A COMPLETE.json's optimizer settings (runtime/session.py `run_fingerprint`)."""
     schedule, warmup = _parse_schedule(meta.get("lr_schedule"))
-    return {"optimizer": meta["optimizer"], "lr": float(meta["lr"]), "momentum": float(meta.get("momentum", SGD_MOMENTUM)),
+    return {"optimizer": meta["optimizer"], "lr": float(meta["lr"]),
+            "momentum": float(meta.get("momentum", SGD_MOMENTUM)),
             "weight_decay": float(meta.get("weight_decay", 0.0)), "lr_schedule": schedule, "warmup_rounds": warmup}
 
 

@@ -50,7 +50,8 @@ def test_sgd_without_lr_gets_sgds_own_rate_not_the_adam_default():
 
 
 def test_a_recorded_checkpoint_wins_over_the_family_default():
-    meta = {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 0.0, "lr_schedule": "cosine, 44 rounds, 4 warm-up rounds",
+    meta = {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 0.0,
+            "lr_schedule": "cosine, 44 rounds, 4 warm-up rounds",
             "_file": "ck/round-00000044/COMPLETE.json"}
     chosen = resolve("vgg-mini", recorded=meta)
     assert chosen.as_options() == {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 0.0,
@@ -105,7 +106,8 @@ def test_resume_of_a_checkpoint_written_with_the_old_default_keeps_its_optimizer
     assert code == 0, err
     assert "optimizer: sgd lr 0.05 momentum 0.9 (as recorded in" in err
     summary = json.loads(out)
-    assert summary["start_round"] == 2 and summary["optimizer"]["optimizer"] == "sgd" and summary["optimizer"]["lr"] == 0.05
+    assert summary["start_round"] == 2
+    assert (summary["optimizer"]["optimizer"], summary["optimizer"]["lr"]) == ("sgd", 0.05)
     # another optimizer given on the command line is still refused (the checkpoint's is sgd)
     code, _, err = cli(*base, "--rounds", "6", "--resume", "--optimizer", "adam")
     assert code == 2 and "optimizer is 'sgd', this run has 'adam'" in err

@@ -26,7 +26,7 @@ Examples (from the repository root; files in examples/, outputs under out/):
   hppctl run --plan examples/plan-local.yaml --cluster examples/local.yaml --dataset mypkg.data:make_dataset --save-model out/model.pt
   hppctl run --plan examples/plan-local.yaml --cluster examples/local.yaml --dataset digits --checkpoint-dir out/ck --resume --more-rounds 20 --save-model out/model.pt
   hppctl run --plan examples/plan-local-pp.yaml --cluster examples/local.yaml --dataset digits --epochs 2 --init-from out/model.pt
-  hppctl run --plan examples/plan-local.yaml --cluster examples/local.yaml --epochs 8 --optimizer adam --lr 0.002 --lr-schedule cosine --bn-recalibrate 512
+  hppctl run --plan examples/plan-local.yaml --cluster examples/local.yaml --dataset digits --epochs 8 --lr-schedule cosine --bn-recalibrate 512
   hppctl run --plan examples/galaxy-local.yaml --cluster examples/local.yaml --seq-len 284 --repeat 5 --output out/hidden.pt --json
 """
 

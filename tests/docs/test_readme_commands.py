@@ -3,11 +3,13 @@ from a copy of the repository root (its inputs: examples/, profiles/), and write
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
 
 from tests.docs.commands import REPO, commands, hppctl, readme_block
+
 
 @pytest.mark.slow
 @pytest.mark.gloo
@@ -15,18 +17,37 @@ def test_everyday_use_runs_as_written_in_order(tmp_path):
     root = tmp_path / "repo"
     for name in ("examples", "profiles"):
         shutil.copytree(REPO / name, root / name)
-    ran = 0
+    ran = stated = 0
     for line in readme_block():
-        for argv in commands(line):
+        argvs = commands(line)
+        for argv in argvs:
             if lab_line(line, argv):
                 continue
             done = hppctl(argv, root, timeout=300)
             assert done.returncode == 0, f"{line}\n{done.stderr[-2000:]}"
+            if argv is argvs[-1]:  # a line's comment is about its last command
+                check_stated_accuracy(line, done.stdout)
             ran += 1
-    assert ran >= 15
+            stated += bool(STATED.search(line))
+    assert ran >= 15 and stated >= 8
     written = {p.relative_to(root).parts[0] for p in root.rglob("*") if p.is_file()}
     assert written <= {"examples", "profiles", "out"}, written
     assert sorted(p.name for p in (root / "examples").rglob("*")) == sorted(p.name for p in (REPO / "examples").rglob("*"))
+
+
+STATED = re.compile(r"≈ (\d+) %")
+MEASURED = re.compile(r"test accuracy ([0-9.]+)%")
+ACCURACY_SLACK = 5.0  # percentage points: seeded runs repeat, but float sums differ across thread counts
+
+
+def check_stated_accuracy(line: str, stdout: str) -> None:
+    """A line whose comment states `≈ N %` must end with a test accuracy within the slack of N."""
+    stated = STATED.search(line)
+    if stated is None:
+        return
+    measured = MEASURED.findall(stdout)
+    assert measured, f"{line}\nno test accuracy in:\n{stdout[-1500:]}"
+    assert abs(float(measured[-1]) - float(stated.group(1))) <= ACCURACY_SLACK, (line, measured[-1])
 
 
 def lab_line(line: str, argv: list[str]) -> bool:

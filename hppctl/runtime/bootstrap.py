@@ -35,9 +35,11 @@ import socket
 import struct
 import time
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Callable
 
 from hppctl.errors import BadInput, RuntimeFailure
+from hppctl.runtime import wire
 
 CHUNK_BYTES = 4 * 2**20
 """The libuv TCPStore refuses values over 8 MiB; large values (state dicts) travel in chunks."""
@@ -167,12 +169,12 @@ class RunStore:
 
     def publish_nonce(self) -> str:
         nonce = secrets.token_hex(16)
-        self.store.set("nonce", nonce)
+        self.store.set(wire.nonce(), nonce)
         return nonce
 
     def joined(self, device: str, nonce: str) -> bool | None:
         """None: not yet; True: joined with a valid proof; False: a wrong proof (logged by the caller)."""
-        key = f"join/{device}"
+        key = wire.join(device)
         if not self.store.check([key]):
             return None
         proof = read_value(self.store, key, MAX_SHORT_BYTES)
@@ -190,10 +192,10 @@ def connect_store(host: str, port: int, token: str, *, timeout_s: float = 300.0)
 
 def join(store, token: str, device: str, *, timeout_s: float) -> None:
     """Prove the token, then wait until the launcher starts the run."""
-    store.wait(["nonce"], datetime.timedelta(seconds=timeout_s))
-    nonce = store.get("nonce").decode()
-    store.set(f"join/{device}", join_proof(token, nonce, device))
-    store.wait(["start"], datetime.timedelta(seconds=timeout_s))
+    store.wait([wire.nonce()], datetime.timedelta(seconds=timeout_s))
+    nonce = store.get(wire.nonce()).decode()
+    store.set(wire.join(device), join_proof(token, nonce, device))
+    store.wait([wire.start()], datetime.timedelta(seconds=timeout_s))
 
 
 def interface_for(address: str) -> str | None:
@@ -257,7 +259,7 @@ def init_process_groups(store, rank: int, world_size: int, stage_ranks: list[lis
             os.environ["GLOO_SOCKET_IFNAME"] = ifname
 
     forming = datetime.timedelta(seconds=connect_timeout_s or timeout_s)
-    pg_store = dist.PrefixStore("pg/", store)
+    pg_store = dist.PrefixStore(wire.PG_PREFIX, store)
     dist.init_process_group("gloo", store=pg_store, rank=rank, world_size=world_size, timeout=forming)
     made, mine = [dist.group.WORLD], None
     for p, ranks in enumerate(stage_ranks):
@@ -411,3 +413,18 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str, poll_s:
         if time.monotonic() > deadline:
             raise RuntimeFailure(f"timed out after {timeout_s:.0f} s waiting for {what}")
         time.sleep(poll_s)
+
+
+def take_round(store, round_index: int, devices: Sequence[str]) -> dict[str, dict] | None:
+    """Every device's report of one round, deleted from the store once read; None until all are in.
+
+    The one loop that turns `metrics/{round}/{device}` keys into reports (the launcher of every run
+    kind calls it), so each report is read bounded (`read_json`) and none is left behind."""
+    keys = wire.metrics_keys(round_index, devices)
+    if not store.check(keys):
+        return None
+    reports = {}
+    for device, key in zip(devices, keys):
+        reports[device] = read_json(store, key)
+        store.delete_key(key)
+    return reports

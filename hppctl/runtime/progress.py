@@ -24,6 +24,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable
 
+from hppctl.runtime import wire
+
 REPORT_EVERY_S = 0.5
 """Default pace of the workers' step reports and of the launcher's reads of them."""
 
@@ -56,7 +58,7 @@ class StepProgress:
 
 
 def progress_key(device: str) -> str:
-    return f"progress/{device}"
+    return wire.progress(device)
 
 
 class Throttle:

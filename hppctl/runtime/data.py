@@ -5,9 +5,9 @@
 - `synthetic`: 2048 inputs of the model's shape whose labels are balanced over the model's classes
   (each class ⌊2048/C⌋ or ⌈2048/C⌉ times) and a function of the input a model of its family can
   learn: for token models class c owns the c-th of C disjoint slices of the token ids, position 0
-  holds a token of that slice and three quarters of the others too (the rest uniform over all ids);
-  image and feature inputs are the class's fixed smooth prototype plus Gaussian noise (σ 2). The same samples for
-  every `--seed` (only the order changes).
+  holds a token of that slice and each other position one with probability 3/4 (else any id);
+  image and feature inputs are the class's fixed smooth prototype plus Gaussian noise (σ 2). The
+  same samples for every `--seed` (only the order changes).
 - `digits`: scikit-learn's bundled handwritten digits (1797 8×8 grey images, 10 classes, no
   download), scaled to [-1, 1] and resized to the model's input: bilinear to H×W and repeated over
   C channels for image models, linearly interpolated over the 64 pixels for feature models. A fixed

@@ -21,10 +21,6 @@ import math
 import torch
 from torch import nn
 
-REFERENCE_INIT_FAMILIES = frozenset({"efficientnet"})
-"""Families whose random weights follow the original paper's initialisation instead of transformers'."""
-
-
 @torch.no_grad()
 def reference_efficientnet_init(model: nn.Module) -> None:
     """Initialise like the reference EfficientNet (torchvision.models.efficientnet does the same)."""

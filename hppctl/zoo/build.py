@@ -18,6 +18,7 @@ from torch import nn  # noqa: E402
 
 from hppctl.errors import BadInput  # noqa: E402
 from hppctl.zoo.catalog import ModelSpec  # noqa: E402
+from hppctl.zoo.init import reinitialise  # noqa: E402
 
 
 class ZooModule(nn.Module):
@@ -81,6 +82,8 @@ def build_module(spec: ModelSpec, *, weights: bool = False, device: str = "cpu",
     with torch.device(torch_device), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = model_cls(config)
+        if torch_device.type != "meta":  # meta tensors hold no values to initialise
+            reinitialise(spec.family, model)
     return ZooModule(spec, model)
 
 

@@ -25,9 +25,8 @@ from hppctl.runtime import bootstrap, wire
 from hppctl.runtime.checkpoint import CheckpointDir, CheckpointLocked
 from hppctl.runtime.config import TrainOptions, WorkerConfig
 from hppctl.runtime.divergence import DivergenceGuard, first_nonfinite_tensor
-from hppctl.runtime.launcher import Launcher, WorkerFailed, add_row, from_blob, last_end, to_blob
-from hppctl.runtime.lineage import (Lineage, plan_digest, plan_document, resume_fingerprint,  # noqa: F401 (kept here)
-                                    run_fingerprint)
+from hppctl.runtime.launcher import Launcher, WorkerFailed, add_row, from_blob, last_end, to_blob  # noqa: F401
+from hppctl.runtime.lineage import Lineage, plan_digest, plan_document, resume_fingerprint, run_fingerprint  # noqa: F401
 from hppctl.runtime.metrics import TraceBuilder, aggregate, memory_of
 from hppctl.runtime.progress import Throttle
 from hppctl.runtime.topology import Topology

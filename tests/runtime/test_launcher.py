@@ -38,12 +38,14 @@ class StandInRun(Launcher):
     def _devices(self) -> list[str]:
         return list(self.actions)
 
-    def run(self) -> list:
-        config_of = lambda d: StandInConfig(device=d, store_host=self.store.host, store_port=self.store.port,
-                                            action=self.actions[d], rounds=self.rounds)
-        return self._run_workers(30.0, ship=lambda store: None, config_of=config_of, collect=self._collect)
+    def run(self) -> tuple:
+        return self._run_workers(30.0, ship=lambda store: None, config_of=self._config, collect=self._collect)
 
-    def _collect(self) -> list:
+    def _config(self, device: str) -> StandInConfig:
+        return StandInConfig(device=device, store_host=self.store.host, store_port=self.store.port,
+                             action=self.actions[device], rounds=self.rounds)
+
+    def _collect(self) -> tuple:
         rows = []
         while len(rows) < self.rounds or not self._all_done():
             self._check_alive()

@@ -14,6 +14,8 @@ from hppctl.runtime import wire
 from hppctl.runtime.launcher import Launcher, WorkerFailed, add_row
 from tests.runtime.factories import local_cluster
 
+pytestmark = pytest.mark.timeout(120)
+
 
 class StandInConfig(BaseModel):
     device: str

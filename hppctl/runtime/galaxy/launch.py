@@ -167,10 +167,8 @@ class InferenceSession(Launcher):
             parts.clear()
             bootstrap.put_blob(store, wire.ids(), to_blob(local_ids))
 
-        def collect() -> tuple:
-            return self._wait_reports(), from_blob(bootstrap.get_blob(self.store.store, wire.output(), delete=True))
-
-        reports, output = self._run_workers(req.timeout_s, ship=ship, config_of=self._config(len(ids)), collect=collect)
+        reports, output = self._run_workers(req.timeout_s, ship=ship, config_of=self._config(len(ids)),
+                                            collect=self._wait_reports)
         return InferenceResult(output, reports, time.perf_counter() - started, plan, self._overlap(), self._ring_rate(),
                                req.wire_dtype)
 
@@ -207,13 +205,16 @@ class InferenceSession(Launcher):
                 progress_every_s=req.progress_every_s)
         return config_of
 
-    def _wait_reports(self) -> dict[str, dict]:
+    def _wait_reports(self) -> tuple[dict[str, dict], object]:
+        """Every device's timings and rank 0's output, once every device is done."""
         steps = Throttle(self.request.progress_every_s)
         while not self._all_done():
             self._check_alive()
             self._show_progress(steps, 0)
             time.sleep(0.02)
-        return {d: bootstrap.read_json(self.store.store, wire.timings(d)) for d in self._devices()}
+        store = self.store.store
+        return ({d: bootstrap.read_json(store, wire.timings(d)) for d in self._devices()},
+                from_blob(bootstrap.get_blob(store, wire.output(), delete=True)))
 
 
 def run_inference(request: InferenceRequest, *, on_phase: Callable[[str], None] | None = None,

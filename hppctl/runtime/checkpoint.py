@@ -441,7 +441,7 @@ def plan_to_resume(meta: dict | None, plan):
     devices (`hppctl run --rejoin` brings them back instead). Anything else is left to `latest`,
     which re-cuts or refuses it."""
     from hppctl.models.plan import HppPlan
-    from hppctl.runtime.session import Lineage, plan_digest, plan_document
+    from hppctl.runtime.lineage import Lineage, plan_digest, plan_document
 
     if meta is None or "origin_plan" not in meta:
         return plan, Lineage(origin=plan_digest(plan))

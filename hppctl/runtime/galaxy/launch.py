@@ -13,23 +13,21 @@ admits them by their join proofs and waits for their reports. A plan whose memor
 
 from __future__ import annotations
 
-import io
-import json
 import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from hppctl.errors import BadInput, Infeasible, RuntimeFailure
+from hppctl.errors import BadInput, Infeasible
 from hppctl.models.cluster import ClusterSpec
 from hppctl.models.inference import InferencePlan
 from hppctl.models.units import format_bytes
 from hppctl.planner.galaxy import split_rows
-from hppctl.runtime import bootstrap
+from hppctl.runtime import bootstrap, wire
 from hppctl.runtime.galaxy.config import InferenceWorkerConfig
 from hppctl.runtime.galaxy.weights import for_request
-from hppctl.runtime.launch import LocalWorker, SshWorker, prepare_local_workers, stop_workers
-from hppctl.runtime.progress import REPORT_EVERY_S, StepProgress, Throttle, read_steps, slowest
+from hppctl.runtime.launcher import Launcher, from_blob, to_blob
+from hppctl.runtime.progress import REPORT_EVERY_S, StepProgress, Throttle
 
 WORKER_MODULE = "hppctl.runtime.galaxy.worker"
 
@@ -136,52 +134,41 @@ def token_ids(req: InferenceRequest, vocab: int):
     return ids
 
 
-def _blob(obj) -> bytes:
-    import torch
+class InferenceSession(Launcher):
+    """The launcher with an inference plan: ships every device's shard and the ids, waits for the
+    passes, collects the timings and rank 0's output. A worker's reported error fails the run at
+    once (it waits on its ring neighbours otherwise); one over its memory budget is `Infeasible`.
+    Phases: "model" (build and cut the weights), "workers" (start and join), "passes"."""
 
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
+    worker_module = WORKER_MODULE
+    worker_noun = "inference worker"
+    running_phase = "passes"
+    fail_on_report = True
 
-
-class InferenceSession:
-    def __init__(self, request: InferenceRequest) -> None:
-        self.request = request
-        self.workers: dict[str, Any] = {}
-        self.store: bootstrap.RunStore | None = None
-        self.on_phase: Callable[[str], None] = lambda phase: None
-        """Called as the run enters "model" (build and cut the weights), "workers" (start and join)
-        and "passes" (warm-up and timed passes)."""
-        self.on_step: Callable[[StepProgress], None] | None = None
-        """Called with the slowest device's passes done, as the workers report them."""
+    def _devices(self) -> list[str]:
+        return [s.device for s in self.request.plan.shares]
 
     def run(self) -> InferenceResult:
         req, plan = self.request, self.request.plan
         refuse_over_budget(plan)
         self._check_devices()
-        prepare_local_workers(req.cluster, [s.device for s in plan.shares], req.env)
+        self._prepare()
         started = time.perf_counter()
         self.on_phase("model")
         parts = shards(plan, req.seed)
-        self.ids = token_ids(req, next(iter(parts.values()))["embed"]["word"].shape[0])
-        trimmed = {d: for_request(shard, self.ids) for d, shard in parts.items()}
+        ids = token_ids(req, next(iter(parts.values()))["embed"]["word"].shape[0])
+        trimmed = {d: for_request(shard, ids) for d, shard in parts.items()}
         parts, local_ids = {d: t[0] for d, t in trimmed.items()}, next(iter(trimmed.values()))[1]
-        self.store = bootstrap.RunStore.start(*self._listen_address(), timeout_s=req.timeout_s)
-        try:
+        self.on_phase("workers")
+
+        def ship(store) -> None:
             for device, shard in parts.items():
-                bootstrap.put_blob(self.store.store, f"shard/{device}", _blob(shard))
-            del parts
-            bootstrap.put_blob(self.store.store, "ids", _blob(local_ids))
-            nonce = self.store.publish_nonce()
-            self.on_phase("workers")
-            self._launch()
-            self._admit(nonce)
-            self.on_phase("passes")
-            reports = self._wait_reports()
-            output = _load(bootstrap.get_blob(self.store.store, "output", delete=True))
-        finally:
-            stop_workers(self.workers.values())
-            self.store.close()
+                bootstrap.put_blob(store, wire.shard(device), to_blob(shard))
+            parts.clear()
+            bootstrap.put_blob(store, wire.ids(), to_blob(local_ids))
+
+        reports, output = self._run_workers(req.timeout_s, ship=ship, config_of=self._config(len(ids)),
+                                            collect=self._wait_reports)
         return InferenceResult(output, reports, time.perf_counter() - started, plan, self._overlap(), self._ring_rate(),
                                req.wire_dtype)
 
@@ -204,92 +191,30 @@ class InferenceSession:
                 raise BadInput(f"--cluster: device {share.device!r} is a preset (a model of a device): "
                                f"runs need local: or host: devices")
 
-    def _listen_address(self) -> tuple[str, int]:
-        if self.request.listen:
-            return bootstrap.parse_listen(self.request.listen)
-        remote = [s.device for s in self.request.plan.shares if self.request.cluster.device(s.device).host]
-        return (bootstrap.route_source(self.request.cluster.device(remote[0]).host) if remote else "127.0.0.1"), 0
-
-    def _launch(self) -> None:
+    def _config(self, length: int) -> Callable[[str], InferenceWorkerConfig]:
         req, plan = self.request, self.request.plan
-        rows = split_rows(len(self.ids), len(plan.shares))  # megatron runs every row; only its ring's size matters
-        for rank, share in enumerate(plan.shares):
-            config = InferenceWorkerConfig(
-                device=share.device, rank=rank, world_size=len(plan.shares), store_host=self.store.host,
+        rows = split_rows(length, len(plan.shares))  # megatron runs every row; only its ring's size matters
+
+        def config_of(device: str) -> InferenceWorkerConfig:
+            rank = self._devices().index(device)
+            return InferenceWorkerConfig(
+                device=device, rank=rank, world_size=len(plan.shares), store_host=self.store.host,
                 store_port=self.store.port, strategy=plan.strategy, row_sizes=rows, overlap=self._overlap(),
                 repeats=req.repeats, warmup=req.warmup, threads=req.threads,
-                budget_bytes=share.memory_budget_bytes, wire_dtype=req.wire_dtype, timeout_s=req.timeout_s,
+                budget_bytes=plan.shares[rank].memory_budget_bytes, wire_dtype=req.wire_dtype, timeout_s=req.timeout_s,
                 progress_every_s=req.progress_every_s)
-            payload = json.dumps({"token": self.store.token, "config": config.model_dump(mode="json")})
-            spec = req.cluster.device(share.device)
-            if spec.host is not None:
-                self.workers[share.device] = SshWorker(spec, req.cluster, payload, pid_of=self._pid_of, log=req.log,
-                                                       env=req.env, module=WORKER_MODULE)
-            else:
-                self.workers[share.device] = LocalWorker(share.device, payload, env=req.env, log=req.log,
-                                                         module=WORKER_MODULE)
+        return config_of
 
-    def _pid_of(self, device: str) -> int | None:
-        key = f"pid/{device}"
-        if self.store is None or not self.store.store.check([key]):
-            return None
-        words = bootstrap.read_line(self.store.store, key).split()
-        return int(words[-1]) if words and words[-1].isdigit() else None
-
-    def _admit(self, nonce: str) -> None:
-        waiting = set(self.workers)
-        deadline = time.monotonic() + self.request.timeout_s
-        while waiting:
-            self._check_alive()
-            for device in sorted(waiting):
-                ok = self.store.joined(device, nonce)
-                if ok is False:
-                    raise RuntimeFailure(f"{device}: join refused (wrong run token)")
-                if ok:
-                    waiting.discard(device)
-            if time.monotonic() > deadline:
-                raise RuntimeFailure(f"timed out after {self.request.timeout_s:.0f} s waiting for "
-                                     f"{', '.join(sorted(waiting))} to join")
-            time.sleep(0.05)
-        self.store.store.set("start", "1")
-
-    def _wait_reports(self) -> dict[str, dict]:
-        store, devices = self.store.store, list(self.workers)
+    def _wait_reports(self) -> tuple[dict[str, dict], object]:
+        """Every device's timings and rank 0's output, once every device is done."""
         steps = Throttle(self.request.progress_every_s)
-        while not store.check([f"done/{d}" for d in devices]):
+        while not self._all_done():
             self._check_alive()
-            if self.on_step is not None and steps.due():
-                step = slowest(read_steps(store, devices), 0)
-                if step is not None:
-                    self.on_step(step)
+            self._show_progress(steps, 0)
             time.sleep(0.02)
-        return {d: bootstrap.read_json(store, f"timings/{d}") for d in devices}
-
-    def _check_alive(self) -> None:
-        for device, worker in self.workers.items():
-            code = worker.poll()
-            if code not in (None, 0):
-                self._fail(device, code)
-            if self.store.store.check([f"failed/{device}"]):
-                self._fail(device, code)
-
-    def _fail(self, device: str, code: int | None) -> None:
-        key = f"failed/{device}"
-        message = bootstrap.read_line(self.store.store, key, bootstrap.MAX_MESSAGE_BYTES) if self.store.store.check([key]) else ""
-        if message.startswith("Infeasible: "):
-            raise Infeasible(message.removeprefix("Infeasible: "))
-        time.sleep(0.2)  # let the worker's traceback reach its tail
-        lines = [line for line in self.workers[device].tail() if line.strip()][-12:]
-        detail = "\n".join(f"    {line}" for line in lines)
-        raise RuntimeFailure(f"inference worker on device {device} failed"
-                             + (f" (exit {code})" if code is not None else "") + (f": {message}" if message else "")
-                             + (f"\n  last lines:\n{detail}" if detail else ""))
-
-
-def _load(data: bytes):
-    import torch
-
-    return torch.load(io.BytesIO(data), weights_only=True)
+        store = self.store.store
+        return ({d: bootstrap.read_json(store, wire.timings(d)) for d in self._devices()},
+                from_blob(bootstrap.get_blob(store, wire.output(), delete=True)))
 
 
 def run_inference(request: InferenceRequest, *, on_phase: Callable[[str], None] | None = None,

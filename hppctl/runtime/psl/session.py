@@ -4,17 +4,15 @@
     result.client_model("pi0")      # client pi0's whole model after the last FedAvg
     summary(result)                 # measured batch makespan against the plan's prediction
 
-It is the HPP launcher (`runtime.session.Session`) with PSL's devices: the same store on one
-address, per-run token and join proofs, local subprocesses or fabric over SSH, liveness checks and
-failure messages — only what is launched (`python -m hppctl.runtime.psl.worker`), what is shipped
-(each distinct part's initial weights, cut from one model built from the seed) and what is
-collected (per-round batch timings, the final parts) differ.
+It is a `runtime.launcher.Launcher` with PSL's devices: the same store on one address, per-run token
+and join proofs, local subprocesses or fabric over SSH, liveness checks and failure messages as the
+HPP launcher — only what is launched (`python -m hppctl.runtime.psl.worker`), what is shipped (each
+distinct part's initial weights, cut from one model built from the seed) and what is collected
+(per-round batch timings, the final parts) differ.
 """
 
 from __future__ import annotations
 
-import io
-import json
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -22,12 +20,12 @@ from typing import Callable
 
 from hppctl.models.cluster import ClusterSpec
 from hppctl.models.psl import PslPlan
-from hppctl.runtime import bootstrap
-from hppctl.runtime.launch import LocalWorker, SshWorker, prepare_local_workers
+from hppctl.runtime import bootstrap, wire
+from hppctl.runtime.divergence import DivergenceGuard
+from hppctl.runtime.launcher import Launcher, add_row, from_blob, last_end, to_blob
+from hppctl.runtime.metrics import memory_of
 from hppctl.runtime.psl.config import PslOptions, PslWorkerConfig
 from hppctl.runtime.psl.topology import PslTopology
-from hppctl.runtime.divergence import DivergenceGuard
-from hppctl.runtime.session import Session
 
 WORKER_MODULE = "hppctl.runtime.psl.worker"
 
@@ -65,53 +63,30 @@ class PslRunResult:
         return [b["makespan_s"] for row in self.rounds for b in row["batches"]]
 
 
-def _blob(obj) -> bytes:
-    import torch
+class PslSession(Launcher):
+    """The launcher with a PSL plan: ships the initial parts, turns reports into PSL rows, collects
+    every device's final parts (no checkpoints)."""
 
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
-
-
-class PslSession(Session):
-    """`Session` with a PSL plan: reuses its store hosting, admission, liveness and failure handling."""
+    worker_module = WORKER_MODULE
 
     def __init__(self, request: PslRunRequest) -> None:
-        # NOTE: not super().__init__(), which builds and checks an HPP schedule from an HPP plan.
-        self.request = request
+        super().__init__(request)
         self.topo = PslTopology.of(request.plan)
-        self.ckpt = None
-        self.workers = {}
-        self.store = None
         self._guard = DivergenceGuard(request.options.train.divergence_factor)
-        self.on_phase: Callable[[str], None] = lambda phase: None
-        """Called as the run enters "workers" (start and join) and "training" (the rounds)."""
 
     def run(self, *, on_round: Callable[[dict], None] | None = None,
             on_event: Callable[[str], None] | None = None) -> PslRunResult:
         started = time.perf_counter()
-        notify = on_event or (lambda message: None)
-        timeout = self.request.options.train.timeout_s
         self.on_phase("workers")
-        prepare_local_workers(self.request.cluster, self.topo.devices, self.request.env)
-        self.store = self._host_store(timeout)
-        try:
-            self._ship_initial_parts()
-            nonce = self.store.publish_nonce()
-            self._launch_psl()
-            notify(f"started {len(self.workers)} workers; store on {self.store.host}:{self.store.port}")
-            self._admit(nonce, timeout)
-            notify("all workers joined")
-            self.on_phase("training")
-            rows, workers = self._collect(on_round)
-            finals = {d: _load(bootstrap.get_blob(self.store.store, f"final/{d}", delete=True)) for d in self.topo.devices}
-        finally:
-            self._stop_all()
-            self.store.close()
+        self._prepare()
+
+        rows, workers, finals = self._run_workers(self.request.options.train.timeout_s, ship=self._ship_initial_parts,
+                                                  config_of=self._config(), collect=lambda: self._collect(on_round),
+                                                  notify=on_event)
         return PslRunResult(self.request.plan, rows, finals, time.perf_counter() - started, workers,
                             self.request.options.order)
 
-    def _ship_initial_parts(self) -> None:
+    def _ship_initial_parts(self, store) -> None:
         from hppctl.runtime.psl.worker import num_layers
         from hppctl.runtime.stage import initial_stage_tensors
 
@@ -119,7 +94,7 @@ class PslSession(Session):
         ranges = self.topo.part_ranges(num_layers(plan.model, plan.granularity))
         tensors = initial_stage_tensors(plan.model, plan.granularity, ranges, seed=self.request.options.train.seed)
         for (a, b), part in zip(ranges, tensors):
-            bootstrap.put_blob(self.store.store, f"init/{a}-{b}", _blob(part))
+            bootstrap.put_blob(store, wire.init_part(a, b), to_blob(part))
 
     def _weights(self) -> list[float]:
         if self.request.fedavg_weights is not None:
@@ -131,48 +106,28 @@ class PslSession(Session):
         n = len(load_data(opts.train.dataset, plan.model).train)
         return fedavg_weights(n, opts.shares or [1.0] * len(plan.clients))
 
-    def _launch_psl(self) -> None:
+    def _config(self) -> Callable[[str], PslWorkerConfig]:
         req, weights = self.request, self._weights()
-        for device in self.topo.devices:
-            config = PslWorkerConfig(device=device, store_host=self.store.host, store_port=self.store.port,
-                                     plan=req.plan, options=req.options, fedavg_weights=weights)
-            payload = json.dumps({"token": self.store.token, "config": config.model_dump(mode="json")})
-            spec = req.cluster.device(device)
-            if spec.host is not None:
-                self.workers[device] = SshWorker(spec, req.cluster, payload, pid_of=self._pid_of, log=req.log,
-                                                 env=req.env, module=WORKER_MODULE)
-            else:
-                self.workers[device] = LocalWorker(device, payload, env=req.env, log=req.log, module=WORKER_MODULE)
+        return lambda device: PslWorkerConfig(device=device, store_host=self.store.host, store_port=self.store.port,
+                                              plan=req.plan, options=req.options, fedavg_weights=weights)
 
-    def _collect(self, on_round) -> tuple[list[dict], dict]:
-        store, devices = self.store.store, list(self.topo.devices)
+    def _collect(self, on_round) -> tuple[list[dict], dict, dict]:
+        """The rounds' rows, every device's memory figures and final parts."""
         rounds = self.request.options.train.rounds
-        rows, workers, previous_end = [], {}, None
+        rows, workers = [], {}
         while True:
             self._check_alive()
             r = len(rows)
-            if r < rounds and store.check([f"metrics/{r}/{d}" for d in devices]):
-                reports = {}
-                for d in devices:
-                    reports[d] = bootstrap.read_json(store, f"metrics/{r}/{d}")
-                    store.delete_key(f"metrics/{r}/{d}")
-                    workers[d] = {k: reports[d][k] for k in ("rss_bytes", "peak_rss_bytes", "host", "cgroup")}
-                row = round_row(reports, self.topo, previous_end, self.request.plan.batch)
-                previous_end = row["ended_at"]
-                rows.append(row)
-                if on_round:
-                    on_round(row)
+            if r < rounds and (reports := self._take_round(r)) is not None:
+                workers.update({d: memory_of(report) for d, report in reports.items()})
+                row = round_row(reports, self.topo, last_end(rows), self.request.plan.batch)
+                add_row(rows, row, on_round)
                 self._guard.check(r, row.get("loss"))  # PSL keeps no checkpoints: nothing to write first
                 continue
-            if r >= rounds and store.check([f"done/{d}" for d in devices]):
-                return rows, workers
+            if r >= rounds and self._all_done():
+                return rows, workers, {d: from_blob(bootstrap.get_blob(self.store.store, wire.final(d), delete=True))
+                                       for d in self.topo.devices}
             time.sleep(0.02)
-
-
-def _load(data: bytes):
-    import torch
-
-    return torch.load(io.BytesIO(data), weights_only=True)
 
 
 def round_row(reports: dict[str, dict], topo: PslTopology, previous_end: float | None, batch: int) -> dict:

@@ -213,7 +213,8 @@ def plan_to_resume(checkpoint_dir: Path, plan, profile, plan_file: Path, rejoin:
     its re-planned plan, over the profile of the devices left (the re-planned plan was made from it),
     unless `rejoin`; a checkpoint of another plan of the same model is re-cut to `plan`'s stages."""
     from hppctl.planner.replan import without_devices
-    from hppctl.runtime.checkpoint import CheckpointDir, plan_to_resume as checkpoint_plan, refuse_unless_recuttable, stages_line
+    from hppctl.runtime.checkpoint import CheckpointDir, refuse_unless_recuttable, stages_line
+    from hppctl.runtime.checkpoint import plan_to_resume as checkpoint_plan
     from hppctl.runtime.session import Lineage, plan_digest, plan_document
 
     view = view or RunView()
@@ -233,7 +234,8 @@ def plan_to_resume(checkpoint_dir: Path, plan, profile, plan_file: Path, rejoin:
     return resumed, profile, lineage
 
 
-def initial_state(init_from: Path | None, model: str, resume_dir: Path | None, view: RunView | None = None) -> dict | None:
+def initial_state(init_from: Path | None, model: str, resume_dir: Path | None,
+                  view: RunView | None = None) -> dict | None:
     """The weights `--init-from` gives (checked: runtime/warmstart.py), or None: not given, or a
     `--resume` that finds a round to continue, which wins (so one cron line works from its first
     day, when the checkpoint directory is still empty, and every day after)."""

@@ -84,7 +84,8 @@ def run_command(
     from hppctl.models.profile import Profile
     from hppctl.runtime.checkpoint import CheckpointDir
     from hppctl.runtime.config import TrainOptions
-    from hppctl.runtime.preflight import check_bipartition_run, check_checkpoint, preflight
+    from hppctl.runtime.preflight import check_checkpoint, check_features, plan_kind_text, preflight
+    from hppctl.schedule.nf1b import ASYNC_POLICIES
     from hppctl.store import load
 
     if plan is None:
@@ -103,9 +104,24 @@ def run_command(
     for flag, path in (("--metrics", metrics), ("--trace", trace), ("--save-model", save_model), ("--log", log),
                        ("--output", output)):
         writable_path(flag, path)
+    if schedule is not None and schedule not in ASYNC_POLICIES:
+        raise BadInput(f"--schedule: {schedule!r} is not an asynchronous schedule ({', '.join(ASYNC_POLICIES)})")
+    requested = _requested_features(resume=resume, rejoin=rejoin, checkpoint_dir=checkpoint_dir,
+                                    checkpoint_every=checkpoint_every, schedule=schedule, trace=trace, metrics=metrics,
+                                    fault_tolerance=_fault_tolerance_flag(replan=replan, heartbeat=heartbeat,
+                                                                          failure_timeout=failure_timeout,
+                                                                          probe_timeout=probe_timeout,
+                                                                          replicate_every=replicate_every))
     from hppctl.cli.galaxy import is_inference_file
     if is_inference_file(plan):  # collaborative inference (issue 8)
-        _refuse_training_only(plan, {"--init-from": init_from, "--more-rounds": more_rounds, "--more-epochs": more_epochs})
+        _refuse_training_only(plan, {
+            "--init-from": init_from, "--more-rounds": more_rounds, "--more-epochs": more_epochs, "--rounds": rounds,
+            "--epochs": epochs, "--dataset": None if dataset == "synthetic" else dataset, "--optimizer": optimizer,
+            "--lr": lr, "--lr-schedule": lr_schedule, "--warmup-rounds": warmup_rounds or None,
+            "--bn-recalibrate": bn_recalibrate or None, "--momentum": momentum, "--weight-decay": weight_decay,
+            "--save-model": save_model, "--profile": profile,
+            "--divergence-factor": None if divergence_factor == 10.0 else divergence_factor})
+        check_features("inference", f"{plan} is an inference (galaxy) plan", requested)
         from hppctl.cli.galaxy import run_inference_command
         return run_inference_command(plan, cluster, text=text, input_ids=input_ids, seq_len=seq_len, repeat=repeat,
                                      warmup=warmup, overlap=overlap, output=output, as_json=as_json, threads=threads,
@@ -118,12 +134,12 @@ def run_command(
         "--no-overlap": None if overlap else True, "--wire-dtype": None if wire_dtype == "float32" else wire_dtype})
     if is_psl_file(plan):  # parallel split learning (issue 11); `hppctl psl run` has its PSL-only flags
         from hppctl.cli.psl import run_psl
-        for flag, value in (("--epochs", epochs), ("--checkpoint-dir", checkpoint_dir), ("--profile", profile),
-                            ("--trace", trace), ("--lr-schedule", lr_schedule),
+        for flag, value in (("--epochs", epochs), ("--profile", profile), ("--lr-schedule", lr_schedule),
                             ("--warmup-rounds", warmup_rounds or None), ("--bn-recalibrate", bn_recalibrate or None),
                             ("--init-from", init_from), ("--more-rounds", more_rounds), ("--more-epochs", more_epochs)):
             if value is not None:
                 raise BadInput(f"{flag}: not supported for psl plans (see `hppctl psl run --help`)")
+        check_features("psl", f"{plan} is a psl plan", requested)
         return run_psl(plan, cluster, rounds=rounds or 1, dataset=dataset, seed=seed, optimizer=optimizer, lr=lr,
                        momentum=momentum, weight_decay=weight_decay, metrics=metrics, save_model=save_model,
                        threads=threads, listen=listen, timeout=timeout, log=log, as_json=as_json,
@@ -156,8 +172,9 @@ def run_command(
     hpp = load(plan, HppPlan)
     inventory = load(cluster, ClusterSpec)
     prof = load(profile, Profile) if profile is not None else None
-    check_bipartition_run(hpp, str(plan), resume=resume, checkpoint_dir=checkpoint_dir, schedule=schedule,
-                          fault_tolerance=prof is not None and replan != "off")
+    kind, what = plan_kind_text(hpp, str(plan), schedule)
+    check_features(kind, what, {**requested, "fault tolerance": "--replan" if prof is not None and replan != "off"
+                                else None})
     lineage = None
     if resume:
         hpp, prof, lineage = driver.plan_to_resume(checkpoint_dir, hpp, prof, plan, rejoin, view=TrainingView())
@@ -193,7 +210,7 @@ def run_command(
                            divergence_factor=divergence_factor, progress_every_s=report_every(log_every))
     from hppctl.cli.coordinator import describe, recovery_options
     recovery = recovery_options(prof, heartbeat=heartbeat, timeout=failure_timeout, probe_timeout=probe_timeout,
-                                replan=replan, replicate_every=replicate_every) if window is None else None
+                                replan=replan, replicate_every=replicate_every)
     for line in check_checkpoint(checkpoint_dir, hpp, options, resume=resume) if checkpoint_dir else ():
         note(line)  # the lock file and the round to resume, before anything starts (runtime/preflight.py)
     lines = progress_log(log_every)
@@ -210,6 +227,26 @@ def run_command(
         emit_json(summary)
     else:
         render(summary)
+
+
+def _requested_features(*, resume, rejoin, checkpoint_dir, checkpoint_every, schedule, trace, metrics,
+                        fault_tolerance) -> dict[str, str | None]:
+    """The features of runtime/preflight.py `FEATURES` the flags ask for: feature -> the flag that asked."""
+    return {"resume": "--resume" if resume else "--rejoin" if rejoin else None,
+            "checkpoint": ("--checkpoint-dir" if checkpoint_dir is not None
+                           else "--checkpoint-every" if checkpoint_every != 1 else None),
+            "asynchronous schedule": f"--schedule {schedule}" if schedule is not None else None,
+            "fault tolerance": fault_tolerance, "trace": "--trace" if trace is not None else None,
+            "metrics": "--metrics" if metrics is not None else None}
+
+
+def _fault_tolerance_flag(*, replan, heartbeat, failure_timeout, probe_timeout, replicate_every) -> str | None:
+    """The first fault-tolerance flag given a value of its own (a psl or inference plan refuses them;
+    on a training plan, --profile with --replan light/heavy is what asks)."""
+    defaults = (("--replan", replan, "light"), ("--heartbeat", heartbeat, 1.0),
+                ("--failure-timeout", failure_timeout, 3.0), ("--probe-timeout", probe_timeout, 2.0),
+                ("--replicate-every", replicate_every, 1))
+    return next((flag for flag, value, default in defaults if value != default), None)
 
 
 def _refuse_training_only(plan_file: Path, given: dict) -> None:

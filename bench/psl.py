@@ -51,7 +51,7 @@ BATCH = 32
 
 def scenario(kind: int, model: str, clients: int, helpers: int, seed: int) -> tuple[PslTimes, PslRequest]:
     """One synthetic instance (see the module docstring)."""
-    from hppctl.cli.psl import spec_profile
+    from hppctl.driver import spec_profile
 
     rng = np.random.default_rng(seed)
     cut = list(MODELS[model])

@@ -66,7 +66,7 @@ CASES = ("kill-single", "kill-replica", "sigstop", "link-cut")
 
 
 def preset_profile(model: str):
-    from hppctl.cli.profile import model_layers
+    from hppctl.driver import model_layers
     from hppctl.profiling.from_presets import build_preset_profile
 
     cluster = ClusterSpec(name="env-d", devices=[DeviceSpec(name=d, preset=p) for d, p in PRESETS.items()])

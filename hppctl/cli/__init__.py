@@ -60,7 +60,7 @@ def _register() -> None:
     simulate.register(app)
     from hppctl.cli import lab; lab.register(app)  # noqa: E702  (the edge lab, issue 4)
     from hppctl.cli import psl; psl.register(app)  # noqa: E702  (parallel split learning, issue 11)
-    from hppctl.cli import run as run_cmd; run_cmd.register(app)  # noqa: E702  (training runtime, issue 6)
+    from hppctl.cli import run_cmd; run_cmd.register(app)  # noqa: E702  (training runtime, issue 6)
     from hppctl.cli import demo; demo.register(app)  # noqa: E702  (issue 6)
     from hppctl.cli import coordinator; coordinator.register(app)  # noqa: E702  (fault tolerance, issue 7)
     from hppctl.cli import check; check.register(app)  # noqa: E702  (the CI smoke test, issue 25)

@@ -1,4 +1,4 @@
-"""`hppctl coordinator`, and the fault-tolerance flags and live status table `hppctl run` shares.
+"""`hppctl coordinator`, and the fault-tolerance flags `hppctl run` shares.
 
 The coordinator is embedded in `hppctl run` (runtime/recovery.py: heartbeats, probes, re-planning,
 pipeline replay; docs/fault-tolerance.md). `hppctl coordinator` runs it standalone on a plan: it
@@ -15,6 +15,8 @@ import typer
 
 from hppctl.cli.flags import MIN_PERIOD_S, check_optimizer_flags, positive, seconds, seed as check_seed
 from hppctl.cli.output import emit_json, note, stdout, writable_path
+from hppctl.cli.view import TrainingView
+from hppctl import driver
 from hppctl.runtime.bootstrap import check_listen
 from hppctl.errors import BadInput
 
@@ -33,16 +35,12 @@ DEFAULT_FAILURE_TIMEOUT_S = 3.0
 
 def recovery_options(profile, *, heartbeat: float, timeout: float, probe_timeout: float, replan: str,
                      replicate_every: int, timeout_flag: str = "--failure-timeout"):
-    """The embedded coordinator's settings, or None when re-planning is off (any loss ends the run).
-    `timeout_flag`: what the silence timeout is called on this command's line."""
-    from hppctl.runtime.recovery import RecoveryOptions
-
+    """The flags checked, then the embedded coordinator's settings (hppctl/driver.py), or None when
+    re-planning is off (any loss ends the run). `timeout_flag`: the silence timeout's name here."""
     check_recovery_flags(heartbeat=heartbeat, timeout=timeout, probe_timeout=probe_timeout, replan=replan,
                          replicate_every=replicate_every, timeout_flag=timeout_flag)
-    if replan == "off" or profile is None:
-        return None
-    return RecoveryOptions(profile=profile, heartbeat_s=heartbeat, timeout_s=timeout, probe_s=probe_timeout,
-                           replicate_every=replicate_every, replan=replan)
+    return driver.recovery_options(profile, heartbeat=heartbeat, timeout=timeout, probe_timeout=probe_timeout,
+                                   replan=replan, replicate_every=replicate_every)
 
 
 def check_recovery_flags(*, heartbeat: float, timeout: float, probe_timeout: float, replan: str,
@@ -57,29 +55,6 @@ def check_recovery_flags(*, heartbeat: float, timeout: float, probe_timeout: flo
     if timeout <= heartbeat:
         raise BadInput(f"{timeout_flag}: {timeout} s must exceed --heartbeat {heartbeat} s "
                        f"(a device is suspect after missing several beats)")
-
-
-def status_progress(console, disable: bool):
-    """A rich Progress that also shows the coordinator's status table under the bar."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
-
-    from hppctl.coordinator.status import COLUMNS, render_rows
-
-    class StatusProgress(Progress):
-        rows: list[dict] = []
-
-        def get_renderables(self):
-            yield self.make_tasks_table(self.tasks)
-            if self.rows:
-                table = Table(*COLUMNS, box=None, pad_edge=False)
-                for cells in render_rows(self.rows):
-                    table.add_row(*cells)
-                yield table
-
-    return StatusProgress(TextColumn("[bold]training[/]"), BarColumn(), MofNCompleteColumn(),
-                          TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console,
-                          disable=disable, transient=False)
 
 
 def describe(event: dict) -> str:
@@ -160,14 +135,12 @@ def coordinator_command(
         raise BadInput("--replan: the coordinator needs light or heavy")
     data = preflight(hpp, inventory, dataset, profile=prof, plan_source=str(plan), cluster_source=str(cluster),
                      profile_source=str(profile))
-    from hppctl.cli.run import train
-
     local = all(inventory.device(d).local for d in hpp.devices())
     from hppctl.runtime.optimizer_defaults import resolve
     chosen = resolve(hpp.model, optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay)
     options = TrainOptions(dataset=dataset, seed=seed, rounds=rounds, **chosen.as_options(), threads=1 if local else 0)
-    summary = train(hpp, inventory, options, data, metrics=events, listen=listen, plan_source=str(plan),
-                    recovery=recovery, announce=chosen.line())
+    summary = driver.train(hpp, inventory, options, data, view=TrainingView(describe=describe), metrics=events,
+                           listen=listen, plan_source=str(plan), recovery=recovery, announce=chosen.line())
     if as_json:
         emit_json({k: summary[k] for k in ("plan", "rounds_run", "samples_per_s", "events", "final_stages", "wall_s")})
     else:

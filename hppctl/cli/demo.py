@@ -88,7 +88,8 @@ def demo_command(
 def _profile_plan_train(where: Path, cluster, model: str, granularity: str, request, micro_batch: int, epochs: int,
                         seed: int, threads: int, profiler: str, as_json: bool, lines, log_every: float | None):
     """Steps 2 to 4 of the demo: (the training run's summary, the plan)."""
-    from hppctl.cli.run import train
+    from hppctl.cli.view import TrainingView
+    from hppctl.driver import train
     from hppctl.planner import make_plan
     from hppctl.runtime.config import TrainOptions
     from hppctl.runtime.preflight import preflight
@@ -123,8 +124,8 @@ def _profile_plan_train(where: Path, cluster, model: str, granularity: str, requ
     rounds = epochs * (len(data.train) // plan.global_batch)
     options = options.model_copy(update={"rounds": rounds})
     note(f"[4/4] training on digits: {epochs} epochs = {rounds} rounds of {plan.global_batch} samples")
-    summary = train(plan, cluster, options, data, metrics=where / "metrics.jsonl", save_model=where / "model.pt",
-                    plan_source=str(where / "plan.yaml"), bn_recalibrate=len(data.train), lines=lines)
+    summary = train(plan, cluster, options, data, view=TrainingView(lines), metrics=where / "metrics.jsonl",
+                    save_model=where / "model.pt", plan_source=str(where / "plan.yaml"), bn_recalibrate=len(data.train))
     summary.update(workdir=str(where), profiler=how, profile_s=profile_s, baselines_predicted_samples_per_s=baselines)
     return summary, plan
 

@@ -22,6 +22,7 @@ from rich.table import Table
 
 from hppctl.cli.flags import positive, seconds, threads as check_threads
 from hppctl.cli.output import emit_json, note, stderr, stdout, writable_path
+from hppctl import driver
 from hppctl.errors import BadInput, RuntimeFailure
 from hppctl.models.cluster import ClusterSpec
 from hppctl.models.profile import Profile
@@ -76,24 +77,6 @@ def _check_out(out: Path) -> None:
     if out.suffix.lower() not in (".json", ".yaml", ".yml"):
         raise BadInput(f"--out: {out}: unknown file extension {out.suffix!r} (use .json, .yaml or .yml)")
     writable_path("--out", out)
-
-
-def model_layers(model: str, granularity: str):
-    """The model's layer sequence from the zoo (built-in name or `hf:PATH`), and for `block` the fine
-    layers each block is made of (None if they do not nest), so that a block is timed as its kernels."""
-    try:
-        from hppctl.zoo import layer_costs
-    except ImportError:
-        raise RuntimeFailure("the model zoo (hppctl.zoo.layer_costs) is not available in this build") from None
-    from hppctl.profiling.from_presets import group_layers
-
-    layers = layer_costs(model, granularity)
-    if granularity == "fine":
-        return layers, None
-    parts = group_layers(layers, layer_costs(model, "fine"))
-    if parts is None:
-        note(f"{model}: fine layers do not nest in the blocks; timing each block with the block-level model")
-    return layers, parts
 
 
 def _check_probe_flags(repeats: int, warmup: int, threads: int | None, timeout: float, link_seconds: float,
@@ -158,7 +141,9 @@ def profile_command(
     # checked even when every device is a preset (and the settings go unused): a typo must not pass
     settings = ProbeSettings(repeats=repeats, warmup=warmup, threads=threads, timeout_s=timeout,
                              link_seconds=link_seconds)
-    layers, parts = model_layers(model, granularity)
+    layers, parts = driver.model_layers(model, granularity)
+    if granularity != "fine" and parts is None:
+        note(f"{model}: fine layers do not nest in the blocks; timing each block with the block-level model")
     measured = [d for d in spec.devices if d.preset is None]
     failures: dict[str, str] = {}
     cache_use: dict[str, dict[str, list[int]]] = {}

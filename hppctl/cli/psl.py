@@ -15,12 +15,14 @@ import typer
 from rich.table import Table
 
 from hppctl.cli.flags import MIN_PERIOD_S, check_optimizer_flags, divergence_factor as check_divergence_factor, positive, seconds, seed as check_seed, threads as check_threads
-from hppctl.cli.output import LOG_EVERY_HELP, emit_json, note, phase, progress_log, stdout, writable_path
+from hppctl.cli.output import LOG_EVERY_HELP, emit_json, note, progress_log, stdout, writable_path
+from hppctl.cli.view import PslView
+from hppctl import driver
 from hppctl.errors import BadInput
 from hppctl.runtime.bootstrap import check_listen
-from hppctl.models.psl import METHODS, OPTIMIZERS, PslPlan, PslRequest, PslSpec
+from hppctl.models.psl import METHODS, PslPlan, PslRequest, PslSpec
 from hppctl.models.units import format_bytes, parse_duration
-from hppctl.store import load, open_output_stream, save, write_text_atomic
+from hppctl.store import load, save, write_text_atomic
 
 MAX_TARGET_SLOTS = 100_000
 """The time-indexed solvers grow with the slot count: 10^7 slots took 4 s on 3 devices, 10^9 ran past 60 s."""
@@ -97,7 +99,7 @@ def _problem(spec_file, profile_file, clients, helpers, cut, batch):
         if any(v is not None for v in (clients, helpers, cut)):
             raise BadInput("--clients, --helpers and --cut go with --profile; a --spec file lists its own")
         spec = load(spec_file, PslSpec)
-        return spec_profile(spec, str(spec_file)), spec.request(), None if spec.slot == "auto" else spec.slot
+        return driver.spec_profile(spec, str(spec_file)), spec.request(), None if spec.slot == "auto" else spec.slot
     from hppctl.models.profile import Profile
     from pydantic import ValidationError
 
@@ -119,24 +121,6 @@ def _problem(spec_file, profile_file, clients, helpers, cut, batch):
         from hppctl.store import describe_validation_error
         raise BadInput(describe_validation_error("--clients/--helpers/--cut/--batch", e)) from None
     return profile, request, None
-
-
-def spec_profile(spec: PslSpec, source: str):
-    """A preset profile of the spec's clients and helpers at the spec's batch size."""
-    from hppctl.profiling.from_presets import build_preset_profile
-    from hppctl.profiling.presets import get_preset
-    from hppctl.zoo import layer_costs
-
-    for role, group in (("clients", spec.clients), ("helpers", spec.helpers)):
-        for k, d in enumerate(group):
-            get_preset(d.preset, device=d.name, source=f"{source}: {role}.{k}.preset")
-    try:
-        layers = layer_costs(spec.model, spec.granularity)
-    except BadInput as e:
-        raise BadInput(f"{source}: model: {e}") from None
-    return build_preset_profile(spec.cluster_spec(), layers, model=spec.model, granularity=spec.granularity,
-                                batch_sizes=[spec.batch], optimizer_state_factor=OPTIMIZERS[spec.optimizer],
-                                source=source)
 
 
 def _parse_slot(text: str) -> float:
@@ -345,8 +329,8 @@ def run_psl(plan_file: Path, cluster_file: Path, *, rounds: int = 1, local_batch
                          local_batches=local_batches, shares=share_values, order=order)
     lines = progress_log(log_every)
     with lines or contextlib.nullcontext():
-        summary = train_psl(plan, cluster, options, data, metrics=metrics, save_model=save_model, listen=listen,
-                            log=log, lines=lines)
+        summary = driver.train_psl(plan, cluster, options, data, view=PslView(lines), metrics=metrics,
+                                   save_model=save_model, listen=listen, log=log)
     summary["optimizer"] = {**chosen.as_options(), "source": chosen.source}
     emit_json(summary) if as_json else _render_run(summary)
 
@@ -361,58 +345,6 @@ def _parse_shares(text: Optional[str]) -> Optional[list[float]]:
     for value in values:
         positive("--shares", value)  # inf and nan were accepted
     return values
-
-
-def train_psl(plan: PslPlan, cluster, options, data, *, metrics=None, save_model=None, listen=None, log=None,
-              lines=None) -> dict:
-    """Run the session (progress on stderr: a line per round, or `lines`, a `ProgressLog`, when
-    given), write metrics and the model; return the summary."""
-    from hppctl.runtime.psl.session import PslRunRequest, PslSession, summarize
-    from hppctl.runtime.results import accuracy, save_model as write_model, evaluation_batches
-
-    log_file = open_output_stream(log, append=True) if log else None
-    metrics_file = None
-    try:
-        if metrics is not None:
-            metrics_file = open_output_stream(metrics)
-
-        def on_round(row: dict) -> None:
-            if metrics_file is not None:
-                metrics_file.write(json.dumps(row) + "\n")
-                metrics_file.flush()
-            worst = max(b["makespan_s"] for b in row["batches"])
-            status = (f"round {row['round'] + 1}/{options.train.rounds}: loss {row['loss']:.4f}, "
-                      f"slowest batch makespan {worst * 1e3:.1f} ms, FedAvg {row['fedavg_s'] * 1e3:.1f} ms")
-            if lines is None:
-                note(status)
-            else:
-                lines.update(status)
-
-        def on_phase(name: str) -> None:
-            if lines is not None:
-                lines.begin(name, f"{len(session.topo.devices)} workers" if name == "workers"
-                            else f"{options.train.rounds} rounds")
-
-        session = PslSession(PslRunRequest(plan, cluster, options, listen=listen, log=log_file))
-        session.on_phase = on_phase
-        result = session.run(on_round=on_round, on_event=note if lines is None else lines.event)
-        if lines is not None:
-            lines.end()
-    finally:
-        for f in (metrics_file, log_file):
-            if f is not None:
-                f.close()
-    summary = summarize(result)
-    state = result.client_model(plan.clients[0])  # every client holds the same model after FedAvg
-    summary["test_accuracy"] = None
-    if data.test is not None:
-        with phase(lines, "test pass", total=evaluation_batches(data.test), unit="batches") as update:
-            summary["test_accuracy"] = accuracy(plan.model, state, data.test, on_batch=lambda done, total: update(done))
-    if save_model is not None:
-        with phase(lines, "saving"):
-            write_model(plan.model, state, save_model)
-    summary.update(saved_model=str(save_model) if save_model else None, metrics=str(metrics) if metrics else None)
-    return summary
 
 
 def _render_run(summary: dict) -> None:

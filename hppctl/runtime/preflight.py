@@ -8,6 +8,7 @@ the checkpoint directory: its lock file and, with `--resume`, the round the work
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 
 from hppctl.errors import BadInput, PlanMismatch
 from hppctl.models.cluster import ClusterSpec
@@ -107,18 +108,115 @@ def _one_value_batchnorms(traced, granularity: str) -> dict[int, str]:
     return found
 
 
-# --- what Bi-Partition runs cannot do yet ----------------------------------------------------------
-# Their workers hold other layer sets than their forward ranges (runtime/bipartition.py), which the
-# replicated stages, checkpoint resume, fault tolerance and asynchronous windows do not know: the
-# runs crashed in the workers (exit 1) or, with --schedule, trained the forward cuts alone. Refused
-# here, before any worker starts; the runtime-boundary issue (26) is to bring them.
+# --- what each kind of run can do: the one table ------------------------------------------------------
+# A flag a run cannot honour is refused here, before any worker starts (exit 2, one line saying why),
+# never dropped: `--schedule nf1b --profile` trained without fault tolerance, and `--resume` on a psl
+# plan trained from scratch, without a word. docs/runtime.md "Features" prints this table
+# (`feature_table`; tests/runtime/test_feature_matrix.py keeps the two equal).
 
 LIMITS_DOC = 'docs/bipartition.md, "Limits"'
+FEATURES_DOC = 'docs/runtime.md, "Features"'
+
+FEATURES = ("resume", "checkpoint", "asynchronous schedule", "fault tolerance", "trace", "metrics")
+"""What a run can be asked for, in the order a request is checked (the first refused flag is named)."""
+
+FEATURE_FLAGS = {"resume": "--resume", "checkpoint": "--checkpoint-dir", "asynchronous schedule": "--schedule",
+                 "fault tolerance": "--profile with --replan light/heavy", "trace": "--trace", "metrics": "--metrics"}
+"""How `hppctl run` asks for each feature (its docs column)."""
+
+_NO_FT = "give --replan off, or leave out --profile"
+
+
+@dataclass(frozen=True)
+class RunKind:
+    """A kind of run and the features it refuses, each with why (`what, why (doc)` is the error)."""
+    name: str
+    label: str  # its row in the docs table
+    doc: str
+    refused: dict[str, str] = field(default_factory=dict)
+
+
+RUN_KINDS = {kind.name: kind for kind in (
+    RunKind("synchronous", "training plan, synchronous rounds (default)", FEATURES_DOC),
+    *(RunKind(policy, f"training plan, `--schedule {policy}`", FEATURES_DOC, {
+        "fault tolerance": "which fault tolerance cannot recover yet: re-planning replays synchronous rounds, and an "
+                           "asynchronous window is a whole epoch whose executor the re-planned workers do not "
+                           f"rebuild; {_NO_FT}"}) for policy in ("nf1b", "pipedream")),
+    RunKind("bipartition", "Bi-Partition plan (a stage backwards other layers than it forwards)", LIMITS_DOC, {
+        "resume": "which cannot resume from a checkpoint yet: its workers' stage files hold only the layers each "
+                  "steps or forwards",
+        "checkpoint": "which cannot resume from a checkpoint yet, so it writes none; --save-model keeps the "
+                      "trained model",
+        "asynchronous schedule": "and asynchronous windows run layer-wise stages, which would drop its backward "
+                                 "ranges",
+        "fault tolerance": "which cannot survive a lost device yet (re-planning, replay and state backups know "
+                           f"layer-wise stages only); {_NO_FT}"}),
+    RunKind("psl", "psl plan (`hppctl run` or `hppctl psl run`)", FEATURES_DOC, {
+        "resume": "which keeps no checkpoint to resume from: its clients' models are averaged (FedAvg) every round "
+                  "and gathered once, at the end",
+        "checkpoint": "which writes no checkpoints: its clients' models are gathered once, at the end "
+                      "(--save-model keeps the trained model)",
+        "asynchronous schedule": "which follows its own order of clients and helpers (`hppctl psl run "
+                                 "--order`), not an HPP schedule",
+        "fault tolerance": "which cannot survive a lost device: a failed client or helper fails the run (exit 1)",
+        "trace": "which reports per-batch timings in its --metrics rows; the Chrome trace lays out HPP rounds only"}),
+    RunKind("inference", "inference (galaxy) plan", FEATURES_DOC, {
+        "resume": "which runs forward passes only and keeps no training state to resume",
+        "checkpoint": "which runs forward passes only: there is no training state to checkpoint",
+        "asynchronous schedule": "which is laid out by the plan itself (galaxy, megatron, sp, local); "
+                                 "--schedule picks a training schedule",
+        "fault tolerance": "which cannot survive a lost device: a failed worker fails the request (exit 1)",
+        "trace": "which reports its passes' latencies in its summary (--json); the Chrome trace lays out "
+                 "training rounds",
+        "metrics": "which reports its passes' latencies in its summary (--json); --metrics rows are training "
+                   "rounds"}),
+)}
+"""Every kind of run `hppctl run` starts: a training plan under its synchronous rounds or an
+asynchronous window (`--schedule`), a Bi-Partition plan, a psl plan, an inference plan."""
+
+
+def run_kind(plan_kind: str, schedule: str | None) -> str:
+    """The `RUN_KINDS` row of a plan (hpp, bipartition, psl, inference) run under `schedule`; a
+    Bi-Partition plan stays itself under a schedule (which it refuses)."""
+    if plan_kind == "hpp":
+        return schedule or "synchronous"
+    return plan_kind
+
+
+def check_features(kind: str, what: str, requested: dict[str, str | None]) -> None:
+    """Refuse the first requested feature (name -> the flag that asked, None: not asked) that a run of
+    `kind` cannot honour: `FLAG: WHAT, WHY (DOC)`. `what` names the plan (and its schedule)."""
+    row = RUN_KINDS[kind]
+    for feature in FEATURES:
+        flag = requested.get(feature)
+        if flag is not None and feature in row.refused:
+            raise BadInput(f"{flag}: {what}, {row.refused[feature]} ({row.doc})")
+
+
+def feature_table() -> list[str]:
+    """`RUN_KINDS` as the markdown table of docs/runtime.md "Features"."""
+    columns = list(FEATURES)
+    lines = ["| run | " + " | ".join(f"{f} ({FEATURE_FLAGS[f]})" for f in columns) + " |",
+             "|---" * (len(columns) + 1) + "|"]
+    for kind in RUN_KINDS.values():
+        cells = ["supported" if f not in kind.refused else "refused: " + re.sub(r"^(which|and) ", "", kind.refused[f])
+                 for f in columns]
+        lines.append(f"| {kind.label} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def bipartition_stage(plan: HppPlan) -> int | None:
     """The first stage whose backward range differs from its forward range (None: not Bi-Partition)."""
     return next((p for p, s in enumerate(plan.stages) if s.backward_layers is not None), None)
+
+
+def plan_kind_text(plan: HppPlan, plan_source: str, schedule: str | None) -> tuple[str, str]:
+    """(its `RUN_KINDS` row, what the plan is, for a refusal) of an HPP training plan under `schedule`."""
+    p = bipartition_stage(plan)
+    if p is not None:
+        return "bipartition", _bipartition_text(plan, plan_source, p)
+    return run_kind("hpp", schedule), (f"{plan_source} trained with --schedule {schedule}" if schedule
+                                       else f"{plan_source}")
 
 
 def _bipartition_text(plan: HppPlan, plan_source: str, p: int) -> str:
@@ -137,27 +235,6 @@ def check_bipartition_stages(plan: HppPlan, plan_source: str) -> None:
         raise PlanMismatch(f"{plan_source}: stages.{crowded}.devices: {', '.join(plan.stages[crowded].devices)} "
                            f"replicate a stage of a Bi-Partition plan (stage {p} backwards other layers than it "
                            f"forwards), and Bi-Partition runs cannot replicate stages yet ({LIMITS_DOC})")
-
-
-def check_bipartition_run(plan: HppPlan, plan_source: str, *, resume: bool, checkpoint_dir, schedule: str | None,
-                          fault_tolerance: bool) -> None:
-    """`hppctl run`'s flags that a Bi-Partition plan cannot honour yet, each refused by name."""
-    p = bipartition_stage(plan)
-    if p is None:
-        return
-    what = _bipartition_text(plan, plan_source, p)
-    if resume:
-        raise BadInput(f"--resume: {what}, which cannot resume from a checkpoint yet: its workers' stage files "
-                       f"hold only the layers each steps or forwards ({LIMITS_DOC})")
-    if checkpoint_dir is not None:
-        raise BadInput(f"--checkpoint-dir: {what}, which cannot resume from a checkpoint yet, so it writes none; "
-                       f"--save-model keeps the trained model ({LIMITS_DOC})")
-    if schedule is not None:
-        raise BadInput(f"--schedule {schedule}: {what}; asynchronous windows run layer-wise stages and would "
-                       f"drop its backward ranges ({LIMITS_DOC})")
-    if fault_tolerance:
-        raise BadInput(f"--replan: {what}, which cannot survive a lost device yet (re-planning, replay and state "
-                       f"backups know layer-wise stages only); give --replan off, or leave out --profile ({LIMITS_DOC})")
 
 
 def check_bipartition_coordinator(plan: HppPlan, plan_source: str) -> None:

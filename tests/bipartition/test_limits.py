@@ -34,8 +34,7 @@ def files(tmp_path, monkeypatch):
     def started(*args, **kwargs):
         raise WorkersStarted
 
-    # `hppctl.cli.run` as a dotted name is the package's `run` function, not the module
-    monkeypatch.setattr(importlib.import_module("hppctl.cli.run"), "train", started)
+    monkeypatch.setattr(importlib.import_module("hppctl.driver"), "train", started)
     presets = ClusterSpec(name="nanos", devices=[DeviceSpec(name=d, preset="jetson-nano") for d in DEVICES + ["d"]])
     profile = build_preset_profile(presets, layer_costs("tiny-mlp", "fine"), model="tiny-mlp", granularity="fine",
                                    batch_sizes=[1, 2, 4, 8, 16])

@@ -45,7 +45,7 @@ def random_times(seed: int, clients: int, helpers: int, *, high: int = 4) -> Psl
 def preset_times(kind: int, clients: int, helpers: int, seed: int, model: str = "mobilenetv2"):
     """The paper's scenarios on hppctl presets (as bench/psl.py): 1 = device types drawn at random,
     one cut; 2 = also device speeds scaled by [0.5, 2], helper memory 10-100 %, random cuts and links."""
-    from hppctl.cli.psl import spec_profile
+    from hppctl.driver import spec_profile
     from hppctl.models.psl import PslSpec
     from hppctl.planner.psl import pair_times
 

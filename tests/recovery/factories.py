@@ -8,7 +8,7 @@ from hppctl.models.profile import Profile
 
 def preset_profile(model: str, presets: dict[str, str], granularity: str = "fine") -> Profile:
     """`presets`: device name -> preset name (e.g. {"a": "jetson-nano"})."""
-    from hppctl.cli.profile import model_layers
+    from hppctl.driver import model_layers
     from hppctl.profiling.from_presets import build_preset_profile
 
     cluster = ClusterSpec(name="recovery", devices=[DeviceSpec(name=d, preset=p) for d, p in presets.items()])

@@ -158,7 +158,7 @@ def test_hostile_datagrams_and_connections_change_nothing(tmp_path):
     attack: list[Attack] = []
 
     with open(metrics, "w") as out:
-        def write(line: dict) -> None:  # what `hppctl run --metrics` writes (cli/run.py: train)
+        def write(line: dict) -> None:  # what `hppctl run --metrics` writes (hppctl/driver.py: train)
             out.write(json.dumps(line) + "\n")
 
         def on_round(row: dict) -> None:

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import statistics
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from hppctl.cli.flags import MIN_PERIOD_S, check_optimizer_flags, divergence_factor as check_divergence_factor, positive, seconds, seed as check_seed, threads as check_threads
-from hppctl.cli.output import LOG_EVERY_HELP, emit_json, note, phase, progress_log, stderr, stdout, writable_path
+from hppctl.cli.output import LOG_EVERY_HELP, emit_json, note, progress_log, stdout, writable_path
+from hppctl.cli.view import TrainingView
+from hppctl import driver
 from hppctl.errors import BadInput
 from hppctl.runtime.progress import report_every
 
@@ -84,7 +84,8 @@ def run_command(
     from hppctl.models.profile import Profile
     from hppctl.runtime.checkpoint import CheckpointDir
     from hppctl.runtime.config import TrainOptions
-    from hppctl.runtime.preflight import check_bipartition_run, check_checkpoint, preflight
+    from hppctl.runtime.preflight import check_checkpoint, check_features, plan_kind_text, preflight
+    from hppctl.schedule.nf1b import ASYNC_POLICIES
     from hppctl.store import load
 
     if plan is None:
@@ -103,9 +104,24 @@ def run_command(
     for flag, path in (("--metrics", metrics), ("--trace", trace), ("--save-model", save_model), ("--log", log),
                        ("--output", output)):
         writable_path(flag, path)
+    if schedule is not None and schedule not in ASYNC_POLICIES:
+        raise BadInput(f"--schedule: {schedule!r} is not an asynchronous schedule ({', '.join(ASYNC_POLICIES)})")
+    requested = _requested_features(resume=resume, rejoin=rejoin, checkpoint_dir=checkpoint_dir,
+                                    checkpoint_every=checkpoint_every, schedule=schedule, trace=trace, metrics=metrics,
+                                    fault_tolerance=_fault_tolerance_flag(replan=replan, heartbeat=heartbeat,
+                                                                          failure_timeout=failure_timeout,
+                                                                          probe_timeout=probe_timeout,
+                                                                          replicate_every=replicate_every))
     from hppctl.cli.galaxy import is_inference_file
     if is_inference_file(plan):  # collaborative inference (issue 8)
-        _refuse_training_only(plan, {"--init-from": init_from, "--more-rounds": more_rounds, "--more-epochs": more_epochs})
+        _refuse_training_only(plan, {
+            "--init-from": init_from, "--more-rounds": more_rounds, "--more-epochs": more_epochs, "--rounds": rounds,
+            "--epochs": epochs, "--dataset": None if dataset == "synthetic" else dataset, "--optimizer": optimizer,
+            "--lr": lr, "--lr-schedule": lr_schedule, "--warmup-rounds": warmup_rounds or None,
+            "--bn-recalibrate": bn_recalibrate or None, "--momentum": momentum, "--weight-decay": weight_decay,
+            "--save-model": save_model, "--profile": profile,
+            "--divergence-factor": None if divergence_factor == 10.0 else divergence_factor})
+        check_features("inference", f"{plan} is an inference (galaxy) plan", requested)
         from hppctl.cli.galaxy import run_inference_command
         return run_inference_command(plan, cluster, text=text, input_ids=input_ids, seq_len=seq_len, repeat=repeat,
                                      warmup=warmup, overlap=overlap, output=output, as_json=as_json, threads=threads,
@@ -118,12 +134,12 @@ def run_command(
         "--no-overlap": None if overlap else True, "--wire-dtype": None if wire_dtype == "float32" else wire_dtype})
     if is_psl_file(plan):  # parallel split learning (issue 11); `hppctl psl run` has its PSL-only flags
         from hppctl.cli.psl import run_psl
-        for flag, value in (("--epochs", epochs), ("--checkpoint-dir", checkpoint_dir), ("--profile", profile),
-                            ("--trace", trace), ("--lr-schedule", lr_schedule),
+        for flag, value in (("--epochs", epochs), ("--profile", profile), ("--lr-schedule", lr_schedule),
                             ("--warmup-rounds", warmup_rounds or None), ("--bn-recalibrate", bn_recalibrate or None),
                             ("--init-from", init_from), ("--more-rounds", more_rounds), ("--more-epochs", more_epochs)):
             if value is not None:
                 raise BadInput(f"{flag}: not supported for psl plans (see `hppctl psl run --help`)")
+        check_features("psl", f"{plan} is a psl plan", requested)
         return run_psl(plan, cluster, rounds=rounds or 1, dataset=dataset, seed=seed, optimizer=optimizer, lr=lr,
                        momentum=momentum, weight_decay=weight_decay, metrics=metrics, save_model=save_model,
                        threads=threads, listen=listen, timeout=timeout, log=log, as_json=as_json,
@@ -156,11 +172,12 @@ def run_command(
     hpp = load(plan, HppPlan)
     inventory = load(cluster, ClusterSpec)
     prof = load(profile, Profile) if profile is not None else None
-    check_bipartition_run(hpp, str(plan), resume=resume, checkpoint_dir=checkpoint_dir, schedule=schedule,
-                          fault_tolerance=prof is not None and replan != "off")
+    kind, what = plan_kind_text(hpp, str(plan), schedule)
+    check_features(kind, what, {**requested, "fault tolerance": "--replan" if prof is not None and replan != "off"
+                                else None})
     lineage = None
     if resume:
-        hpp, prof, lineage = _plan_to_resume(checkpoint_dir, hpp, prof, plan, rejoin)
+        hpp, prof, lineage = driver.plan_to_resume(checkpoint_dir, hpp, prof, plan, rejoin, view=TrainingView())
     data = preflight(hpp, inventory, dataset, profile=prof, plan_source=str(plan), cluster_source=str(cluster),
                      profile_source=str(profile))
     per_epoch = len(data.train) // hpp.global_batch
@@ -179,7 +196,7 @@ def run_command(
     if warmup_rounds >= total - schedule_start:
         raise BadInput(f"--warmup-rounds: {warmup_rounds} leaves none of the run's {total - schedule_start} rounds "
                        f"at --lr")
-    initial_state = _initial_state(init_from, hpp.model, checkpoint_dir if resume else None)
+    initial_state = driver.initial_state(init_from, hpp.model, checkpoint_dir if resume else None, view=TrainingView())
     local = [d for d in hpp.devices() if inventory.device(d).local]
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // len(local)) if len(local) == len(hpp.devices()) else 0
@@ -191,25 +208,45 @@ def run_command(
                            checkpoint_every=checkpoint_every if checkpoint_dir else 0,
                            threads=threads, trace=trace is not None, timeout_s=timeout,
                            divergence_factor=divergence_factor, progress_every_s=report_every(log_every))
-    from hppctl.cli.coordinator import recovery_options
+    from hppctl.cli.coordinator import describe, recovery_options
     recovery = recovery_options(prof, heartbeat=heartbeat, timeout=failure_timeout, probe_timeout=probe_timeout,
-                                replan=replan, replicate_every=replicate_every) if window is None else None
+                                replan=replan, replicate_every=replicate_every)
     for line in check_checkpoint(checkpoint_dir, hpp, options, resume=resume) if checkpoint_dir else ():
         note(line)  # the lock file and the round to resume, before anything starts (runtime/preflight.py)
     lines = progress_log(log_every)
     with lines or contextlib.nullcontext():
-        summary = train(hpp, inventory, options, data, checkpoint_dir=checkpoint_dir, resume=resume, metrics=metrics,
-                        trace=trace, save_model=save_model, listen=listen, log=log, plan_source=str(plan),
-                        schedule=window, recovery=recovery, lineage=lineage, bn_recalibrate=bn_recalibrate,
-                        lines=lines, initial_state=initial_state,
-                        expected_start=schedule_start if extending else None,
-                        announce=chosen.line())
+        summary = driver.train(hpp, inventory, options, data, view=TrainingView(lines, describe=describe),
+                               checkpoint_dir=checkpoint_dir, resume=resume, metrics=metrics, trace=trace,
+                               save_model=save_model, listen=listen, log=log, plan_source=str(plan), schedule=window,
+                               recovery=recovery, lineage=lineage, bn_recalibrate=bn_recalibrate,
+                               initial_state=initial_state, expected_start=schedule_start if extending else None,
+                               announce=chosen.line())
     summary["init_from"] = str(init_from) if initial_state is not None else None
     summary["optimizer"] = {**chosen.as_options(), "source": chosen.source}
     if as_json:
         emit_json(summary)
     else:
         render(summary)
+
+
+def _requested_features(*, resume, rejoin, checkpoint_dir, checkpoint_every, schedule, trace, metrics,
+                        fault_tolerance) -> dict[str, str | None]:
+    """The features of runtime/preflight.py `FEATURES` the flags ask for: feature -> the flag that asked."""
+    return {"resume": "--resume" if resume else "--rejoin" if rejoin else None,
+            "checkpoint": ("--checkpoint-dir" if checkpoint_dir is not None
+                           else "--checkpoint-every" if checkpoint_every != 1 else None),
+            "asynchronous schedule": f"--schedule {schedule}" if schedule is not None else None,
+            "fault tolerance": fault_tolerance, "trace": "--trace" if trace is not None else None,
+            "metrics": "--metrics" if metrics is not None else None}
+
+
+def _fault_tolerance_flag(*, replan, heartbeat, failure_timeout, probe_timeout, replicate_every) -> str | None:
+    """The first fault-tolerance flag given a value of its own (a psl or inference plan refuses them;
+    on a training plan, --profile with --replan light/heavy is what asks)."""
+    defaults = (("--replan", replan, "light"), ("--heartbeat", heartbeat, 1.0),
+                ("--failure-timeout", failure_timeout, 3.0), ("--probe-timeout", probe_timeout, 2.0),
+                ("--replicate-every", replicate_every, 1))
+    return next((flag for flag, value, default in defaults if value != default), None)
 
 
 def _refuse_training_only(plan_file: Path, given: dict) -> None:
@@ -239,233 +276,12 @@ def _check_extension_flags(*, rounds, epochs, more_rounds, more_epochs, resume, 
         raise BadInput(f"--more-rounds: --schedule {schedule} trains whole epochs; use --more-epochs")
 
 
-def _initial_state(init_from: Path | None, model: str, resume_dir: Path | None) -> dict | None:
-    """The weights `--init-from` gives (checked: runtime/warmstart.py), or None: not given, or a
-    `--resume` that finds a round to continue, which wins (so one cron line works from its first
-    day, when the checkpoint directory is still empty, and every day after)."""
-    from hppctl.runtime.checkpoint import CheckpointDir
-
-    if init_from is None:
-        return None
-    if resume_dir is not None:
-        newest = CheckpointDir(resume_dir).newest_round_number()
-        if newest:
-            note(f"--init-from: not used: --resume continues from round {newest} of {resume_dir}")
-            return None
-    from hppctl.runtime.warmstart import load_initial_state
-
-    return load_initial_state(init_from, model)
-
-
 def _refuse_inference_flags(plan_file: Path, kind: str, given: dict) -> None:
     """Flags only inference plans use, on a training plan: `--input-ids` was silently ignored (the run
     trained as if it had not been given). `given`: flag -> value, None when left at its default."""
     for flag, value in given.items():
         if value is not None:
             raise BadInput(f"{flag}: only for inference (galaxy) plans; {plan_file} is a {kind} training plan")
-
-
-def _plan_to_resume(checkpoint_dir: Path, plan, profile, plan_file: Path, rejoin: bool = False):
-    """(plan, profile, lineage) to resume on: a checkpoint that fault tolerance re-planned continues on
-    its re-planned plan, over the profile of the devices left (the re-planned plan was made from it),
-    unless `rejoin`; a checkpoint of another plan of the same model is re-cut to `plan`'s stages."""
-
-    from hppctl.planner.replan import without_devices
-    from hppctl.runtime.checkpoint import CheckpointDir, plan_to_resume, refuse_unless_recuttable, stages_line
-    from hppctl.runtime.session import Lineage, plan_digest, plan_document
-
-    meta = CheckpointDir(checkpoint_dir).newest_meta()
-    resumed, lineage = (plan, Lineage(origin=plan_digest(plan))) if rejoin else plan_to_resume(meta, plan)
-    if resumed is plan:
-        if meta is not None and meta.get("plan") != plan_document(plan):
-            refuse_unless_recuttable(meta["_file"], meta.get("plan"), plan_document(plan))  # before any worker
-            note(f"--resume: round {meta['round']} was written by another plan of {plan.model}; its state is re-cut to "
-                 f"{plan_file}'s stages")
-        return plan, profile, lineage
-    note(f"--resume: fault tolerance re-planned {plan_file} without {', '.join(lineage.lost)}; resuming on the "
-         f"plan the run ended with: {stages_line(plan_document(resumed))} (--rejoin when it is back)")
-    # a profile without those devices is refused by preflight, naming the digest that does not match
-    if profile is not None and set(lineage.lost) <= {d.name for d in profile.devices}:
-        profile = without_devices(profile, lineage.lost)
-    return resumed, profile, lineage
-
-
-def train(plan, cluster, options, data, *, checkpoint_dir=None, resume=False, metrics=None, trace=None,
-          save_model=None, listen=None, log=None, plan_source="plan", quiet=False, schedule=None, recovery=None,
-          lineage=None, bn_recalibrate=0, lines=None, initial_state=None, expected_start=None, announce=None) -> dict:
-    """Run the session with progress on stderr; write metrics, trace and model; return the summary.
-
-    announce: a line for stderr once the run holds its checkpoint lock (the optimizer chosen for the
-    user): after every refusal, which must stay the one `error:` line it is.
-
-    bn_recalibrate: re-estimate BatchNorm statistics over this many training samples before saving
-    and testing the model (0: keep the running averages the workers trained).
-    lines: a `ProgressLog` (cli/output.py `progress_log`) for timestamped progress lines, or None.
-    initial_state, expected_start: `RunRequest`'s (runtime/session.py)."""
-    from hppctl.runtime.results import save_model as write_model
-    from hppctl.runtime.session import RunRequest, Session
-    from hppctl.store import open_output_stream, write_text_atomic
-
-    log_file = open_output_stream(log, append=True) if log else None  # appended to: a refused run adds nothing
-    metrics_file = session = None
-    try:
-        request = RunRequest(plan, cluster, options, checkpoint_dir=checkpoint_dir, resume=resume,
-                             listen=listen, log=log_file, schedule=schedule, lineage=lineage,
-                             initial_state=initial_state, expected_start=expected_start)
-        if recovery is not None:  # the embedded coordinator (docs/fault-tolerance.md)
-            from hppctl.cli.coordinator import status_progress
-            from hppctl.runtime.recovery import ResilientSession
-            session = ResilientSession(request, recovery)
-        else:
-            session = Session(request)
-        session.lock_checkpoint()  # another run active: exit 75 before any output, --metrics untouched
-        if announce and not quiet:
-            note(announce)
-        progress = status_progress(stderr, quiet) if recovery is not None else _training_bar(quiet)
-        if metrics is not None:
-            metrics_file = open_output_stream(metrics, append=resume)
-        with progress:
-            task = progress.add_task("rounds", total=options.rounds, status="starting workers")
-            result = _run_session(session, progress, task, options, metrics_file, lines,
-                                  "epoch" if schedule is not None else "round", recovery is not None)
-            progress.update(task, completed=options.rounds)
-        if lines is not None:
-            lines.end()
-    finally:
-        if session is not None:
-            session.unlock_checkpoint()
-        if metrics_file is not None:
-            metrics_file.close()
-        if log_file is not None:
-            log_file.close()
-    state = result.model_state()
-    recalibration = None
-    if bn_recalibrate:
-        state, recalibration = _recalibrate(plan, options, data, state, bn_recalibrate, lines, quiet)
-    if save_model is not None or (trace is not None and result.trace is not None):
-        with phase(lines, "saving", quiet=quiet):
-            if save_model is not None:
-                write_model(plan.model, state, save_model)
-            if trace is not None and result.trace is not None:
-                write_text_atomic(trace, json.dumps(result.trace) + "\n")
-    test_accuracy = _test_pass(plan.model, state, data.test, lines, quiet) if data.test is not None else None
-    summary = summarize(plan, options, result, test_accuracy, plan_source=plan_source, checkpoint_dir=checkpoint_dir,
-                        metrics=metrics, trace=trace, save_model=save_model)
-    summary["bn_recalibration"] = recalibration
-    if recovery is not None:  # the plan the run ended with, and what happened on the way
-        final = session.plan
-        summary.update(events=session.events, final_stages=[{"layers": s.layers, "devices": s.devices,
-                                                             "samples": s.samples} for s in final.stages])
-    return summary
-
-
-def _training_bar(quiet: bool):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(TextColumn("[bold]training[/]"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=stderr,
-                    disable=quiet, transient=False)
-
-
-def _run_session(session, progress, task, options, metrics_file, lines, word: str, resilient: bool):
-    """`session.run` with its reports shown: rounds, events and in-round steps on the bar (status
-    and a fractional position, so an nf1b epoch moves by micro-batch), and on `lines`. `word`:
-    what a round is called ("epoch" for an asynchronous window)."""
-    total = options.rounds
-    last = {"figures": ""}  # the last finished round's, repeated beside a step report
-
-    def on_phase(name: str) -> None:
-        if lines is not None:
-            lines.begin(name, f"{len(session.topo.devices)} workers" if name == "workers" else f"{total} {word}s")
-
-    def on_round(row: dict) -> None:
-        if metrics_file is not None:
-            metrics_file.write(json.dumps(row) + "\n")
-            metrics_file.flush()
-        status = f"loss {row['loss']:.4f}  {row['samples_per_s']:.1f} samples/s"
-        last["figures"] = f" (last {word}: {status.replace('  ', ' ')})"
-        progress.update(task, completed=row["round"] + 1, status=status)
-        if lines is not None:
-            lines.update(f"{word} {row['round'] + 1}/{total} {status.replace('  ', ' ')}")
-
-    def on_step(step) -> None:
-        status = f"{word} {step.round + 1}: {step.step_name()} {step.done}/{step.total}"
-        progress.update(task, completed=step.position(), status=status)
-        if lines is not None:
-            lines.update(f"{word} {step.round + 1}/{total} {step.step_name()} {step.done}/{step.total}{last['figures']}")
-
-    def on_event(message: str) -> None:
-        progress.update(task, status=message)
-        if lines is not None:
-            lines.event(message)
-
-    session.on_phase, session.on_step = on_phase, on_step
-    if not resilient:
-        return session.run(on_round=on_round, on_event=on_event)
-    from hppctl.cli.coordinator import describe
-
-    def on_fault(event: dict) -> None:  # fault events go to --metrics beside the rounds
-        if metrics_file is not None:
-            metrics_file.write(json.dumps(event) + "\n")
-            metrics_file.flush()
-        on_event(describe(event))
-
-    def on_status(rows: list[dict]) -> None:
-        progress.rows = rows
-
-    def on_state(event) -> None:  # the coordinator's full event log (it keeps only the last ones)
-        if metrics_file is not None:
-            metrics_file.write(json.dumps({"event": "state", **event.model_dump(mode="json")}) + "\n")
-
-    return session.run(on_round=on_round, on_event=on_event, on_fault=on_fault, on_status=on_status,
-                       on_state=on_state)
-
-
-def _test_pass(model: str, state: dict, split, lines, quiet: bool, name: str = "test pass") -> float:
-    from hppctl.runtime.results import accuracy, evaluation_batches
-
-    with phase(lines, name, total=evaluation_batches(split), unit="batches", quiet=quiet) as update:
-        return accuracy(model, state, split, on_batch=lambda done, total: update(done))
-
-
-def _recalibrate(plan, options, data, state: dict, samples: int, lines=None, quiet=False) -> tuple[dict, dict | None]:
-    """Precise BatchNorm (runtime/results.py) over the first `samples` of epoch 0's sample order, in
-    the plan's micro-batches; also the test accuracy with the trained running averages, for comparison."""
-    from hppctl.runtime.data import SampleOrder
-    from hppctl.runtime.results import recalibrate_batchnorm
-
-    order = SampleOrder(len(data.train), plan.global_batch, plan.micro_batch, options.seed)
-    indices = order.permutation(0)[:samples]
-    with phase(lines, "BatchNorm recalibration", total=len(indices), unit="samples", quiet=quiet) as update:
-        new = recalibrate_batchnorm(plan.model, state, data.train, indices, plan.micro_batch,
-                                    on_batch=lambda done, total: update(done))
-    if new is None:
-        note(f"--bn-recalibrate: {plan.model} has no BatchNorm layer; the model is saved and tested as trained")
-        return state, None
-    before = (_test_pass(plan.model, state, data.test, lines, quiet, "test pass (running averages)")
-              if data.test is not None else None)
-    return new, {"samples": len(indices), "test_accuracy_running_averages": before}
-
-
-def summarize(plan, options, result, test_accuracy, *, plan_source, checkpoint_dir, metrics, trace, save_model) -> dict:
-    rows = result.rounds
-    steady = [r["samples_per_s"] for r in rows[1:]] or [r["samples_per_s"] for r in rows]
-    predicted = {d: m for s in plan.stages for d, m in zip(s.devices, s.memory_bytes)}
-    last = rows[-1] if rows else {}
-    return {
-        "plan": plan_source, "model": plan.model, "strategy": plan.strategy, "dataset": options.dataset,
-        "stages": [{"layers": s.layers, "devices": s.devices, "samples": s.samples} for s in plan.stages],
-        "global_batch": plan.global_batch, "micro_batch": plan.micro_batch,
-        "start_round": result.start_round, "rounds": options.rounds, "rounds_run": len(rows),
-        "loss": last.get("loss"), "train_accuracy": last.get("train_accuracy"), "test_accuracy": test_accuracy,
-        "samples_per_s": statistics.median(steady) if steady else None,
-        "predicted_samples_per_s": plan.prediction.throughput_samples_per_s,
-        "wall_s": result.wall_s,
-        "memory": {d: {**m, "predicted_bytes": predicted.get(d)} for d, m in result.workers.items()},
-        "checkpoint_dir": str(checkpoint_dir) if checkpoint_dir else None,
-        "metrics": str(metrics) if metrics else None, "trace": str(trace) if trace else None,
-        "saved_model": str(save_model) if save_model else None,
-    }
 
 
 def render(summary: dict) -> None:

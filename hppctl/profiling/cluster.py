@@ -332,7 +332,8 @@ def _run_train_probe(ctx: _Context, spec: DeviceSpec, endpoint, identity: Identi
             cache.add_pass(record)
             if cache.complete(b, settings.repeats):
                 with ctx.lock:
-                    ctx.run.measured[name].append(b)
+                    if b not in ctx.run.measured[name]:  # a batch size measured again (implausible times) counts once
+                        ctx.run.measured[name].append(b)
         elif kind == "skip":
             cache.store_skip(b, record["reason"], budget)
             state["work"] += weight.get(b, 0.0) * (settings.warmup + passes.get(b, 0) + 1)

@@ -242,7 +242,7 @@ class SshWorker:
 
     def __init__(self, device: DeviceSpec, cluster: ClusterSpec, payload: str, *, pid_of=None, log=None,
                  env: dict[str, str] | None = None, module: str = WORKER_MODULE) -> None:
-        from hppctl.lab.connect import connect
+        from hppctl.ssh import connect
 
         self.device, self.spec, self.cluster, self._pid_of = device.name, device, cluster, pid_of
         self._tail = _Tail(device.name, log)
@@ -277,7 +277,7 @@ class SshWorker:
         pid = self._pid_of(self.device) if self._pid_of else None
         if pid:
             try:
-                from hppctl.lab.connect import connect
+                from hppctl.ssh import connect
 
                 with connect(self.cluster, self.device) as c:
                     c.run(_term_then_kill(int(pid)), hide=True, warn=True, in_stream=False)

@@ -39,7 +39,9 @@ from hppctl.coordinator.replay import common_layout, migration_bytes, resume_rou
 from hppctl.coordinator.state import CoordinatorState, apply_all, find_suspects
 from hppctl.coordinator.status import status_rows
 from hppctl.errors import RuntimeFailure
-from hppctl.models.events import Event, Heartbeat, Lost, ProbeAnswered, Replanned, Suspected
+from hppctl.models.events import (Armed, DeviceAnswered, DeviceLost, DevicesLate, DeviceSuspected, Dropped, Event,
+                                  Heartbeat, Lost, ProbeAnswered, Replanned, RunEventBase, RunReplanned, RunResumed,
+                                  Suspected)
 from hppctl.models.plan import HppPlan
 from hppctl.models.profile import Profile
 from hppctl.runtime import bootstrap
@@ -149,8 +151,10 @@ class ResilientSession(Session):
                 self.listener.stop()
 
     # --- events -----------------------------------------------------------------------------------
-    def _event(self, kind: str, **fields) -> dict:
-        event = {"event": kind, "at": time.time(), "generation": self.generation, **fields}
+    def _event(self, kind: type[RunEventBase], **fields) -> dict:
+        """Record an event of `kind` (a typed `RunEvent` record, stamped with the wall time and the
+        generation) and pass its `--metrics` line form on."""
+        event = kind(at=time.time(), generation=self.generation, **fields).wire()
         self.events.append(event)
         self._on_fault(event)
         return event
@@ -179,7 +183,7 @@ class ResilientSession(Session):
 
     def _suspect(self, event: Suspected, why: str) -> None:
         self._apply(event)
-        self._event("suspected", device=event.device, silent_s=round(event.silent_s, 3), why=why)
+        self._event(DeviceSuspected, device=event.device, silent_s=round(event.silent_s, 3), why=why)
         result: list = []
         address, port = self._probe_ports.get(event.device, (None, None))
 
@@ -198,7 +202,7 @@ class ResilientSession(Session):
             self._t0 = time.monotonic()
             self.state = CoordinatorState.start(list(self.topo.devices), now_s=0.0)
             self.listener.drain()
-            self._event("armed", devices=list(self.topo.devices))
+            self._event(Armed, devices=list(self.topo.devices))
 
     def _log_dropped(self, *, final: bool = False) -> None:
         """Datagrams the listener refused (wrong or missing token, unknown device or address, replays)
@@ -208,7 +212,7 @@ class ResilientSession(Session):
         fields = dropped_event(dropped.count, self._dropped_seen, dropped.recent(after=self._dropped_seen),
                                since_last_s=now - self._dropped_logged_at, final=final)
         if fields is not None:
-            self._event("dropped", **fields)
+            self._event(Dropped, **fields)
             self._dropped_seen, self._dropped_logged_at = fields["total"], now
 
     def _coordinate(self) -> None:
@@ -243,7 +247,7 @@ class ResilientSession(Session):
             heard = self.state.devices[device].health == "alive"  # a beat arrived while the probe ran
             if result[0] or heard:
                 self._apply(ProbeAnswered(device=device, at_s=self._clock()))
-                self._event("probe-answered", device=device)
+                self._event(DeviceAnswered, device=device)
             elif device not in losses:
                 losses[device] = Loss(device, "probe unanswered")
         return list(losses.values())
@@ -286,7 +290,7 @@ class ResilientSession(Session):
                 self._memory[d] = {k: reports[d][k] for k in ("rss_bytes", "peak_rss_bytes", "baseline_rss_bytes",
                                                               "host", "cgroup")}
             if self._resumed_pending is not None and r >= self._resume_round:
-                self._event("resumed", round=r, recovery_s=round(time.time() - self._resumed_pending, 3),
+                self._event(RunResumed, round=r, recovery_s=round(time.time() - self._resumed_pending, 3),
                             phases=slowest_phases(reports.values()))
                 self._resumed_pending = None
                 self._helpers = []  # a round completed in the new layout: every layer reached its owner
@@ -335,7 +339,7 @@ class ResilientSession(Session):
             time.sleep(0.05)  # the states are in hand: a worker slow to leave is stopped by `_stop_all`
         late = [d for d in self.topo.devices if not store.check([f"done/{d}"])]
         if late:
-            self._event("late", devices=late)
+            self._event(DevicesLate, devices=late)
         return states
 
     # --- recovery -----------------------------------------------------------------------------------
@@ -361,7 +365,7 @@ class ResilientSession(Session):
                     # it (a helper of the last one): lost already, its layers from its backup
                     if loss.device in leavers:
                         leavers.remove(loss.device)
-                    self._event("lost", device=loss.device, reason=loss.reason)
+                    self._event(DeviceLost, device=loss.device, reason=loss.reason)
                     self._fence(loss.device)
                     continue
                 self._lose(loss)
@@ -396,7 +400,7 @@ class ResilientSession(Session):
         self.store.store.set(f"reconf/{generation}", json.dumps(doc))
         self._helpers = list(doc.get("helpers", []))
         self._adopt(doc, resume, base, result.profile)
-        self._event("replanned", method=result.method, requested=self.recovery.replan, lost=gone,
+        self._event(RunReplanned, method=result.method, requested=self.recovery.replan, lost=gone,
                     resume_round=resume, replan_s=round(replan_s, 4), devices=self.plan.devices(),
                     stages=[{"layers": s.layers, "devices": s.devices, "samples": s.samples} for s in self.plan.stages],
                     moved_bytes=doc["moved_bytes"], gathered_bytes=doc.get("gathered_bytes", 0),
@@ -425,7 +429,7 @@ class ResilientSession(Session):
 
     def _lose(self, loss: "Loss") -> None:
         self._apply(Lost(device=loss.device, at_s=self._clock(), reason=loss.reason))
-        self._event("lost", device=loss.device, reason=loss.reason)
+        self._event(DeviceLost, device=loss.device, reason=loss.reason)
         self.lost.append(loss.device)
         if not loss.leaving:
             self._fence(loss.device)

@@ -44,7 +44,7 @@ from hppctl.models.events import (Armed, DeviceAnswered, DeviceLost, DevicesLate
                                   Suspected)
 from hppctl.models.plan import HppPlan
 from hppctl.models.profile import Profile
-from hppctl.runtime import bootstrap
+from hppctl.runtime import bootstrap, wire
 from hppctl.runtime.config import RecoveryConfig, TrainOptions, WorkerConfig
 from hppctl.runtime.heartbeat import HeartbeatListener, probe
 from hppctl.runtime.metrics import TraceBuilder, aggregate
@@ -173,7 +173,7 @@ class ResilientSession(Session):
             code = worker.poll()
             if code in (None, 0):
                 continue
-            key = f"failed/{device}"
+            key = wire.failed(device)
             if self.store is not None and self.store.store.check([key]):
                 self._fail(device, code)  # the worker reported an error of its own: no replay can help
             if self.state is None:
@@ -198,7 +198,7 @@ class ResilientSession(Session):
     def _arm(self) -> None:
         """Start failure detection once every worker has built its stage and joined the gloo group
         (before that, a slow start-up is not a failure, and a dead worker simply fails the run)."""
-        if self.state is None and self.store.store.check([f"ready/{d}" for d in self.topo.devices]):
+        if self.state is None and self.store.store.check([wire.ready(d) for d in self.topo.devices]):
             self._t0 = time.monotonic()
             self.state = CoordinatorState.start(list(self.topo.devices), now_s=0.0)
             self.listener.drain()
@@ -270,7 +270,7 @@ class ResilientSession(Session):
             self._consume_reports(options.rounds)
             self._write_checkpoints(options)
             if self._next_round >= options.rounds and store.check(
-                    [f"finished/{self.generation}/{d}" for d in self.topo.devices]):
+                    [wire.finished(self.generation, d) for d in self.topo.devices]):
                 break
             if self._on_status and self.state is not None and time.monotonic() - last_status > 1.0:
                 self._on_status(status_rows(self.state, self.topo.stage_of, self._clock()))
@@ -282,11 +282,12 @@ class ResilientSession(Session):
     def _consume_reports(self, until: int) -> None:
         """Turn every round before `until` that all devices of the current layout reported into a row."""
         store, devices = self.store.store, list(self.topo.devices)
-        while self._next_round < until and store.check([f"metrics/{self._next_round}/{d}" for d in devices]):
+        while self._next_round < until:
             r = self._next_round
-            reports = {d: bootstrap.read_json(store, f"metrics/{r}/{d}") for d in devices}
+            reports = bootstrap.take_round(store, r, devices)
+            if reports is None:
+                break
             for d in devices:
-                store.delete_key(f"metrics/{r}/{d}")
                 self._memory[d] = {k: reports[d][k] for k in ("rss_bytes", "peak_rss_bytes", "baseline_rss_bytes",
                                                               "host", "cgroup")}
             if self._resumed_pending is not None and r >= self._resume_round:
@@ -317,7 +318,7 @@ class ResilientSession(Session):
         between and can be interrupted): replaying from a snapshot whose round nobody reported would
         leave that round's row missing and the launcher waiting for it forever."""
         store, devices, r = self.store.store, list(self.topo.devices), self._next_round
-        while r < self._options.rounds and store.check([f"metrics/{r}/{d}" for d in devices]):
+        while r < self._options.rounds and store.check(wire.metrics_keys(r, devices)):
             r += 1
         return r
 
@@ -331,13 +332,13 @@ class ResilientSession(Session):
 
     def _final_states(self, options: TrainOptions) -> dict[int, dict]:
         store = self.store.store
-        blobs = {p: bootstrap.get_blob(store, f"final/{p}", delete=True) for p in range(self.topo.num_stages)}
+        blobs = {p: bootstrap.get_blob(store, wire.final(p), delete=True) for p in range(self.topo.num_stages)}
         states = self._write_final(blobs, options)
-        store.set("end", "1")
+        store.set(wire.end(), "1")
         deadline = time.monotonic() + 30.0
-        while time.monotonic() < deadline and not store.check([f"done/{d}" for d in self.topo.devices]):
+        while time.monotonic() < deadline and not store.check(wire.done_keys(self.topo.devices)):
             time.sleep(0.05)  # the states are in hand: a worker slow to leave is stopped by `_stop_all`
-        late = [d for d in self.topo.devices if not store.check([f"done/{d}"])]
+        late = [d for d in self.topo.devices if not store.check([wire.done(d)])]
         if late:
             self._event(DevicesLate, devices=late)
         return states
@@ -376,7 +377,7 @@ class ResilientSession(Session):
             survivors = [d for d in self._layout.plan.devices() if d not in self.lost]
             if not survivors:
                 raise WorkerFailed(f"{', '.join(self.lost)} lost: no device is left")
-            losses, inventories = self._collect(generation, "stall", survivors, leavers)
+            losses, inventories = self._collect(generation, survivors, leavers)
             if losses:
                 continue
             base, inventories = self._base_layout(inventories)
@@ -397,7 +398,7 @@ class ResilientSession(Session):
         self._consume_reports(resume)  # rows of the old layout before the resume round come first
         doc = self._reconfiguration(generation, base, result, gathered, gone, leavers, resume, inventories)
         self._clear_stale(base.plan, resume)
-        self.store.store.set(f"reconf/{generation}", json.dumps(doc))
+        self.store.store.set(wire.reconf(generation), json.dumps(doc))
         self._helpers = list(doc.get("helpers", []))
         self._adopt(doc, resume, base, result.profile)
         self._event(RunReplanned, method=result.method, requested=self.recovery.replan, lost=gone,
@@ -447,12 +448,12 @@ class ResilientSession(Session):
         else:
             threading.Thread(target=worker.stop, daemon=True, name=f"fence-{device}").start()
 
-    def _collect(self, generation: int, what: str, survivors: list[str],
+    def _collect(self, generation: int, survivors: list[str],
                  leavers: list[str]) -> tuple[list["Loss"], dict[str, dict]]:
-        """Every device's `what/<generation>` report, watching them meanwhile: ([], reports), or the
+        """Every device's `stall/<generation>` report (its inventory), watching them meanwhile: ([], reports), or the
         devices lost before all had reported (and no reports)."""
         devices = survivors + leavers
-        store, keys = self.store.store, [f"{what}/{generation}/{d}" for d in devices]
+        store, keys = self.store.store, [wire.stall(generation, d) for d in devices]
         losses = self._await(lambda: store.check(keys), f"{', '.join(devices)} to stop for the re-plan", leavers)
         return losses, ({} if losses else {d: bootstrap.read_json(store, k) for d, k in zip(devices, keys)})
 
@@ -536,9 +537,9 @@ class ResilientSession(Session):
 
         store = self.store.store
         uploads = upload_plan(base.plan, gone, leavers=leavers)
-        store.set(f"gather/{generation}", json.dumps({"resume_round": resume, "layout": base.generation,
+        store.set(wire.gather(generation), json.dumps({"resume_round": resume, "layout": base.generation,
                                                       "uploads": uploads}))
-        keys = [f"heavy/{generation}/old/{p}" for p in uploads]
+        keys = [wire.heavy_old(generation, p) for p in uploads]
         losses = self._await(lambda: all(bootstrap.has_blob(store, k) for k in keys), "every stage's state", leavers)
         if losses:
             return losses, None
@@ -557,7 +558,7 @@ class ResilientSession(Session):
         moved = 0
         for p, stage in enumerate(plan.stages):
             part = subset(state, set(layer_names(plan.model, plan.granularity, stage.start, stage.end)))
-            bootstrap.put_blob(self.store.store, f"heavy/{generation}/new/{p}", to_bytes(part))
+            bootstrap.put_blob(self.store.store, wire.heavy_new(generation, p), to_bytes(part))
             moved += sum(state_bytes(part).values()) * len(stage.devices)
         return moved
 
@@ -566,9 +567,9 @@ class ResilientSession(Session):
         store = self.store.store
         for r in range(resume, self._options.rounds):
             for d in old_plan.devices():
-                store.delete_key(f"metrics/{r}/{d}")
+                store.delete_key(wire.metrics(r, d))
         for p in range(len(old_plan.stages)):
-            for key in [f"final/{p}"] + [f"ckpt/{r}/{p}" for r in range(resume + 1, self._options.rounds)]:
+            for key in [wire.final(p)] + [wire.ckpt(r, p) for r in range(resume + 1, self._options.rounds)]:
                 if bootstrap.has_blob(store, key):
                     bootstrap.get_blob(store, key, delete=True)
 

@@ -33,6 +33,7 @@ from typing import Protocol
 from hppctl.errors import BadInput, HppctlError, RuntimeFailure
 from hppctl.models.cluster import ClusterSpec, DeviceSpec
 from hppctl.runtime.zygote import die_with_parent, zygote
+from hppctl.ssh import connect
 
 TAIL_LINES = 40
 WORKER_MODULE = "hppctl.runtime.worker"
@@ -242,8 +243,6 @@ class SshWorker:
 
     def __init__(self, device: DeviceSpec, cluster: ClusterSpec, payload: str, *, pid_of=None, log=None,
                  env: dict[str, str] | None = None, module: str = WORKER_MODULE) -> None:
-        from hppctl.ssh import connect
-
         self.device, self.spec, self.cluster, self._pid_of = device.name, device, cluster, pid_of
         self._tail = _Tail(device.name, log)
         self.conn = connect(cluster, device.name)
@@ -277,8 +276,6 @@ class SshWorker:
         pid = self._pid_of(self.device) if self._pid_of else None
         if pid:
             try:
-                from hppctl.ssh import connect
-
                 with connect(self.cluster, self.device) as c:
                     c.run(_term_then_kill(int(pid)), hide=True, warn=True, in_stream=False)
             except Exception:

@@ -186,7 +186,12 @@ def test_no_package_import_cycle():
     for a, b, _, _ in EDGES:
         if package_of(a) != package_of(b) and frozenset({a, b}) not in ALLOWED_CYCLES:
             graph.setdefault(package_of(a), set()).add(package_of(b))
-    assert strongly_connected(graph) == []
+    cycles = strongly_connected(graph)
+    assert not cycles, "package cycles:\n" + "\n".join(
+        f"{' <-> '.join(sorted(c))}: " + ", ".join(f"{pa} -> {pb}" for pa, pb in sorted(
+            {(package_of(x), package_of(y)) for x, y, _, _ in EDGES
+             if package_of(x) in c and package_of(y) in c and package_of(x) != package_of(y)}))
+        for c in cycles)
 
 
 def test_no_private_name_is_imported_from_another_package():

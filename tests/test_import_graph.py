@@ -22,8 +22,6 @@ ALLOWED_CYCLES = {
     frozenset({"hppctl.cli.coordinator", "hppctl.cli.run"}),
     # package C (worker skeleton) dispatches the fault-tolerant worker through a hook, not an import
     frozenset({"hppctl.runtime.recovery_worker", "hppctl.runtime.worker"}),
-    # package B (launcher skeleton) moves Lineage/plan_digest/plan_document to runtime/lineage.py
-    frozenset({"hppctl.runtime.checkpoint", "hppctl.runtime.session"}),
 }
 
 LAYERS = [

@@ -7,7 +7,7 @@ that fails:
 
 1. install: this interpreter, torch within the range hppctl's package metadata allows, gloo, hppctl;
 2. cluster: the cluster file, already loaded by the caller (its errors are bad input, exit 2);
-3. devices: every `host:` device over SSH, the launcher's way (`hppctl.lab.connect`, host-key checking
+3. devices: every `host:` device over SSH, the launcher's way (`hppctl.ssh`, host-key checking
    on, `ssh_start_failure`'s one-line classification): its `python:` runs and imports the same hppctl
    version as this one; `local:` devices run this interpreter;
 4. train: a tiny model trained for a few rounds across every device of the cluster through the real
@@ -169,7 +169,7 @@ def check_devices(cluster: ClusterSpec, timeout_s: float) -> str:
 
 def _probe_device(device: DeviceSpec, cluster: ClusterSpec, timeout_s: float):
     """(hppctl version, python version) on the device, or the StepFailed naming it."""
-    from hppctl.lab.connect import connect
+    from hppctl.ssh import connect
     from hppctl.runtime.launch import ssh_start_failure
 
     python = device.python or "python3"

@@ -19,6 +19,8 @@ from hppctl.cli.view import TrainingView
 from hppctl import driver
 from hppctl.runtime.bootstrap import check_listen
 from hppctl.errors import BadInput
+from hppctl.models.events import (Armed, DeviceAnswered, DeviceLost, DevicesLate, DeviceSuspected, Dropped, RunEvent,
+                                  RunReplanned, RunResumed, run_event)
 
 EXAMPLES = """
 Examples (from the repository root; out/env-d.yaml is written by `hppctl lab up`, out/env-d.json by `hppctl profile`):
@@ -57,20 +59,52 @@ def check_recovery_flags(*, heartbeat: float, timeout: float, probe_timeout: flo
                        f"(a device is suspect after missing several beats)")
 
 
-def describe(event: dict) -> str:
-    kind = event["event"]
-    if kind == "replanned":
-        return (f"re-planned ({event['method']}) without {', '.join(event['lost'])} in {event['replan_s']:.2f} s; "
-                f"replaying from round {event['resume_round']}")
-    if kind == "resumed":
-        line = f"resumed: round {event['round']} done {event['recovery_s']:.1f} s after the loss was confirmed"
-        longest = sorted(event.get("phases", {}).items(), key=lambda kv: -kv[1])[:3]
-        if longest:
-            line += " (longest steps: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in longest) + ")"
-        return line
-    if kind == "dropped":
-        return f"dropped {event['count']} datagram(s) on the heartbeat port ({event['total']} in all), e.g. {event['why']}"
-    return f"{kind}: {event.get('device', '')} {event.get('why', event.get('reason', ''))}".strip()
+def describe(event: dict | RunEvent) -> str:
+    """One line for the live display: a typed run event (or its `--metrics` line form), one function per kind."""
+    record = run_event(event) if isinstance(event, dict) else event
+    return DESCRIBE[record.event](record)
+
+
+def _replanned(e: RunReplanned) -> str:
+    return (f"re-planned ({e.method}) without {', '.join(e.lost)} in {e.replan_s:.2f} s; "
+            f"replaying from round {e.resume_round}")
+
+
+def _resumed(e: RunResumed) -> str:
+    line = f"resumed: round {e.round} done {e.recovery_s:.1f} s after the loss was confirmed"
+    longest = sorted(e.phases.items(), key=lambda kv: -kv[1])[:3]
+    if longest:
+        line += " (longest steps: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in longest) + ")"
+    return line
+
+
+def _dropped(e: Dropped) -> str:
+    return f"dropped {e.count} datagram(s) on the heartbeat port ({e.total} in all), e.g. {e.why}"
+
+
+def _suspected(e: DeviceSuspected) -> str:
+    return f"suspected: {e.device} {e.why}"
+
+
+def _answered(e: DeviceAnswered) -> str:
+    return f"probe-answered: {e.device}"
+
+
+def _lost(e: DeviceLost) -> str:
+    return f"lost: {e.device} {e.reason}"
+
+
+def _armed(e: Armed) -> str:
+    return f"armed: failure detection on for {', '.join(e.devices)}"
+
+
+def _late(e: DevicesLate) -> str:
+    return f"late: {', '.join(e.devices)} had not finished when the run ended (stopped)"
+
+
+DESCRIBE = {"replanned": _replanned, "resumed": _resumed, "dropped": _dropped, "suspected": _suspected,
+            "probe-answered": _answered, "lost": _lost, "armed": _armed, "late": _late}
+"""Every `RunEvent` kind's one-line description (tests check that none is missing)."""
 
 
 def silence_timeout(failure_timeout: float, deprecated: float | None) -> tuple[float, str]:

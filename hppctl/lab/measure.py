@@ -11,7 +11,7 @@ import shlex
 
 from hppctl.errors import BadInput, RuntimeFailure
 from hppctl.lab import network
-from hppctl.lab.connect import connect
+from hppctl.ssh import connect
 from hppctl.models.cluster import ClusterSpec
 
 PROBE = "-m hppctl.lab.probe"

@@ -16,7 +16,7 @@ from pydantic import Field, field_validator, model_validator
 from hppctl.errors import shorten
 from hppctl.limits import MAX_DEVICES
 from hppctl.models.base import FrozenModel, duplicates, listed
-from hppctl.lab.presets import CFS_PERIOD_US, PRESETS  # data and constants only (math, dataclasses)
+from hppctl.models.lab_presets import CFS_PERIOD_US, PRESETS
 from hppctl.models.units import Bytes, BytesPerSecond, Seconds
 
 Percent = Annotated[float, Field(ge=0, le=100)]

@@ -57,7 +57,7 @@ def fastest_seconds(fn: Callable[[], Any], repeats: int, warmup: int) -> float:
 def block_timings(weights: dict[str, Any], seq_len: int, repeats: int, warmup: int) -> dict[str, Any]:
     import torch
 
-    from hppctl.runtime.galaxy.hmp import _connective, _linear, _split_qkv, activation, attention
+    from hppctl.runtime.galaxy.hmp import activation, attention, connective, linear, split_qkv
     from hppctl.runtime.galaxy.weights import device_shard
 
     meta, layer = weights["meta"], weights["layers"][0]
@@ -71,15 +71,15 @@ def block_timings(weights: dict[str, Any], seq_len: int, repeats: int, warmup: i
 
     def attention_pass(a: int) -> Callable[[], Any]:
         part = device_shard(weights, (0, a), (0, intermediate))["layers"][0]
-        return lambda: _linear(attention(meta, *_split_qkv(_linear(x, part["wqkv"], part["bqkv"]))), part["wo"])
+        return lambda: linear(attention(meta, *split_qkv(linear(x, part["wqkv"], part["bqkv"]))), part["wo"])
 
     def mlp_pass(b: int) -> Callable[[], Any]:
         part = device_shard(weights, (0, heads), (0, b))["layers"][0]
-        return lambda: _linear(activation(meta, _linear(x, part["w1"], part["b1"])), part["w2"])
+        return lambda: linear(activation(meta, linear(x, part["w1"], part["b1"])), part["w2"])
 
     def connective_pass(r: int) -> Callable[[], Any]:
         rows = x[:r].clone()
-        return lambda: _connective(meta, rows, rows + layer["bo"], layer["ln1_w"], layer["ln1_b"],
+        return lambda: connective(meta, rows, rows + layer["bo"], layer["ln1_w"], layer["ln1_b"],
                                    layer["ln2_w"], layer["ln2_b"])
 
     result["attention"] = timed(head_grid(heads), attention_pass)

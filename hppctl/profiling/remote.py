@@ -29,6 +29,7 @@ from typing import Any
 from hppctl.errors import RuntimeFailure
 from hppctl.models.cluster import ClusterSpec, DeviceSpec
 from hppctl.profiling import parse
+from hppctl.ssh import connection  # the one place that builds a host-key-checked connection
 
 OnRecord = Callable[[dict[str, Any]], None]
 PROBE_MODULE = "hppctl.profiling.probe"
@@ -153,8 +154,6 @@ class SshEndpoint:
         return self._conn
 
     def _connect(self):
-        from hppctl.lab.connect import connection  # the one place that builds a host-key-checked connection
-
         return connection(self.device, self.known_hosts, self.identity_file, self.timeout_s)
 
     def failure(self, exc: BaseException) -> str:

@@ -32,6 +32,8 @@ from typing import Protocol
 
 from hppctl.errors import BadInput, HppctlError, RuntimeFailure
 from hppctl.models.cluster import ClusterSpec, DeviceSpec
+from hppctl.runtime.zygote import die_with_parent, zygote
+from hppctl.ssh import connect
 
 TAIL_LINES = 40
 WORKER_MODULE = "hppctl.runtime.worker"
@@ -76,23 +78,10 @@ class _Tail:
             return list(self.lines) + ([self._partial] if self._partial else [])
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the launcher dies (Linux), so a killed run leaves no workers."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def prepare_local_workers(cluster: ClusterSpec, devices: Iterable[str], env: dict[str, str] | None = None) -> None:
     """Start the zygote now if any of `devices` is local, so that its imports overlap the
     launcher's own preparation (the initial weights) instead of following it."""
     if _local_start() == "fork" and any(cluster.device(d).host is None for d in devices):
-        from hppctl.runtime.zygote import zygote
-
         zygote(PRELOAD, _worker_env(env))
 
 
@@ -111,8 +100,6 @@ def _local_start() -> str:
 def _fork_worker(module: str, payload: str, env: dict[str, str], out_fd: int):
     """Fork the worker, its output to `out_fd`, from the zygote of its start-up environment
     (`zygote.zygote`), or start it with exec past the zygotes a launcher keeps."""
-    from hppctl.runtime.zygote import zygote
-
     server = zygote(PRELOAD, env)
     if server is None:
         return _exec_worker(module, payload, env, out_fd)
@@ -122,7 +109,7 @@ def _fork_worker(module: str, payload: str, env: dict[str, str], out_fd: int):
 def _exec_worker(module: str, payload: str, env: dict[str, str], out_fd: int) -> subprocess.Popen:
     """Start the worker as a fresh `python -m` process, its output to `out_fd`."""
     proc = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE, stdout=out_fd,
-                            stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+                            stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=die_with_parent)
     proc.stdin.write((payload + "\n").encode())
     proc.stdin.close()
     return proc
@@ -256,8 +243,6 @@ class SshWorker:
 
     def __init__(self, device: DeviceSpec, cluster: ClusterSpec, payload: str, *, pid_of=None, log=None,
                  env: dict[str, str] | None = None, module: str = WORKER_MODULE) -> None:
-        from hppctl.lab.connect import connect
-
         self.device, self.spec, self.cluster, self._pid_of = device.name, device, cluster, pid_of
         self._tail = _Tail(device.name, log)
         self.conn = connect(cluster, device.name)
@@ -291,8 +276,6 @@ class SshWorker:
         pid = self._pid_of(self.device) if self._pid_of else None
         if pid:
             try:
-                from hppctl.lab.connect import connect
-
                 with connect(self.cluster, self.device) as c:
                     c.run(_term_then_kill(int(pid)), hide=True, warn=True, in_stream=False)
             except Exception:

@@ -39,10 +39,12 @@ from hppctl.coordinator.replay import common_layout, migration_bytes, resume_rou
 from hppctl.coordinator.state import CoordinatorState, apply_all, find_suspects
 from hppctl.coordinator.status import status_rows
 from hppctl.errors import RuntimeFailure
-from hppctl.models.events import Event, Heartbeat, Lost, ProbeAnswered, Replanned, Suspected
+from hppctl.models.events import (Armed, DeviceAnswered, DeviceLost, DevicesLate, DeviceSuspected, Dropped, Event,
+                                  Heartbeat, Lost, ProbeAnswered, Replanned, RunEventBase, RunReplanned, RunResumed,
+                                  Suspected)
 from hppctl.models.plan import HppPlan
 from hppctl.models.profile import Profile
-from hppctl.runtime import bootstrap
+from hppctl.runtime import bootstrap, wire
 from hppctl.runtime.config import RecoveryConfig, TrainOptions, WorkerConfig
 from hppctl.runtime.heartbeat import HeartbeatListener, probe
 from hppctl.runtime.metrics import TraceBuilder, aggregate
@@ -149,8 +151,10 @@ class ResilientSession(Session):
                 self.listener.stop()
 
     # --- events -----------------------------------------------------------------------------------
-    def _event(self, kind: str, **fields) -> dict:
-        event = {"event": kind, "at": time.time(), "generation": self.generation, **fields}
+    def _event(self, kind: type[RunEventBase], **fields) -> dict:
+        """Record an event of `kind` (a typed `RunEvent` record, stamped with the wall time and the
+        generation) and pass its `--metrics` line form on."""
+        event = kind(at=time.time(), generation=self.generation, **fields).wire()
         self.events.append(event)
         self._on_fault(event)
         return event
@@ -169,7 +173,7 @@ class ResilientSession(Session):
             code = worker.poll()
             if code in (None, 0):
                 continue
-            key = f"failed/{device}"
+            key = wire.failed(device)
             if self.store is not None and self.store.store.check([key]):
                 self._fail(device, code)  # the worker reported an error of its own: no replay can help
             if self.state is None:
@@ -179,7 +183,7 @@ class ResilientSession(Session):
 
     def _suspect(self, event: Suspected, why: str) -> None:
         self._apply(event)
-        self._event("suspected", device=event.device, silent_s=round(event.silent_s, 3), why=why)
+        self._event(DeviceSuspected, device=event.device, silent_s=round(event.silent_s, 3), why=why)
         result: list = []
         address, port = self._probe_ports.get(event.device, (None, None))
 
@@ -194,11 +198,11 @@ class ResilientSession(Session):
     def _arm(self) -> None:
         """Start failure detection once every worker has built its stage and joined the gloo group
         (before that, a slow start-up is not a failure, and a dead worker simply fails the run)."""
-        if self.state is None and self.store.store.check([f"ready/{d}" for d in self.topo.devices]):
+        if self.state is None and self.store.store.check([wire.ready(d) for d in self.topo.devices]):
             self._t0 = time.monotonic()
             self.state = CoordinatorState.start(list(self.topo.devices), now_s=0.0)
             self.listener.drain()
-            self._event("armed", devices=list(self.topo.devices))
+            self._event(Armed, devices=list(self.topo.devices))
 
     def _log_dropped(self, *, final: bool = False) -> None:
         """Datagrams the listener refused (wrong or missing token, unknown device or address, replays)
@@ -208,7 +212,7 @@ class ResilientSession(Session):
         fields = dropped_event(dropped.count, self._dropped_seen, dropped.recent(after=self._dropped_seen),
                                since_last_s=now - self._dropped_logged_at, final=final)
         if fields is not None:
-            self._event("dropped", **fields)
+            self._event(Dropped, **fields)
             self._dropped_seen, self._dropped_logged_at = fields["total"], now
 
     def _coordinate(self) -> None:
@@ -243,7 +247,7 @@ class ResilientSession(Session):
             heard = self.state.devices[device].health == "alive"  # a beat arrived while the probe ran
             if result[0] or heard:
                 self._apply(ProbeAnswered(device=device, at_s=self._clock()))
-                self._event("probe-answered", device=device)
+                self._event(DeviceAnswered, device=device)
             elif device not in losses:
                 losses[device] = Loss(device, "probe unanswered")
         return list(losses.values())
@@ -266,7 +270,7 @@ class ResilientSession(Session):
             self._consume_reports(options.rounds)
             self._write_checkpoints(options)
             if self._next_round >= options.rounds and store.check(
-                    [f"finished/{self.generation}/{d}" for d in self.topo.devices]):
+                    [wire.finished(self.generation, d) for d in self.topo.devices]):
                 break
             if self._on_status and self.state is not None and time.monotonic() - last_status > 1.0:
                 self._on_status(status_rows(self.state, self.topo.stage_of, self._clock()))
@@ -278,15 +282,16 @@ class ResilientSession(Session):
     def _consume_reports(self, until: int) -> None:
         """Turn every round before `until` that all devices of the current layout reported into a row."""
         store, devices = self.store.store, list(self.topo.devices)
-        while self._next_round < until and store.check([f"metrics/{self._next_round}/{d}" for d in devices]):
+        while self._next_round < until:
             r = self._next_round
-            reports = {d: bootstrap.read_json(store, f"metrics/{r}/{d}") for d in devices}
+            reports = bootstrap.take_round(store, r, devices)
+            if reports is None:
+                break
             for d in devices:
-                store.delete_key(f"metrics/{r}/{d}")
                 self._memory[d] = {k: reports[d][k] for k in ("rss_bytes", "peak_rss_bytes", "baseline_rss_bytes",
                                                               "host", "cgroup")}
             if self._resumed_pending is not None and r >= self._resume_round:
-                self._event("resumed", round=r, recovery_s=round(time.time() - self._resumed_pending, 3),
+                self._event(RunResumed, round=r, recovery_s=round(time.time() - self._resumed_pending, 3),
                             phases=slowest_phases(reports.values()))
                 self._resumed_pending = None
                 self._helpers = []  # a round completed in the new layout: every layer reached its owner
@@ -313,7 +318,7 @@ class ResilientSession(Session):
         between and can be interrupted): replaying from a snapshot whose round nobody reported would
         leave that round's row missing and the launcher waiting for it forever."""
         store, devices, r = self.store.store, list(self.topo.devices), self._next_round
-        while r < self._options.rounds and store.check([f"metrics/{r}/{d}" for d in devices]):
+        while r < self._options.rounds and store.check(wire.metrics_keys(r, devices)):
             r += 1
         return r
 
@@ -327,15 +332,15 @@ class ResilientSession(Session):
 
     def _final_states(self, options: TrainOptions) -> dict[int, dict]:
         store = self.store.store
-        blobs = {p: bootstrap.get_blob(store, f"final/{p}", delete=True) for p in range(self.topo.num_stages)}
+        blobs = {p: bootstrap.get_blob(store, wire.final(p), delete=True) for p in range(self.topo.num_stages)}
         states = self._write_final(blobs, options)
-        store.set("end", "1")
+        store.set(wire.end(), "1")
         deadline = time.monotonic() + 30.0
-        while time.monotonic() < deadline and not store.check([f"done/{d}" for d in self.topo.devices]):
+        while time.monotonic() < deadline and not store.check(wire.done_keys(self.topo.devices)):
             time.sleep(0.05)  # the states are in hand: a worker slow to leave is stopped by `_stop_all`
-        late = [d for d in self.topo.devices if not store.check([f"done/{d}"])]
+        late = [d for d in self.topo.devices if not store.check([wire.done(d)])]
         if late:
-            self._event("late", devices=late)
+            self._event(DevicesLate, devices=late)
         return states
 
     # --- recovery -----------------------------------------------------------------------------------
@@ -361,7 +366,7 @@ class ResilientSession(Session):
                     # it (a helper of the last one): lost already, its layers from its backup
                     if loss.device in leavers:
                         leavers.remove(loss.device)
-                    self._event("lost", device=loss.device, reason=loss.reason)
+                    self._event(DeviceLost, device=loss.device, reason=loss.reason)
                     self._fence(loss.device)
                     continue
                 self._lose(loss)
@@ -372,7 +377,7 @@ class ResilientSession(Session):
             survivors = [d for d in self._layout.plan.devices() if d not in self.lost]
             if not survivors:
                 raise WorkerFailed(f"{', '.join(self.lost)} lost: no device is left")
-            losses, inventories = self._collect(generation, "stall", survivors, leavers)
+            losses, inventories = self._collect(generation, survivors, leavers)
             if losses:
                 continue
             base, inventories = self._base_layout(inventories)
@@ -393,10 +398,10 @@ class ResilientSession(Session):
         self._consume_reports(resume)  # rows of the old layout before the resume round come first
         doc = self._reconfiguration(generation, base, result, gathered, gone, leavers, resume, inventories)
         self._clear_stale(base.plan, resume)
-        self.store.store.set(f"reconf/{generation}", json.dumps(doc))
+        self.store.store.set(wire.reconf(generation), json.dumps(doc))
         self._helpers = list(doc.get("helpers", []))
         self._adopt(doc, resume, base, result.profile)
-        self._event("replanned", method=result.method, requested=self.recovery.replan, lost=gone,
+        self._event(RunReplanned, method=result.method, requested=self.recovery.replan, lost=gone,
                     resume_round=resume, replan_s=round(replan_s, 4), devices=self.plan.devices(),
                     stages=[{"layers": s.layers, "devices": s.devices, "samples": s.samples} for s in self.plan.stages],
                     moved_bytes=doc["moved_bytes"], gathered_bytes=doc.get("gathered_bytes", 0),
@@ -425,7 +430,7 @@ class ResilientSession(Session):
 
     def _lose(self, loss: "Loss") -> None:
         self._apply(Lost(device=loss.device, at_s=self._clock(), reason=loss.reason))
-        self._event("lost", device=loss.device, reason=loss.reason)
+        self._event(DeviceLost, device=loss.device, reason=loss.reason)
         self.lost.append(loss.device)
         if not loss.leaving:
             self._fence(loss.device)
@@ -443,12 +448,12 @@ class ResilientSession(Session):
         else:
             threading.Thread(target=worker.stop, daemon=True, name=f"fence-{device}").start()
 
-    def _collect(self, generation: int, what: str, survivors: list[str],
+    def _collect(self, generation: int, survivors: list[str],
                  leavers: list[str]) -> tuple[list["Loss"], dict[str, dict]]:
-        """Every device's `what/<generation>` report, watching them meanwhile: ([], reports), or the
+        """Every device's `stall/<generation>` report (its inventory), watching them meanwhile: ([], reports), or the
         devices lost before all had reported (and no reports)."""
         devices = survivors + leavers
-        store, keys = self.store.store, [f"{what}/{generation}/{d}" for d in devices]
+        store, keys = self.store.store, [wire.stall(generation, d) for d in devices]
         losses = self._await(lambda: store.check(keys), f"{', '.join(devices)} to stop for the re-plan", leavers)
         return losses, ({} if losses else {d: bootstrap.read_json(store, k) for d, k in zip(devices, keys)})
 
@@ -532,9 +537,9 @@ class ResilientSession(Session):
 
         store = self.store.store
         uploads = upload_plan(base.plan, gone, leavers=leavers)
-        store.set(f"gather/{generation}", json.dumps({"resume_round": resume, "layout": base.generation,
+        store.set(wire.gather(generation), json.dumps({"resume_round": resume, "layout": base.generation,
                                                       "uploads": uploads}))
-        keys = [f"heavy/{generation}/old/{p}" for p in uploads]
+        keys = [wire.heavy_old(generation, p) for p in uploads]
         losses = self._await(lambda: all(bootstrap.has_blob(store, k) for k in keys), "every stage's state", leavers)
         if losses:
             return losses, None
@@ -553,7 +558,7 @@ class ResilientSession(Session):
         moved = 0
         for p, stage in enumerate(plan.stages):
             part = subset(state, set(layer_names(plan.model, plan.granularity, stage.start, stage.end)))
-            bootstrap.put_blob(self.store.store, f"heavy/{generation}/new/{p}", to_bytes(part))
+            bootstrap.put_blob(self.store.store, wire.heavy_new(generation, p), to_bytes(part))
             moved += sum(state_bytes(part).values()) * len(stage.devices)
         return moved
 
@@ -562,9 +567,9 @@ class ResilientSession(Session):
         store = self.store.store
         for r in range(resume, self._options.rounds):
             for d in old_plan.devices():
-                store.delete_key(f"metrics/{r}/{d}")
+                store.delete_key(wire.metrics(r, d))
         for p in range(len(old_plan.stages)):
-            for key in [f"final/{p}"] + [f"ckpt/{r}/{p}" for r in range(resume + 1, self._options.rounds)]:
+            for key in [wire.final(p)] + [wire.ckpt(r, p) for r in range(resume + 1, self._options.rounds)]:
                 if bootstrap.has_blob(store, key):
                     bootstrap.get_blob(store, key, delete=True)
 

@@ -38,6 +38,18 @@ import warnings
 HEADER = struct.Struct(">Q")
 
 
+def die_with_parent() -> None:
+    """In a worker child (before exec, or once the zygote forked it): SIGTERM when the launcher
+    dies (Linux), so a killed run leaves no workers."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 # --- the zygote process ---------------------------------------------------------------------------
 
 def serve(fd: int, preload: list[str]) -> None:
@@ -112,10 +124,8 @@ def _become_worker(spec: dict, out_fd: int) -> None:
     """In the forked child: what `python -m module` with the payload on stdin would be."""
     code = 1
     try:
-        from hppctl.runtime.launch import _die_with_parent
-
         os.setsid()  # like start_new_session: a Ctrl-C at the launcher's terminal is the launcher's to handle
-        _die_with_parent()
+        die_with_parent()
         os.dup2(out_fd, 1)
         os.dup2(out_fd, 2)
         os.close(out_fd)

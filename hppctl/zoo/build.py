@@ -17,15 +17,15 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from hppctl.errors import BadInput  # noqa: E402
-from hppctl.zoo.catalog import ModelSpec  # noqa: E402
 from hppctl.zoo.init import reinitialise  # noqa: E402
+from hppctl.zoo.spec import ModelDescription  # noqa: E402
 
 
 class ZooModule(nn.Module):
     """Uniform wrapper: `forward(x)` takes the model input (pixel values, token ids or features) and
     returns one tensor, the logits (or the last hidden state for headless checkpoints)."""
 
-    def __init__(self, spec: ModelSpec, model: nn.Module) -> None:
+    def __init__(self, spec: ModelDescription, model: nn.Module) -> None:
         super().__init__()
         self.model = model
         self.zoo_name = spec.name
@@ -41,7 +41,7 @@ class ZooModule(nn.Module):
         return logits if logits is not None else out.last_hidden_state
 
 
-def build_module(spec: ModelSpec, *, weights: bool = False, device: str = "cpu", seed: int = 0) -> ZooModule:
+def build_module(spec: ModelDescription, *, weights: bool = False, device: str = "cpu", seed: int = 0) -> ZooModule:
     torch_device = torch.device(device)
     if spec.family.startswith("tiny-"):
         from hppctl.zoo import tiny
@@ -87,7 +87,7 @@ def build_module(spec: ModelSpec, *, weights: bool = False, device: str = "cpu",
     return ZooModule(spec, model)
 
 
-def example_input(spec: ModelSpec, batch_size: int, *, device: str = "cpu", seed: int = 0) -> torch.Tensor:
+def example_input(spec: ModelDescription, batch_size: int, *, device: str = "cpu", seed: int = 0) -> torch.Tensor:
     """A deterministic batch of the model's input (random pixels, features or token ids)."""
     shape = (batch_size, *spec.input_shape)
     if device == "meta":
@@ -100,7 +100,7 @@ def example_input(spec: ModelSpec, batch_size: int, *, device: str = "cpu", seed
     return torch.randn(shape, generator=gen).to(device)
 
 
-def vocab_size(spec: ModelSpec) -> int:
+def vocab_size(spec: ModelDescription) -> int:
     """How many token ids the model's embedding takes (token models only)."""
     if spec.hf_path is not None:
         import json

@@ -1,7 +1,8 @@
 """The catalog of built-in models and `hf:PATH` specs. Pure data: importing it never imports torch.
 
 A `ModelSpec` says which architecture to build (a Hugging Face config class and model class, or
-one of the tiny test models), with which configuration, for which per-sample input. Building the
+one of the tiny test models), with which configuration, for which per-sample input: its data is a
+`ModelDescription` (the leaf `zoo/spec.py`, with the families). Building the
 module, tracing it and costing its layers live in the torch-side modules of `hppctl.zoo`.
 """
 
@@ -10,100 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
-from functools import lru_cache
-from importlib.metadata import PackageNotFoundError, version
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from hppctl.errors import BadInput, UnknownModel, shorten
-
-Task = Literal["train", "inference"]
-InputKind = Literal["image", "tokens", "features"]
-
-ZOO_VERSION = 1
-"""Bump when tracing, grouping or cost rules change: it invalidates every cached layer table."""
-
-
-@dataclass(frozen=True)
-class Family:
-    """How to build and how to cut one architecture family."""
-
-    name: str
-    config_class: str
-    """Class name in `transformers` (empty for the tiny models)."""
-    default_model_class: str
-    model_classes: tuple[str, ...]
-    """Head classes accepted from an `hf:` checkpoint's `architectures` field."""
-    block_pattern: str
-    """Regex (full match) on a module's qualified name inside the zoo wrapper: the module is one block."""
-    input_kind: InputKind
-
-
-FAMILIES: dict[str, Family] = {
-    f.name: f
-    for f in (
-        Family(
-            "mobilenet_v2",
-            "MobileNetV2Config",
-            "MobileNetV2ForImageClassification",
-            ("MobileNetV2ForImageClassification", "MobileNetV2Model"),
-            r"model\.(?:mobilenet_v2\.)?layer\.\d+",
-            "image",
-        ),
-        Family(
-            "efficientnet",
-            "EfficientNetConfig",
-            "EfficientNetForImageClassification",
-            ("EfficientNetForImageClassification", "EfficientNetModel"),
-            r"model\.(?:efficientnet\.)?encoder\.blocks\.\d+",
-            "image",
-        ),
-        Family(
-            "resnet",
-            "ResNetConfig",
-            "ResNetForImageClassification",
-            ("ResNetForImageClassification", "ResNetModel"),
-            r"model\.(?:resnet\.)?encoder\.stages\.\d+\.layers\.\d+",
-            "image",
-        ),
-        Family(
-            "bert",
-            "BertConfig",
-            "BertForSequenceClassification",
-            ("BertForSequenceClassification", "BertForMaskedLM", "BertForPreTraining", "BertModel"),
-            r"model\.(?:bert\.)?encoder\.layer\.\d+",
-            "tokens",
-        ),
-        Family(
-            "distilbert",
-            "DistilBertConfig",
-            "DistilBertForSequenceClassification",
-            ("DistilBertForSequenceClassification", "DistilBertForMaskedLM", "DistilBertModel"),
-            r"model\.(?:distilbert\.)?transformer\.layer\.\d+",
-            "tokens",
-        ),
-        Family(
-            "gpt2",
-            "GPT2Config",
-            "GPT2LMHeadModel",
-            ("GPT2LMHeadModel", "GPT2Model", "GPT2ForSequenceClassification"),
-            r"model\.(?:transformer\.)?h\.\d+",
-            "tokens",
-        ),
-        Family(
-            "opt",
-            "OPTConfig",
-            "OPTForCausalLM",
-            ("OPTForCausalLM", "OPTModel", "OPTForSequenceClassification"),
-            r"model\.(?:model\.)?decoder\.layers\.\d+",
-            "tokens",
-        ),
-        Family("tiny-mlp", "", "TinyMLP", ("TinyMLP",), r"model\.blocks\.\d+", "features"),
-        Family("tiny-cnn", "", "TinyCNN", ("TinyCNN",), r"model\.blocks\.\d+", "image"),
-        Family("tiny-vgg", "", "TinyVGG", ("TinyVGG",), r"model\.blocks\.\d+", "image"),
-    )
-}
+from hppctl.zoo.spec import FAMILIES, ModelDescription, Task
+from hppctl.zoo.spec import ZOO_VERSION  # noqa: F401  (importable from the catalog, as before)
 
 HF_MODEL_TYPES = {
     "mobilenet_v2": "mobilenet_v2",
@@ -121,57 +35,9 @@ DEFAULT_HF_SEQ_LEN = 128
 
 
 @dataclass(frozen=True)
-class ModelSpec:
-    """What to build: an architecture, its configuration and the per-sample input it is costed for."""
-
-    name: str
-    task: Task
-    family: str
-    input_shape: tuple[int, ...]
-    """Per-sample input shape: C×H×W for images, (sequence length,) for token ids, (features,) for MLPs."""
-    description: str
-    config: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments of the family's config class (or of the tiny model's constructor)."""
-    model_class: str = ""
-    """Head class; empty means the family default."""
-    hf_path: str | None = None
-    """Local checkpoint directory for `hf:` specs."""
-
-    @property
-    def family_info(self) -> Family:
-        return FAMILIES[self.family]
-
-    @property
-    def input_kind(self) -> InputKind:
-        return self.family_info.input_kind
-
-    @property
-    def input_dtype(self) -> str:
-        return "int64" if self.input_kind == "tokens" else "float32"
-
-    @property
-    def head_class(self) -> str:
-        return self.model_class or self.family_info.default_model_class
-
-    @property
-    def trace_mode(self) -> Literal["train", "eval"]:
-        """Mode the layer table is traced in: training models keep their dropout in the graph."""
-        return "train" if self.task == "train" else "eval"
-
-    def fingerprint(self) -> str:
-        """Changes whenever anything that shapes the layer table changes, including the installed
-        transformers (its modeling code decides the graph, hence the layer indices stages use)."""
-        doc = {
-            "zoo_version": ZOO_VERSION,
-            "transformers": None if self.family.startswith("tiny-") else _transformers_version(),
-            "task": self.task,
-            "family": self.family,
-            "input": list(self.input_shape),
-            "config": self.config,
-            "class": self.head_class,
-        }
-        text = json.dumps(doc, sort_keys=True, default=str)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+class ModelSpec(ModelDescription):
+    """A catalog entry: its description, and the torch-side helpers (imported on call, so that the
+    catalog stays free of torch)."""
 
     # Torch-side helpers (imports happen inside).
     def build(self, *, weights: bool = False, device: str = "cpu", seed: int = 0) -> Any:
@@ -185,14 +51,6 @@ class ModelSpec:
         from hppctl.zoo.build import example_input
 
         return example_input(self, batch_size, device=device, seed=seed)
-
-
-@lru_cache(maxsize=1)
-def _transformers_version() -> str:
-    try:
-        return version("transformers")
-    except PackageNotFoundError:
-        return "missing"
 
 
 def _bert(layers: int, hidden: int, heads: int, *, vocab: int = 30522, max_pos: int = 512, labels: int = 2) -> dict[str, Any]:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from typing import get_args
+
 import pytest
 
-from hppctl.cli.coordinator import describe, recovery_options
+from hppctl.cli.coordinator import DESCRIBE, describe, recovery_options
 from hppctl.errors import BadInput
+from hppctl.models.events import Armed, DeviceLost, DeviceSuspected, RunEvent, RunReplanned, RunResumed
 from tests.recovery.factories import preset_profile
 
 
@@ -90,22 +94,36 @@ def test_coordinator_timeout_still_works_as_a_deprecated_alias(cli, tmp_path):
     assert code == 2 and err == "error: --timeout: deprecated name of --failure-timeout; give only --failure-timeout\n"
 
 
+def replanned(lost: list[str]) -> RunReplanned:
+    return RunReplanned(at=1.0, generation=1, method="light", requested="light", lost=lost, resume_round=7,
+                        replan_s=0.05, devices=["a", "c"], stages=[], moved_bytes=0, gathered_bytes=0, layout=0)
+
+
 def test_events_read_as_one_line_each():
-    assert describe({"event": "replanned", "method": "light", "lost": ["b"], "replan_s": 0.05, "resume_round": 7}) == \
-        "re-planned (light) without b in 0.05 s; replaying from round 7"
-    assert describe({"event": "replanned", "method": "light", "lost": ["b", "d"], "replan_s": 0.05,
-                     "resume_round": 7}) == "re-planned (light) without b, d in 0.05 s; replaying from round 7"
-    assert describe({"event": "suspected", "device": "b", "why": "silent for 3.1 s"}) == "suspected: b silent for 3.1 s"
-    resumed = {"event": "resumed", "round": 5, "recovery_s": 2.31,
-               "phases": {"stop": 0.01, "move": 0.4, "rebuild": 0.2, "replayed_round": 1.04}}
+    assert describe(replanned(["b"])) == "re-planned (light) without b in 0.05 s; replaying from round 7"
+    assert describe(replanned(["b", "d"])) == "re-planned (light) without b, d in 0.05 s; replaying from round 7"
+    assert describe(replanned(["b"]).wire()) == describe(replanned(["b"]))  # the --metrics line reads the same
+    suspected = DeviceSuspected(at=1.0, generation=0, device="b", silent_s=3.1, why="silent for 3.1 s")
+    assert describe(suspected) == "suspected: b silent for 3.1 s"
+    resumed = RunResumed(at=1.0, generation=1, round=5, recovery_s=2.31,
+                         phases={"stop": 0.01, "move": 0.4, "rebuild": 0.2, "replayed_round": 1.04})
     assert describe(resumed) == ("resumed: round 5 done 2.3 s after the loss was confirmed "
                                  "(longest steps: replayed_round 1.04 s, move 0.40 s, rebuild 0.20 s)")
+    assert describe(Armed(at=1.0, generation=0, devices=["a", "b"])) == "armed: failure detection on for a, b"
+
+
+def test_every_run_event_kind_has_its_line_and_keeps_its_metrics_line():
+    kinds = {cls.model_fields["event"].default for cls in get_args(get_args(RunEvent)[0])}
+    assert set(DESCRIBE) == kinds
+    # the --metrics line: `event`, `at`, `generation` first, then the kind's fields (docs/formats.md)
+    line = DeviceLost(at=2.5, generation=1, device="b", reason="probe unanswered").wire()
+    assert list(line) == ["event", "at", "generation", "device", "reason"]
+    assert describe(json.loads(json.dumps(line))) == "lost: b probe unanswered"
 
 
 @pytest.mark.gloo
 @pytest.mark.timeout(300)
 def test_standalone_coordinator_runs_a_plan_and_reports_events_and_final_stages(tmp_path, cli, profile):
-    import json
 
     from hppctl.store import save
 

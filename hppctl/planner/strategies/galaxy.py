@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hppctl.planner.galaxy import InferenceCosts, Layout, galaxy_layout, inference_strategy
+from hppctl.planner.inference_costs import InferenceCosts, Layout, galaxy_layout, inference_strategy
 
 
 @inference_strategy("galaxy", "heads and MLP columns by capacity, memory-aware shifting, equal sequence split")

@@ -6,7 +6,7 @@ reported as OOM.
 
 from __future__ import annotations
 
-from hppctl.planner.galaxy import InferenceCosts, Layout, inference_strategy
+from hppctl.planner.inference_costs import InferenceCosts, Layout, inference_strategy
 
 
 @inference_strategy("local", "one device runs the whole model (the fastest that fits)")

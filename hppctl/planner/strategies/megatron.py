@@ -7,7 +7,7 @@ It ignores memory budgets: a device over its budget is reported (OOM), not avoid
 
 from __future__ import annotations
 
-from hppctl.planner.galaxy import InferenceCosts, Layout, inference_strategy, largest_remainder
+from hppctl.planner.inference_costs import InferenceCosts, Layout, inference_strategy, largest_remainder
 
 
 @inference_strategy("megatron", "equal tensor parallel split, AllReduce after attention and MLP, replicated connective")

@@ -6,7 +6,7 @@ AllGather K and V. It ignores memory budgets: a device over its budget is report
 
 from __future__ import annotations
 
-from hppctl.planner.galaxy import InferenceCosts, Layout, inference_strategy, split_rows
+from hppctl.planner.inference_costs import InferenceCosts, Layout, inference_strategy, split_rows
 
 
 @inference_strategy("sp", "sequence parallel: full weights everywhere, equal sequence split, AllGather of K and V")

@@ -67,12 +67,14 @@ def attention(meta: dict[str, Any], q: torch.Tensor, k: torch.Tensor, v: torch.T
     return out.transpose(0, 1).reshape(sq, a * d)
 
 
-def _split_qkv(qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def split_qkv(qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fused QKV projection's output as (q, k, v). Public: the inference probe times the same kernels."""
     w = qkv.shape[1] // 3
     return qkv[:, :w], qkv[:, w:2 * w], qkv[:, 2 * w:]
 
 
-def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ w.T + b, the one GEMM every strategy uses (and the inference probe times)."""
     return F.linear(x, w, b)
 
 
@@ -86,22 +88,22 @@ def galaxy_forward(shard: dict[str, Any], ids: torch.Tensor, ring: Ring, *, over
     block_in = layer_norm(meta, resid, layers[0]["ln1_w"], layers[0]["ln1_b"]) if meta["pre_ln"] and layers else resid
     for n, layer in enumerate(layers):
         # attention: heads of this device over the whole (gathered) sequence
-        qkv = ring.allgather_gemm(block_in, lambda t: _linear(t, layer["wqkv"], layer["bqkv"]), overlap=overlap)
-        heads_out = attention(meta, *_split_qkv(qkv))
-        partial = ring.gemm_reducescatter(lambda rows: _linear(heads_out[rows], layer["wo"]), overlap=overlap)
-        resid, block_in = _connective(meta, resid, partial + layer["bo"], layer["ln1_w"], layer["ln1_b"],
+        qkv = ring.allgather_gemm(block_in, lambda t: linear(t, layer["wqkv"], layer["bqkv"]), overlap=overlap)
+        heads_out = attention(meta, *split_qkv(qkv))
+        partial = ring.gemm_reducescatter(lambda rows: linear(heads_out[rows], layer["wo"]), overlap=overlap)
+        resid, block_in = connective(meta, resid, partial + layer["bo"], layer["ln1_w"], layer["ln1_b"],
                                       layer["ln2_w"], layer["ln2_b"])
         # MLP: columns of this device
-        hidden = ring.allgather_gemm(block_in, lambda t: activation(meta, _linear(t, layer["w1"], layer["b1"])),
+        hidden = ring.allgather_gemm(block_in, lambda t: activation(meta, linear(t, layer["w1"], layer["b1"])),
                                      overlap=overlap)
-        partial = ring.gemm_reducescatter(lambda rows: _linear(hidden[rows], layer["w2"]), overlap=overlap)
+        partial = ring.gemm_reducescatter(lambda rows: linear(hidden[rows], layer["w2"]), overlap=overlap)
         following = layers[n + 1] if n + 1 < len(layers) else None
         nxt = (following["ln1_w"], following["ln1_b"]) if following else shard["final_ln"] or (None, None)
-        resid, block_in = _connective(meta, resid, partial + layer["b2"], layer["ln2_w"], layer["ln2_b"], *nxt)
+        resid, block_in = connective(meta, resid, partial + layer["b2"], layer["ln2_w"], layer["ln2_b"], *nxt)
     return block_in if meta["pre_ln"] else resid
 
 
-def _connective(meta, resid, block_out, own_w, own_b, next_w, next_b) -> tuple[torch.Tensor, torch.Tensor]:
+def connective(meta, resid, block_out, own_w, own_b, next_w, next_b) -> tuple[torch.Tensor, torch.Tensor]:
     """(new residual stream, input of the next block) on this device's rows.
 
     Post-LN: residual = LN_own(block_out + residual), and it is the next block's input too.
@@ -122,15 +124,15 @@ def megatron_forward(shard: dict[str, Any], ids: torch.Tensor, ring: Ring) -> to
     resid = embed(shard, ids)
     block_in = layer_norm(meta, resid, layers[0]["ln1_w"], layers[0]["ln1_b"]) if meta["pre_ln"] and layers else resid
     for n, layer in enumerate(layers):
-        heads_out = attention(meta, *_split_qkv(_linear(block_in, layer["wqkv"], layer["bqkv"])))
-        out = ring.allreduce(_linear(heads_out, layer["wo"]))
-        resid, block_in = _connective(meta, resid, out + layer["bo"], layer["ln1_w"], layer["ln1_b"],
+        heads_out = attention(meta, *split_qkv(linear(block_in, layer["wqkv"], layer["bqkv"])))
+        out = ring.allreduce(linear(heads_out, layer["wo"]))
+        resid, block_in = connective(meta, resid, out + layer["bo"], layer["ln1_w"], layer["ln1_b"],
                                       layer["ln2_w"], layer["ln2_b"])
-        hidden = activation(meta, _linear(block_in, layer["w1"], layer["b1"]))
-        out = ring.allreduce(_linear(hidden, layer["w2"]))
+        hidden = activation(meta, linear(block_in, layer["w1"], layer["b1"]))
+        out = ring.allreduce(linear(hidden, layer["w2"]))
         following = layers[n + 1] if n + 1 < len(layers) else None
         nxt = (following["ln1_w"], following["ln1_b"]) if following else shard["final_ln"] or (None, None)
-        resid, block_in = _connective(meta, resid, out + layer["b2"], layer["ln2_w"], layer["ln2_b"], *nxt)
+        resid, block_in = connective(meta, resid, out + layer["b2"], layer["ln2_w"], layer["ln2_b"], *nxt)
     return block_in if meta["pre_ln"] else resid
 
 
@@ -144,14 +146,14 @@ def sp_forward(shard: dict[str, Any], ids: torch.Tensor, ring: Ring) -> torch.Te
     resid = embed(shard, ids)[mine]
     block_in = layer_norm(meta, resid, layers[0]["ln1_w"], layers[0]["ln1_b"]) if meta["pre_ln"] and layers else resid
     for n, layer in enumerate(layers):
-        q, k, v = _split_qkv(_linear(block_in, layer["wqkv"], layer["bqkv"]))
+        q, k, v = split_qkv(linear(block_in, layer["wqkv"], layer["bqkv"]))
         keys, values = ring.allgather(k.contiguous()), ring.allgather(v.contiguous())
-        out = _linear(attention(meta, q, keys, values, q_offset=offset), layer["wo"], layer["bo"])
-        resid, block_in = _connective(meta, resid, out, layer["ln1_w"], layer["ln1_b"], layer["ln2_w"], layer["ln2_b"])
-        out = _linear(activation(meta, _linear(block_in, layer["w1"], layer["b1"])), layer["w2"], layer["b2"])
+        out = linear(attention(meta, q, keys, values, q_offset=offset), layer["wo"], layer["bo"])
+        resid, block_in = connective(meta, resid, out, layer["ln1_w"], layer["ln1_b"], layer["ln2_w"], layer["ln2_b"])
+        out = linear(activation(meta, linear(block_in, layer["w1"], layer["b1"])), layer["w2"], layer["b2"])
         following = layers[n + 1] if n + 1 < len(layers) else None
         nxt = (following["ln1_w"], following["ln1_b"]) if following else shard["final_ln"] or (None, None)
-        resid, block_in = _connective(meta, resid, out, layer["ln2_w"], layer["ln2_b"], *nxt)
+        resid, block_in = connective(meta, resid, out, layer["ln2_w"], layer["ln2_b"], *nxt)
     return block_in if meta["pre_ln"] else resid
 
 

@@ -1,5 +1,10 @@
 """Fabric connections to cluster hosts with host-key checking ON.
 
+The one place that builds an SSH connection, below everything that reaches a host: the launcher
+(runtime/launch.py), `hppctl check`, the profiler (profiling/remote.py) and the lab's measurements
+(lab/measure.py). It lived in `hppctl.lab`, which made the profiler import the lab while the lab's
+host probes import the profiler's network probe.
+
 Plain `fabric.Connection` trusts any host key (it installs paramiko's AutoAddPolicy and loads no
 known_hosts file). Two lines fix that, and this helper applies them from the cluster file's
 `ssh:` section, so callers never connect to a host whose key the lab (or the user) did not vouch for:

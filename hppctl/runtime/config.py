@@ -88,6 +88,14 @@ class WorkerConfig(FrozenModel):
     """Heartbeats to a coordinator and pipeline replay on failure (runtime/recovery_worker.py); None:
     any failure ends the run."""
 
+    @property
+    def threads(self) -> int | None:
+        return self.options.threads
+
+    @property
+    def timeout_s(self) -> float:
+        return self.options.timeout_s
+
 
 class RecoveryConfig(FrozenModel):
     """How a worker takes part in fault tolerance (docs/fault-tolerance.md)."""

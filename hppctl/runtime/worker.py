@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import io
 import json
-import socket
 import time
 
 from hppctl.runtime import wire
 from hppctl.runtime.config import WorkerConfig
-from hppctl.runtime.training_state import (DataFeed, NoParameters, TrainingState, build_training_state,  # noqa: F401
-                                           load_feed, make_optimizer, set_learning_rate)
-from hppctl.runtime.worker_entry import (WorkerContext, cpu_cgroup, load_blob, peak_rss_bytes, process_report,
-                                         report_failure, rss_bytes, run_worker_process, worker_main)  # noqa: F401
+from hppctl.runtime.training_state import TrainingState, build_training_state, load_feed, set_learning_rate
+from hppctl.runtime.training_state import DataFeed, make_optimizer  # noqa: F401 (imported from here by tests, bench)
+from hppctl.runtime.worker_entry import (WorkerContext, cpu_cgroup, load_blob, process_report, rss_bytes,
+                                         run_worker_process, worker_main)
 
 
 class Worker:

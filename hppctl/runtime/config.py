@@ -87,14 +87,8 @@ class WorkerConfig(FrozenModel):
     recovery: "RecoveryConfig | None" = None
     """Heartbeats to a coordinator and pipeline replay on failure (runtime/recovery_worker.py); None:
     any failure ends the run."""
-
-    @property
-    def threads(self) -> int | None:
-        return self.options.threads
-
-    @property
-    def timeout_s(self) -> float:
-        return self.options.timeout_s
+    threads = property(lambda self: self.options.threads)  # what worker_entry reads of every worker config
+    timeout_s = property(lambda self: self.options.timeout_s)
 
 
 class RecoveryConfig(FrozenModel):

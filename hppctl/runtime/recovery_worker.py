@@ -48,12 +48,6 @@ class Dismissed(Exception):
     """This device is not part of the new configuration (it left, or was declared lost)."""
 
 
-def backup_targets_of(schedule) -> dict[str, str | None]:
-    from hppctl.planner.replan import backup_targets
-
-    return backup_targets(schedule)
-
-
 def _recoverable(error: BaseException) -> bool:
     seen = error
     while seen is not None:
@@ -197,7 +191,9 @@ class ResilientRun:
                               f"{bound:.0f} s (a member lost meanwhile?)") from e
         self.comm = AbortableComm(ranks, groups, self.beats.interrupt)
         self.state_comm = AbortableComm(ranks, groups, self.beats.interrupt, p2p_group=state_group)
-        self.targets = backup_targets_of(self.w.config.schedule)
+        from hppctl.planner.replan import backup_targets
+
+        self.targets = backup_targets(self.w.config.schedule)
 
     @property
     def regroup_timeout_s(self) -> float:
@@ -419,42 +415,23 @@ class _PhaseClock:
         self._last = now
 
 
-class Lifeline:
-    """A fault-tolerant worker's link to its coordinator: heartbeats, probe answers, and SIGTERM as a
-    graceful leave."""
-
-    def __init__(self, config: WorkerConfig, token: str) -> None:
-        self.config, self.token = config, token
-        self.beats: HeartbeatSender | None = None
-        self.probes: ProbeResponder | None = None
-
-    def start(self, ctx: WorkerContext) -> None:
-        rc, device = self.config.recovery, self.config.device
-        source = "127.0.0.1" if rc.coordinator_host.startswith("127.") else bootstrap.route_source(rc.coordinator_host)
-        self.probes = ProbeResponder(source, self.token, device).start()
-        self.beats = HeartbeatSender(device, self.token, (rc.coordinator_host, rc.coordinator_port), source=source,
-                                     period_s=rc.heartbeat_s, orphan_after_s=1.5 * rc.timeout_s,
-                                     probe_port=self.probes.port).start()
-        signal.signal(signal.SIGTERM, self.leave)
-
-    def leave(self, signum, frame) -> None:
-        self.beats.leaving = True
-        self.beats.beat_now()
-
-    def stop(self) -> None:
-        for part in (self.beats, self.probes):
-            if part is not None:
-                part.stop()
-
-
 def run_resilient(config: WorkerConfig, token: str, make_worker) -> int:
     """`run_worker` for a run with a coordinator: join, train across re-plans, report; the exit code.
     `make_worker(config, store)` builds the training state (runtime/worker.py's `Worker`)."""
-    lifeline = Lifeline(config, token)
+    rc, links = config.recovery, []
+
+    def start_links(ctx: WorkerContext) -> None:
+        """Heartbeats and probe answers from before the join; SIGTERM becomes a graceful leave."""
+        source = "127.0.0.1" if rc.coordinator_host.startswith("127.") else bootstrap.route_source(rc.coordinator_host)
+        probes = ProbeResponder(source, token, config.device).start()
+        beats = HeartbeatSender(config.device, token, (rc.coordinator_host, rc.coordinator_port), source=source,
+                                period_s=rc.heartbeat_s, orphan_after_s=1.5 * rc.timeout_s, probe_port=probes.port)
+        links.extend([probes, beats.start()])
+        signal.signal(signal.SIGTERM, lambda signum, frame: leave(beats))
 
     def body(ctx: WorkerContext) -> int | None:
         try:
-            ResilientRun(make_worker(ctx.config, ctx.store), ctx.store, lifeline.beats).train()
+            ResilientRun(make_worker(ctx.config, ctx.store), ctx.store, links[-1]).train()
         except Dismissed:
             return 0  # no `done/`: the coordinator took this device out of the run
         except Orphaned as e:
@@ -463,8 +440,9 @@ def run_resilient(config: WorkerConfig, token: str, make_worker) -> int:
             return 1
         return None
 
-    code = run_worker_process(config, token, body, before_join=lifeline.start)
-    lifeline.stop()
+    code = run_worker_process(config, token, body, before_join=start_links)
+    for link in links:
+        link.stop()
     if RETIRED_GROUPS:
         # An abandoned group's destructor joins threads stuck on the lost device until gloo's timeout:
         # leave without running destructors (the store and the coordinator already have everything).
@@ -472,3 +450,9 @@ def run_resilient(config: WorkerConfig, token: str, make_worker) -> int:
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+def leave(beats: HeartbeatSender) -> None:
+    """SIGTERM: say `leave` at once; the coordinator re-plans and this worker hands its layers over."""
+    beats.leaving = True
+    beats.beat_now()

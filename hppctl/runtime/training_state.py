@@ -1,11 +1,8 @@
-"""What a training worker trains: its stage, the stage's optimizer, the data feed, and the executor
-class that runs the schedule's actions on them.
+"""What a training worker trains: its stage, the stage's optimizer, the data feed, the executor class.
 
-One factory, `build_training_state`, makes all of it from the worker's config, a schedule, the
-stage index in it and the stage's tensors. The plain worker (runtime/worker.py) calls it once; the
-fault-tolerant worker (runtime/recovery_worker.py) calls it again after every re-plan with the
-layers it restored, so both build the same kind of stage (Bi-Partition or plain) and executor
-(asynchronous window, Bi-Partition or synchronous) for the same schedule.
+`build_training_state` makes all of it from (config, schedule, stage index, tensors): the plain
+worker (runtime/worker.py) at start, the fault-tolerant one (runtime/recovery_worker.py) again after
+every re-plan, so both build the same stage (Bi-Partition or plain) and executor for a schedule.
 """
 
 from __future__ import annotations

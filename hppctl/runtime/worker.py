@@ -12,7 +12,6 @@ same `Worker`.
 
 from __future__ import annotations
 
-import io
 import json
 import time
 
@@ -41,8 +40,10 @@ class Worker:
         initial = load_blob(store, wire.init(self.stage_index))
         self.adopt(build_training_state(config, config.schedule, self.stage_index, initial, feed))
         del initial
-        if config.resume:
-            self.load_state(load_blob(store, wire.resume(self.stage_index)))
+        if config.resume:  # the checkpointed state over the initial one
+            state = load_blob(store, wire.resume(self.stage_index))
+            self.stage.module.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
 
     def follow(self, schedule) -> None:
         """Train on `schedule` (at start, or after a re-plan): its topology and this device's place in it."""
@@ -63,18 +64,12 @@ class Worker:
         return self.executor_class(self.device, self.config.schedule.actions[self.device], self.topo,
                                    self.stage, self.optimizer, comm, self.feed, trace=opts.trace)
 
-    def load_state(self, state: dict) -> None:
-        self.stage.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-
     def state_blob(self, completed_rounds: int) -> bytes:
-        import torch
+        from hppctl.runtime.replication import to_bytes
 
-        buf = io.BytesIO()
-        torch.save({"round": completed_rounds, "stage": self.stage_index,
-                    "layers": [self.stage.start, self.stage.end],
-                    "model": self.stage.state_dict(), "optimizer": self.optimizer.state_dict()}, buf)
-        return buf.getvalue()
+        return to_bytes({"round": completed_rounds, "stage": self.stage_index,
+                         "layers": [self.stage.start, self.stage.end],
+                         "model": self.stage.state_dict(), "optimizer": self.optimizer.state_dict()})
 
     @property
     def primary(self) -> bool:
@@ -154,9 +149,5 @@ def run_worker(config: WorkerConfig, token: str) -> int:
     return run_worker_process(config, token, train)
 
 
-def main() -> None:
-    worker_main(WorkerConfig, run_worker)
-
-
 if __name__ == "__main__":
-    main()
+    worker_main(WorkerConfig, run_worker)

@@ -1,18 +1,14 @@
-"""The life of every worker process, whatever it runs (training, fault-tolerant training, PSL, inference).
+"""The life of every worker process (training, fault-tolerant training, PSL, inference), owned once.
 
-    worker_main(ConfigType, run)       # `python -m <worker module>`: one JSON line {token, config} on stdin
-
-`run_worker_process` owns what every kind does the same way: torch's thread count, the connection
-to the launcher's store, `pid/<device>` (so the launcher can signal an SSH worker), the join with
-the run's token, then the kind's `body(ctx)`, then `done/<device>` and exit code 0. Any exception is
-printed (traceback on stderr), reported as `failed/<device>`, and the exit code is 1. A body that
-ends the worker in another way (a fault-tolerant worker dismissed by a re-plan, or orphaned by its
-coordinator) returns its exit code instead of None: no `done/` is written then.
+`worker_main` reads the {token, config} line on stdin; `run_worker_process` sets torch's threads,
+connects to the launcher's store, writes `pid/<device>`, joins, runs the kind's `body(ctx)`, then
+writes `done/<device>` (exit 0). An exception prints its traceback and becomes `failed/<device>`
+(exit 1). A body that returns an exit code instead of None ends without `done/` (a fault-tolerant
+worker dismissed by a re-plan, or orphaned by its coordinator).
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import resource
@@ -21,31 +17,17 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable
 
 from hppctl.allocator import steady_heap
 from hppctl.runtime import wire
-
-
-class EntryConfig(Protocol):
-    """What the entry reads of a worker's config (WorkerConfig, PslWorkerConfig, InferenceWorkerConfig)."""
-
-    device: str
-    store_host: str
-    store_port: int
-
-    @property
-    def threads(self) -> int | None: ...
-
-    @property
-    def timeout_s(self) -> float: ...
 
 
 @dataclass(frozen=True)
 class WorkerContext:
     """What a body works with: its config, the run's token, and the store it joined through."""
 
-    config: EntryConfig
+    config: object
     token: str
     store: object
 
@@ -57,10 +39,11 @@ class WorkerContext:
 Body = Callable[[WorkerContext], "int | None"]
 
 
-def run_worker_process(config: EntryConfig, token: str, body: Body, *,
+def run_worker_process(config, token: str, body: Body, *,
                        before_join: Callable[[WorkerContext], None] | None = None) -> int:
-    """Connect, say the pid, join, run `body`, report; returns the exit code. `before_join` runs
-    between the pid and the join (a fault-tolerant worker starts its heartbeats there)."""
+    """Connect, say the pid, join, run `body`, report; returns the exit code. `config` is any worker
+    config (device, store_host, store_port, threads, timeout_s). `before_join` runs between the pid
+    and the join (a fault-tolerant worker starts its heartbeats there)."""
     import torch
 
     from hppctl.runtime import bootstrap
@@ -112,11 +95,10 @@ def worker_main(config_type, run: Callable[[object, str], int]) -> None:
 
 def load_blob(store, key: str):
     """A torch blob the launcher put in the store (tensors only)."""
-    import torch
-
     from hppctl.runtime.bootstrap import get_blob
+    from hppctl.runtime.replication import from_bytes
 
-    return torch.load(io.BytesIO(get_blob(store, key)), weights_only=True)
+    return from_bytes(get_blob(store, key))
 
 
 # --- what a worker reports of its process -------------------------------------------------------------
@@ -145,10 +127,7 @@ def cpu_cgroup() -> str:
     return next((line.split(":", 2)[2] for line in lines if line.startswith("0::")), "")
 
 
-def peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
 def process_report() -> dict:
-    """The process's memory and where it runs, as every round or timing report carries them."""
-    return {"rss_bytes": rss_bytes(), "peak_rss_bytes": peak_rss_bytes(), "host": socket.gethostname()}
+    """The process's memory (now, peak) and where it runs, as every round or timing report carries them."""
+    return {"rss_bytes": rss_bytes(), "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "host": socket.gethostname()}

@@ -11,8 +11,8 @@ timed pass), the whole output from rank 0 (`output`), then `done/<device>`. Any 
 
 from __future__ import annotations
 
-import io
 import json
+from functools import partial
 
 from hppctl.runtime import wire
 from hppctl.runtime.galaxy.config import InferenceWorkerConfig
@@ -39,6 +39,7 @@ def serve(ctx: WorkerContext) -> None:
     from hppctl.runtime import bootstrap
     from hppctl.runtime.galaxy.device import run_device
     from hppctl.runtime.progress import StepReporter
+    from hppctl.runtime.replication import to_bytes
 
     config, store = ctx.config, ctx.store
     shard = load_blob(store, wire.shard(config.device))
@@ -52,20 +53,12 @@ def serve(ctx: WorkerContext) -> None:
                                  wire_dtype=config.wire_dtype,
                                  on_pass=lambda done, total: reporter.report(0, done, total))
     bootstrap.destroy_process_groups()  # before the reports: the launcher may end the run once it has them
-    process = process_report()
-    report = {"device": config.device, "host": process["host"], "threads": torch.get_num_threads(),
-              "rss_bytes": process["rss_bytes"], "peak_rss_bytes": process["peak_rss_bytes"],
+    report = {"device": config.device, **process_report(), "threads": torch.get_num_threads(),
               "passes": [t.as_json() for t in timings]}
     store.set(wire.timings(config.device), json.dumps(report))
     if config.rank == 0:
-        buf = io.BytesIO()
-        torch.save(output.contiguous(), buf)
-        bootstrap.put_blob(store, wire.output(), buf.getvalue())
-
-
-def run_worker(config: InferenceWorkerConfig, token: str) -> int:
-    return run_worker_process(config, token, serve)
+        bootstrap.put_blob(store, wire.output(), to_bytes(output.contiguous()))
 
 
 if __name__ == "__main__":
-    worker_main(InferenceWorkerConfig, run_worker)
+    worker_main(InferenceWorkerConfig, partial(run_worker_process, body=serve))

@@ -37,11 +37,5 @@ class PslWorkerConfig(FrozenModel):
     options: PslOptions
     fedavg_weights: list[Annotated[float, Field(ge=0, le=1)]]
     """w_j = n_j / Σ n per client (plan order), from the shard sizes; helpers need them and never load data."""
-
-    @property
-    def threads(self) -> int | None:
-        return self.options.train.threads
-
-    @property
-    def timeout_s(self) -> float:
-        return self.options.train.timeout_s
+    threads = property(lambda self: self.options.train.threads)  # what worker_entry reads of every worker config
+    timeout_s = property(lambda self: self.options.train.timeout_s)

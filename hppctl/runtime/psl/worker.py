@@ -14,9 +14,9 @@ becomes `failed/<device>` (traceback on stderr) and exit code 1.
 
 from __future__ import annotations
 
-import io
 import json
 import time
+from functools import partial
 
 from hppctl.runtime import wire
 from hppctl.runtime.psl.config import PslWorkerConfig
@@ -129,40 +129,25 @@ class PslWorker:
                 "fedavg_s": fedavg_s, "batches": batches}
 
     def final_blob(self) -> bytes:
-        import torch
+        from hppctl.runtime.replication import to_bytes
 
-        buf = io.BytesIO()
-        torch.save({name: stage.state_dict() for name, stage in self.parts.items()}, buf)
-        return buf.getvalue()
-
-
-def train(worker: PslWorker) -> None:
-    from hppctl.runtime.bootstrap import put_blob
-
-    cgroup = cpu_cgroup()
-    for r in range(worker.config.options.train.rounds):
-        report = worker.run_round(r)
-        report.update(**process_report(), cgroup=cgroup)
-        worker.store.set(wire.metrics(r, worker.device), json.dumps(report))
-    put_blob(worker.store, wire.final(worker.device), worker.final_blob())
+        return to_bytes({name: stage.state_dict() for name, stage in self.parts.items()})
 
 
 def serve(ctx: WorkerContext) -> None:
-    """The body of a PSL worker: its role, the gloo groups, the rounds."""
+    """The body of a PSL worker: its role, the gloo groups, the rounds, the final parts."""
     from hppctl.runtime import bootstrap
 
-    config = ctx.config
-    worker = PslWorker(config, ctx.store)
-    bootstrap.init_process_groups(ctx.store, worker.topo.rank(config.device), worker.topo.world_size, [], 0,
+    config, store, cgroup = ctx.config, ctx.store, cpu_cgroup()
+    worker = PslWorker(config, store)
+    bootstrap.init_process_groups(store, worker.topo.rank(config.device), worker.topo.world_size, [], 0,
                                   store_host=config.store_host, timeout_s=config.timeout_s)
     worker.make_groups(config.timeout_s)
-    train(worker)
-
-
-def run_worker(config: PslWorkerConfig, token: str) -> int:
-    """Join, train, report; returns the exit code."""
-    return run_worker_process(config, token, serve)
+    for r in range(config.options.train.rounds):
+        report = {**worker.run_round(r), **process_report(), "cgroup": cgroup}
+        store.set(wire.metrics(r, config.device), json.dumps(report))
+    bootstrap.put_blob(store, wire.final(config.device), worker.final_blob())
 
 
 if __name__ == "__main__":
-    worker_main(PslWorkerConfig, run_worker)
+    worker_main(PslWorkerConfig, partial(run_worker_process, body=serve))

@@ -1,10 +1,6 @@
-"""The fault-tolerant worker's gloo transport: waits it can abandon (runtime/recovery_worker.py).
-
-gloo gives no way to abandon a wait, and a re-plan must abandon the round in progress wherever it
-is: every wait is handed to a `Waiters` thread, and the training thread gives up on it when the
-coordinator announces a new generation (`Interrupted`) or gloo reports a broken peer (`PeerLost`).
-Groups a re-plan leaves behind are kept alive in `RETIRED_GROUPS` (destroying one would wait for the
-operations stuck on the lost device).
+"""The fault-tolerant worker's gloo transport (runtime/recovery_worker.py): every wait is handed to
+a `Waiters` thread, so the training thread can abandon it when the coordinator announces a re-plan
+(`Interrupted`) or gloo reports a broken peer (`PeerLost`); groups left behind stay in `RETIRED_GROUPS`.
 """
 
 from __future__ import annotations

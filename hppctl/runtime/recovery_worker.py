@@ -308,8 +308,7 @@ class ResilientRun:
             self._migrate(doc, base, frozenset())
             self._await_hand_over(generation, list(topo.devices))
             raise Dismissed()
-        start, end = schedule.stages[self.w.stage_index].layers
-        names = layer_names(self.w.config.model, self.w.config.granularity, start, end)
+        names = layer_names(self.w.config.model, self.w.config.granularity, *schedule.stages[self.w.stage_index].layers)
         if doc["method"] == "heavy":
             state = from_bytes(bootstrap.get_blob(self.store, wire.heavy_new(generation, self.w.stage_index)))
         else:

@@ -66,8 +66,7 @@ def is_bipartition(schedule) -> bool:
 
 
 def load_feed(config: WorkerConfig, schedule, device: str) -> DataFeed | None:
-    """The data feed of `device` in `schedule`: the head reads inputs, the tail labels (every device
-    under Bi-Partition); None for the devices in between."""
+    """`device`'s data feed: the head reads inputs, the tail labels, every device under Bi-Partition."""
     from hppctl.runtime.data import SampleOrder, load_data
     from hppctl.runtime.topology import Topology
 

@@ -2,12 +2,10 @@
 
     python -m hppctl.runtime.worker      # reads one JSON line on stdin: {"token": …, "config": WorkerConfig}
 
-The process's life (connect, join, `done/`, `failed/`) is runtime/worker_entry.py's. Its body here
-builds the stage (runtime/training_state.py), creates the gloo groups, runs its action list for every
-round, and reports through the store: per-round metrics (`metrics/<round>/<device>`), stage state
-for checkpoints (`ckpt/<round>/<stage>`, replica 0 of each stage) and at the end (`final/<stage>`).
-A config with `recovery` runs the fault-tolerant body instead (runtime/recovery_worker.py), over the
-same `Worker`.
+Its body (the process's life is runtime/worker_entry.py's) builds the stage, forms the gloo groups,
+runs its actions every round, and reports per-round metrics (`metrics/<round>/<device>`), stage state
+for checkpoints (`ckpt/<round>/<stage>`, replica 0) and at the end (`final/<stage>`). A config with
+`recovery` runs the fault-tolerant body (runtime/recovery_worker.py) over the same `Worker`.
 """
 
 from __future__ import annotations
@@ -37,7 +35,7 @@ class Worker:
         self.baseline_rss = rss_bytes()
         """Resident memory before any weight exists: interpreter, torch, the model's libraries and meta
         trace, the dataset. Peak minus this is what the plan's memory prediction (Eq. 3) covers."""
-        initial = load_blob(store, wire.init(self.stage_index))
+        initial = load_blob(store, wire.init(self.stage_index))  # dropped once the stage holds its tensors
         self.adopt(build_training_state(config, config.schedule, self.stage_index, initial, feed))
         del initial
         if config.resume:  # the checkpointed state over the initial one
@@ -60,9 +58,8 @@ class Worker:
         self.executor_class = state.executor_class
 
     def new_executor(self, comm):
-        opts = self.config.options
-        return self.executor_class(self.device, self.config.schedule.actions[self.device], self.topo,
-                                   self.stage, self.optimizer, comm, self.feed, trace=opts.trace)
+        return self.executor_class(self.device, self.config.schedule.actions[self.device], self.topo, self.stage,
+                                   self.optimizer, comm, self.feed, trace=self.config.options.trace)
 
     def state_blob(self, completed_rounds: int) -> bytes:
         from hppctl.runtime.replication import to_bytes

@@ -31,15 +31,8 @@ class WorkerContext:
     token: str
     store: object
 
-    @property
-    def device(self) -> str:
-        return self.config.device
 
-
-Body = Callable[[WorkerContext], "int | None"]
-
-
-def run_worker_process(config, token: str, body: Body, *,
+def run_worker_process(config, token: str, body: Callable[[WorkerContext], "int | None"], *,
                        before_join: Callable[[WorkerContext], None] | None = None) -> int:
     """Connect, say the pid, join, run `body`, report; returns the exit code. `config` is any worker
     config (device, store_host, store_port, threads, timeout_s). `before_join` runs between the pid
@@ -66,25 +59,19 @@ def run_worker_process(config, token: str, body: Body, *,
         store.set(wire.done(config.device), str(time.time()))
         return 0
     except BaseException as e:
-        return report_failure(store, config.device, e)
-
-
-def report_failure(store, device: str, error: BaseException) -> int:
-    """Print the traceback, tell the launcher through its store; the worker's exit code (1)."""
-    traceback.print_exc()
-    try:
-        store.set(wire.failed(device), f"{error.__class__.__name__}: {error}"[:2000])
-    except Exception:  # the store may be gone with the launcher; the exit code still says it
-        pass
-    return 1
+        traceback.print_exc()
+        try:
+            store.set(wire.failed(config.device), f"{e.__class__.__name__}: {e}"[:2000])
+        except Exception:  # the store may be gone with the launcher; the exit code still says it
+            pass
+        return 1
 
 
 def worker_main(config_type, run: Callable[[object, str], int]) -> None:
     """A worker module's entry point: one JSON line {token, config} on stdin, then `run(config, token)`."""
     steady_heap()  # as the profile was measured (hppctl/allocator.py)
-    line = sys.stdin.readline()
     try:
-        doc = json.loads(line)
+        doc = json.loads(sys.stdin.readline())
         token = doc["token"]
         config = config_type.model_validate_json(json.dumps(doc["config"]))
     except (ValueError, KeyError) as e:

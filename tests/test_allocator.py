@@ -54,13 +54,14 @@ def test_probe_and_workers_set_it(monkeypatch, capsys):
     import io
 
     from hppctl.profiling import probe
-    from hppctl.runtime import worker
+    from hppctl.runtime import worker_entry
+    from hppctl.runtime.config import WorkerConfig
 
     calls = []
     monkeypatch.setattr(probe, "steady_heap", lambda: calls.append("probe"))
-    monkeypatch.setattr(worker, "steady_heap", lambda: calls.append("worker"))
+    monkeypatch.setattr(worker_entry, "steady_heap", lambda: calls.append("worker"))
     assert probe.main(["sleep", "--args", '{"seconds": 0}']) == 0
     monkeypatch.setattr(sys, "stdin", io.StringIO("not json\n"))
     with pytest.raises(SystemExit):  # a bad config line: the heap is set before it is read
-        worker.worker_main(worker.WorkerConfig, lambda config, token: 0)
+        worker_entry.worker_main(WorkerConfig, lambda config, token: 0)
     assert calls == ["probe", "worker"]

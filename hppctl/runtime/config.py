@@ -87,6 +87,8 @@ class WorkerConfig(FrozenModel):
     recovery: "RecoveryConfig | None" = None
     """Heartbeats to a coordinator and pipeline replay on failure (runtime/recovery_worker.py); None:
     any failure ends the run."""
+    threads = property(lambda self: self.options.threads)  # what worker_entry reads of every worker config
+    timeout_s = property(lambda self: self.options.timeout_s)
 
 
 class RecoveryConfig(FrozenModel):

@@ -24,33 +24,20 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
-import socket
 import sys
-import threading
 import time
-import traceback
 from dataclasses import dataclass
 
 from hppctl.errors import RuntimeFailure
-from hppctl.runtime import bootstrap
+from hppctl.runtime import bootstrap, wire
 from hppctl.runtime.config import WorkerConfig
+from hppctl.runtime.ft_transport import RETIRED_GROUPS, AbortableComm, Interrupted, PeerLost, prefixed
 from hppctl.runtime.heartbeat import HeartbeatSender, ProbeResponder
 from hppctl.runtime.replication import (Backups, Snapshots, from_bytes, layer_names, merge, meta_model, recv_bytes,
                                         restore_optimizer, send_bytes, stage_state, state_bytes, subset, to_bytes)
-
-
-RETIRED_GROUPS: list = []
-"""Process groups left behind by reconfigurations (kept alive: see `ResilientRun._retire_group`)."""
-
-
-class Interrupted(RuntimeFailure):
-    """The coordinator started a reconfiguration (or went silent): the round in progress is abandoned."""
-
-
-class PeerLost(RuntimeFailure):
-    """A gloo operation failed: a peer died or its link broke."""
+from hppctl.runtime.training_state import build_training_state
+from hppctl.runtime.worker_entry import WorkerContext, run_worker_process
 
 
 class Orphaned(RuntimeFailure):
@@ -59,99 +46,6 @@ class Orphaned(RuntimeFailure):
 
 class Dismissed(Exception):
     """This device is not part of the new configuration (it left, or was declared lost)."""
-
-
-class Waiters:
-    """Daemon threads that block in gloo waits on the training thread's behalf.
-
-    gloo gives no way to abandon a wait: a send/receive work reports `is_completed()` False until
-    `wait()` is called, and a wait with a timeout breaks the connection. So the training thread hands
-    each wait to one of these threads and waits on an Event it can give up on; a thread stuck on an
-    abandoned group stays stuck (each generation gets a fresh set)."""
-
-    def __init__(self, threads: int = 4) -> None:
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
-        for i in range(threads):
-            threading.Thread(target=self._serve, daemon=True, name=f"gloo-wait-{i}").start()
-
-    def _serve(self) -> None:
-        while True:
-            work, errors, done = self.queue.get()
-            try:
-                work.wait()
-            except BaseException as e:  # handed back to the training thread
-                errors.append(e)
-            done.set()
-
-    def wait(self, work, abort: threading.Event) -> None:
-        if abort.is_set():
-            raise Interrupted("interrupted by the coordinator")
-        errors: list[BaseException] = []
-        done = threading.Event()
-        self.queue.put((work, errors, done))
-        while not done.wait(0.05):
-            if abort.is_set():
-                raise Interrupted("interrupted by the coordinator")
-        if errors:
-            raise PeerLost(str(errors[0])) from errors[0]
-
-
-class AbortableWork:
-    """A gloo work whose wait gives up when `abort` is set."""
-
-    def __init__(self, work, abort: threading.Event, waiters: Waiters) -> None:
-        self.work, self.abort, self.waiters = work, abort, waiters
-
-    def is_completed(self) -> bool:
-        return self.work.is_completed()
-
-    def wait(self) -> None:
-        self.waiters.wait(self.work, self.abort)
-
-
-class AbortableComm(bootstrap.DistComm):
-    def __init__(self, ranks: dict[str, int], groups: bootstrap.Groups, abort: threading.Event,
-                 p2p_group=None) -> None:
-        super().__init__(ranks, groups, p2p_group)
-        self.abort, self.waiters = abort, Waiters()
-
-    def isend(self, tensor, peer: str, tag: int):
-        return AbortableWork(_posted(lambda: super(AbortableComm, self).isend(tensor, peer, tag)), self.abort,
-                             self.waiters)
-
-    def irecv(self, tensor, peer: str, tag: int):
-        return AbortableWork(_posted(lambda: super(AbortableComm, self).irecv(tensor, peer, tag)), self.abort,
-                             self.waiters)
-
-    def _allreduce(self, tensor, op) -> None:
-        import torch.distributed as dist
-
-        work = _posted(lambda: dist.all_reduce(tensor, op=op, group=self.groups.stage_group, async_op=True))
-        self.waiters.wait(work, self.abort)
-
-    def allreduce_sum(self, tensor) -> None:
-        import torch.distributed as dist
-
-        self._allreduce(tensor, dist.ReduceOp.SUM)
-
-    def allreduce_max(self, tensor) -> None:
-        import torch.distributed as dist
-
-        self._allreduce(tensor, dist.ReduceOp.MAX)
-
-
-def _posted(post):
-    """Post a gloo operation; gloo raises at once when the peer's connection is already closed."""
-    try:
-        return post()
-    except RuntimeError as e:
-        raise PeerLost(str(e)) from e
-
-
-def backup_targets_of(schedule) -> dict[str, str | None]:
-    from hppctl.planner.replan import backup_targets
-
-    return backup_targets(schedule)
 
 
 def _recoverable(error: BaseException) -> bool:
@@ -189,11 +83,11 @@ class ResilientRun:
     # --- the loop -------------------------------------------------------------------------------
     def train(self) -> None:
         self._connect()
-        self._new_executor()
+        self.executor = self.w.new_executor(self.comm)
         r = self.opts.start_round
         self._protect(r)
         meta_model(self.w.config.model)  # built now rather than in the middle of a recovery
-        self.store.set(f"ready/{self.device}", "1")  # the coordinator arms failure detection once all are
+        self.store.set(wire.ready(self.device), "1")  # the coordinator arms failure detection once all are
         reconfigure = False
         while True:
             try:
@@ -214,39 +108,31 @@ class ResilientRun:
                 reconfigure = True
 
     def _one_round(self, r: int) -> int:
-        from hppctl.runtime.bootstrap import put_blob
-
         stats = self.w.run_round(self.executor, r)
         self.previous = None  # a round completed in this layout: every worker has left the previous one
         completed = r + 1
         self.backup_bytes, self.backup_s = 0, 0.0
         if completed % self.rc.replicate_every == 0 or completed == self.opts.rounds:
             self._protect(completed)
-        report = self.w.report(stats)
-        report.update(generation=self.generation, backup_bytes=self.backup_bytes, backup_s=self.backup_s)
+        extra = dict(generation=self.generation, backup_bytes=self.backup_bytes, backup_s=self.backup_s)
         if self.phases:
-            report["recovery_phases"] = {**self.phases, "replayed_round": round(stats.duration_s, 4)}
+            extra["recovery_phases"] = {**self.phases, "replayed_round": round(stats.duration_s, 4)}
             self.phases = {}
-        self.store.set(f"metrics/{r}/{self.device}", json.dumps(report))
+        self.w.publish_round(stats, **extra)
         self.beats.round = completed
         self.beats.samples_per_s = self.w.topo.global_batch / stats.duration_s if stats.duration_s > 0 else 0.0
-        if self.w.topo.replica_index(self.device) == 0 and self.w.checkpoint_due(completed):
-            put_blob(self.store, f"ckpt/{completed}/{self.w.stage_index}", self.w.state_blob(completed))
         return completed
 
     def _finish(self) -> bool:
         """Hand in the final state once; then wait for the coordinator's `end` (True) or an interruption."""
-        from hppctl.runtime.bootstrap import put_blob
-
         if not self._finished:
             self._wait_sends()  # the last backups must be on their holders before anyone may leave the group
             if not self.kept.backups.settle(self.beats.interrupt):
                 raise Interrupted("interrupted while the last backups arrived")
-            if self.w.topo.replica_index(self.device) == 0:
-                put_blob(self.store, f"final/{self.w.stage_index}", self.w.state_blob(self.opts.rounds))
-            self.store.set(f"finished/{self.generation}/{self.device}", "1")
+            self.w.publish_final()
+            self.store.set(wire.finished(self.generation, self.device), "1")
             self._finished = True
-        while not self.store.check(["end"]):
+        while not self.store.check([wire.end()]):
             if self.beats.interrupt.is_set():
                 raise Interrupted("interrupted after the last round")
             time.sleep(0.05)
@@ -277,7 +163,7 @@ class ResilientRun:
     # --- process groups and executor -------------------------------------------------------------
     def _connect(self) -> None:
         topo = self.w.topo
-        store = self.store if self.generation == 0 else _prefixed(self.store, f"gen{self.generation}/")
+        store = self.store if self.generation == 0 else prefixed(self.store, wire.generation_prefix(self.generation))
         ranks = {d: topo.rank(d) for d in topo.devices}
         for i, helper in enumerate(self.helpers):
             ranks[helper] = topo.world_size + i
@@ -305,19 +191,15 @@ class ResilientRun:
                               f"{bound:.0f} s (a member lost meanwhile?)") from e
         self.comm = AbortableComm(ranks, groups, self.beats.interrupt)
         self.state_comm = AbortableComm(ranks, groups, self.beats.interrupt, p2p_group=state_group)
-        self.targets = backup_targets_of(self.w.config.schedule)
+        from hppctl.planner.replan import backup_targets
+
+        self.targets = backup_targets(self.w.config.schedule)
 
     @property
     def regroup_timeout_s(self) -> float:
         """How long a re-plan's group may take to form: well past the coordinator's detection of a
         member that died meanwhile (failure timeout and probe), so that its next re-plan is out."""
         return max(10.0, 3 * self.rc.timeout_s)
-
-    def _new_executor(self) -> None:
-        from hppctl.runtime.executor import Executor
-
-        self.executor = Executor(self.device, self.w.config.schedule.actions[self.device], self.w.topo, self.w.stage,
-                                 self.w.optimizer, self.comm, self.w.feed, trace=self.opts.trace)
 
     def _retire_group(self) -> None:
         """Leave the old group: keep references (destroying it would wait for operations stuck on the lost
@@ -345,13 +227,13 @@ class ResilientRun:
         if self.previous is not None:
             inventory["previous"] = self.previous.inventory()
         while True:  # a further generation: another device was lost before the new configuration came
-            self.store.set(f"stall/{generation}/{self.device}", json.dumps(inventory))
-            key = self._wait_key([f"gather/{generation}", f"reconf/{generation}"], generation)
-            if key is not None and key.startswith("gather/"):
+            self.store.set(wire.stall(generation, self.device), json.dumps(inventory))
+            key = self._wait_key([wire.gather(generation), wire.reconf(generation)], generation)
+            if key == wire.gather(generation):
                 clock.lap("wait_gather")
                 self._upload(generation, json.loads(self.store.get(key)))
                 clock.lap("upload")
-                key = self._wait_key([f"reconf/{generation}"], generation)
+                key = self._wait_key([wire.reconf(generation)], generation)
             if key is not None:
                 break
             generation = self.beats.coordinator_generation
@@ -402,7 +284,7 @@ class ResilientRun:
         for stage, source in doc["uploads"].items():
             if source["device"] == self.device:
                 state = self._kept_in(doc["layout"]).state_at(doc["resume_round"], source.get("backup_of"))
-                put_blob(self.store, f"heavy/{generation}/old/{stage}", to_bytes(state))
+                put_blob(self.store, wire.heavy_old(generation, int(stage)), to_bytes(state))
 
     def _apply(self, generation: int, doc: dict, clock: "_PhaseClock") -> int:
         from hppctl.models.schedule import Schedule
@@ -418,8 +300,7 @@ class ResilientRun:
         base = self._kept_in(doc["layout"])
         self.beats.generation = generation  # first, so that the acknowledgements stop interrupting
         self.beats.interrupt.clear()
-        self.w.config = self.w.config.model_copy(update={"schedule": schedule})
-        self.w.topo = topo
+        self.w.follow(schedule)
         self._await_members(generation, list(topo.devices) + self.helpers)
         self._connect()
         clock.lap("regroup")
@@ -427,17 +308,15 @@ class ResilientRun:
             self._migrate(doc, base, frozenset())
             self._await_hand_over(generation, list(topo.devices))
             raise Dismissed()
-        self.w.rank, self.w.stage_index = topo.rank(self.device), topo.stage_of[self.device]
-        start, end = schedule.stages[self.w.stage_index].layers
-        names = layer_names(self.w.config.model, self.w.config.granularity, start, end)
+        names = layer_names(self.w.config.model, self.w.config.granularity, *schedule.stages[self.w.stage_index].layers)
         if doc["method"] == "heavy":
-            state = from_bytes(bootstrap.get_blob(self.store, f"heavy/{generation}/new/{self.w.stage_index}"))
+            state = from_bytes(bootstrap.get_blob(self.store, wire.heavy_new(generation, self.w.stage_index)))
         else:
             state = self._migrate(doc, base, names)
         if self.helpers:  # the leavers among them wait for this before they go (`_await_hand_over`)
-            _prefixed(self.store, f"gen{generation}/").set(f"moved/{self.device}", "1")
+            self.store.set(wire.moved(generation, self.device), "1")
         clock.lap("move")
-        self._rebuild(start, end, state)
+        self._rebuild(state)
         clock.lap("rebuild")
         self.kept, self.previous = Kept(generation, Snapshots(), Backups()), base
         self.beats.round = resume
@@ -450,8 +329,8 @@ class ResilientRun:
         """Wait, interruptibly, until every member of the new group has come for it. gloo's rendezvous
         cannot be abandoned: entered while a member is already gone, it waits out the run's whole
         timeout (minutes) instead of reporting to the coordinator, which re-plans again."""
-        _prefixed(self.store, f"gen{generation}/").set(f"arrived/{self.device}", "1")
-        self._await_everyone(generation, "arrived", members, "the new group did not form",
+        self.store.set(wire.arrived(generation, self.device), "1")
+        self._await_everyone(generation, wire.arrived, members, "the new group did not form",
                              "another device was lost before the new group formed")
 
     def _await_hand_over(self, generation: int, members: list[str]) -> None:
@@ -460,15 +339,14 @@ class ResilientRun:
         member was still setting up ("Gloo connectFullMesh failed ... Connection closed by peer"), and
         that member waited for a re-plan that never came (2 SIGTERM runs in 97 under two CPU hogs;
         docs/fault-tolerance.md, "Graceful leave")."""
-        self._await_everyone(generation, "moved", members, "the new layout did not take the layers",
+        self._await_everyone(generation, wire.moved, members, "the new layout did not take the layers",
                              "another device was lost while this one handed its layers over")
 
-    def _await_everyone(self, generation: int, what: str, members: list[str], failure: str, lost: str) -> None:
-        """Until every member has set `gen<generation>/<what>/<member>`; Interrupted(`lost`) when the
+    def _await_everyone(self, generation: int, key, members: list[str], failure: str, lost: str) -> None:
+        """Until every member has set `key(generation, member)`; Interrupted(`lost`) when the
         coordinator moves past `generation` meanwhile."""
-        store = _prefixed(self.store, f"gen{generation}/")
-        keys = [f"{what}/{d}" for d in members]
-        if not self._wait_until(lambda: store.check(keys), generation, failure):
+        keys = [key(generation, d) for d in members]
+        if not self._wait_until(lambda: self.store.check(keys), generation, failure):
             raise Interrupted(lost)
 
     def _migrate(self, doc: dict, base: "Kept", names: frozenset[str]) -> dict:
@@ -491,20 +369,13 @@ class ResilientRun:
             work.wait()
         return subset(merge(parts), names)
 
-    def _rebuild(self, start: int, end: int, state: dict) -> None:
-        from hppctl.runtime.data import SampleOrder, load_data
-        from hppctl.runtime.stage import Stage
-        from hppctl.runtime.worker import DataFeed, make_optimizer
-
-        config, topo = self.w.config, self.w.topo
-        self.w.stage = Stage(config.model, config.granularity, start, end, tensors=state["tensors"])
-        self.w.optimizer = make_optimizer(self.w.stage.parameters(), self.opts)
-        restore_optimizer(self.w.optimizer, self.w.stage, state["optim"])
-        if self.w.feed is None and (topo.is_head(self.device) or topo.is_tail(self.device)):
-            data = load_data(self.opts.dataset, config.model)
-            self.w.feed = DataFeed(data, SampleOrder(len(data.train), topo.global_batch, topo.micro_batch,
-                                                     self.opts.seed))
-        self._new_executor()
+    def _rebuild(self, state: dict) -> None:
+        """This device's stage in the new schedule, built as the plain worker builds it, from `state`."""
+        config = self.w.config
+        built = build_training_state(config, config.schedule, self.w.stage_index, state["tensors"], self.w.feed)
+        restore_optimizer(built.optimizer, built.stage, state["optim"])
+        self.w.adopt(built)
+        self.executor = self.w.new_executor(self.comm)
 
 
 @dataclass
@@ -543,30 +414,34 @@ class _PhaseClock:
         self._last = now
 
 
-def _prefixed(store, prefix: str):
-    import torch.distributed as dist
+def run_resilient(config: WorkerConfig, token: str, make_worker) -> int:
+    """`run_worker` for a run with a coordinator: join, train across re-plans, report; the exit code.
+    `make_worker(config, store)` builds the training state (runtime/worker.py's `Worker`)."""
+    rc, links = config.recovery, []
 
-    return dist.PrefixStore(prefix, store)
+    def start_links(ctx: WorkerContext) -> None:
+        """Heartbeats and probe answers from before the join; SIGTERM becomes a graceful leave."""
+        source = "127.0.0.1" if rc.coordinator_host.startswith("127.") else bootstrap.route_source(rc.coordinator_host)
+        probes = ProbeResponder(source, token, config.device).start()
+        beats = HeartbeatSender(config.device, token, (rc.coordinator_host, rc.coordinator_port), source=source,
+                                period_s=rc.heartbeat_s, orphan_after_s=1.5 * rc.timeout_s, probe_port=probes.port)
+        links.extend([probes, beats.start()])
+        signal.signal(signal.SIGTERM, lambda signum, frame: leave(beats))
 
+    def body(ctx: WorkerContext) -> int | None:
+        try:
+            ResilientRun(make_worker(ctx.config, ctx.store), ctx.store, links[-1]).train()
+        except Dismissed:
+            return 0  # no `done/`: the coordinator took this device out of the run
+        except Orphaned as e:
+            print(f"{config.device}: {e}; stopping (the checkpoint directory holds complete rounds only)",
+                  file=sys.stderr, flush=True)
+            return 1
+        return None
 
-def run_resilient(config: WorkerConfig, token: str) -> int:
-    """`run_worker` for a run with a coordinator: join, train across re-plans, report; the exit code."""
-    store = bootstrap.connect_store(config.store_host, config.store_port, token, timeout_s=config.options.timeout_s)
-    store.set(f"pid/{config.device}", f"{socket.gethostname()} {os.getpid()}")
-    rc = config.recovery
-    source = "127.0.0.1" if rc.coordinator_host.startswith("127.") else bootstrap.route_source(rc.coordinator_host)
-    probes = ProbeResponder(source, token, config.device).start()
-    beats = HeartbeatSender(config.device, token, (rc.coordinator_host, rc.coordinator_port), source=source,
-                            period_s=rc.heartbeat_s, orphan_after_s=1.5 * rc.timeout_s, probe_port=probes.port).start()
-
-    def leave(signum, frame) -> None:
-        beats.leaving = True
-        beats.beat_now()
-
-    signal.signal(signal.SIGTERM, leave)
-    code = _train_resilient(config, token, store, beats)
-    beats.stop()
-    probes.stop()
+    code = run_worker_process(config, token, body, before_join=start_links)
+    for link in links:
+        link.stop()
     if RETIRED_GROUPS:
         # An abandoned group's destructor joins threads stuck on the lost device until gloo's timeout:
         # leave without running destructors (the store and the coordinator already have everything).
@@ -576,28 +451,7 @@ def run_resilient(config: WorkerConfig, token: str) -> int:
     return code
 
 
-def _train_resilient(config: WorkerConfig, token: str, store, beats: HeartbeatSender) -> int:
-    from hppctl.runtime.worker import Worker
-
-    try:
-        bootstrap.join(store, token, config.device, timeout_s=config.options.timeout_s)
-        worker = Worker(config, store)
-        try:
-            ResilientRun(worker, store, beats).train()
-        finally:
-            bootstrap.destroy_process_groups()
-        store.set(f"done/{config.device}", str(time.time()))
-        return 0
-    except Dismissed:
-        return 0
-    except Orphaned as e:
-        print(f"{config.device}: {e}; stopping (the checkpoint directory holds complete rounds only)",
-              file=sys.stderr, flush=True)
-        return 1
-    except BaseException as e:
-        traceback.print_exc()
-        try:
-            store.set(f"failed/{config.device}", f"{e.__class__.__name__}: {e}"[:2000])
-        except Exception:
-            pass
-        return 1
+def leave(beats: HeartbeatSender) -> None:
+    """SIGTERM: say `leave` at once; the coordinator re-plans and this worker hands its layers over."""
+    beats.leaving = True
+    beats.beat_now()

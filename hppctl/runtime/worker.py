@@ -2,145 +2,86 @@
 
     python -m hppctl.runtime.worker      # reads one JSON line on stdin: {"token": …, "config": WorkerConfig}
 
-It connects to the launcher's store, joins with the token, builds its stage, creates the gloo
-groups, runs its action list for every round, and reports through the store: per-round metrics
-(`metrics/<round>/<device>`), stage state for checkpoints (`ckpt/<round>/<stage>`, replica 0 of each
-stage) and at the end (`final/<stage>`), then `done/<device>`. Any exception is reported as
-`failed/<device>` with the traceback on stderr, and the exit code is 1.
+Its body (the process's life is runtime/worker_entry.py's) builds the stage, forms the gloo groups,
+runs its actions every round, and reports per-round metrics (`metrics/<round>/<device>`), stage state
+for checkpoints (`ckpt/<round>/<stage>`, replica 0) and at the end (`final/<stage>`). A config with
+`recovery` runs the fault-tolerant body (runtime/recovery_worker.py) over the same `Worker`.
 """
 
 from __future__ import annotations
 
-import io
 import json
-import os
-import resource
-import socket
-import sys
 import time
-import traceback
 
-from hppctl.allocator import steady_heap
+from hppctl.runtime import wire
 from hppctl.runtime.config import WorkerConfig
-
-
-def rss_bytes() -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def cpu_cgroup() -> str:
-    """The cgroup whose CPU controller holds this process (v1 `cpu`, else the v2 unified path)."""
-    try:
-        lines = open("/proc/self/cgroup").read().splitlines()
-    except OSError:
-        return ""
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if "cpu" in controllers.split(","):
-            return path
-    return next((line.split(":", 2)[2] for line in lines if line.startswith("0::")), "")
-
-
-def peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+from hppctl.runtime.training_state import TrainingState, build_training_state, load_feed, set_learning_rate
+from hppctl.runtime.training_state import DataFeed, make_optimizer  # noqa: F401 (imported from here by tests, bench)
+from hppctl.runtime.worker_entry import (WorkerContext, cpu_cgroup, load_blob, process_report, rss_bytes,
+                                         run_worker_process, worker_main)
 
 
 class Worker:
-    def __init__(self, config: WorkerConfig, store) -> None:
-        import torch
+    """One device's training state in a schedule, and what a round does with it."""
 
-        from hppctl.runtime.data import SampleOrder, load_data
-        from hppctl.runtime.stage import Stage
-        from hppctl.runtime.topology import Topology
+    def __init__(self, config: WorkerConfig, store) -> None:
+        from hppctl.zoo import trace
 
         self.config, self.store, self.device = config, store, config.device
         self.cgroup = cpu_cgroup()
-        opts = config.options
-        from hppctl.zoo import trace
-
         trace(config.model, "train")  # imports the model's libraries; the stage reuses the trace
-        self.topo = Topology.of(config.schedule)
-        self.rank = self.topo.rank(self.device)
-        self.stage_index = self.topo.stage_of[self.device]
-        self.feed = None
-        self.bipartition = any(s.backward_layers is not None for s in config.schedule.stages)
-        """Bi-Partition (runtime/bipartition.py): any worker may read inputs or compute the loss."""
-        if self.topo.is_head(self.device) or self.topo.is_tail(self.device) or self.bipartition:
-            data = load_data(opts.dataset, config.model)
-            order = SampleOrder(len(data.train), self.topo.global_batch, self.topo.micro_batch, opts.seed)
-            self.feed = DataFeed(data, order)
+        self.follow(config.schedule)
+        feed = load_feed(config, config.schedule, self.device)
         self.baseline_rss = rss_bytes()
         """Resident memory before any weight exists: interpreter, torch, the model's libraries and meta
         trace, the dataset. Peak minus this is what the plan's memory prediction (Eq. 3) covers."""
-        layers = config.schedule.stages[self.stage_index].layers
-        blob = self._get_blob(f"init/{self.stage_index}")
-        initial = torch.load(io.BytesIO(blob), weights_only=True)
-        del blob
-        if self.bipartition:
-            from hppctl.runtime.bipartition import BiStage
-
-            backward = config.schedule.stages[self.stage_index].backward_layers or layers
-            self.stage = BiStage(config.model, config.granularity, layers, backward,
-                                 num_layers=config.schedule.stages[-1].layers[1], tensors=initial)
-        else:
-            self.stage = Stage(config.model, config.granularity, layers[0], layers[1], tensors=initial)
+        initial = load_blob(store, wire.init(self.stage_index))  # dropped once the stage holds its tensors
+        self.adopt(build_training_state(config, config.schedule, self.stage_index, initial, feed))
         del initial
-        self.optimizer = make_optimizer(self.stage.parameters(), opts)
-        if config.resume:
-            self.load_state(torch.load(io.BytesIO(self._get_blob(f"resume/{self.stage_index}")), weights_only=True))
+        if config.resume:  # the checkpointed state over the initial one
+            state = load_blob(store, wire.resume(self.stage_index))
+            self.stage.module.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
 
-    def _get_blob(self, key: str) -> bytes:
-        from hppctl.runtime.bootstrap import get_blob
+    def follow(self, schedule) -> None:
+        """Train on `schedule` (at start, or after a re-plan): its topology and this device's place in it."""
+        from hppctl.runtime.topology import Topology
 
-        return get_blob(self.store, key)
+        self.config = self.config.model_copy(update={"schedule": schedule})
+        self.topo = Topology.of(schedule)
+        if self.device in self.topo.devices:
+            self.rank, self.stage_index = self.topo.rank(self.device), self.topo.stage_of[self.device]
 
-    def load_state(self, state: dict) -> None:
-        self.stage.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+    def adopt(self, state: TrainingState) -> None:
+        """Train from now on with `state`'s stage, optimizer, feed and executor class."""
+        self.stage, self.optimizer, self.feed = state.stage, state.optimizer, state.feed
+        self.executor_class = state.executor_class
+
+    def new_executor(self, comm):
+        return self.executor_class(self.device, self.config.schedule.actions[self.device], self.topo, self.stage,
+                                   self.optimizer, comm, self.feed, trace=self.config.options.trace)
 
     def state_blob(self, completed_rounds: int) -> bytes:
-        import torch
+        from hppctl.runtime.replication import to_bytes
 
-        buf = io.BytesIO()
-        torch.save({"round": completed_rounds, "stage": self.stage_index,
-                    "layers": [self.stage.start, self.stage.end],
-                    "model": self.stage.state_dict(), "optimizer": self.optimizer.state_dict()}, buf)
-        return buf.getvalue()
+        return to_bytes({"round": completed_rounds, "stage": self.stage_index,
+                         "layers": [self.stage.start, self.stage.end],
+                         "model": self.stage.state_dict(), "optimizer": self.optimizer.state_dict()})
+
+    @property
+    def primary(self) -> bool:
+        """Replica 0 of its stage: the one that hands the stage's state in."""
+        return self.topo.replica_index(self.device) == 0
 
     def train(self, comm) -> None:
-        from hppctl.runtime.bootstrap import put_blob
+        from hppctl.runtime.progress import StepReporter
 
         opts = self.config.options
-        executor = self._executor_class()(self.device, self.config.schedule.actions[self.device], self.topo,
-                                          self.stage, self.optimizer, comm, self.feed, trace=opts.trace)
-        from hppctl.runtime.progress import StepReporter
+        executor = self.new_executor(comm)
         executor.on_step = StepReporter(self.store, self.device, "micro-batches", opts.progress_every_s).report
-        primary = self.topo.replica_index(self.device) == 0
         for r in range(opts.start_round, opts.rounds):
-            stats = self.run_round(executor, r)
-            self.store.set(f"metrics/{r}/{self.device}", json.dumps(self.report(stats)))
-            if primary and self.checkpoint_due(r + 1):
-                put_blob(self.store, f"ckpt/{r + 1}/{self.stage_index}", self.state_blob(r + 1))
-        if primary:
-            put_blob(self.store, f"final/{self.stage_index}", self.state_blob(opts.rounds))
-
-    def _executor_class(self):
-        """Asynchronous windows (nf1b, pipedream: docs/timeprest.md), Bi-Partition stages, or the plain executor."""
-        if self.config.schedule.micro_batches_per_update is not None:
-            from hppctl.runtime.async_exec import async_executor_class
-            return async_executor_class(self.config.schedule)
-        if self.bipartition:
-            from hppctl.runtime.bipartition import BiExecutor
-            return BiExecutor
-        from hppctl.runtime.executor import Executor
-        return Executor
+            self.publish_round(self.run_round(executor, r))
+        self.publish_final()
 
     def run_round(self, executor, r: int):
         import torch
@@ -153,12 +94,26 @@ class Worker:
         stats.cpu_s = time.process_time() - cpu
         return stats
 
+    def publish_round(self, stats, **extra) -> None:
+        """The round's metrics report (with `extra`), and the stage state when a checkpoint is due."""
+        from hppctl.runtime.bootstrap import put_blob
+
+        self.store.set(wire.metrics(stats.round, self.device), json.dumps({**self.report(stats), **extra}))
+        completed = stats.round + 1
+        if self.primary and self.checkpoint_due(completed):
+            put_blob(self.store, wire.ckpt(completed, self.stage_index), self.state_blob(completed))
+
+    def publish_final(self) -> None:
+        from hppctl.runtime.bootstrap import put_blob
+
+        if self.primary:
+            put_blob(self.store, wire.final(self.stage_index), self.state_blob(self.config.options.rounds))
+
     def report(self, stats) -> dict:
         """The round's metrics report (`metrics/<round>/<device>`)."""
         report = stats.as_json()
-        report.update(device=self.device, stage=self.stage_index, rss_bytes=rss_bytes(),
-                      peak_rss_bytes=peak_rss_bytes(), baseline_rss_bytes=self.baseline_rss,
-                      host=socket.gethostname(), cgroup=self.cgroup,
+        report.update(device=self.device, stage=self.stage_index, **process_report(),
+                      baseline_rss_bytes=self.baseline_rss, cgroup=self.cgroup,
                       lr=self.config.options.learning_rate(stats.round))
         if self.config.options.trace:
             report["spans"] = [s.__dict__ for s in stats.spans]
@@ -169,114 +124,27 @@ class Worker:
         return bool(opts.checkpoint_every and completed % opts.checkpoint_every == 0 and completed < opts.rounds)
 
 
-class DataFeed:
-    """`executor.Feed` over a dataset and its sample order."""
+def train(ctx: WorkerContext) -> None:
+    """The body of a plain training worker: build, form the gloo groups, train every round."""
+    from hppctl.runtime import bootstrap
 
-    def __init__(self, data, order) -> None:
-        self.data, self.order = data, order
-
-    def inputs(self, round_index: int, micro_batch: int, lo: int, hi: int):
-        return self.data.train.take(self.order.indices(round_index, micro_batch, lo, hi))[0]
-
-    def labels(self, round_index: int, micro_batch: int, lo: int, hi: int):
-        return self.data.train.take(self.order.indices(round_index, micro_batch, lo, hi))[1]
-
-
-def set_learning_rate(optimizer, lr: float) -> None:
-    """Before each round: the schedule's rate for it (a resumed optimizer state carries an old one)."""
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-
-
-class NoParameters:
-    """The optimizer of a stage without parameters (say, a lone activation layer)."""
-
-    param_groups: list = []
-
-    def step(self) -> None:
-        pass
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        pass
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
-
-
-def make_optimizer(params, opts):
-    import torch
-
-    params = list(params)
-    if not params:
-        return NoParameters()
-    if opts.optimizer == "adam":
-        return torch.optim.Adam(params, lr=opts.lr, weight_decay=opts.weight_decay)
-    return torch.optim.SGD(params, lr=opts.lr, momentum=opts.momentum, weight_decay=opts.weight_decay)
+    config = ctx.config
+    worker = Worker(config, ctx.store)
+    topo = worker.topo
+    groups = bootstrap.init_process_groups(
+        ctx.store, worker.rank, topo.world_size, [topo.group_ranks(p) for p in range(topo.num_stages)],
+        worker.stage_index, store_host=config.store_host, timeout_s=config.timeout_s)
+    worker.train(bootstrap.DistComm({d: topo.rank(d) for d in topo.devices}, groups))
 
 
 def run_worker(config: WorkerConfig, token: str) -> int:
-    """Join, train, report; returns the exit code."""
-    import torch
-
-    from hppctl.runtime import bootstrap
-
-    opts = config.options
-    if opts.threads:
-        torch.set_num_threads(opts.threads)
+    """Join, train (fault-tolerant with a coordinator), report; returns the exit code."""
     if config.recovery is not None:
         from hppctl.runtime.recovery_worker import run_resilient
 
-        return run_resilient(config, token)
-    store = bootstrap.connect_store(config.store_host, config.store_port, token, timeout_s=opts.timeout_s)
-    store.set(f"pid/{config.device}", f"{socket.gethostname()} {os.getpid()}")
-    try:
-        bootstrap.join(store, token, config.device, timeout_s=opts.timeout_s)
-        worker = Worker(config, store)
-        topo = worker.topo
-        groups = bootstrap.init_process_groups(
-            store, worker.rank, topo.world_size, [topo.group_ranks(p) for p in range(topo.num_stages)],
-            worker.stage_index, store_host=config.store_host, timeout_s=opts.timeout_s)
-        try:
-            comm = bootstrap.DistComm({d: topo.rank(d) for d in topo.devices}, groups)
-            worker.train(comm)
-        finally:
-            bootstrap.destroy_process_groups()
-        store.set(f"done/{config.device}", str(time.time()))
-        return 0
-    except BaseException as e:
-        return report_failure(store, config.device, e)
-
-
-def report_failure(store, device: str, error: BaseException) -> int:
-    """Print the traceback, tell the launcher through its store; the worker's exit code (1)."""
-    traceback.print_exc()
-    try:
-        store.set(f"failed/{device}", f"{error.__class__.__name__}: {error}"[:2000])
-    except Exception:  # the store may be gone with the launcher; the exit code still says it
-        pass
-    return 1
-
-
-def worker_main(config_type, run) -> None:
-    """A worker module's entry point: one JSON line {token, config} on stdin, then `run(config, token)`."""
-    steady_heap()  # as the profile was measured (hppctl/allocator.py)
-    line = sys.stdin.readline()
-    try:
-        doc = json.loads(line)
-        token = doc["token"]
-        config = config_type.model_validate_json(json.dumps(doc["config"]))
-    except (ValueError, KeyError) as e:
-        print(f"error: worker needs one JSON line {{token, config}} on stdin ({e})", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(run(config, token))
-
-
-def main() -> None:
-    worker_main(WorkerConfig, run_worker)
+        return run_resilient(config, token, Worker)
+    return run_worker_process(config, token, train)
 
 
 if __name__ == "__main__":
-    main()
+    worker_main(WorkerConfig, run_worker)

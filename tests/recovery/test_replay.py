@@ -19,6 +19,7 @@ import time
 import pytest
 import torch
 
+from hppctl.runtime import wire
 from hppctl.runtime.config import TrainOptions
 from hppctl.runtime.recovery import RecoveryOptions, ResilientSession
 from hppctl.runtime.session import RunRequest
@@ -81,11 +82,9 @@ def _run_once(stages, victim: str | list[str] | None, sig: int | list[int] = sig
                 os.kill(session.workers[device].proc.pid, signum)
 
     def kill_once_all_arrived() -> None:
-        import torch.distributed as dist
-
-        gen1 = dist.PrefixStore("gen1/", session.store.store)
+        store = session.store.store
         members = [d for d in plan.devices() if d not in hurt]
-        while not gen1.check([f"arrived/{d}" for d in members]):
+        while not store.check([wire.arrived(1, d) for d in members]):
             if session.generation > 1:
                 return
             time.sleep(0.001)
@@ -209,14 +208,12 @@ def test_a_worker_sent_sigterm_leaves_gracefully_and_hands_its_layers_over():
     taken_over_when_it_went: list[bool] = []
 
     def watch_the_leaver(session) -> None:
-        import torch.distributed as dist
-
-        gen1, proc = dist.PrefixStore("gen1/", session.store.store), session.workers["b"].proc
+        store, proc = session.store.store, session.workers["b"].proc
 
         def watch() -> None:
             while proc.poll() is None:
                 time.sleep(0.001)
-            taken_over_when_it_went.append(gen1.check(["moved/a", "moved/c"]))
+            taken_over_when_it_went.append(store.check([wire.moved(1, "a"), wire.moved(1, "c")]))
 
         threading.Thread(target=watch, daemon=True).start()
 

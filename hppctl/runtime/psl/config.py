@@ -37,3 +37,5 @@ class PslWorkerConfig(FrozenModel):
     options: PslOptions
     fedavg_weights: list[Annotated[float, Field(ge=0, le=1)]]
     """w_j = n_j / Σ n per client (plan order), from the shard sizes; helpers need them and never load data."""
+    threads = property(lambda self: self.options.train.threads)  # what worker_entry reads of every worker config
+    timeout_s = property(lambda self: self.options.train.timeout_s)

@@ -14,29 +14,22 @@ becomes `failed/<device>` (traceback on stderr) and exit code 1.
 
 from __future__ import annotations
 
-import io
 import json
-import os
-import socket
 import time
+from functools import partial
 
+from hppctl.runtime import wire
 from hppctl.runtime.psl.config import PslWorkerConfig
-from hppctl.runtime.worker import report_failure, worker_main
-
-
-def load_blob(store, key: str):
-    import torch
-
-    from hppctl.runtime.bootstrap import get_blob
-
-    return torch.load(io.BytesIO(get_blob(store, key)), weights_only=True)
+from hppctl.runtime.training_state import make_optimizer
+from hppctl.runtime.worker_entry import WorkerContext, cpu_cgroup, load_blob, process_report, run_worker_process, \
+    worker_main
 
 
 def build_part(config: PslWorkerConfig, store, start: int, end: int):
     from hppctl.runtime.stage import Stage
 
     plan = config.plan
-    return Stage(plan.model, plan.granularity, start, end, tensors=load_blob(store, f"init/{start}-{end}"))
+    return Stage(plan.model, plan.granularity, start, end, tensors=load_blob(store, wire.init_part(start, end)))
 
 
 def num_layers(model: str, granularity: str) -> int:
@@ -67,7 +60,6 @@ class PslWorker:
         from hppctl.runtime.data import load_data
         from hppctl.runtime.psl.data import ClientSamples, shards
         from hppctl.runtime.psl.roles import Client
-        from hppctl.runtime.worker import make_optimizer
 
         plan, opts, topo = self.config.plan, self.config.options, self.topo
         index = topo.clients.index(self.device)
@@ -87,7 +79,6 @@ class PslWorker:
     def _helper(self):
         from hppctl.runtime.psl.roles import Helper
         from hppctl.runtime.psl.topology import task_tails
-        from hppctl.runtime.worker import make_optimizer
 
         plan, topo = self.config.plan, self.topo
         copies = {}
@@ -138,57 +129,25 @@ class PslWorker:
                 "fedavg_s": fedavg_s, "batches": batches}
 
     def final_blob(self) -> bytes:
-        import torch
+        from hppctl.runtime.replication import to_bytes
 
-        buf = io.BytesIO()
-        torch.save({name: stage.state_dict() for name, stage in self.parts.items()}, buf)
-        return buf.getvalue()
+        return to_bytes({name: stage.state_dict() for name, stage in self.parts.items()})
 
 
-def train(worker: PslWorker) -> None:
-    from hppctl.runtime.bootstrap import put_blob
-    from hppctl.runtime.worker import cpu_cgroup, peak_rss_bytes, rss_bytes
-
-    cgroup, host = cpu_cgroup(), socket.gethostname()
-    for r in range(worker.config.options.train.rounds):
-        report = worker.run_round(r)
-        report.update(rss_bytes=rss_bytes(), peak_rss_bytes=peak_rss_bytes(), host=host, cgroup=cgroup)
-        worker.store.set(f"metrics/{r}/{worker.device}", json.dumps(report))
-    put_blob(worker.store, f"final/{worker.device}", worker.final_blob())
-
-
-def run_worker(config: PslWorkerConfig, token: str) -> int:
-    """Join, train, report; returns the exit code."""
-    import torch
-
+def serve(ctx: WorkerContext) -> None:
+    """The body of a PSL worker: its role, the gloo groups, the rounds, the final parts."""
     from hppctl.runtime import bootstrap
-    from hppctl.runtime.psl.topology import PslTopology
 
-    opts = config.options.train
-    if opts.threads:
-        torch.set_num_threads(opts.threads)
-    store = bootstrap.connect_store(config.store_host, config.store_port, token, timeout_s=opts.timeout_s)
-    store.set(f"pid/{config.device}", f"{socket.gethostname()} {os.getpid()}")
-    try:
-        bootstrap.join(store, token, config.device, timeout_s=opts.timeout_s)
-        worker = PslWorker(config, store)
-        topo = PslTopology.of(config.plan)
-        bootstrap.init_process_groups(store, topo.rank(config.device), topo.world_size, [], 0,
-                                      store_host=config.store_host, timeout_s=opts.timeout_s)
-        try:
-            worker.make_groups(opts.timeout_s)
-            train(worker)
-        finally:
-            bootstrap.destroy_process_groups()
-        store.set(f"done/{config.device}", str(time.time()))
-        return 0
-    except BaseException as e:
-        return report_failure(store, config.device, e)
-
-
-def main() -> None:
-    worker_main(PslWorkerConfig, run_worker)
+    config, store, cgroup = ctx.config, ctx.store, cpu_cgroup()
+    worker = PslWorker(config, store)
+    bootstrap.init_process_groups(store, worker.topo.rank(config.device), worker.topo.world_size, [], 0,
+                                  store_host=config.store_host, timeout_s=config.timeout_s)
+    worker.make_groups(config.timeout_s)
+    for r in range(config.options.train.rounds):
+        report = {**worker.run_round(r), **process_report(), "cgroup": cgroup}
+        store.set(wire.metrics(r, config.device), json.dumps(report))
+    bootstrap.put_blob(store, wire.final(config.device), worker.final_blob())
 
 
 if __name__ == "__main__":
-    main()
+    worker_main(PslWorkerConfig, partial(run_worker_process, body=serve))

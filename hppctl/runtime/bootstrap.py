@@ -351,12 +351,12 @@ def put_blob(store, key: str, data: bytes) -> None:
     """Chunks first, then the count: a reader that sees `key/n` finds every chunk."""
     chunks = [data[i:i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)] or [b""]
     for i, chunk in enumerate(chunks):
-        store.set(f"{key}/{i}", chunk)
-    store.set(f"{key}/n", str(len(chunks)))
+        store.set(wire.blob_chunk(key, i), chunk)
+    store.set(wire.blob_count(key), str(len(chunks)))
 
 
 def has_blob(store, key: str) -> bool:
-    return store.check([f"{key}/n"])
+    return store.check([wire.blob_count(key)])
 
 
 def read_value(store, key: str, limit: int) -> bytes:
@@ -390,7 +390,7 @@ def read_line(store, key: str, limit: int = MAX_SHORT_BYTES) -> str:
 
 
 def blob_chunks(store, key: str) -> int:
-    text = read_line(store, f"{key}/n").strip()
+    text = read_line(store, wire.blob_count(key)).strip()
     if not (text.isdigit() and 0 < int(text) <= MAX_BLOB_CHUNKS):
         raise RuntimeFailure(f"the run's store says {key!r} has {text[:40]!r} chunks (1 to {MAX_BLOB_CHUNKS}): "
                              f"refused")
@@ -399,11 +399,11 @@ def blob_chunks(store, key: str) -> int:
 
 def get_blob(store, key: str, *, delete: bool = False) -> bytes:
     n = blob_chunks(store, key)
-    parts = [read_value(store, f"{key}/{i}", CHUNK_BYTES) for i in range(n)]
+    parts = [read_value(store, wire.blob_chunk(key, i), CHUNK_BYTES) for i in range(n)]
     if delete:
         for i in range(n):
-            store.delete_key(f"{key}/{i}")
-        store.delete_key(f"{key}/n")
+            store.delete_key(wire.blob_chunk(key, i))
+        store.delete_key(wire.blob_count(key))
     return b"".join(parts)
 
 

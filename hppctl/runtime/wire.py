@@ -160,6 +160,18 @@ def timings(device: str) -> str:
     return f"timings/{device}"
 
 
+# --- blobs ------------------------------------------------------------------------------------------
+# A blob (torch state, shards) larger than one store value travels as numbered chunks under its key.
+
+def blob_chunk(key: str, index: int) -> str:
+    return f"{key}/{index}"
+
+
+def blob_count(key: str) -> str:
+    """How many chunks the blob under `key` has; written last, so its presence means complete."""
+    return f"{key}/n"
+
+
 # --- helpers -------------------------------------------------------------------------------------------
 
 def metrics_keys(round_index: int, devices: Sequence[str]) -> list[str]:

@@ -3,6 +3,11 @@ when this machine cannot build it (not root, a tool missing, no cpu/memory cgrou
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
 import pytest
 
 from hppctl.errors import BadInput
@@ -36,3 +41,39 @@ def free_subnet() -> str:
     from hppctl.lab import network
 
     return network.free_subnet()
+
+
+@dataclass(frozen=True)
+class BuiltLab:
+    """A lab a test module brought up: its spec file, state dir, cluster file and subnet."""
+    root: Path
+    spec: Path
+    state_dir: Path
+    cluster_file: Path
+    subnet: str
+
+
+@contextmanager
+def built_lab(tmp_path_factory, name: str, spec_template: str) -> Iterator[BuiltLab]:
+    """Bring up the lab `spec_template` describes (its `{subnet}` filled with a free one) in a state
+    dir of its own, skip with the reason when this machine cannot, and remove it afterwards.
+
+    A crashed earlier run's lab of the same name and state dir is removed first."""
+    from hppctl.cli import run
+
+    reason = lab_unavailable_reason()
+    if reason:
+        pytest.skip(f"lab tests need root, tools and cgroups: {reason}")
+    root = tmp_path_factory.mktemp(f"{name}-lab")
+    subnet = free_subnet()
+    spec = root / "lab.yaml"
+    spec.write_text(spec_template.replace("{subnet}", subnet))
+    lab = BuiltLab(root, spec, root / "state", root / "cluster.yaml", subnet)
+    down = ["lab", "down", "--name", name, "--state-dir", str(lab.state_dir)]
+    run(down)
+    assert run(["lab", "up", "--spec", str(spec), "--out", str(lab.cluster_file),
+                "--state-dir", str(lab.state_dir)]) == 0
+    try:
+        yield lab
+    finally:
+        run(down)

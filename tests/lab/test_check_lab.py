@@ -38,19 +38,10 @@ def hppctl(*argv, timeout: float = 300) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    from tests.lab.conftest import free_subnet, lab_unavailable_reason
+    from tests.lab.conftest import built_lab
 
-    reason = lab_unavailable_reason()
-    if reason:
-        pytest.skip(f"lab tests need root, tools and cgroups: {reason}")
-    root = tmp_path_factory.mktemp("check-lab")
-    (root / "lab.yaml").write_text(SPEC.replace("{subnet}", free_subnet()))
-    state_dir, cluster_file = root / "state", root / "cluster.yaml"
-    hppctl("lab", "down", "--name", NAME, "--state-dir", state_dir)
-    up = hppctl("lab", "up", "--spec", root / "lab.yaml", "--out", cluster_file, "--state-dir", state_dir)
-    assert up.returncode == 0, up.stderr
-    yield cluster_file, state_dir
-    hppctl("lab", "down", "--name", NAME, "--state-dir", state_dir)
+    with built_lab(tmp_path_factory, NAME, SPEC) as built:
+        yield built.cluster_file, built.state_dir
 
 
 def test_a_three_host_lab_passes(lab):

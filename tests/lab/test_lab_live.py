@@ -41,21 +41,11 @@ RATE_TOLERANCE = 0.10
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    from hppctl.cli import run
-    from tests.lab.conftest import lab_unavailable_reason
+    from tests.lab.conftest import built_lab
 
-    reason = lab_unavailable_reason()
-    if reason:
-        pytest.skip(f"lab tests need root, tools and cgroups: {reason}")
-    root = tmp_path_factory.mktemp("lab")
-    spec = root / "lab.yaml"
-    spec.write_text(SPEC.replace("{subnet}", free_subnet()))
-    state_dir, cluster_file = root / "state", root / "cluster.yaml"
-    run(["lab", "down", "--name", NAME, "--state-dir", str(state_dir)])  # a crashed earlier run's leftovers
-    assert run(["lab", "up", "--spec", str(spec), "--out", str(cluster_file), "--state-dir", str(state_dir)]) == 0
-    yield {"cluster": load(cluster_file, ClusterSpec), "state_dir": state_dir, "cluster_file": cluster_file,
-           "subnet": spec.read_text().split("subnet: ")[1].split()[0]}
-    run(["lab", "down", "--name", NAME, "--state-dir", str(state_dir)])
+    with built_lab(tmp_path_factory, NAME, SPEC) as built:
+        yield {"cluster": load(built.cluster_file, ClusterSpec), "state_dir": built.state_dir,
+               "cluster_file": built.cluster_file, "subnet": built.subnet}
 
 
 def lab_status(cli, lab) -> dict:

@@ -38,21 +38,11 @@ ARGS = ["--model", "tiny-cnn", "--batch-sizes", "1,4", "--repeats", "3", "--warm
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    from hppctl.cli import run
-    from tests.lab.conftest import free_subnet, lab_unavailable_reason
+    from tests.lab.conftest import built_lab
 
-    reason = lab_unavailable_reason()
-    if reason:
-        pytest.skip(f"lab tests need root, tools and cgroups: {reason}")
-    root = tmp_path_factory.mktemp("prof-lab")
-    spec = root / "lab.yaml"
-    spec.write_text(SPEC.replace("{subnet}", free_subnet()))
-    state_dir, cluster_file = root / "state", root / "cluster.yaml"
-    run(["lab", "down", "--name", NAME, "--state-dir", str(state_dir)])
-    assert run(["lab", "up", "--spec", str(spec), "--out", str(cluster_file), "--state-dir", str(state_dir)]) == 0
-    yield {"root": root, "state_dir": state_dir, "cluster_file": cluster_file,
-           "cluster": load(cluster_file, ClusterSpec)}
-    run(["lab", "down", "--name", NAME, "--state-dir", str(state_dir)])
+    with built_lab(tmp_path_factory, NAME, SPEC) as built:
+        yield {"root": built.root, "state_dir": built.state_dir, "cluster_file": built.cluster_file,
+               "cluster": load(built.cluster_file, ClusterSpec)}
     for name in QUOTAS:  # --install's venvs (the hosts share this machine's home)
         shutil.rmtree(Path.home() / ".cache" / "hppctl" / "devices" / name, ignore_errors=True)
 

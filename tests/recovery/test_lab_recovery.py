@@ -60,20 +60,10 @@ class Lab:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    from hppctl.cli import run
-    from tests.lab.conftest import free_subnet, lab_unavailable_reason
+    from tests.lab.conftest import built_lab
 
-    reason = lab_unavailable_reason()
-    if reason:
-        pytest.skip(f"lab tests need root, tools and cgroups: {reason}")
-    root = tmp_path_factory.mktemp("recovery-lab")
-    (root / "lab.yaml").write_text(SPEC.replace("{subnet}", free_subnet()))
-    state_dir, cluster_file = root / "state", root / "cluster.yaml"
-    run(["lab", "down", "--name", NAME, "--state-dir", str(state_dir)])
-    assert run(["lab", "up", "--spec", str(root / "lab.yaml"), "--out", str(cluster_file),
-                "--state-dir", str(state_dir)]) == 0
-    yield Lab(load(cluster_file, ClusterSpec), state_dir)
-    run(["lab", "down", "--name", NAME, "--state-dir", str(state_dir)])
+    with built_lab(tmp_path_factory, NAME, SPEC) as built:
+        yield Lab(load(built.cluster_file, ClusterSpec), built.state_dir)
 
 
 SINGLE = [((0, 2), ["tx0"], [4]), ((2, 3), ["nano0"], [4]), ((3, 4), ["nano1"], [4]), ((4, 5), ["nano2"], [4])]

@@ -31,20 +31,10 @@ hosts:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    from hppctl.cli import run
-    from tests.lab.conftest import free_subnet, lab_unavailable_reason
+    from tests.lab.conftest import built_lab
 
-    reason = lab_unavailable_reason()
-    if reason:
-        pytest.skip(f"lab tests need root, tools and cgroups: {reason}")
-    root = tmp_path_factory.mktemp("run-lab")
-    (root / "lab.yaml").write_text(SPEC.replace("{subnet}", free_subnet()))
-    state_dir, cluster_file = root / "state", root / "cluster.yaml"
-    run(["lab", "down", "--name", NAME, "--state-dir", str(state_dir)])
-    assert run(["lab", "up", "--spec", str(root / "lab.yaml"), "--out", str(cluster_file),
-                "--state-dir", str(state_dir)]) == 0
-    yield load(cluster_file, ClusterSpec)
-    run(["lab", "down", "--name", NAME, "--state-dir", str(state_dir)])
+    with built_lab(tmp_path_factory, NAME, SPEC) as built:
+        yield load(built.cluster_file, ClusterSpec)
 
 
 def test_training_over_ssh_equals_the_single_process_loop(lab):

@@ -19,6 +19,7 @@ from hppctl.runtime import bootstrap, wire
     (wire.arrived(2, "a"), "gen2/arrived/a"), (wire.moved(2, "a"), "gen2/moved/a"),
     (wire.generation_prefix(2), "gen2/"), (wire.shard("a"), "shard/a"), (wire.ids(), "ids"),
     (wire.output(), "output"), (wire.timings("a"), "timings/a"), (wire.PG_PREFIX, "pg/"),
+    (wire.blob_chunk("init/0", 3), "init/0/3"), (wire.blob_count("init/0"), "init/0/n"),
 ])
 def test_keys_are_the_ones_the_runtime_uses(key, expected):
     assert key == expected
@@ -41,3 +42,16 @@ def test_wire_imports_nothing_of_hppctl():
     imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)] + \
                [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     assert not [m for m in imported if m and m.startswith("hppctl")], imported
+
+
+def test_no_store_key_is_written_outside_the_wire_module():
+    """Issue 26: every key is built by runtime/wire.py; a key literal elsewhere is a second vocabulary."""
+    import re
+    from pathlib import Path
+    root = Path(wire.__file__).resolve().parents[1]
+    families = ("nonce|join|start|pid|done|failed|progress|init|resume|metrics|ckpt|final|ready|finished|end|"
+                "stall|gather|reconf|heavy|gen|arrived|moved|shard|ids|timings|output")
+    key_literal = re.compile(rf'f"({families}|\{{key\}})[/{{]|store\.(set|get|check|wait|delete_key|add)\(\[?"({families})[/"]')
+    found = [f"{p.relative_to(root)}:{n}: {line.strip()}" for p in sorted(root.rglob("*.py")) if p.name != "wire.py"
+             for n, line in enumerate(p.read_text().splitlines(), 1) if key_literal.search(line)]
+    assert not found, "\n".join(found)

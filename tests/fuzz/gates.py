@@ -51,9 +51,9 @@ def _lab_build_reached(*args, **kwargs):
 
 # (module, attribute, replacement): the first step of real work in each command.
 GATES = (
-    ("hppctl.runtime.session", "prepare_local_workers", _stop),  # run, coordinator, demo: before any worker
-    ("hppctl.runtime.psl.session", "prepare_local_workers", _stop),  # psl run
-    ("hppctl.runtime.galaxy.launch", "prepare_local_workers", _stop),  # run on an inference plan
+    # every run kind (training, fault tolerance, psl, inference; run, coordinator, demo, psl run)
+    # starts its workers through the one launcher skeleton: stop there, before any worker
+    ("hppctl.runtime.launcher", "prepare_local_workers", _stop),
     ("hppctl.cli.demo", "_profile", _stop),  # demo: its quick profile measures this machine for ~10 s
     ("hppctl.profiling.cluster", "_measure_devices", _stop_if_measuring),  # profile: local:/host: devices
     ("hppctl.lab.manager", "preflight", _lab_preflight),  # lab up: root and cgroup checks, not needed to validate

@@ -135,8 +135,8 @@ def run_command(
     if is_psl_file(plan):  # parallel split learning (issue 11); `hppctl psl run` has its PSL-only flags
         from hppctl.cli.psl import run_psl
         # --profile (with --replan on) asks for fault tolerance: refused with the table's why, not as a stray flag
-        check_features("psl", f"{plan} is a psl plan", {**requested, "fault tolerance": requested["fault tolerance"] or (
-            "--profile" if profile is not None and replan != "off" else None)})
+        asked = requested["fault tolerance"] or ("--profile" if profile is not None and replan != "off" else None)
+        check_features("psl", f"{plan} is a psl plan", {**requested, "fault tolerance": asked})
         for flag, value in (("--epochs", epochs), ("--profile", profile), ("--lr-schedule", lr_schedule),
                             ("--warmup-rounds", warmup_rounds or None), ("--bn-recalibrate", bn_recalibrate or None),
                             ("--init-from", init_from), ("--more-rounds", more_rounds), ("--more-epochs", more_epochs)):
@@ -176,7 +176,8 @@ def run_command(
     kind, what = plan_kind_text(hpp, str(plan), schedule)
     check_features(kind, what, {**requested, "fault tolerance": "--replan" if prof is not None and replan != "off"
                                 else None})
-    writable_path("--checkpoint-dir", checkpoint_dir, directory=True)  # after the refusals: a refused run makes no folder
+    # after the refusals: a refused run (a Bi-Partition --resume) makes no checkpoint folder
+    writable_path("--checkpoint-dir", checkpoint_dir, directory=True)
     lineage = None
     if resume:
         hpp, prof, lineage = driver.plan_to_resume(checkpoint_dir, hpp, prof, plan, rejoin, view=TrainingView())

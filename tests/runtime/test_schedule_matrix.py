@@ -162,8 +162,10 @@ def lost_a_device(kind: str, files: dict, tmp_path: Path) -> dict:
     that finished before the kill landed tested nothing and is run again (at most 3 times)."""
     for _ in range(3):
         summary = run_and_kill_a_worker(kind, files, tmp_path)
-        if any(e["event"] == "lost" for e in summary["events"]):
+        lost = [e["device"] for e in summary["events"] if e["event"] == "lost"]
+        if lost:
             assert any(e["event"] == "replanned" for e in summary["events"]), summary["events"]
+            assert not set(lost) & {d for s in summary["final_stages"] for d in s["devices"]}, summary["final_stages"]
             assert summary["rounds_run"] == EPOCHS * BATCHES_PER_EPOCH
             return torch.load(tmp_path / "model.pt")
     pytest.fail("a worker was killed and nothing was lost, 3 runs in a row")
@@ -192,7 +194,8 @@ def run_and_kill_a_worker(kind: str, files: dict, tmp_path: Path) -> dict:
 def traced(kind: str, files: dict, tmp_path: Path) -> dict:
     """A run with `--trace`: the trace lays out the run, and tracing leaves the parameters alone."""
     trace = tmp_path / "trace.json"
-    summary = finish([*base_args(kind, files), "--trace", trace, "--save-model", tmp_path / "model.pt"], "the traced run")
+    args = [*base_args(kind, files), "--trace", trace, "--save-model", tmp_path / "model.pt"]
+    summary = finish(args, "the traced run")
     assert_chrome_trace(json.loads(trace.read_text()), rounds=summary["rounds_run"],
                         steps=EPOCHS * BATCHES_PER_EPOCH)
     return torch.load(tmp_path / "model.pt")

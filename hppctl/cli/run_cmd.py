@@ -134,12 +134,14 @@ def run_command(
         "--no-overlap": None if overlap else True, "--wire-dtype": None if wire_dtype == "float32" else wire_dtype})
     if is_psl_file(plan):  # parallel split learning (issue 11); `hppctl psl run` has its PSL-only flags
         from hppctl.cli.psl import run_psl
+        # --profile (with --replan on) asks for fault tolerance: refused with the table's why, not as a stray flag
+        asked = requested["fault tolerance"] or ("--profile" if profile is not None and replan != "off" else None)
+        check_features("psl", f"{plan} is a psl plan", {**requested, "fault tolerance": asked})
         for flag, value in (("--epochs", epochs), ("--profile", profile), ("--lr-schedule", lr_schedule),
                             ("--warmup-rounds", warmup_rounds or None), ("--bn-recalibrate", bn_recalibrate or None),
                             ("--init-from", init_from), ("--more-rounds", more_rounds), ("--more-epochs", more_epochs)):
             if value is not None:
                 raise BadInput(f"{flag}: not supported for psl plans (see `hppctl psl run --help`)")
-        check_features("psl", f"{plan} is a psl plan", requested)
         return run_psl(plan, cluster, rounds=rounds or 1, dataset=dataset, seed=seed, optimizer=optimizer, lr=lr,
                        momentum=momentum, weight_decay=weight_decay, metrics=metrics, save_model=save_model,
                        threads=threads, listen=listen, timeout=timeout, log=log, as_json=as_json,
@@ -167,7 +169,6 @@ def run_command(
     for flag, path, suffixes in (("--metrics", metrics, (".jsonl", ".json")), ("--trace", trace, (".json",))):
         if path is not None and path.suffix.lower() not in suffixes:
             raise BadInput(f"{flag}: {path}: use a {' or '.join(suffixes)} file")
-    writable_path("--checkpoint-dir", checkpoint_dir, directory=True)
 
     hpp = load(plan, HppPlan)
     inventory = load(cluster, ClusterSpec)
@@ -175,6 +176,8 @@ def run_command(
     kind, what = plan_kind_text(hpp, str(plan), schedule)
     check_features(kind, what, {**requested, "fault tolerance": "--replan" if prof is not None and replan != "off"
                                 else None})
+    # after the refusals: a refused run (a Bi-Partition --resume) makes no checkpoint folder
+    writable_path("--checkpoint-dir", checkpoint_dir, directory=True)
     lineage = None
     if resume:
         hpp, prof, lineage = driver.plan_to_resume(checkpoint_dir, hpp, prof, plan, rejoin, view=TrainingView())

@@ -229,9 +229,8 @@ class Session(Launcher):
                 loop.memory[d] = memory_of(report)
             extra = self._round_report(r, reports)
             if r >= loop.emitted:
-                for report in reports.values():
-                    if loop.trace:
-                        loop.trace.add(report)
+                for report in reports.values() if loop.trace else ():
+                    loop.trace.add(report)
                 row = {**aggregate(r, reports, self.topo, loop.previous_end, loop.rounds_per_epoch), **extra}
                 add_row(loop.rows, row, loop.on_round)
                 self._check_divergence(row, loop.options)

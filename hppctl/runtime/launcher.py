@@ -174,9 +174,13 @@ class Launcher:
         for device, worker in self.workers.items():
             code = worker.poll()
             if code not in (None, 0):
-                self._fail(device, code)
+                self._on_worker_exit(device, code)
             if self.fail_on_report and self._reported_failure(device):
                 self._fail(device, code)
+
+    def _on_worker_exit(self, device: str, code: int) -> None:
+        """A worker ended with an error: the run fails (fault tolerance suspects the device instead)."""
+        self._fail(device, code)
 
     def _reported_failure(self, device: str) -> str:
         """The error `device` reported (`failed/…`), "" if none."""

@@ -32,7 +32,7 @@ import json
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Literal
 
 from hppctl.coordinator.replay import common_layout, migration_bytes, resume_round, transfer_plan, upload_plan
@@ -45,11 +45,9 @@ from hppctl.models.events import (Armed, DeviceAnswered, DeviceLost, DevicesLate
 from hppctl.models.plan import HppPlan
 from hppctl.models.profile import Profile
 from hppctl.runtime import bootstrap, wire
-from hppctl.runtime.config import RecoveryConfig, TrainOptions, WorkerConfig
+from hppctl.runtime.config import RecoveryConfig, WorkerConfig
 from hppctl.runtime.heartbeat import HeartbeatListener, probe
-from hppctl.runtime.metrics import TraceBuilder, aggregate
 from hppctl.runtime.session import Lineage, RunResult, Session, WorkerFailed
-from hppctl.runtime.topology import Topology
 
 DROPPED_EVENT_EVERY_S = 10.0
 """At most one "dropped" event per this many seconds, with the count since the last one: a flood of
@@ -82,51 +80,30 @@ class ResilientSession(Session):
         self.listener: HeartbeatListener | None = None
         self.state: CoordinatorState | None = None
         """None until every worker joined: detection starts with the watch."""
-        self._on_fault: Callable[[dict], None] = lambda event: None
-        self._on_status: Callable[[list[dict]], None] | None = None
-        self._on_state: Callable[[Event], None] | None = None
-        self._probes: dict[str, list] = {}
-        self._probe_ports: dict[str, tuple[str, int]] = {}
-        self._leaver_heard: dict[str, float] = {}
-        """When each device that left was last heard from (its beats say `leave` until it has gone)."""
-        self._helpers: list[str] = []
-        """Devices that left and are sending their layers to their new owners (until they end, exit 0)."""
-        self._fenced: set[str] = set()
-        self._dropped_seen = 0
-        self._dropped_logged_at = float("-inf")
-        self._layout = Layout(0, self.plan, recovery.profile)
-        """The layout the workers train on (or are moving to); `_previous`: the one it was made from."""
-        self._previous: Layout | None = None
+        self.ft = FaultState(layout=Layout(0, self.plan, recovery.profile))
 
     def run(self, *, on_round=None, on_event=None, on_fault: Callable[[dict], None] | None = None,
             on_status: Callable[[list[dict]], None] | None = None,
             on_state: Callable[[Event], None] | None = None) -> RunResult:
         """`on_state`: every event the coordinator's state applies (heartbeats included), as it is
         applied; the state keeps only the last LOG_WINDOW (coordinator/state.py)."""
-        self._on_fault = on_fault or self._on_fault
-        self._on_status = on_status
-        self._on_state = on_state
+        self.ft.on_fault = on_fault or self.ft.on_fault
+        self.ft.on_status = on_status
+        self.ft.on_state = on_state
         return super().run(on_round=on_round, on_event=on_event)
 
     def probe_address(self, device: str) -> tuple[str, int] | None:
         """Where the coordinator would probe `device` (the port its beats announce); None until heard."""
-        address, port = self._probe_ports.get(device, (None, 0))
+        address, port = self.ft.probe_ports.get(device, (None, 0))
         return (address, port) if port else None
 
     # --- set-up ---------------------------------------------------------------------------------
     def _host_store(self, timeout_s: float) -> bootstrap.RunStore:
         store = super()._host_store(timeout_s)
-        addresses = {d: self._addresses_of(d, store.host) for d in self.topo.devices}
+        addresses = {d: heartbeat_addresses(self.request.cluster, d, store.host) for d in self.topo.devices}
         self.listener = HeartbeatListener(store.host, store.token, addresses,
                                           port=self.recovery.heartbeat_port).start()
         return store
-
-    def _addresses_of(self, device: str, store_host: str) -> set[str]:
-        """Where this device's heartbeats may come from: its SSH host's address, else this machine's."""
-        spec = self.request.cluster.device(device)
-        if spec.host is not None:
-            return {socket.gethostbyname(spec.host)}
-        return {"127.0.0.1"} if store_host.startswith("127.") else {store_host}
 
     def _worker_config(self, config: WorkerConfig) -> WorkerConfig:
         r = self.recovery
@@ -156,36 +133,30 @@ class ResilientSession(Session):
         generation) and pass its `--metrics` line form on."""
         event = kind(at=time.time(), generation=self.generation, **fields).wire()
         self.events.append(event)
-        self._on_fault(event)
+        self.ft.on_fault(event)
         return event
 
     def _apply(self, event: Event) -> None:
-        self.state = apply_all(self.state, (event,), self._on_state)
-
-    def _clock(self) -> float:
-        return time.monotonic() - self._t0
+        self.state = apply_all(self.state, (event,), self.ft.on_state)
 
     # --- liveness -----------------------------------------------------------------------------------
-    def _check_alive(self) -> None:
-        for device, worker in self.workers.items():
-            if device in self.lost:
-                continue
-            code = worker.poll()
-            if code in (None, 0):
-                continue
-            key = wire.failed(device)
-            if self.store is not None and self.store.store.check([key]):
-                self._fail(device, code)  # the worker reported an error of its own: no replay can help
-            if self.state is None:
-                self._fail(device, code)  # before every worker trains there is nothing to replay
-            if self.state.devices[device].health == "alive":
-                self._suspect(Suspected(device=device, at_s=self._clock(), silent_s=0.0), why=f"exit {code}")
+    def _on_worker_exit(self, device: str, code: int) -> None:
+        """A worker process that ended without reporting an error is suspect at once (a lost one is
+        ignored); one that reported an error, or any before every worker trains, fails the run."""
+        if device in self.lost:
+            return
+        if self._reported_failure(device):
+            self._fail(device, code)  # the worker reported an error of its own: no replay can help
+        if self.state is None:
+            self._fail(device, code)  # before every worker trains there is nothing to replay
+        if self.state.devices[device].health == "alive":
+            self._suspect(Suspected(device=device, at_s=self.ft.clock(), silent_s=0.0), why=f"exit {code}")
 
     def _suspect(self, event: Suspected, why: str) -> None:
         self._apply(event)
         self._event(DeviceSuspected, device=event.device, silent_s=round(event.silent_s, 3), why=why)
         result: list = []
-        address, port = self._probe_ports.get(event.device, (None, None))
+        address, port = self.ft.probe_ports.get(event.device, (None, None))
 
         def run_probe() -> None:
             ok = bool(port) and probe(address, port, self.store.token, event.device, self.recovery.probe_s)
@@ -193,13 +164,13 @@ class ResilientSession(Session):
 
         thread = threading.Thread(target=run_probe, daemon=True, name=f"probe-{event.device}")
         thread.start()
-        self._probes[event.device] = result
+        self.ft.probes[event.device] = result
 
     def _arm(self) -> None:
         """Start failure detection once every worker has built its stage and joined the gloo group
         (before that, a slow start-up is not a failure, and a dead worker simply fails the run)."""
         if self.state is None and self.store.store.check([wire.ready(d) for d in self.topo.devices]):
-            self._t0 = time.monotonic()
+            self.ft.t0 = time.monotonic()
             self.state = CoordinatorState.start(list(self.topo.devices), now_s=0.0)
             self.listener.drain()
             self._event(Armed, devices=list(self.topo.devices))
@@ -209,107 +180,69 @@ class ResilientSession(Session):
         become one "dropped" event per DROPPED_EVENT_EVERY_S at most: how many since the last one, the
         total, and a few sample reasons. `final`: whatever is left, now (the run is ending)."""
         dropped, now = self.listener.dropped, time.monotonic()
-        fields = dropped_event(dropped.count, self._dropped_seen, dropped.recent(after=self._dropped_seen),
-                               since_last_s=now - self._dropped_logged_at, final=final)
+        fields = dropped_event(dropped.count, self.ft.dropped_seen, dropped.recent(after=self.ft.dropped_seen),
+                               since_last_s=now - self.ft.dropped_logged_at, final=final)
         if fields is not None:
             self._event(Dropped, **fields)
-            self._dropped_seen, self._dropped_logged_at = fields["total"], now
+            self.ft.dropped_seen, self.ft.dropped_logged_at = fields["total"], now
 
-    def _coordinate(self) -> None:
+    def _on_tick(self) -> None:
+        """Arm detection once every worker is ready, then detect, re-plan and replay; the status table once a second."""
         self._log_dropped()
         if self.state is None:
             self._arm()
             return
-        losses = self._detect() + self._failed_helpers()
+        self.ft.helpers = [d for d in self.ft.helpers if self.workers[d].poll() != 0]  # exit 0: all layers sent
+        losses = self._detect() + self._failed_leavers(self.ft.helpers, "while handing its layers over")
         if losses:
             self._recover(losses)
+        if self.ft.on_status and time.monotonic() - self.ft.last_status > 1.0:
+            self.ft.on_status(status_rows(self.state, self.topo.stage_of, self.ft.clock()))
+            self.ft.last_status = time.monotonic()
 
     def _detect(self) -> list["Loss"]:
         """Read the beats, suspect the silent, settle the probes: the devices confirmed lost since last time."""
         losses: dict[str, Loss] = {}
         for beat in self.listener.drain():
-            if beat.device in self._leaver_heard:
-                self._leaver_heard[beat.device] = self._clock()
+            if beat.device in self.ft.leaver_heard:
+                self.ft.leaver_heard[beat.device] = self.ft.clock()
             if beat.device in self.lost or beat.device in losses:
                 continue
-            self._probe_ports[beat.device] = (beat.address, int(beat.doc.get("probe_port", 0)))
+            self.ft.probe_ports[beat.device] = (beat.address, int(beat.doc.get("probe_port", 0)))
             if beat.doc["kind"] == "leave":
                 losses[beat.device] = Loss(beat.device, "left", leaving=True)
                 continue
-            self._apply(Heartbeat(device=beat.device, at_s=self._clock(), round=int(beat.doc.get("round", 0)),
+            self._apply(Heartbeat(device=beat.device, at_s=self.ft.clock(), round=int(beat.doc.get("round", 0)),
                                   samples_per_s=float(beat.doc.get("samples_per_s", 0.0))))
-        for suspect in find_suspects(self.state, self._clock(), self.recovery.timeout_s):
+        for suspect in find_suspects(self.state, self.ft.clock(), self.recovery.timeout_s):
             self._suspect(suspect, why=f"silent for {suspect.silent_s:.1f} s")
-        for device, result in list(self._probes.items()):
+        for device, result in list(self.ft.probes.items()):
             if not result:
                 continue
-            del self._probes[device]
+            del self.ft.probes[device]
             heard = self.state.devices[device].health == "alive"  # a beat arrived while the probe ran
             if result[0] or heard:
-                self._apply(ProbeAnswered(device=device, at_s=self._clock()))
+                self._apply(ProbeAnswered(device=device, at_s=self.ft.clock()))
                 self._event(DeviceAnswered, device=device)
             elif device not in losses:
                 losses[device] = Loss(device, "probe unanswered")
         return list(losses.values())
 
-    # --- the loop -----------------------------------------------------------------------------------
-    def _watch(self, options: TrainOptions, start_round: int, on_round) -> tuple[list[dict], dict | None, dict]:
-        store = self.store.store
-        self._t0 = time.monotonic()
-        self._options = options
-        self._on_round = on_round
-        self._rounds_per_epoch_n = self._rounds_per_epoch(options)
-        self._trace = TraceBuilder(self.topo, f"hppctl run: {self.plan.model}") if options.trace else None
-        self._rows, self._memory, self._previous_end = [], {}, None
-        self._next_round, self._emitted, self._resumed_pending = start_round, start_round, None
-        self._due = self._due_rounds(options, start_round)
-        last_status = 0.0
-        while True:
-            self._check_alive()
-            self._coordinate()
-            self._consume_reports(options.rounds)
-            self._write_checkpoints(options)
-            if self._next_round >= options.rounds and store.check(
-                    [wire.finished(self.generation, d) for d in self.topo.devices]):
-                break
-            if self._on_status and self.state is not None and time.monotonic() - last_status > 1.0:
-                self._on_status(status_rows(self.state, self.topo.stage_of, self._clock()))
-                last_status = time.monotonic()
-            time.sleep(0.02)
-        doc = self._trace.document({"rounds": len(self._rows)}) if self._trace else None
-        return self._rows, doc, self._memory
+    # --- the loop's hooks (runtime/session.py owns the loop) ----------------------------------------------
+    def _round_report(self, round_index: int, reports: dict[str, dict]) -> dict:
+        """The first round in a new layout ends the recovery ("resumed"); every row carries the
+        generation and the backup exchange's bytes and seconds."""
+        if self.ft.resumed_pending is not None and round_index >= self.ft.resume_round:
+            self._event(RunResumed, round=round_index, recovery_s=round(time.time() - self.ft.resumed_pending, 3),
+                        phases=slowest_phases(reports.values()))
+            self.ft.resumed_pending = None
+            self.ft.helpers = []  # a round completed in the new layout: every layer reached its owner
+        return dict(generation=max(x.get("generation", 0) for x in reports.values()),
+                    backup_bytes=sum(x.get("backup_bytes", 0) for x in reports.values()),
+                    backup_s=max(x.get("backup_s", 0.0) for x in reports.values()))
 
-    def _consume_reports(self, until: int) -> None:
-        """Turn every round before `until` that all devices of the current layout reported into a row."""
-        store, devices = self.store.store, list(self.topo.devices)
-        while self._next_round < until:
-            r = self._next_round
-            reports = bootstrap.take_round(store, r, devices)
-            if reports is None:
-                break
-            for d in devices:
-                self._memory[d] = {k: reports[d][k] for k in ("rss_bytes", "peak_rss_bytes", "baseline_rss_bytes",
-                                                              "host", "cgroup")}
-            if self._resumed_pending is not None and r >= self._resume_round:
-                self._event(RunResumed, round=r, recovery_s=round(time.time() - self._resumed_pending, 3),
-                            phases=slowest_phases(reports.values()))
-                self._resumed_pending = None
-                self._helpers = []  # a round completed in the new layout: every layer reached its owner
-            if r >= self._emitted:  # rounds before were replayed: their rows exist already
-                if self._trace:
-                    for d in devices:
-                        self._trace.add(reports[d])
-                row = aggregate(r, reports, self.topo, self._previous_end, self._rounds_per_epoch_n)
-                row.update(generation=max(x.get("generation", 0) for x in reports.values()),
-                           backup_bytes=sum(x.get("backup_bytes", 0) for x in reports.values()),
-                           backup_s=max(x.get("backup_s", 0.0) for x in reports.values()))
-                self._rows.append(row)
-                if self._on_round:
-                    self._on_round(row)
-                self._check_divergence(row, self._options)
-                self._emitted = r + 1
-            self._previous_end = max(x["started_at"] + x["duration_s"] for x in reports.values())
-            self._next_round += 1
+    def _finished(self) -> bool:
+        return self.store.store.check([wire.finished(self.generation, d) for d in self.topo.devices])
 
     def _reported_rounds(self) -> int:
         """How many rounds from the start every device of the current layout has reported (read or not).
@@ -317,23 +250,14 @@ class ResilientSession(Session):
         A worker keeps a round's snapshot before it reports the round (the backup exchange comes in
         between and can be interrupted): replaying from a snapshot whose round nobody reported would
         leave that round's row missing and the launcher waiting for it forever."""
-        store, devices, r = self.store.store, list(self.topo.devices), self._next_round
-        while r < self._options.rounds and store.check(wire.metrics_keys(r, devices)):
+        store, devices, r = self.store.store, list(self.topo.devices), self.loop.next_round
+        while r < self.loop.options.rounds and store.check(wire.metrics_keys(r, devices)):
             r += 1
         return r
 
-    def _due_rounds(self, options: TrainOptions, after: int) -> set[int]:
-        if not self.ckpt or not options.checkpoint_every:
-            return set()
-        return {r for r in range(after + 1, options.rounds) if r % options.checkpoint_every == 0}
-
-    def _write_checkpoints(self, options: TrainOptions) -> None:
-        self._write_due_checkpoints(options, checked=self._next_round)
-
-    def _final_states(self, options: TrainOptions) -> dict[int, dict]:
+    def _release(self) -> None:
+        """Tell the workers to end (`end`) and wait a while for them to say they did."""
         store = self.store.store
-        blobs = {p: bootstrap.get_blob(store, wire.final(p), delete=True) for p in range(self.topo.num_stages)}
-        states = self._write_final(blobs, options)
         store.set(wire.end(), "1")
         deadline = time.monotonic() + 30.0
         while time.monotonic() < deadline and not store.check(wire.done_keys(self.topo.devices)):
@@ -341,7 +265,6 @@ class ResilientSession(Session):
         late = [d for d in self.topo.devices if not store.check([wire.done(d)])]
         if late:
             self._event(DevicesLate, devices=late)
-        return states
 
     # --- recovery -----------------------------------------------------------------------------------
     def _recover(self, losses: list["Loss"]) -> None:
@@ -358,7 +281,7 @@ class ResilientSession(Session):
                                f"(--profile)")
         detected = time.time()
         leavers: list[str] = []
-        self._helpers = []  # a helper that failed is in `losses`; the new layout names its own
+        self.ft.helpers = []  # a helper that failed is in `losses`; the new layout names its own
         while True:
             for loss in losses:
                 if loss.device in leavers or loss.device in self.lost:
@@ -372,15 +295,15 @@ class ResilientSession(Session):
                 self._lose(loss)
                 if loss.leaving:
                     leavers.append(loss.device)
-                    self._leaver_heard[loss.device] = self._clock()
+                    self.ft.leaver_heard[loss.device] = self.ft.clock()
             generation = self._next_generation()
-            survivors = [d for d in self._layout.plan.devices() if d not in self.lost]
+            survivors = [d for d in self.ft.layout.plan.devices() if d not in self.lost]
             if not survivors:
                 raise WorkerFailed(f"{', '.join(self.lost)} lost: no device is left")
             losses, inventories = self._collect(generation, survivors, leavers)
             if losses:
                 continue
-            base, inventories = self._base_layout(inventories)
+            base, inventories = self.ft.base_layout(inventories, self.lost)
             gone = [d for d in base.plan.devices() if d in self.lost]
             resume = resume_round([list(s.devices) for s in base.plan.stages], gone, inventories, leavers=leavers,
                                   reported=self._reported_rounds())
@@ -389,7 +312,7 @@ class ResilientSession(Session):
                 losses, gathered = self._gather(generation, base, gone, leavers, resume)
                 if losses:
                     continue
-            result, replan_s = self._replan(base, gone)
+            result, replan_s = replan(base, gone, self.recovery.replan)
             if result.method == "heavy" and gathered is None:  # light did not fit: heavy after all
                 losses, gathered = self._gather(generation, base, gone, leavers, resume)
                 if losses:
@@ -399,27 +322,14 @@ class ResilientSession(Session):
         doc = self._reconfiguration(generation, base, result, gathered, gone, leavers, resume, inventories)
         self._clear_stale(base.plan, resume)
         self.store.store.set(wire.reconf(generation), json.dumps(doc))
-        self._helpers = list(doc.get("helpers", []))
-        self._adopt(doc, resume, base, result.profile)
+        self.ft.helpers = list(doc.get("helpers", []))
+        self._adopt_replan(doc, resume, base, result.profile)
         self._event(RunReplanned, method=result.method, requested=self.recovery.replan, lost=gone,
                     resume_round=resume, replan_s=round(replan_s, 4), devices=self.plan.devices(),
                     stages=[{"layers": s.layers, "devices": s.devices, "samples": s.samples} for s in self.plan.stages],
                     moved_bytes=doc["moved_bytes"], gathered_bytes=doc.get("gathered_bytes", 0),
                     layout=base.generation)
-        self._resumed_pending = detected
-
-    def _base_layout(self, inventories: dict[str, dict]) -> tuple["Layout", dict[str, dict]]:
-        """The layout to re-plan from (the current one, or the one before when a device was lost while the
-        survivors were moving to the current one), with every survivor's inventory in it."""
-        previous = self._previous.generation if self._previous else None
-        picked = common_layout(inventories, self._layout.generation, previous)
-        if picked is None:
-            layouts = {d: inventory.get("layout", 0) for d, inventory in inventories.items()}
-            raise WorkerFailed(f"{', '.join(self.lost)} lost while the survivors were on different layouts "
-                               f"({layouts}): no state they all hold; the run stops (--resume continues from the "
-                               f"checkpoint directory)")
-        layout, chosen = picked
-        return (self._layout if layout == self._layout.generation else self._previous), chosen
+        self.ft.resumed_pending = detected
 
     def _next_generation(self) -> int:
         """Tell every survivor, now rather than in its next acknowledgement, to stop and report."""
@@ -429,7 +339,7 @@ class ResilientSession(Session):
         return self.generation
 
     def _lose(self, loss: "Loss") -> None:
-        self._apply(Lost(device=loss.device, at_s=self._clock(), reason=loss.reason))
+        self._apply(Lost(device=loss.device, at_s=self.ft.clock(), reason=loss.reason))
         self._event(DeviceLost, device=loss.device, reason=loss.reason)
         self.lost.append(loss.device)
         if not loss.leaving:
@@ -438,9 +348,9 @@ class ResilientSession(Session):
     def _fence(self, device: str) -> None:
         """A lost worker must not come back (a stopped process resumed, a link restored): end it, once
         (over SSH each fence is a thread that may wait on a cut link)."""
-        if device in self._fenced:
+        if device in self.ft.fenced:
             return
-        self._fenced.add(device)
+        self.ft.fenced.add(device)
         worker = self.workers[device]
         proc = getattr(worker, "proc", None)
         if proc is not None:
@@ -473,12 +383,6 @@ class ResilientSession(Session):
             time.sleep(0.02)
         raise RuntimeFailure(f"timed out after {self.recovery.stall_timeout_s:.0f} s waiting for {what}")
 
-    def _failed_helpers(self) -> list["Loss"]:
-        """Helpers of the current layout that failed while sending their layers (one that ended with
-        exit 0 has sent them all)."""
-        self._helpers = [d for d in self._helpers if self.workers[d].poll() != 0]
-        return self._failed_leavers(self._helpers, "while handing its layers over")
-
     def _failed_leavers(self, leavers: list[str], when: str) -> list["Loss"]:
         """Leavers that can no longer hand their layers over: their process ended, or they have been silent
         (frozen, or behind a cut link while their SSH session lives on) for as long as a silent device
@@ -486,21 +390,12 @@ class ResilientSession(Session):
         losses = []
         for d in list(leavers):
             code = self.workers[d].poll()
-            silent = self._clock() - self._leaver_heard.get(d, self._clock())
+            silent = self.ft.clock() - self.ft.leaver_heard.get(d, self.ft.clock())
             if code is not None:
                 losses.append(Loss(d, f"left, then ended (exit {code}) {when}"))
             elif silent > self.recovery.timeout_s + self.recovery.probe_s:
                 losses.append(Loss(d, f"left, then silent for {silent:.1f} s {when}"))
         return losses
-
-    def _replan(self, base: "Layout", gone: list[str]):
-        """The plan without `gone` (light or heavy, as requested), and how long the planner took."""
-        from hppctl.planner.replan import replan_heavy, replan_light
-
-        begin = time.perf_counter()
-        planner = replan_heavy if self.recovery.replan == "heavy" else replan_light
-        result = planner(base.plan, base.profile, gone)
-        return result, time.perf_counter() - begin
 
     def _reconfiguration(self, generation: int, base: "Layout", result, gathered: dict | None,
                          gone: list[str], leavers: list[str], resume: int, inventories: dict[str, dict]) -> dict:
@@ -515,7 +410,7 @@ class ResilientSession(Session):
         if result.method == "heavy":
             from hppctl.runtime.replication import state_bytes
 
-            doc["moved_bytes"] = self._redistribute(generation, result.plan, gathered)
+            doc["moved_bytes"] = redistribute(self.store.store, generation, result.plan, gathered)
             doc["gathered_bytes"] = sum(state_bytes(gathered).values())
             doc["migrations"] = []
         else:
@@ -550,26 +445,14 @@ class ResilientSession(Session):
             merged["optim"].update(part["optim"])
         return [], merged
 
-    def _redistribute(self, generation: int, plan: HppPlan, state: dict) -> int:
-        """Every new stage's state to the store, for each of its devices to fetch; returns the bytes of
-        state they receive (`state_bytes`: every layer travels, each replica takes its own copy)."""
-        from hppctl.runtime.replication import layer_names, state_bytes, subset, to_bytes
-
-        moved = 0
-        for p, stage in enumerate(plan.stages):
-            part = subset(state, set(layer_names(plan.model, plan.granularity, stage.start, stage.end)))
-            bootstrap.put_blob(self.store.store, wire.heavy_new(generation, p), to_bytes(part))
-            moved += sum(state_bytes(part).values()) * len(stage.devices)
-        return moved
-
     def _clear_stale(self, old_plan: HppPlan, resume: int) -> None:
         """Reports and states of the abandoned generation must not mix with the replay's."""
         store = self.store.store
-        for r in range(resume, self._options.rounds):
+        for r in range(resume, self.loop.options.rounds):
             for d in old_plan.devices():
                 store.delete_key(wire.metrics(r, d))
         for p in range(len(old_plan.stages)):
-            for key in [wire.final(p)] + [wire.ckpt(r, p) for r in range(resume + 1, self._options.rounds)]:
+            for key in [wire.final(p)] + [wire.ckpt(r, p) for r in range(resume + 1, self.loop.options.rounds)]:
                 if bootstrap.has_blob(store, key):
                     bootstrap.get_blob(store, key, delete=True)
 
@@ -578,19 +461,57 @@ class ResilientSession(Session):
         first = super()._lineage()
         return Lineage(origin=first.origin, lost=first.lost + tuple(self.lost))
 
-    def _adopt(self, doc: dict, resume: int, base: "Layout", profile: Profile) -> None:
-        from hppctl.schedule import check_schedule, schedule_for_plan
-
-        self.plan = HppPlan.model_validate(doc["plan"])
-        self.schedule = schedule_for_plan(self.plan)
-        check_schedule(self.schedule)
-        self.topo = Topology.of(self.schedule)
-        self._previous, self._layout = base, Layout(self.generation, self.plan, profile)
-        self._apply(Replanned(at_s=self._clock(), method=doc["method"], devices=list(self.topo.devices),
+    def _adopt_replan(self, doc: dict, resume: int, base: "Layout", profile: Profile) -> None:
+        self._adopt(HppPlan.model_validate(doc["plan"]), resume)
+        self.ft.previous, self.ft.layout = base, Layout(self.generation, self.plan, profile)
+        self._apply(Replanned(at_s=self.ft.clock(), method=doc["method"], devices=list(self.topo.devices),
                               resume_round=resume))
-        self._resume_round = resume
-        self._next_round = min(self._next_round, resume)  # rounds from `resume` on are replayed
-        self._due = {r for r in self._due_rounds(self._options, resume)}
+        self.ft.resume_round = resume
+
+
+@dataclass
+class FaultState:
+    """What fault tolerance carries across the loop's passes (`ResilientSession.ft`, made in `__init__`)."""
+
+    layout: "Layout"
+    """The layout the workers train on (or are moving to); `previous`: the one it was made from."""
+    previous: "Layout | None" = None
+    on_fault: Callable[[dict], None] = lambda event: None
+    on_status: Callable[[list[dict]], None] | None = None
+    on_state: Callable[[Event], None] | None = None
+    t0: float = field(default_factory=time.monotonic)
+    """Detection's clock starts here (reset when it arms)."""
+    last_status: float = 0.0
+    probes: dict[str, list] = field(default_factory=dict)
+    """Per suspect, its probe's result once the probe thread has one."""
+    probe_ports: dict[str, tuple[str, int]] = field(default_factory=dict)
+    leaver_heard: dict[str, float] = field(default_factory=dict)
+    """When each device that left was last heard from (its beats say `leave` until it has gone)."""
+    helpers: list[str] = field(default_factory=list)
+    """Devices that left and are sending their layers to their new owners (until they end, exit 0)."""
+    fenced: set[str] = field(default_factory=set)
+    dropped_seen: int = 0
+    dropped_logged_at: float = float("-inf")
+    resume_round: int = 0
+    """The round the last re-plan resumed from."""
+    resumed_pending: float | None = None
+    """When the losses of a re-plan were detected, until its first round completes (the "resumed" event)."""
+
+    def clock(self) -> float:
+        return time.monotonic() - self.t0
+
+    def base_layout(self, inventories: dict[str, dict], lost: list[str]) -> tuple["Layout", dict[str, dict]]:
+        """The layout to re-plan from (the current one, or the one before when a device was lost while the
+        survivors were moving to the current one), with every survivor's inventory in it."""
+        previous = self.previous.generation if self.previous else None
+        picked = common_layout(inventories, self.layout.generation, previous)
+        if picked is None:
+            layouts = {d: inventory.get("layout", 0) for d, inventory in inventories.items()}
+            raise WorkerFailed(f"{', '.join(lost)} lost while the survivors were on different layouts "
+                               f"({layouts}): no state they all hold; the run stops (--resume continues from the "
+                               f"checkpoint directory)")
+        layout, chosen = picked
+        return (self.layout if layout == self.layout.generation else self.previous), chosen
 
 
 @dataclass(frozen=True)
@@ -610,6 +531,37 @@ class Loss:
     device: str
     reason: str
     leaving: bool = False
+
+
+def heartbeat_addresses(cluster, device: str, store_host: str) -> set[str]:
+    """Where this device's heartbeats may come from: its SSH host's address, else this machine's."""
+    spec = cluster.device(device)
+    if spec.host is not None:
+        return {socket.gethostbyname(spec.host)}
+    return {"127.0.0.1"} if store_host.startswith("127.") else {store_host}
+
+
+def replan(base: "Layout", gone: list[str], method: str):
+    """The plan without `gone` (light or heavy, as requested), and how long the planner took."""
+    from hppctl.planner.replan import replan_heavy, replan_light
+
+    begin = time.perf_counter()
+    planner = replan_heavy if method == "heavy" else replan_light
+    result = planner(base.plan, base.profile, gone)
+    return result, time.perf_counter() - begin
+
+
+def redistribute(store, generation: int, plan: HppPlan, state: dict) -> int:
+    """Every new stage's state to the store, for each of its devices to fetch; returns the bytes of
+    state they receive (`state_bytes`: every layer travels, each replica takes its own copy)."""
+    from hppctl.runtime.replication import layer_names, state_bytes, subset, to_bytes
+
+    moved = 0
+    for p, stage in enumerate(plan.stages):
+        part = subset(state, set(layer_names(plan.model, plan.granularity, stage.start, stage.end)))
+        bootstrap.put_blob(store, wire.heavy_new(generation, p), to_bytes(part))
+        moved += sum(state_bytes(part).values()) * len(stage.devices)
+    return moved
 
 
 def dropped_event(total: int, seen: int, reasons: list[str], *, since_last_s: float, final: bool = False) -> dict | None:

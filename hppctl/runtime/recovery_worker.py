@@ -34,6 +34,7 @@ from hppctl.runtime import bootstrap, wire
 from hppctl.runtime.config import WorkerConfig
 from hppctl.runtime.ft_transport import RETIRED_GROUPS, AbortableComm, Interrupted, PeerLost, prefixed
 from hppctl.runtime.heartbeat import HeartbeatSender, ProbeResponder
+from hppctl.runtime.progress import StepReporter
 from hppctl.runtime.replication import (Backups, Snapshots, from_bytes, layer_names, merge, meta_model, recv_bytes,
                                         restore_optimizer, send_bytes, stage_state, state_bytes, subset, to_bytes)
 from hppctl.runtime.training_state import build_training_state
@@ -79,11 +80,14 @@ class ResilientRun:
         self.backup_s = 0.0
         self.phases: dict[str, float] = {}
         """Where the last reconfiguration's time went (seconds), reported with the first round after it."""
+        self.steps = StepReporter(store, self.device, "micro-batches", self.opts.progress_every_s)
+        """Progress within a round, as the plain worker reports it (the launcher shows the slowest device's)."""
 
     # --- the loop -------------------------------------------------------------------------------
     def train(self) -> None:
         self._connect()
         self.executor = self.w.new_executor(self.comm)
+        self.executor.on_step = self.steps.report
         r = self.opts.start_round
         self._protect(r)
         meta_model(self.w.config.model)  # built now rather than in the middle of a recovery
@@ -376,6 +380,7 @@ class ResilientRun:
         restore_optimizer(built.optimizer, built.stage, state["optim"])
         self.w.adopt(built)
         self.executor = self.w.new_executor(self.comm)
+        self.executor.on_step = self.steps.report
 
 
 @dataclass

@@ -7,8 +7,9 @@
 fabric over SSH), admits them when their join proofs check, then watches: per-round reports become
 metrics rows, stage states become checkpoint rounds, a worker that exits with an error (or reports
 one) fails the run naming the device and its last output lines. The store, launch, admission and
-liveness machinery is `runtime.launcher.Launcher`'s; fault tolerance (runtime/recovery.py) overrides
-`_watch`, `_check_alive` and `_final_states`. Lineage and fingerprints live in runtime/lineage.py.
+liveness machinery is `runtime.launcher.Launcher`'s. The training loop (`_watch`) is owned here once;
+fault tolerance (runtime/recovery.py) plugs in through its hooks: `_on_tick`, `_on_worker_exit`,
+`_round_report`, `_finished`, `_release` and `_adopt`. Lineage and fingerprints live in runtime/lineage.py.
 """
 
 from __future__ import annotations
@@ -79,6 +80,32 @@ class RunResult:
         return merged
 
 
+@dataclass
+class RoundLoop:
+    """What the training loop carries from one pass to the next (`Session._watch`, started per run)."""
+
+    options: TrainOptions | None = None
+    on_round: Callable[[dict], None] | None = None
+    rows: list[dict] = field(default_factory=list)
+    memory: dict[str, dict] = field(default_factory=dict)
+    """Per device, from its last report (`RunResult.workers`)."""
+    trace: TraceBuilder | None = None
+    next_round: int = 0
+    """The next round whose reports are taken."""
+    emitted: int = 0
+    """Rows exist for every round before this one (a re-plan replays rounds that have theirs)."""
+    previous_end: float | None = None
+    """When the last round taken ended (the next round's time starts there)."""
+    rounds_per_epoch: int = 1
+
+    def start(self, options: TrainOptions, start_round: int, on_round, rounds_per_epoch: int,
+              trace: TraceBuilder | None) -> "RoundLoop":
+        self.options, self.on_round, self.rounds_per_epoch, self.trace = options, on_round, rounds_per_epoch, trace
+        self.rows, self.memory, self.previous_end = [], {}, None
+        self.next_round = self.emitted = start_round
+        return self
+
+
 def _load_states(blobs: dict[int, bytes]) -> dict[int, dict]:
     return {p: from_blob(b) for p, b in blobs.items()}
 
@@ -100,6 +127,7 @@ class Session(Launcher):
         self._guard = DivergenceGuard(request.options.divergence_factor)
         self._due: set[int] = set()
         """Checkpoint rounds still to write (`_write_due_checkpoints`)."""
+        self.loop = RoundLoop()
 
     # --- the run ------------------------------------------------------------------------------
     def run(self, *, on_round: Callable[[dict], None] | None = None,
@@ -172,31 +200,76 @@ class Session(Launcher):
                             granularity=plan.granularity, schedule=self.schedule, options=options, resume=resume)
 
     def _watch(self, options: TrainOptions, start_round: int, on_round) -> tuple[list[dict], dict | None, dict]:
-        rounds_per_epoch = self._rounds_per_epoch(options)
-        self._due = {r for r in range(start_round + 1, options.rounds)
-                     if options.checkpoint_every and r % options.checkpoint_every == 0} if self.ckpt else set()
+        """The training loop, owned here once: liveness, the subclass's tick, reports into rows,
+        due checkpoints, in-round progress, until every round is in and the workers finished."""
         trace = TraceBuilder(self.topo, f"hppctl run: {self.request.plan.model}") if options.trace else None
-        rows, memory, next_round = [], {}, start_round
+        loop = self.loop.start(options, start_round, on_round, self._rounds_per_epoch(options), trace)
+        self._due = self._due_rounds(options, start_round)
         steps = Throttle(options.progress_every_s)
         while True:
             self._check_alive()
-            while next_round < options.rounds and (reports := self._take_round(next_round)) is not None:
-                for d, report in reports.items():
-                    if trace:
-                        trace.add(report)
-                    memory[d] = memory_of(report)
-                row = aggregate(next_round, reports, self.topo, last_end(rows), rounds_per_epoch)
-                add_row(rows, row, on_round)
-                self._check_divergence(row, options)
-                next_round += 1
-            self._write_due_checkpoints(options, checked=next_round)
-            if next_round < options.rounds:
-                self._show_progress(steps, next_round)
-            elif self._all_done():
+            self._on_tick()
+            self._consume_reports(options.rounds)
+            self._write_due_checkpoints(options, checked=loop.next_round)
+            if loop.next_round < options.rounds:
+                self._show_progress(steps, loop.next_round)
+            elif self._finished():
                 break
             time.sleep(0.02)
-        doc = trace.document({"rounds": len(rows)}) if trace else None
-        return rows, doc, memory
+        doc = trace.document({"rounds": len(loop.rows)}) if trace else None
+        return loop.rows, doc, loop.memory
+
+    def _consume_reports(self, until: int) -> None:
+        """Turn every round before `until` that all devices of the current layout reported into a row;
+        rounds replayed after a re-plan (`_adopt`) are taken again but have their rows already."""
+        loop = self.loop
+        while loop.next_round < until and (reports := self._take_round(loop.next_round)) is not None:
+            r = loop.next_round
+            for d, report in reports.items():
+                loop.memory[d] = memory_of(report)
+            extra = self._round_report(r, reports)
+            if r >= loop.emitted:
+                for report in reports.values() if loop.trace else ():
+                    loop.trace.add(report)
+                row = {**aggregate(r, reports, self.topo, loop.previous_end, loop.rounds_per_epoch), **extra}
+                add_row(loop.rows, row, loop.on_round)
+                self._check_divergence(row, loop.options)
+                loop.emitted = r + 1
+            loop.previous_end = max(x["started_at"] + x["duration_s"] for x in reports.values())
+            loop.next_round += 1
+
+    def _due_rounds(self, options: TrainOptions, after: int) -> set[int]:
+        """The checkpoint rounds after round `after` (`--checkpoint-every`)."""
+        if not self.ckpt or not options.checkpoint_every:
+            return set()
+        return {r for r in range(after + 1, options.rounds) if r % options.checkpoint_every == 0}
+
+    # --- hooks (fault tolerance, runtime/recovery.py, plugs in here) ------------------------------------
+    def _on_tick(self) -> None:
+        """Called once per pass of the loop, after the liveness check (fault tolerance: detect, re-plan)."""
+
+    def _round_report(self, round_index: int, reports: dict[str, dict]) -> dict:
+        """Called with every round's reports as they are taken (replayed ones too): fields to add to its row."""
+        return {}
+
+    def _finished(self) -> bool:
+        """Every round is in: have the workers finished? (fault tolerance: the current generation's)"""
+        return self._all_done()
+
+    def _release(self) -> None:
+        """Called once the final stage states are in hand (fault tolerance: tell the workers to end)."""
+
+    def _adopt(self, plan: HppPlan, resume: int) -> None:
+        """Train on `plan` from round `resume` on (fault tolerance re-planned): its schedule and topology
+        take over, rounds from `resume` are taken again and due checkpoints counted from it."""
+        from hppctl.schedule import check_schedule, schedule_for_plan
+
+        self.plan = plan
+        self.schedule = schedule_for_plan(plan)
+        check_schedule(self.schedule)
+        self.topo = Topology.of(self.schedule)
+        self.loop.next_round = min(self.loop.next_round, resume)
+        self._due = self._due_rounds(self.loop.options, resume)
 
     # --- divergence and checkpoints ---------------------------------------------------------------
     def _check_divergence(self, row: dict, options: TrainOptions) -> None:
@@ -242,7 +315,9 @@ class Session(Launcher):
     def _final_states(self, options: TrainOptions) -> dict[int, dict]:
         store = self.store.store
         blobs = {p: bootstrap.get_blob(store, wire.final(p), delete=True) for p in range(self.topo.num_stages)}
-        return self._write_final(blobs, options)
+        states = self._write_final(blobs, options)
+        self._release()
+        return states
 
     def _lineage(self) -> Lineage:
         return self.request.lineage or Lineage(origin=plan_digest(self.request.plan))

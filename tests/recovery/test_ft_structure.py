@@ -1,0 +1,63 @@
+"""Fault tolerance plugs into the one training loop (issue 26 item 4): `ResilientSession` keeps no copy
+of `Session`'s loop, no attribute of its own appears outside `__init__`, and its state across the
+loop's passes lives in one dataclass (`FaultState`). Read from the source, so a copy that creeps
+back in fails here rather than in review."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from hppctl.runtime import recovery, session
+
+PUBLIC_REASSIGNED = {"generation", "state", "listener"}
+"""Public attributes callers read (tests, the CLI's summary) that `__init__` sets and the run moves on."""
+LOOP = {"_watch", "_consume_reports", "_write_checkpoints", "_due_rounds", "_final_states", "_check_alive"}
+"""`Session`'s loop and its parts: fault tolerance uses them through hooks, never rewrites them."""
+
+
+def _class(module, name: str) -> ast.ClassDef:
+    tree = ast.parse(Path(module.__file__).read_text())
+    return next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == name)
+
+
+def _assigned(function: ast.FunctionDef) -> set[str]:
+    """The `self.X` attributes a method assigns (plain, annotated or augmented, or in a tuple)."""
+    found = set()
+    for node in ast.walk(function):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AnnAssign, ast.AugAssign)) else []
+        for target in targets:
+            for part in target.elts if isinstance(target, ast.Tuple) else [target]:
+                if isinstance(part, ast.Attribute) and isinstance(part.value, ast.Name) and part.value.id == "self":
+                    found.add(part.attr)  # `self.ft.x = …` changes `self.ft`'s field, not `self`
+    return found
+
+
+def _methods(cls: ast.ClassDef) -> list[ast.FunctionDef]:
+    return [f for f in cls.body if isinstance(f, ast.FunctionDef)]
+
+
+def test_resilient_session_assigns_no_attribute_outside_init_but_the_public_ones():
+    outside = {attr: f.name for f in _methods(_class(recovery, "ResilientSession")) if f.name != "__init__"
+               for attr in _assigned(f)}
+    assert set(outside) <= PUBLIC_REASSIGNED, outside
+
+
+def test_every_attribute_resilient_session_moves_on_is_made_in_an_init():
+    inits = set()
+    for module, name in ((recovery, "ResilientSession"), (session, "Session")):
+        inits |= _assigned(next(f for f in _methods(_class(module, name)) if f.name == "__init__"))
+    moved = {attr for f in _methods(_class(recovery, "ResilientSession")) if f.name != "__init__" for attr in _assigned(f)}
+    assert moved <= inits, moved - inits
+
+
+def test_resilient_session_keeps_no_copy_of_the_loop():
+    names = {f.name for f in _methods(_class(recovery, "ResilientSession"))}
+    assert not names & LOOP, names & LOOP
+    assert len(names) <= 30, len(names)  # 38 before the loop was shared
+
+
+def test_session_owns_the_loop_and_its_hooks():
+    names = {f.name for f in _methods(_class(session, "Session"))}
+    assert {"_watch", "_consume_reports", "_on_tick", "_round_report", "_finished", "_release", "_adopt"} <= names

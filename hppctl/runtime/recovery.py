@@ -28,7 +28,6 @@ records them beside the rounds; `on_status` receives the status table once a sec
 from __future__ import annotations
 
 import io
-import json
 import socket
 import threading
 import time
@@ -42,6 +41,7 @@ from hppctl.errors import RuntimeFailure
 from hppctl.models.events import (Armed, DeviceAnswered, DeviceLost, DevicesLate, DeviceSuspected, Dropped, Event,
                                   Heartbeat, Lost, ProbeAnswered, Replanned, RunEventBase, RunReplanned, RunResumed,
                                   Suspected)
+from hppctl.models.ft_documents import GatherPlan, Reconfiguration, Transfer, Upload
 from hppctl.models.plan import HppPlan
 from hppctl.models.profile import Profile
 from hppctl.runtime import bootstrap, wire
@@ -321,13 +321,13 @@ class ResilientSession(Session):
         self._consume_reports(resume)  # rows of the old layout before the resume round come first
         doc = self._reconfiguration(generation, base, result, gathered, gone, leavers, resume, inventories)
         self._clear_stale(base.plan, resume)
-        self.store.store.set(wire.reconf(generation), json.dumps(doc))
-        self.ft.helpers = list(doc.get("helpers", []))
+        self.store.store.set(wire.reconf(generation), doc.model_dump_json())
+        self.ft.helpers = list(doc.helpers)
         self._adopt_replan(doc, resume, base, result.profile)
         self._event(RunReplanned, method=result.method, requested=self.recovery.replan, lost=gone,
                     resume_round=resume, replan_s=round(replan_s, 4), devices=self.plan.devices(),
                     stages=[{"layers": s.layers, "devices": s.devices, "samples": s.samples} for s in self.plan.stages],
-                    moved_bytes=doc["moved_bytes"], gathered_bytes=doc.get("gathered_bytes", 0),
+                    moved_bytes=doc.moved_bytes, gathered_bytes=doc.gathered_bytes,
                     layout=base.generation)
         self.ft.resumed_pending = detected
 
@@ -398,31 +398,28 @@ class ResilientSession(Session):
         return losses
 
     def _reconfiguration(self, generation: int, base: "Layout", result, gathered: dict | None,
-                         gone: list[str], leavers: list[str], resume: int, inventories: dict[str, dict]) -> dict:
-        """`reconf/<generation>`: the new plan and schedule, the resume round, the layout whose state it
-        starts from, and where that state comes from; with the bytes of state the re-plan moves
-        (`moved_bytes`: what the new layout's devices receive; heavy also `gathered_bytes`, the upload)."""
+                         gone: list[str], leavers: list[str], resume: int,
+                         inventories: dict[str, dict]) -> Reconfiguration:
+        """`reconf/<generation>` (models/ft_documents.py): the new plan and schedule, the resume round,
+        the layout whose state it starts from, where that state comes from, and the bytes it moves."""
         from hppctl.schedule import schedule_for_plan
 
-        doc = {"resume_round": resume, "layout": base.generation, "lost": gone, "method": result.method,
-               "plan": result.plan.model_dump(mode="json"),
-               "schedule": schedule_for_plan(result.plan).model_dump(mode="json")}
+        common = dict(resume_round=resume, layout=base.generation, lost=gone, method=result.method,
+                      plan=result.plan, schedule=schedule_for_plan(result.plan))
         if result.method == "heavy":
             from hppctl.runtime.replication import state_bytes
 
-            doc["moved_bytes"] = redistribute(self.store.store, generation, result.plan, gathered)
-            doc["gathered_bytes"] = sum(state_bytes(gathered).values())
-            doc["migrations"] = []
-        else:
-            from hppctl.runtime.replication import layer_names
+            return Reconfiguration(**common, moved_bytes=redistribute(self.store.store, generation, result.plan, gathered),
+                                   gathered_bytes=sum(state_bytes(gathered).values()))
+        from hppctl.runtime.replication import layer_names
 
-            doc["migrations"] = transfer_plan(base.plan, result.migrations, gone, leavers=leavers)
-            sources = {m["source"] for m in doc["migrations"]}
-            doc["helpers"] = [d for d in leavers if d in sources]
-            model, granularity = base.plan.model, base.plan.granularity
-            doc["moved_bytes"] = migration_bytes(doc["migrations"], inventories, resume,
-                                                 lambda start, end: layer_names(model, granularity, start, end))
-        return doc
+        migrations = transfer_plan(base.plan, result.migrations, gone, leavers=leavers)
+        sources = {m["source"] for m in migrations}
+        model, granularity = base.plan.model, base.plan.granularity
+        moved = migration_bytes(migrations, inventories, resume,
+                                lambda start, end: layer_names(model, granularity, start, end))
+        return Reconfiguration(**common, moved_bytes=moved, migrations=[Transfer(**m) for m in migrations],
+                               helpers=[d for d in leavers if d in sources])
 
     def _gather(self, generation: int, base: "Layout", gone: list[str], leavers: list[str],
                 resume: int) -> tuple[list["Loss"], dict | None]:
@@ -432,8 +429,9 @@ class ResilientSession(Session):
 
         store = self.store.store
         uploads = upload_plan(base.plan, gone, leavers=leavers)
-        store.set(wire.gather(generation), json.dumps({"resume_round": resume, "layout": base.generation,
-                                                      "uploads": uploads}))
+        store.set(wire.gather(generation), GatherPlan(resume_round=resume, layout=base.generation,
+                                                      uploads={p: Upload(**u) for p, u in uploads.items()})
+                  .model_dump_json())
         keys = [wire.heavy_old(generation, p) for p in uploads]
         losses = self._await(lambda: all(bootstrap.has_blob(store, k) for k in keys), "every stage's state", leavers)
         if losses:
@@ -461,10 +459,10 @@ class ResilientSession(Session):
         first = super()._lineage()
         return Lineage(origin=first.origin, lost=first.lost + tuple(self.lost))
 
-    def _adopt_replan(self, doc: dict, resume: int, base: "Layout", profile: Profile) -> None:
-        self._adopt(HppPlan.model_validate(doc["plan"]), resume)
+    def _adopt_replan(self, doc: Reconfiguration, resume: int, base: "Layout", profile: Profile) -> None:
+        self._adopt(doc.plan, resume)
         self.ft.previous, self.ft.layout = base, Layout(self.generation, self.plan, profile)
-        self._apply(Replanned(at_s=self.ft.clock(), method=doc["method"], devices=list(self.topo.devices),
+        self._apply(Replanned(at_s=self.ft.clock(), method=doc.method, devices=list(self.topo.devices),
                               resume_round=resume))
         self.ft.resume_round = resume
 

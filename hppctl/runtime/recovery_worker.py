@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 
 from hppctl.errors import RuntimeFailure
+from hppctl.models.ft_documents import GatherPlan, Reconfiguration
 from hppctl.runtime import bootstrap, wire
 from hppctl.runtime.config import WorkerConfig
 from hppctl.runtime.ft_transport import RETIRED_GROUPS, AbortableComm, Interrupted, PeerLost, prefixed
@@ -235,14 +236,14 @@ class ResilientRun:
             key = self._wait_key([wire.gather(generation), wire.reconf(generation)], generation)
             if key == wire.gather(generation):
                 clock.lap("wait_gather")
-                self._upload(generation, json.loads(self.store.get(key)))
+                self._upload(generation, GatherPlan.model_validate_json(self.store.get(key)))
                 clock.lap("upload")
                 key = self._wait_key([wire.reconf(generation)], generation)
             if key is not None:
                 break
             generation = self.beats.coordinator_generation
         clock.lap("wait_plan")
-        resume = self._apply(generation, json.loads(self.store.get(key)), clock)
+        resume = self._apply(generation, Reconfiguration.model_validate_json(self.store.get(key)), clock)
         self.phases = clock.phases
         return resume
 
@@ -281,27 +282,26 @@ class ResilientRun:
                 return kept
         raise RuntimeFailure(f"{self.device}: asked to restore layout {layout}, which it no longer holds")
 
-    def _upload(self, generation: int, doc: dict) -> None:
+    def _upload(self, generation: int, doc: GatherPlan) -> None:
         """Heavy re-planning: send whole old stages to the coordinator."""
         from hppctl.runtime.bootstrap import put_blob
 
-        for stage, source in doc["uploads"].items():
-            if source["device"] == self.device:
-                state = self._kept_in(doc["layout"]).state_at(doc["resume_round"], source.get("backup_of"))
+        for stage, source in doc.uploads.items():
+            if source.device == self.device:
+                state = self._kept_in(doc.layout).state_at(doc.resume_round, source.backup_of)
                 put_blob(self.store, wire.heavy_old(generation, int(stage)), to_bytes(state))
 
-    def _apply(self, generation: int, doc: dict, clock: "_PhaseClock") -> int:
-        from hppctl.models.schedule import Schedule
+    def _apply(self, generation: int, doc: Reconfiguration, clock: "_PhaseClock") -> int:
         from hppctl.runtime.topology import Topology
 
-        resume = int(doc["resume_round"])
-        schedule = Schedule.model_validate(doc["schedule"])
+        resume = doc.resume_round
+        schedule = doc.schedule
         topo = Topology.of(schedule)
         self.generation = generation
-        self.helpers = list(doc.get("helpers", []))
+        self.helpers = list(doc.helpers)
         if self.device not in topo.devices and self.device not in self.helpers:
             raise Dismissed()
-        base = self._kept_in(doc["layout"])
+        base = self._kept_in(doc.layout)
         self.beats.generation = generation  # first, so that the acknowledgements stop interrupting
         self.beats.interrupt.clear()
         self.w.follow(schedule)
@@ -313,7 +313,7 @@ class ResilientRun:
             self._await_hand_over(generation, list(topo.devices))
             raise Dismissed()
         names = layer_names(self.w.config.model, self.w.config.granularity, *schedule.stages[self.w.stage_index].layers)
-        if doc["method"] == "heavy":
+        if doc.method == "heavy":
             state = from_bytes(bootstrap.get_blob(self.store, wire.heavy_new(generation, self.w.stage_index)))
         else:
             state = self._migrate(doc, base, names)
@@ -353,22 +353,22 @@ class ResilientRun:
         if not self._wait_until(lambda: self.store.check(keys), generation, failure):
             raise Interrupted(lost)
 
-    def _migrate(self, doc: dict, base: "Kept", names: frozenset[str]) -> dict:
+    def _migrate(self, doc: Reconfiguration, base: "Kept", names: frozenset[str]) -> dict:
         """Light re-planning: only the layers that change owner move, all transfers posted at once."""
         model, granularity = self.w.config.model, self.w.config.granularity
-        own = base.snapshots.states.get(int(doc["resume_round"]))
+        own = base.snapshots.states.get(doc.resume_round)
         sends, parts = [], [subset(own, names)] if own is not None else []
-        for m in doc["migrations"]:
-            if m["source"] == self.device:
-                state = own if not m.get("backup_of") else base.state_at(doc["resume_round"], m["backup_of"])
-                part = subset(state, layer_names(model, granularity, m["start"], m["end"]))
-                if m["device"] == self.device:  # the backup holder takes over the lost layers itself
+        for m in doc.migrations:
+            if m.source == self.device:
+                state = own if not m.backup_of else base.state_at(doc.resume_round, m.backup_of)
+                part = subset(state, layer_names(model, granularity, m.start, m.end))
+                if m.device == self.device:  # the backup holder takes over the lost layers itself
                     parts.append(part)
                 else:
-                    sends += send_bytes(self.comm, to_bytes(part), m["device"])
-        for m in doc["migrations"]:
-            if m["device"] == self.device and m["source"] != self.device:
-                parts.append(from_bytes(recv_bytes(self.comm, m["source"])))
+                    sends += send_bytes(self.comm, to_bytes(part), m.device)
+        for m in doc.migrations:
+            if m.device == self.device and m.source != self.device:
+                parts.append(from_bytes(recv_bytes(self.comm, m.source)))
         for work, _ in sends:
             work.wait()
         return subset(merge(parts), names)

@@ -49,6 +49,9 @@ from hppctl.runtime.config import RecoveryConfig, WorkerConfig
 from hppctl.runtime.heartbeat import HeartbeatListener, probe
 from hppctl.runtime.session import Lineage, RunResult, Session, WorkerFailed
 
+LEAVER_GRACE_S = 10.0
+"""How long the end of a run waits for devices that left gracefully to exit on their own before fencing them."""
+
 DROPPED_EVENT_EVERY_S = 10.0
 """At most one "dropped" event per this many seconds, with the count since the last one: a flood of
 garbage on the heartbeat port must not grow `--metrics`, the `--json` summary or memory."""
@@ -120,6 +123,7 @@ class ResilientSession(Session):
             super()._stop_all()
         finally:
             self.workers.update(lost)
+            let_leavers_go({d: w for d, w in lost.items() if d in self.ft.leaver_heard and d not in self.ft.fenced})
             for device, worker in lost.items():
                 if worker.poll() is None:
                     self._fence(device)
@@ -579,3 +583,14 @@ def slowest_phases(reports) -> dict[str, float]:
         for name, seconds in report.get("recovery_phases", {}).items():
             out[name] = max(out.get(name, 0.0), seconds)
     return out
+
+
+def let_leavers_go(leavers: dict) -> None:
+    """Devices that left gracefully exit on their own once their layers are handed over; on a loaded
+    machine the run's last rounds can end first. Wait for them (bounded, LEAVER_GRACE_S in all) before
+    the end of the run fences what is left: they were not lost, they left, and their exit status says
+    whether the hand-over ended well."""
+    deadline = time.monotonic() + LEAVER_GRACE_S
+    for worker in leavers.values():
+        while worker.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)

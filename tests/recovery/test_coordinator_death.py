@@ -14,22 +14,9 @@ import pytest
 
 from hppctl.runtime.checkpoint import CheckpointDir
 from hppctl.store import save
-from tests.recovery.factories import preset_profile
+from tests.recovery.factories import children, preset_profile
 
 pytestmark = [pytest.mark.gloo, pytest.mark.timeout(300)]
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                found.append(int(entry))
-    return found
 
 
 def descendants(pid: int) -> list[int]:

@@ -28,7 +28,7 @@ from hppctl.runtime.checkpoint import CheckpointDir
 from hppctl.runtime.preflight import FEATURES, RUN_KINDS, feature_table
 from hppctl.store import save
 from tests.bipartition.factories import bi_plan
-from tests.recovery.factories import preset_profile
+from tests.recovery.factories import children, preset_profile
 from tests.runtime.factories import local_cluster, make_plan
 
 pytestmark = [pytest.mark.gloo, pytest.mark.timeout(600)]
@@ -246,19 +246,6 @@ def local_workers(launcher: int) -> list[int]:
     below = children(launcher)
     forked = [pid for zygote in below for pid in children(zygote)]
     return sorted(forked or below)
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                found.append(int(entry))
-    return found
 
 
 # --- the matrix -----------------------------------------------------------------------------------

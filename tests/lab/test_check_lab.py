@@ -54,23 +54,28 @@ def test_a_three_host_lab_passes(lab):
     assert lines[-1].startswith("check passed in ")
 
 
-def test_a_host_whose_python_runs_another_hppctl_fails_naming_it(lab, tmp_path):
-    """kb's `python:` is a real interpreter that imports an hppctl of another version first."""
+def with_python(cluster_file: Path, device: str, where: Path, script: str) -> Path:
+    """A copy of `cluster_file` whose `device` runs `python:` = a shell script with `script` as its body."""
     import yaml
 
-    cluster_file, _ = lab
+    wrapper = where / f"python-{device}"
+    wrapper.write_text(f"#!/bin/sh\n{script}\n")
+    wrapper.chmod(0o755)
+    doc = yaml.safe_load(cluster_file.read_text())
+    for spec in doc["devices"]:
+        if spec["name"] == device:
+            spec["python"] = str(wrapper)
+    changed = where / f"cluster-{device}.yaml"
+    changed.write_text(yaml.safe_dump(doc))
+    return changed
+
+
+def test_a_host_whose_python_runs_another_hppctl_fails_naming_it(lab, tmp_path):
+    """kb's `python:` is a real interpreter that imports an hppctl of another version first."""
     other = tmp_path / "other" / "hppctl"
     other.mkdir(parents=True)
     (other / "__init__.py").write_text('__version__ = "0.0.1"\n')
-    wrapper = tmp_path / "python-other"
-    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={other.parent} exec {sys.executable} "$@"\n')
-    wrapper.chmod(0o755)
-    doc = yaml.safe_load(cluster_file.read_text())
-    for device in doc["devices"]:
-        if device["name"] == "kb":
-            device["python"] = str(wrapper)
-    mixed = tmp_path / "mixed.yaml"
-    mixed.write_text(yaml.safe_dump(doc))
+    mixed = with_python(lab[0], "kb", tmp_path, f'PYTHONPATH={other.parent} exec {sys.executable} "$@"')
     done = hppctl("check", "--cluster", mixed, "--json")
     assert done.returncode == 1, done.stdout + done.stderr
     verdict = json.loads(done.stdout)["verdict"]
@@ -80,18 +85,7 @@ def test_a_host_whose_python_runs_another_hppctl_fails_naming_it(lab, tmp_path):
 
 def test_a_host_whose_python_cannot_import_hppctl_fails_naming_it(lab, tmp_path):
     """kc's `python:` is this interpreter without its site-packages (`-S`): no hppctl there."""
-    import yaml
-
-    cluster_file, _ = lab
-    wrapper = tmp_path / "python-bare"
-    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
-    wrapper.chmod(0o755)
-    doc = yaml.safe_load(cluster_file.read_text())
-    for device in doc["devices"]:
-        if device["name"] == "kc":
-            device["python"] = str(wrapper)
-    bare = tmp_path / "bare.yaml"
-    bare.write_text(yaml.safe_dump(doc))
+    bare = with_python(lab[0], "kc", tmp_path, f'exec {sys.executable} -S "$@"')
     done = hppctl("check", "--cluster", bare)
     assert done.returncode == 1, done.stdout + done.stderr
     verdict = done.stdout.splitlines()[-1]

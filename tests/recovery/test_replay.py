@@ -181,10 +181,10 @@ def test_heavy_replanning_gathers_and_redistributes_and_forged_beats_are_logged(
         from hppctl.runtime.heartbeat import sign
 
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.sendto(sign("not-the-token", {"kind": "heartbeat", "device": "a"}), ("127.0.0.1", session.listener.port))
+            s.sendto(sign("not-the-token", {"kind": "heartbeat", "device": "a"}), ("127.0.0.1", session.detector.listener.port))
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.bind(("127.0.0.2", 0))
-            s.sendto(sign(session.store.token, {"kind": "leave", "device": "a"}), ("127.0.0.1", session.listener.port))
+            s.sendto(sign(session.store.token, {"kind": "leave", "device": "a"}), ("127.0.0.1", session.detector.listener.port))
 
     plan, options, session, result = run_with_failure(THREE_STAGES, "b", replan="heavy", on_round_1=forge)
     (replanned,) = events(session, "replanned")

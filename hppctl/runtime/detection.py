@@ -116,12 +116,13 @@ class FaultDetector:
                 self.leaver_heard[beat.device] = self.clock()
             if beat.device in lost or beat.device in losses:
                 continue
-            self.probe_ports[beat.device] = (beat.address, int(beat.doc.get("probe_port", 0)))
-            if beat.doc["kind"] == "leave":
+            message = beat.message
+            self.probe_ports[beat.device] = (beat.address, message.probe_port)
+            if message.kind == "leave":
                 losses[beat.device] = Loss(beat.device, "left", leaving=True)
                 continue
-            self.apply(Heartbeat(device=beat.device, at_s=self.clock(), round=int(beat.doc.get("round", 0)),
-                                 samples_per_s=float(beat.doc.get("samples_per_s", 0.0))))
+            self.apply(Heartbeat(device=beat.device, at_s=self.clock(), round=message.round,
+                                 samples_per_s=message.samples_per_s))
         for suspect in find_suspects(self.state, self.clock(), self.timeout_s):
             self.suspect(suspect.device, suspect.silent_s, why=f"silent for {suspect.silent_s:.1f} s")
         for device, result in list(self.probes.items()):

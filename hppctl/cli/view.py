@@ -75,7 +75,7 @@ class TrainingView(LinesView):
         self.progress.update(self.task, status=message)
         super().event(message)
 
-    def fault(self, event: dict) -> None:
+    def fault(self, event) -> None:
         self.event(self.describe(event))
 
     def status(self, rows: list[dict]) -> None:

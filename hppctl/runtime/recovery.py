@@ -37,8 +37,8 @@ from typing import Callable, Iterable, Literal
 from hppctl.coordinator.replay import common_layout, migration_bytes, resume_round, transfer_plan, upload_plan
 from hppctl.coordinator.status import status_rows
 from hppctl.errors import RuntimeFailure
-from hppctl.models.events import (DeviceLost, DevicesLate, Event, Lost, Replanned, RunEventBase, RunReplanned,
-                                  RunResumed)
+from hppctl.models.events import (DeviceLost, DevicesLate, Event, Lost, Replanned, RunEvent, RunEventBase,
+                                  RunReplanned, RunResumed)
 from hppctl.models.ft_documents import GatherPlan, Reconfiguration
 from hppctl.models.plan import HppPlan
 from hppctl.models.profile import Profile
@@ -77,7 +77,7 @@ class ResilientSession(Session):
         """Who is alive (runtime/detection.py); armed once every worker trains."""
         self.ft = FaultState(layout=Layout(0, self.plan, recovery.profile))
 
-    def run(self, *, on_round=None, on_event=None, on_fault: Callable[[dict], None] | None = None,
+    def run(self, *, on_round=None, on_event=None, on_fault: Callable[[RunEvent], None] | None = None,
             on_status: Callable[[list[dict]], None] | None = None,
             on_state: Callable[[Event], None] | None = None) -> RunResult:
         """`on_state`: every event the coordinator's state applies (heartbeats included), as it is
@@ -117,13 +117,12 @@ class ResilientSession(Session):
             self.detector.stop()
 
     # --- events -----------------------------------------------------------------------------------
-    def _event(self, kind: type[RunEventBase], **fields) -> dict:
-        """Record an event of `kind` (a typed `RunEvent` record, stamped with the wall time and the
-        generation) and pass its `--metrics` line form on."""
-        event = kind(at=time.time(), generation=self.generation, **fields).wire()
-        self.events.append(event)
+    def _event(self, kind: type[RunEventBase], **fields) -> None:
+        """Record an event of `kind` (a typed `RunEvent`, stamped with the wall time and the generation):
+        its `--metrics` line form in `events` (the `--json` summary's), the record itself to `on_fault`."""
+        event = kind(at=time.time(), generation=self.generation, **fields)
+        self.events.append(event.wire())
         self.ft.on_fault(event)
-        return event
 
     # --- liveness -----------------------------------------------------------------------------------
     def _on_worker_exit(self, device: str, code: int) -> None:
@@ -401,7 +400,7 @@ class FaultState:
     layout: "Layout"
     """The layout the workers train on (or are moving to); `previous`: the one it was made from."""
     previous: "Layout | None" = None
-    on_fault: Callable[[dict], None] = lambda event: None
+    on_fault: Callable[[RunEvent], None] = lambda event: None
     on_status: Callable[[list[dict]], None] | None = None
     last_status: float = 0.0
     helpers: list[str] = field(default_factory=list)

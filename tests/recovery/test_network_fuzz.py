@@ -20,9 +20,10 @@ import time
 
 import pytest
 
+from hppctl.models.events import state_line
 from hppctl.runtime.config import TrainOptions
-from hppctl.runtime.heartbeat import RECENT_REASONS, probe, sign
 from hppctl.runtime.detection import DROPPED_EVENT_EVERY_S
+from hppctl.runtime.heartbeat import RECENT_REASONS, probe, sign
 from hppctl.runtime.recovery import RecoveryOptions, ResilientSession
 from hppctl.runtime.session import RunRequest
 from tests.recovery.factories import preset_profile
@@ -168,13 +169,13 @@ def test_hostile_datagrams_and_connections_change_nothing(tmp_path):
                 for a in attack:
                     a.stop()
 
-        def on_fault(event: dict) -> None:
-            write(event)
-            if event["event"] == "armed":  # every worker trains: the attack starts
+        def on_fault(event) -> None:
+            write(event.wire())
+            if event.event == "armed":  # every worker trains: the attack starts
                 attack.append(Attack(session, victim="b").start())
 
         def on_state(event) -> None:
-            write({"event": "state", **event.model_dump(mode="json")})
+            write(state_line(event))
 
         began = time.monotonic()
         try:

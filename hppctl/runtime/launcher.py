@@ -169,11 +169,11 @@ class Launcher:
         `model` (another build's, a truncated one) is that device's failure, one line."""
         try:
             return model.model_validate_json(bootstrap.read_value(self.store.store, key, bootstrap.MAX_VALUE_BYTES))
-        except ValidationError as e:
-            error = e.errors()[0]
-            where = ".".join(str(part) for part in error["loc"]) or "the document"
-            raise WorkerFailed(f"{self.worker_noun} on device {device} sent a malformed {key!r} "
-                               f"({e.error_count()} error(s)): {where}: {error['msg']}") from None
+        except ValidationError as e:  # the project's one formatter: first error, values shortened
+            from hppctl.store import describe_validation_error
+
+            raise WorkerFailed(f"{self.worker_noun} on device {device} sent a malformed "
+                               + describe_validation_error(repr(key), e)) from None
 
     def _all_done(self) -> bool:
         return self.store.store.check(wire.done_keys(self._devices()))

@@ -56,7 +56,7 @@ def test_a_diverged_loss_crosses_the_store_as_a_number():
     ('{"round": 0, "device": "b"}', "rss_bytes"),                           # another build's report
     (json.dumps({**json.loads(report("b", 1).model_dump_json()), "version": 2}), "version"),
     (json.dumps({**json.loads(report("b", 1).model_dump_json()), "loss": "1.5"}), "loss"),
-    ("not json", "the document"),
+    ("not json", "(top level)"),
 ])
 def test_a_malformed_round_report_is_that_devices_failure_in_one_line(session, bad, field):
     store = session.store.store

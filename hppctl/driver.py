@@ -13,6 +13,8 @@ import json
 import statistics
 from pathlib import Path
 
+from hppctl.models.events import state_line
+
 
 class RunView:
     """How a run shows itself. Every method is a no-op here (bench, tests, `hppctl check`)."""
@@ -42,8 +44,8 @@ class RunView:
     def event(self, message: str) -> None:
         """Something happened the user should see (a worker's note, a fault)."""
 
-    def fault(self, event: dict) -> None:
-        """A fault-tolerance event (runtime/recovery.py)."""
+    def fault(self, event) -> None:
+        """A fault-tolerance event (a `RunEvent` of models/events.py, from runtime/recovery.py)."""
 
     def status(self, rows: list[dict]) -> None:
         """The coordinator's live status table."""
@@ -141,13 +143,13 @@ def run_session(session, view: RunView, total: int, metrics_file, word: str, res
     if not resilient:
         return session.run(on_round=on_round, on_event=view.event)
 
-    def on_fault(event: dict) -> None:  # fault events go to --metrics beside the rounds
-        _write_row(metrics_file, event)
+    def on_fault(event) -> None:  # fault events go to --metrics beside the rounds
+        _write_row(metrics_file, event.wire())
         view.fault(event)
 
     def on_state(event) -> None:  # the coordinator's full event log (it keeps only the last ones)
         if metrics_file is not None:
-            metrics_file.write(json.dumps({"event": "state", **event.model_dump(mode="json")}) + "\n")
+            metrics_file.write(json.dumps(state_line(event)) + "\n")
 
     return session.run(on_round=on_round, on_event=view.event, on_fault=on_fault, on_status=view.status,
                        on_state=on_state)

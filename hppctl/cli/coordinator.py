@@ -35,16 +35,6 @@ REPLAN_CHOICES = ("light", "heavy", "off")
 DEFAULT_FAILURE_TIMEOUT_S = 3.0
 
 
-def recovery_options(profile, *, heartbeat: float, timeout: float, probe_timeout: float, replan: str,
-                     replicate_every: int, timeout_flag: str = "--failure-timeout"):
-    """The flags checked, then the embedded coordinator's settings (hppctl/driver.py), or None when
-    re-planning is off (any loss ends the run). `timeout_flag`: the silence timeout's name here."""
-    check_recovery_flags(heartbeat=heartbeat, timeout=timeout, probe_timeout=probe_timeout, replan=replan,
-                         replicate_every=replicate_every, timeout_flag=timeout_flag)
-    return driver.recovery_options(profile, heartbeat=heartbeat, timeout=timeout, probe_timeout=probe_timeout,
-                                   replan=replan, replicate_every=replicate_every)
-
-
 def check_recovery_flags(*, heartbeat: float, timeout: float, probe_timeout: float, replan: str,
                          replicate_every: int, timeout_flag: str = "--failure-timeout") -> None:
     """The fault-tolerance flags, checked before anything is loaded (`hppctl run` reached them only
@@ -163,8 +153,8 @@ def coordinator_command(
     writable_path("--events", events)
     hpp, inventory, prof = load(plan, HppPlan), load(cluster, ClusterSpec), load(profile, Profile)
     check_bipartition_coordinator(hpp, str(plan))
-    recovery = recovery_options(prof, heartbeat=heartbeat, timeout=failure_timeout, probe_timeout=probe_timeout,
-                                replan=replan, replicate_every=replicate_every, timeout_flag=timeout_flag)
+    recovery = driver.recovery_options(prof, heartbeat=heartbeat, timeout=failure_timeout,
+                                       probe_timeout=probe_timeout, replan=replan, replicate_every=replicate_every)
     if recovery is None:
         raise BadInput("--replan: the coordinator needs light or heavy")
     data = preflight(hpp, inventory, dataset, profile=prof, plan_source=str(plan), cluster_source=str(cluster),

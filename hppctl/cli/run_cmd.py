@@ -211,9 +211,9 @@ def run_command(
                            checkpoint_every=checkpoint_every if checkpoint_dir else 0,
                            threads=threads, trace=trace is not None, timeout_s=timeout,
                            divergence_factor=divergence_factor, progress_every_s=report_every(log_every))
-    from hppctl.cli.coordinator import describe, recovery_options
-    recovery = recovery_options(prof, heartbeat=heartbeat, timeout=failure_timeout, probe_timeout=probe_timeout,
-                                replan=replan, replicate_every=replicate_every)
+    from hppctl.cli.coordinator import describe
+    recovery = driver.recovery_options(prof, heartbeat=heartbeat, timeout=failure_timeout,
+                                       probe_timeout=probe_timeout, replan=replan, replicate_every=replicate_every)
     for line in check_checkpoint(checkpoint_dir, hpp, options, resume=resume) if checkpoint_dir else ():
         note(line)  # the lock file and the round to resume, before anything starts (runtime/preflight.py)
     lines = progress_log(log_every)

@@ -51,7 +51,7 @@ class TrainingView(LinesView):
 
     @contextlib.contextmanager
     def training(self, total: int, resilient: bool):
-        self.progress = status_progress(stderr, False) if resilient else _training_bar()
+        self.progress = status_progress(stderr, False)  # the status table shows once a coordinator sends one
         with self.progress:
             self.task = self.progress.add_task("rounds", total=total, status="starting workers")
             yield
@@ -75,7 +75,7 @@ class TrainingView(LinesView):
         self.progress.update(self.task, status=message)
         super().event(message)
 
-    def fault(self, event: dict) -> None:
+    def fault(self, event) -> None:
         self.event(self.describe(event))
 
     def status(self, rows: list[dict]) -> None:
@@ -93,14 +93,6 @@ class PslView(LinesView):
 
     def event(self, message: str) -> None:
         self.note(message) if self.lines is None else self.lines.event(message)
-
-
-def _training_bar():
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(TextColumn("[bold]training[/]"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=stderr,
-                    disable=False, transient=False)
 
 
 def status_progress(console, disable: bool):

@@ -24,10 +24,13 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from hppctl.errors import RuntimeFailure
+from hppctl.models.ft_documents import Transfer, Upload
+from hppctl.models.reports import Inventory
 from hppctl.planner.replan import Migration, backup_ring, lost_devices
 
 
-def common_layout(inventories: dict[str, dict], current: int, previous: int | None) -> tuple[int, dict[str, dict]] | None:
+def common_layout(inventories: dict[str, Inventory], current: int,
+                  previous: int | None) -> tuple[int, dict[str, Inventory]] | None:
     """The layout every reporter can restore from, with each reporter's inventory in it; None if none.
 
     A reporter's inventory is of the layout it trains on (`layout`, the generation that made it), with
@@ -43,16 +46,16 @@ def common_layout(inventories: dict[str, dict], current: int, previous: int | No
     return None
 
 
-def _inventory_in(inventory: dict, layout: int) -> dict | None:
-    for candidate in (inventory, inventory.get("previous")):
-        if candidate is not None and candidate.get("layout", 0) == layout:
+def _inventory_in(inventory: Inventory, layout: int) -> Inventory | None:
+    for candidate in (inventory, inventory.previous):
+        if candidate is not None and candidate.layout == layout:
             return candidate
     return None
 
 
-def resume_round(stages: list[list[str]], lost: str | Collection[str], inventories: dict[str, dict], *,
+def resume_round(stages: list[list[str]], lost: str | Collection[str], inventories: dict[str, Inventory], *,
                  leavers: Collection[str] = (), reported: int | None = None) -> int:
-    """`inventories[device]` = {"snapshots": [rounds], "backups": {device: [rounds]}} of every reporter.
+    """`inventories[device]`: every reporter's snapshots and backups (their rounds).
 
     `reported`: how many rounds every old device has reported to the coordinator. A worker snapshots a
     round before it reports it, so the newest snapshot can be a round the coordinator never heard of;
@@ -60,14 +63,14 @@ def resume_round(stages: list[list[str]], lost: str | Collection[str], inventori
     lost = lost_devices(lost)
     candidates: set[int] | None = None
     for inventory in inventories.values():
-        rounds = set(inventory["snapshots"])
+        rounds = set(inventory.snapshots)
         candidates = rounds if candidates is None else candidates & rounds
     for _, backup_of in stage_sources(stages, lost, leavers):
         if backup_of is None:
             continue
         held = set()
         for inventory in inventories.values():
-            held |= set(inventory["backups"].get(backup_of, []))
+            held |= set(inventory.backups.get(backup_of, []))
         candidates = held if candidates is None else candidates & held
     if reported is not None and candidates is not None:
         candidates = {r for r in candidates if r <= reported}
@@ -104,8 +107,8 @@ def stage_sources(stages: list[list[str]], lost: str | Collection[str],
 
 
 def transfer_plan(old_plan, migrations: list[Migration], lost: str | Collection[str], *,
-                  leavers: Collection[str] = ()) -> list[dict]:
-    """Each migration as {device, start, end, source, backup_of}: who actually sends the layers."""
+                  leavers: Collection[str] = ()) -> list[Transfer]:
+    """Each migration as a `Transfer` (models/ft_documents.py): who actually sends the layers."""
     sources = stage_sources(_devices(old_plan), lost, leavers)
     out = []
     for m in migrations:
@@ -113,11 +116,11 @@ def transfer_plan(old_plan, migrations: list[Migration], lost: str | Collection[
             source, backup_of = m.source, None
         else:  # every device of the old stage holding them is lost: whoever can send that stage's state
             source, backup_of = sources[next(p for p, s in enumerate(old_plan.stages) if s.start <= m.start < s.end)]
-        out.append({"device": m.device, "start": m.start, "end": m.end, "source": source, "backup_of": backup_of})
+        out.append(Transfer(device=m.device, start=m.start, end=m.end, source=source, backup_of=backup_of))
     return out
 
 
-def migration_bytes(migrations: list[dict], inventories: dict[str, dict], resume: int, names_of) -> int:
+def migration_bytes(migrations: list[Transfer], inventories: dict[str, Inventory], resume: int, names_of) -> int:
     """Bytes of state the transfers of `transfer_plan` send: each migration between two devices carries
     its layers' tensors (parameters, buffers, optimizer state) as its sender holds them at the resume
     round — its own snapshot, or its backup of `backup_of` — sizes from the senders' inventories
@@ -126,22 +129,20 @@ def migration_bytes(migrations: list[dict], inventories: dict[str, dict], resume
     `names_of(start, end)`: the state names of layers [start, end)."""
     total = 0
     for m in migrations:
-        if m["source"] == m["device"]:
+        if m.source == m.device:
             continue
-        try:
-            held = inventories[m["source"]]["state_bytes"]
-            sizes = (held["backups"][m["backup_of"]] if m.get("backup_of") else held["own"])[str(resume)]
-            total += sum(int(sizes.get(name, 0)) for name in names_of(m["start"], m["end"]))
-        except (KeyError, TypeError, ValueError, AttributeError):  # a report the launcher cannot read: one line
-            what = f"its backup of {m['backup_of']}" if m.get("backup_of") else "its own state"
-            raise RuntimeFailure(f"{m['source']}'s stall report gives no sizes of {what} at round {resume}: "
-                                 f"refused") from None
+        held = inventories[m.source].state_bytes
+        sizes = (held.backups.get(m.backup_of, {}) if m.backup_of else held.own).get(str(resume))
+        if sizes is None:  # a report that does not cover the resume round: one line
+            what = f"its backup of {m.backup_of}" if m.backup_of else "its own state"
+            raise RuntimeFailure(f"{m.source}'s stall report gives no sizes of {what} at round {resume}: refused")
+        total += sum(sizes.get(name, 0) for name in names_of(m.start, m.end))
     return total
 
 
-def upload_plan(old_plan, lost: str | Collection[str], *, leavers: Collection[str] = ()) -> dict[str, dict]:
+def upload_plan(old_plan, lost: str | Collection[str], *, leavers: Collection[str] = ()) -> dict[str, Upload]:
     """Heavy: for every old stage, the device that sends its state to the coordinator."""
-    return {str(p): {"device": source, "backup_of": backup_of}
+    return {str(p): Upload(device=source, backup_of=backup_of)
             for p, (source, backup_of) in enumerate(stage_sources(_devices(old_plan), lost, leavers))}
 
 

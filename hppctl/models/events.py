@@ -57,6 +57,12 @@ class Replanned(FrozenModel):
 Event = Annotated[Union[Heartbeat, Suspected, ProbeAnswered, Lost, Replanned], Field(discriminator="kind")]
 
 
+def state_line(event: Event) -> dict[str, Any]:
+    """The `--metrics` line of a coordinator event (the state's full log, streamed: it keeps only the
+    last ones): `{"event": "state", "kind": …, …}`, apart from the run events below by its `event`."""
+    return {"event": "state", **event.model_dump(mode="json")}
+
+
 # --- run events: what a fault-tolerant run reports (`--metrics`/`--events` lines, `--json` summary) ---
 #
 # One record per kind, discriminated by its `event` field. `at` is wall time (time.time()), `generation`

@@ -415,16 +415,17 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str, poll_s:
         time.sleep(poll_s)
 
 
-def take_round(store, round_index: int, devices: Sequence[str]) -> dict[str, dict] | None:
+def take_round(store, round_index: int, devices: Sequence[str], read=None) -> dict | None:
     """Every device's report of one round, deleted from the store once read; None until all are in.
 
     The one loop that turns `metrics/{round}/{device}` keys into reports (the launcher of every run
-    kind calls it), so each report is read bounded (`read_json`) and none is left behind."""
+    kind calls it), so each report is read bounded and none is left behind. `read(device, key)`: the
+    typed report (runtime/launcher.py); default: `read_json`'s dict."""
     keys = wire.metrics_keys(round_index, devices)
     if not store.check(keys):
         return None
     reports = {}
     for device, key in zip(devices, keys):
-        reports[device] = read_json(store, key)
+        reports[device] = read(device, key) if read else read_json(store, key)
         store.delete_key(key)
     return reports

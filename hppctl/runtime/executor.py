@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from hppctl.errors import RuntimeFailure
+from hppctl.models.reports import Span
 from hppctl.models.schedule import Action
 from hppctl.runtime.stage import Stage, TensorSpec, join
 from hppctl.runtime.topology import Topology
@@ -71,16 +72,6 @@ class ExecutionError(RuntimeFailure):
 
 
 @dataclass
-class Span:
-    name: str
-    category: str
-    track: str
-    start_s: float
-    duration_s: float
-    args: dict = field(default_factory=dict)
-
-
-@dataclass
 class RoundStats:
     round: int
     started_at: float = 0.0
@@ -98,10 +89,7 @@ class RoundStats:
     correct: int = 0
     samples: int = 0
     spans: list[Span] = field(default_factory=list)
-
-    def as_json(self) -> dict:
-        return {k: getattr(self, k) for k in ("round", "started_at", "duration_s", "compute_s", "wait_s",
-                                              "allreduce_s", "step_s", "cpu_s", "bytes_sent", "loss", "correct", "samples")}
+    """Only with `--trace`."""
 
 
 @dataclass
@@ -361,7 +349,8 @@ class Executor:
 
     def _span(self, name: str, category: str, track: str, begin: float, end: float, args: dict | None = None) -> None:
         if self.trace:
-            self.stats.spans.append(Span(name, category, track, begin - self._t0, end - begin, args or {}))
+            self.stats.spans.append(Span(name=name, category=category, track=track, start_s=begin - self._t0,
+                                         duration_s=end - begin, args=args or {}))
 
 
 BUCKET_BYTES = 4 * 2**20

@@ -38,6 +38,10 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from pydantic import ValidationError
+
+from hppctl.models.beats import Ack, HeartbeatMessage
+
 MAX_DATAGRAM = 2048
 """Longer datagrams are cut to this by recvfrom (and then fail their MAC)."""
 MAX_REASON_CHARS = 160
@@ -104,19 +108,6 @@ class DropLog:
             return [reason for number, reason in self._recent if number > after]
 
 
-def _natural(value, upper: int | None = None) -> bool:
-    return type(value) is int and value >= 0 and (upper is None or value <= upper)
-
-
-def well_formed(doc: dict) -> bool:
-    """The fields the coordinator reads have the types it reads them as (a signed beat from a worker of
-    another version must not end the coordinator's loop)."""
-    rate = doc.get("samples_per_s", 0.0)
-    return (_natural(doc.get("seq", 0)) and _natural(doc.get("round", 0)) and _natural(doc.get("generation", 0))
-            and _natural(doc.get("probe_port", 0), 65535)
-            and type(rate) in (int, float) and 0 <= rate < float("inf"))
-
-
 class _SocketThread:
     """A daemon thread serving `self._sock` through `_serve`: the start/stop pair of the three below."""
 
@@ -142,7 +133,7 @@ class Beat:
     address: str
     received_s: float
     """time.monotonic() at the coordinator."""
-    doc: dict
+    message: HeartbeatMessage
 
 
 @dataclass
@@ -194,11 +185,11 @@ class HeartbeatListener(_SocketThread):
         with self._lock:
             self._beats.append(beat)
             self._senders[beat.device] = (address, port)
-        self._ack((address, port), beat.doc.get("seq", 0))
+        self._ack((address, port), beat.message.seq)
 
     def _ack(self, to: tuple[str, int], seq: int) -> None:
         try:
-            self._sock.sendto(sign(self.token, {"kind": "ack", "generation": self.generation, "seq": seq}), to)
+            self._sock.sendto(sign(self.token, Ack(generation=self.generation, seq=seq).model_dump()), to)
         except OSError:
             pass
 
@@ -220,14 +211,16 @@ class HeartbeatListener(_SocketThread):
             return self._drop(f"from {address}: unknown device {bounded(device, 40)!r}")
         if address not in self.addresses[device]:
             return self._drop(f"from {address}: not an address of device {device!r}")
-        if not well_formed(doc):
+        try:
+            message = HeartbeatMessage.model_validate(doc)
+        except ValidationError:  # fields of the wrong type: a worker of another build
             return self._drop(f"from {address}: malformed beat of device {device!r}")
-        seq = doc.get("seq", 0)
+        seq = message.seq
         with self._lock:
             if seq <= self._last_seq.get(device, 0):  # a worker numbers its beats from 1, once per run
                 return self._drop(f"from {address}: replayed beat {seq} of device {device!r}")
             self._last_seq[device] = seq
-        return Beat(device, address, time.monotonic(), doc)
+        return Beat(device, address, time.monotonic(), message)
 
     def _drop(self, reason: str) -> None:
         self.dropped.add(reason)
@@ -368,11 +361,11 @@ class HeartbeatSender(_SocketThread):
     def beat_now(self) -> None:
         self._seq += 1
         self._unanswered += 1
-        doc = {"kind": "leave" if self.leaving else "heartbeat", "device": self.device, "seq": self._seq,
-               "generation": self.generation, "round": self.round, "samples_per_s": round(self.samples_per_s, 3),
-               "probe_port": self.probe_port}
+        message = HeartbeatMessage(kind="leave" if self.leaving else "heartbeat", device=self.device, seq=self._seq,
+                                   generation=self.generation, round=self.round,
+                                   samples_per_s=round(self.samples_per_s, 3), probe_port=self.probe_port)
         try:
-            self._sock.sendto(sign(self.token, doc), self.coordinator)
+            self._sock.sendto(sign(self.token, message.model_dump()), self.coordinator)
         except OSError:
             pass  # no route (a cut link): the missing acknowledgements tell
 
@@ -400,12 +393,12 @@ class HeartbeatSender(_SocketThread):
             pass
 
     def _acknowledged(self, data: bytes) -> None:
-        doc = verify(self.token, data)
-        if doc is None or doc.get("kind") != "ack" or not _natural(doc.get("generation", 0)):
-            return
+        """An acknowledgement; anything else (unsigned, another kind, a malformed one) raises, and
+        `_receive` drops it."""
+        ack = Ack.model_validate(verify(self.token, data))
         self._last_ack = time.monotonic()
         self._unanswered = 0
-        self.coordinator_generation = max(self.coordinator_generation, doc.get("generation", 0))
+        self.coordinator_generation = max(self.coordinator_generation, ack.generation)
         if self.coordinator_generation > self.generation:
             self.interrupt.set()
 

@@ -14,15 +14,17 @@ import json
 import time
 from typing import Callable, ClassVar, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from hppctl.errors import Infeasible, RuntimeFailure
+from hppctl.models.reports import RoundReport
 from hppctl.runtime import bootstrap, wire
 from hppctl.runtime.launch import (WORKER_MODULE, LocalWorker, SshWorker, WorkerProcess, prepare_local_workers,
                                    stop_workers)
 from hppctl.runtime.progress import StepProgress, Throttle, read_steps, slowest
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 
 class WorkerFailed(RuntimeFailure):
@@ -60,6 +62,8 @@ class Launcher:
     """How failure messages name a worker ("inference worker on device d1 failed …")."""
     running_phase: ClassVar[str] = "training"
     """The phase `on_phase` announces once every worker joined."""
+    report_type: ClassVar[type[BaseModel]] = RoundReport
+    """What a worker's `metrics/<round>/<device>` report is (models/reports.py)."""
     fail_on_report: ClassVar[bool] = False
     """Fail as soon as a worker reports an error (`failed/…`), before it exits; else on its exit."""
 
@@ -155,9 +159,21 @@ class Launcher:
         self.store.store.set(wire.start(), "1")
 
     # --- watching ---------------------------------------------------------------------------------
-    def _take_round(self, round_index: int) -> dict[str, dict] | None:
-        """Every device's report of round `round_index` (read and deleted), None until all are in."""
-        return bootstrap.take_round(self.store.store, round_index, self._devices())
+    def _take_round(self, round_index: int) -> dict[str, BaseModel] | None:
+        """Every device's report of round `round_index` (a `report_type`, read and deleted), None until all are in."""
+        return bootstrap.take_round(self.store.store, round_index, self._devices(),
+                                    lambda device, key: self._read_document(device, key, self.report_type))
+
+    def _read_document(self, device: str, key: str, model: type[M]) -> M:
+        """`device`'s document under `key`, read bounded and typed: one it cannot have written as
+        `model` (another build's, a truncated one) is that device's failure, one line."""
+        try:
+            return model.model_validate_json(bootstrap.read_value(self.store.store, key, bootstrap.MAX_VALUE_BYTES))
+        except ValidationError as e:  # the project's one formatter: first error, values shortened
+            from hppctl.store import describe_validation_error
+
+            raise WorkerFailed(f"{self.worker_noun} on device {device} sent a malformed "
+                               + describe_validation_error(repr(key), e)) from None
 
     def _all_done(self) -> bool:
         return self.store.store.check(wire.done_keys(self._devices()))

@@ -19,14 +19,6 @@ from __future__ import annotations
 
 from hppctl.runtime.topology import Topology
 
-MEMORY_FIELDS = ("rss_bytes", "peak_rss_bytes", "baseline_rss_bytes", "host", "cgroup")
-
-
-def memory_of(report: dict) -> dict:
-    """What a run's result keeps of a device's last report (PSL workers report no baseline)."""
-    return {k: report[k] for k in MEMORY_FIELDS if k in report}
-
-
 DEVICE_FIELDS = ("duration_s", "cpu_s", "compute_s", "wait_s", "allreduce_s", "step_s", "bytes_sent", "rss_bytes", "peak_rss_bytes")
 
 

@@ -32,31 +32,24 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Callable, Iterable, Literal
 
 from hppctl.coordinator.replay import common_layout, migration_bytes, resume_round, transfer_plan, upload_plan
-from hppctl.coordinator.state import CoordinatorState, apply_all, find_suspects
 from hppctl.coordinator.status import status_rows
 from hppctl.errors import RuntimeFailure
-from hppctl.models.events import (Armed, DeviceAnswered, DeviceLost, DevicesLate, DeviceSuspected, Dropped, Event,
-                                  Heartbeat, Lost, ProbeAnswered, Replanned, RunEventBase, RunReplanned, RunResumed,
-                                  Suspected)
-from hppctl.models.ft_documents import GatherPlan, Reconfiguration, Transfer, Upload
+from hppctl.models.events import (DeviceLost, DevicesLate, Event, Lost, Replanned, RunEvent, RunEventBase,
+                                  RunReplanned, RunResumed)
+from hppctl.models.ft_documents import GatherPlan, Reconfiguration
 from hppctl.models.plan import HppPlan
 from hppctl.models.profile import Profile
+from hppctl.models.reports import Inventory, RoundReport
 from hppctl.runtime import bootstrap, wire
 from hppctl.runtime.config import RecoveryConfig, WorkerConfig
-from hppctl.runtime.heartbeat import HeartbeatListener, probe
+from hppctl.runtime.detection import FaultDetector, Loss
 from hppctl.runtime.session import Lineage, RunResult, Session, WorkerFailed
 
 LEAVER_GRACE_S = 10.0
 """How long the end of a run waits for devices that left gracefully to exit on their own before fencing them."""
-
-DROPPED_EVENT_EVERY_S = 10.0
-"""At most one "dropped" event per this many seconds, with the count since the last one: a flood of
-garbage on the heartbeat port must not grow `--metrics`, the `--json` summary or memory."""
-DROPPED_SAMPLES = 3
-"""How many distinct reasons a "dropped" event quotes (each cut to heartbeat.MAX_REASON_CHARS)."""
 
 
 @dataclass(frozen=True)
@@ -80,38 +73,31 @@ class ResilientSession(Session):
         self.lost: list[str] = []
         """Devices lost so far, in the order they were lost (checkpoints record it: Lineage)."""
         self.events: list[dict] = []
-        self.listener: HeartbeatListener | None = None
-        self.state: CoordinatorState | None = None
-        """None until every worker joined: detection starts with the watch."""
+        self.detector = FaultDetector(timeout_s=recovery.timeout_s, probe_s=recovery.probe_s, emit=self._event)
+        """Who is alive (runtime/detection.py); armed once every worker trains."""
         self.ft = FaultState(layout=Layout(0, self.plan, recovery.profile))
 
-    def run(self, *, on_round=None, on_event=None, on_fault: Callable[[dict], None] | None = None,
+    def run(self, *, on_round=None, on_event=None, on_fault: Callable[[RunEvent], None] | None = None,
             on_status: Callable[[list[dict]], None] | None = None,
             on_state: Callable[[Event], None] | None = None) -> RunResult:
         """`on_state`: every event the coordinator's state applies (heartbeats included), as it is
         applied; the state keeps only the last LOG_WINDOW (coordinator/state.py)."""
         self.ft.on_fault = on_fault or self.ft.on_fault
         self.ft.on_status = on_status
-        self.ft.on_state = on_state
+        self.detector.on_state = on_state
         return super().run(on_round=on_round, on_event=on_event)
-
-    def probe_address(self, device: str) -> tuple[str, int] | None:
-        """Where the coordinator would probe `device` (the port its beats announce); None until heard."""
-        address, port = self.ft.probe_ports.get(device, (None, 0))
-        return (address, port) if port else None
 
     # --- set-up ---------------------------------------------------------------------------------
     def _host_store(self, timeout_s: float) -> bootstrap.RunStore:
         store = super()._host_store(timeout_s)
         addresses = {d: heartbeat_addresses(self.request.cluster, d, store.host) for d in self.topo.devices}
-        self.listener = HeartbeatListener(store.host, store.token, addresses,
-                                          port=self.recovery.heartbeat_port).start()
+        self.detector.listen(store.host, store.token, addresses, port=self.recovery.heartbeat_port)
         return store
 
     def _worker_config(self, config: WorkerConfig) -> WorkerConfig:
         r = self.recovery
         return config.model_copy(update={"recovery": RecoveryConfig(
-            coordinator_host=self.store.host, coordinator_port=self.listener.port, heartbeat_s=r.heartbeat_s,
+            coordinator_host=self.store.host, coordinator_port=self.detector.listener.port, heartbeat_s=r.heartbeat_s,
             timeout_s=r.timeout_s, replicate_every=r.replicate_every, stall_timeout_s=r.stall_timeout_s)})
 
     def _stop_all(self) -> None:
@@ -123,25 +109,20 @@ class ResilientSession(Session):
             super()._stop_all()
         finally:
             self.workers.update(lost)
-            let_leavers_go({d: w for d, w in lost.items() if d in self.ft.leaver_heard and d not in self.ft.fenced})
+            heard = self.detector.leaver_heard
+            let_leavers_go({d: w for d, w in lost.items() if d in heard and d not in self.ft.fenced})
             for device, worker in lost.items():
                 if worker.poll() is None:
                     self._fence(device)
-            if self.listener is not None:
-                self._log_dropped(final=True)
-                self.listener.stop()
+            self.detector.stop()
 
     # --- events -----------------------------------------------------------------------------------
-    def _event(self, kind: type[RunEventBase], **fields) -> dict:
-        """Record an event of `kind` (a typed `RunEvent` record, stamped with the wall time and the
-        generation) and pass its `--metrics` line form on."""
-        event = kind(at=time.time(), generation=self.generation, **fields).wire()
-        self.events.append(event)
+    def _event(self, kind: type[RunEventBase], **fields) -> None:
+        """Record an event of `kind` (a typed `RunEvent`, stamped with the wall time and the generation):
+        its `--metrics` line form in `events` (the `--json` summary's), the record itself to `on_fault`."""
+        event = kind(at=time.time(), generation=self.generation, **fields)
+        self.events.append(event.wire())
         self.ft.on_fault(event)
-        return event
-
-    def _apply(self, event: Event) -> None:
-        self.state = apply_all(self.state, (event,), self.ft.on_state)
 
     # --- liveness -----------------------------------------------------------------------------------
     def _on_worker_exit(self, device: str, code: int) -> None:
@@ -151,89 +132,31 @@ class ResilientSession(Session):
             return
         if self._reported_failure(device):
             self._fail(device, code)  # the worker reported an error of its own: no replay can help
-        if self.state is None:
+        if self.detector.state is None:
             self._fail(device, code)  # before every worker trains there is nothing to replay
-        if self.state.devices[device].health == "alive":
-            self._suspect(Suspected(device=device, at_s=self.ft.clock(), silent_s=0.0), why=f"exit {code}")
-
-    def _suspect(self, event: Suspected, why: str) -> None:
-        self._apply(event)
-        self._event(DeviceSuspected, device=event.device, silent_s=round(event.silent_s, 3), why=why)
-        result: list = []
-        address, port = self.ft.probe_ports.get(event.device, (None, None))
-
-        def run_probe() -> None:
-            ok = bool(port) and probe(address, port, self.store.token, event.device, self.recovery.probe_s)
-            result.append(ok)
-
-        thread = threading.Thread(target=run_probe, daemon=True, name=f"probe-{event.device}")
-        thread.start()
-        self.ft.probes[event.device] = result
-
-    def _arm(self) -> None:
-        """Start failure detection once every worker has built its stage and joined the gloo group
-        (before that, a slow start-up is not a failure, and a dead worker simply fails the run)."""
-        if self.state is None and self.store.store.check([wire.ready(d) for d in self.topo.devices]):
-            self.ft.t0 = time.monotonic()
-            self.state = CoordinatorState.start(list(self.topo.devices), now_s=0.0)
-            self.listener.drain()
-            self._event(Armed, devices=list(self.topo.devices))
-
-    def _log_dropped(self, *, final: bool = False) -> None:
-        """Datagrams the listener refused (wrong or missing token, unknown device or address, replays)
-        become one "dropped" event per DROPPED_EVENT_EVERY_S at most: how many since the last one, the
-        total, and a few sample reasons. `final`: whatever is left, now (the run is ending)."""
-        dropped, now = self.listener.dropped, time.monotonic()
-        fields = dropped_event(dropped.count, self.ft.dropped_seen, dropped.recent(after=self.ft.dropped_seen),
-                               since_last_s=now - self.ft.dropped_logged_at, final=final)
-        if fields is not None:
-            self._event(Dropped, **fields)
-            self.ft.dropped_seen, self.ft.dropped_logged_at = fields["total"], now
+        if self.detector.alive(device):
+            self.detector.suspect(device, 0.0, why=f"exit {code}")
 
     def _on_tick(self) -> None:
         """Arm detection once every worker is ready, then detect, re-plan and replay; the status table once a second."""
-        self._log_dropped()
-        if self.state is None:
-            self._arm()
+        detector = self.detector
+        detector.log_dropped()
+        if detector.state is None:
+            # Armed once every worker has built its stage and joined the gloo group: before that, a slow
+            # start-up is not a failure, and a dead worker simply fails the run.
+            if self.store.store.check([wire.ready(d) for d in self.topo.devices]):
+                detector.arm(list(self.topo.devices))
             return
         self.ft.helpers = [d for d in self.ft.helpers if self.workers[d].poll() != 0]  # exit 0: all layers sent
-        losses = self._detect() + self._failed_leavers(self.ft.helpers, "while handing its layers over")
+        losses = detector.detect(self.lost) + self._failed_leavers(self.ft.helpers, "while handing its layers over")
         if losses:
             self._recover(losses)
         if self.ft.on_status and time.monotonic() - self.ft.last_status > 1.0:
-            self.ft.on_status(status_rows(self.state, self.topo.stage_of, self.ft.clock()))
+            self.ft.on_status(status_rows(detector.state, self.topo.stage_of, detector.clock()))
             self.ft.last_status = time.monotonic()
 
-    def _detect(self) -> list["Loss"]:
-        """Read the beats, suspect the silent, settle the probes: the devices confirmed lost since last time."""
-        losses: dict[str, Loss] = {}
-        for beat in self.listener.drain():
-            if beat.device in self.ft.leaver_heard:
-                self.ft.leaver_heard[beat.device] = self.ft.clock()
-            if beat.device in self.lost or beat.device in losses:
-                continue
-            self.ft.probe_ports[beat.device] = (beat.address, int(beat.doc.get("probe_port", 0)))
-            if beat.doc["kind"] == "leave":
-                losses[beat.device] = Loss(beat.device, "left", leaving=True)
-                continue
-            self._apply(Heartbeat(device=beat.device, at_s=self.ft.clock(), round=int(beat.doc.get("round", 0)),
-                                  samples_per_s=float(beat.doc.get("samples_per_s", 0.0))))
-        for suspect in find_suspects(self.state, self.ft.clock(), self.recovery.timeout_s):
-            self._suspect(suspect, why=f"silent for {suspect.silent_s:.1f} s")
-        for device, result in list(self.ft.probes.items()):
-            if not result:
-                continue
-            del self.ft.probes[device]
-            heard = self.state.devices[device].health == "alive"  # a beat arrived while the probe ran
-            if result[0] or heard:
-                self._apply(ProbeAnswered(device=device, at_s=self.ft.clock()))
-                self._event(DeviceAnswered, device=device)
-            elif device not in losses:
-                losses[device] = Loss(device, "probe unanswered")
-        return list(losses.values())
-
     # --- the loop's hooks (runtime/session.py owns the loop) ----------------------------------------------
-    def _round_report(self, round_index: int, reports: dict[str, dict]) -> dict:
+    def _round_report(self, round_index: int, reports: dict[str, RoundReport]) -> dict:
         """The first round in a new layout ends the recovery ("resumed"); every row carries the
         generation and the backup exchange's bytes and seconds."""
         if self.ft.resumed_pending is not None and round_index >= self.ft.resume_round:
@@ -241,9 +164,9 @@ class ResilientSession(Session):
                         phases=slowest_phases(reports.values()))
             self.ft.resumed_pending = None
             self.ft.helpers = []  # a round completed in the new layout: every layer reached its owner
-        return dict(generation=max(x.get("generation", 0) for x in reports.values()),
-                    backup_bytes=sum(x.get("backup_bytes", 0) for x in reports.values()),
-                    backup_s=max(x.get("backup_s", 0.0) for x in reports.values()))
+        return dict(generation=max(x.generation for x in reports.values()),
+                    backup_bytes=sum(x.backup_bytes for x in reports.values()),
+                    backup_s=max(x.backup_s for x in reports.values()))
 
     def _finished(self) -> bool:
         return self.store.store.check([wire.finished(self.generation, d) for d in self.topo.devices])
@@ -271,7 +194,7 @@ class ResilientSession(Session):
             self._event(DevicesLate, devices=late)
 
     # --- recovery -----------------------------------------------------------------------------------
-    def _recover(self, losses: list["Loss"]) -> None:
+    def _recover(self, losses: list[Loss]) -> None:
         """Re-plan without the lost devices and replay.
 
         A device lost before the new configuration goes out (devices that fail together: a power strip,
@@ -299,7 +222,7 @@ class ResilientSession(Session):
                 self._lose(loss)
                 if loss.leaving:
                     leavers.append(loss.device)
-                    self.ft.leaver_heard[loss.device] = self.ft.clock()
+                    self.detector.leaver_heard[loss.device] = self.detector.clock()
             generation = self._next_generation()
             survivors = [d for d in self.ft.layout.plan.devices() if d not in self.lost]
             if not survivors:
@@ -338,12 +261,11 @@ class ResilientSession(Session):
     def _next_generation(self) -> int:
         """Tell every survivor, now rather than in its next acknowledgement, to stop and report."""
         self.generation += 1
-        self.listener.generation = self.generation
-        self.listener.announce()
+        self.detector.announce(self.generation)
         return self.generation
 
-    def _lose(self, loss: "Loss") -> None:
-        self._apply(Lost(device=loss.device, at_s=self.ft.clock(), reason=loss.reason))
+    def _lose(self, loss: Loss) -> None:
+        self.detector.apply(Lost(device=loss.device, at_s=self.detector.clock(), reason=loss.reason))
         self._event(DeviceLost, device=loss.device, reason=loss.reason)
         self.lost.append(loss.device)
         if not loss.leaving:
@@ -363,23 +285,23 @@ class ResilientSession(Session):
             threading.Thread(target=worker.stop, daemon=True, name=f"fence-{device}").start()
 
     def _collect(self, generation: int, survivors: list[str],
-                 leavers: list[str]) -> tuple[list["Loss"], dict[str, dict]]:
+                 leavers: list[str]) -> tuple[list[Loss], dict[str, Inventory]]:
         """Every device's `stall/<generation>` report (its inventory), watching them meanwhile: ([], reports), or the
         devices lost before all had reported (and no reports)."""
         devices = survivors + leavers
         store, keys = self.store.store, [wire.stall(generation, d) for d in devices]
         losses = self._await(lambda: store.check(keys), f"{', '.join(devices)} to stop for the re-plan", leavers)
-        return losses, ({} if losses else {d: bootstrap.read_json(store, k) for d, k in zip(devices, keys)})
+        return losses, ({} if losses else {d: self._read_document(d, k, Inventory) for d, k in zip(devices, keys)})
 
-    def _await(self, done: Callable[[], bool], what: str, leavers: list[str]) -> list["Loss"]:
+    def _await(self, done: Callable[[], bool], what: str, leavers: list[str]) -> list[Loss]:
         """Wait for `done` while detection goes on: [] once it holds, else the devices lost meanwhile
         (a leaver whose process ended counts: it has not handed its layers over yet). A worker that
         reports an error of its own still fails the run (`_check_alive`)."""
         deadline = time.monotonic() + self.recovery.stall_timeout_s
         while time.monotonic() < deadline:
             self._check_alive()
-            self._log_dropped()
-            losses = self._detect() + self._failed_leavers(leavers, "before handing its layers over")
+            self.detector.log_dropped()
+            losses = self.detector.detect(self.lost) + self._failed_leavers(leavers, "before handing its layers over")
             if losses:
                 return losses
             if done():
@@ -387,14 +309,15 @@ class ResilientSession(Session):
             time.sleep(0.02)
         raise RuntimeFailure(f"timed out after {self.recovery.stall_timeout_s:.0f} s waiting for {what}")
 
-    def _failed_leavers(self, leavers: list[str], when: str) -> list["Loss"]:
+    def _failed_leavers(self, leavers: list[str], when: str) -> list[Loss]:
         """Leavers that can no longer hand their layers over: their process ended, or they have been silent
         (frozen, or behind a cut link while their SSH session lives on) for as long as a silent device
         gets before it is lost, the failure timeout plus the probe's."""
         losses = []
         for d in list(leavers):
             code = self.workers[d].poll()
-            silent = self.ft.clock() - self.ft.leaver_heard.get(d, self.ft.clock())
+            now = self.detector.clock()
+            silent = now - self.detector.leaver_heard.get(d, now)
             if code is not None:
                 losses.append(Loss(d, f"left, then ended (exit {code}) {when}"))
             elif silent > self.recovery.timeout_s + self.recovery.probe_s:
@@ -403,7 +326,7 @@ class ResilientSession(Session):
 
     def _reconfiguration(self, generation: int, base: "Layout", result, gathered: dict | None,
                          gone: list[str], leavers: list[str], resume: int,
-                         inventories: dict[str, dict]) -> Reconfiguration:
+                         inventories: dict[str, Inventory]) -> Reconfiguration:
         """`reconf/<generation>` (models/ft_documents.py): the new plan and schedule, the resume round,
         the layout whose state it starts from, where that state comes from, and the bytes it moves."""
         from hppctl.schedule import schedule_for_plan
@@ -418,24 +341,23 @@ class ResilientSession(Session):
         from hppctl.runtime.replication import layer_names
 
         migrations = transfer_plan(base.plan, result.migrations, gone, leavers=leavers)
-        sources = {m["source"] for m in migrations}
+        sources = {m.source for m in migrations}
         model, granularity = base.plan.model, base.plan.granularity
         moved = migration_bytes(migrations, inventories, resume,
                                 lambda start, end: layer_names(model, granularity, start, end))
-        return Reconfiguration(**common, moved_bytes=moved, migrations=[Transfer(**m) for m in migrations],
+        return Reconfiguration(**common, moved_bytes=moved, migrations=migrations,
                                helpers=[d for d in leavers if d in sources])
 
     def _gather(self, generation: int, base: "Layout", gone: list[str], leavers: list[str],
-                resume: int) -> tuple[list["Loss"], dict | None]:
+                resume: int) -> tuple[list[Loss], dict | None]:
         """Heavy: every old stage's state comes to the coordinator (through the store, on its links);
         or the devices lost meanwhile."""
         import torch
 
         store = self.store.store
         uploads = upload_plan(base.plan, gone, leavers=leavers)
-        store.set(wire.gather(generation), GatherPlan(resume_round=resume, layout=base.generation,
-                                                      uploads={p: Upload(**u) for p, u in uploads.items()})
-                  .model_dump_json())
+        store.set(wire.gather(generation),
+                  GatherPlan(resume_round=resume, layout=base.generation, uploads=uploads).model_dump_json())
         keys = [wire.heavy_old(generation, p) for p in uploads]
         losses = self._await(lambda: all(bootstrap.has_blob(store, k) for k in keys), "every stage's state", leavers)
         if losses:
@@ -466,8 +388,8 @@ class ResilientSession(Session):
     def _adopt_replan(self, doc: Reconfiguration, resume: int, base: "Layout", profile: Profile) -> None:
         self._adopt(doc.plan, resume)
         self.ft.previous, self.ft.layout = base, Layout(self.generation, self.plan, profile)
-        self._apply(Replanned(at_s=self.ft.clock(), method=doc.method, devices=list(self.topo.devices),
-                              resume_round=resume))
+        self.detector.apply(Replanned(at_s=self.detector.clock(), method=doc.method, devices=list(self.topo.devices),
+                                      resume_round=resume))
         self.ft.resume_round = resume
 
 
@@ -478,37 +400,24 @@ class FaultState:
     layout: "Layout"
     """The layout the workers train on (or are moving to); `previous`: the one it was made from."""
     previous: "Layout | None" = None
-    on_fault: Callable[[dict], None] = lambda event: None
+    on_fault: Callable[[RunEvent], None] = lambda event: None
     on_status: Callable[[list[dict]], None] | None = None
-    on_state: Callable[[Event], None] | None = None
-    t0: float = field(default_factory=time.monotonic)
-    """Detection's clock starts here (reset when it arms)."""
     last_status: float = 0.0
-    probes: dict[str, list] = field(default_factory=dict)
-    """Per suspect, its probe's result once the probe thread has one."""
-    probe_ports: dict[str, tuple[str, int]] = field(default_factory=dict)
-    leaver_heard: dict[str, float] = field(default_factory=dict)
-    """When each device that left was last heard from (its beats say `leave` until it has gone)."""
     helpers: list[str] = field(default_factory=list)
     """Devices that left and are sending their layers to their new owners (until they end, exit 0)."""
     fenced: set[str] = field(default_factory=set)
-    dropped_seen: int = 0
-    dropped_logged_at: float = float("-inf")
     resume_round: int = 0
     """The round the last re-plan resumed from."""
     resumed_pending: float | None = None
     """When the losses of a re-plan were detected, until its first round completes (the "resumed" event)."""
 
-    def clock(self) -> float:
-        return time.monotonic() - self.t0
-
-    def base_layout(self, inventories: dict[str, dict], lost: list[str]) -> tuple["Layout", dict[str, dict]]:
+    def base_layout(self, inventories: dict[str, Inventory], lost: list[str]) -> tuple["Layout", dict[str, Inventory]]:
         """The layout to re-plan from (the current one, or the one before when a device was lost while the
         survivors were moving to the current one), with every survivor's inventory in it."""
         previous = self.previous.generation if self.previous else None
         picked = common_layout(inventories, self.layout.generation, previous)
         if picked is None:
-            layouts = {d: inventory.get("layout", 0) for d, inventory in inventories.items()}
+            layouts = {d: inventory.layout for d, inventory in inventories.items()}
             raise WorkerFailed(f"{', '.join(lost)} lost while the survivors were on different layouts "
                                f"({layouts}): no state they all hold; the run stops (--resume continues from the "
                                f"checkpoint directory)")
@@ -523,16 +432,6 @@ class Layout:
     generation: int
     plan: HppPlan
     profile: Profile
-
-
-@dataclass(frozen=True)
-class Loss:
-    """A device confirmed lost: it left on purpose (`leaving`: it still runs and hands its layers over),
-    or crashed, hung or dropped off the network."""
-
-    device: str
-    reason: str
-    leaving: bool = False
 
 
 def heartbeat_addresses(cluster, device: str, store_host: str) -> set[str]:
@@ -566,21 +465,11 @@ def redistribute(store, generation: int, plan: HppPlan, state: dict) -> int:
     return moved
 
 
-def dropped_event(total: int, seen: int, reasons: list[str], *, since_last_s: float, final: bool = False) -> dict | None:
-    """The fields of the next "dropped" event, or None when none is due: drops counted past `seen`,
-    and DROPPED_EVENT_EVERY_S gone by since the last event (or the run is ending: `final`).
-    `reasons`: the latest reasons of those drops; the event quotes the first DROPPED_SAMPLES distinct."""
-    if total <= seen or (not final and since_last_s < DROPPED_EVENT_EVERY_S):
-        return None
-    samples = list(dict.fromkeys(reasons))[:DROPPED_SAMPLES]
-    return {"count": total - seen, "total": total, "why": samples[0] if samples else "", "samples": samples}
-
-
-def slowest_phases(reports) -> dict[str, float]:
+def slowest_phases(reports: Iterable[RoundReport]) -> dict[str, float]:
     """Per step of the reconfiguration, the slowest device's seconds (the step everyone waited for)."""
     out: dict[str, float] = {}
     for report in reports:
-        for name, seconds in report.get("recovery_phases", {}).items():
+        for name, seconds in report.recovery_phases.items():
             out[name] = max(out.get(name, 0.0), seconds)
     return out
 

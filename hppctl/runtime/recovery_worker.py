@@ -22,7 +22,6 @@ and the worker hands its layers over before it exits.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -31,6 +30,7 @@ from dataclasses import dataclass
 
 from hppctl.errors import RuntimeFailure
 from hppctl.models.ft_documents import GatherPlan, Reconfiguration
+from hppctl.models.reports import Inventory, StateSizes
 from hppctl.runtime import bootstrap, wire
 from hppctl.runtime.config import WorkerConfig
 from hppctl.runtime.ft_transport import RETIRED_GROUPS, AbortableComm, Interrupted, PeerLost, prefixed
@@ -119,11 +119,10 @@ class ResilientRun:
         self.backup_bytes, self.backup_s = 0, 0.0
         if completed % self.rc.replicate_every == 0 or completed == self.opts.rounds:
             self._protect(completed)
-        extra = dict(generation=self.generation, backup_bytes=self.backup_bytes, backup_s=self.backup_s)
-        if self.phases:
-            extra["recovery_phases"] = {**self.phases, "replayed_round": round(stats.duration_s, 4)}
-            self.phases = {}
-        self.w.publish_round(stats, **extra)
+        phases = {**self.phases, "replayed_round": round(stats.duration_s, 4)} if self.phases else {}
+        self.phases = {}
+        self.w.publish_round(stats, generation=self.generation, backup_bytes=self.backup_bytes,
+                             backup_s=self.backup_s, recovery_phases=phases)
         self.beats.round = completed
         self.beats.samples_per_s = self.w.topo.global_batch / stats.duration_s if stats.duration_s > 0 else 0.0
         return completed
@@ -228,11 +227,9 @@ class ResilientRun:
         clock.lap("stop")
         self._retire_group()
         self.w.optimizer.zero_grad(set_to_none=True)
-        inventory = self.kept.inventory()
-        if self.previous is not None:
-            inventory["previous"] = self.previous.inventory()
+        inventory = self.kept.inventory(self.previous.inventory() if self.previous is not None else None)
         while True:  # a further generation: another device was lost before the new configuration came
-            self.store.set(wire.stall(generation, self.device), json.dumps(inventory))
+            self.store.set(wire.stall(generation, self.device), inventory.model_dump_json())
             key = self._wait_key([wire.gather(generation), wire.reconf(generation)], generation)
             if key == wire.gather(generation):
                 clock.lap("wait_gather")
@@ -391,13 +388,13 @@ class Kept:
     snapshots: Snapshots
     backups: Backups
 
-    def inventory(self) -> dict:
+    def inventory(self, previous: Inventory | None = None) -> Inventory:
         """What the coordinator needs to choose a resume round (coordinator/replay.py), and the bytes of
         every name in each state it holds, by round (`replay.migration_bytes`: what a light re-plan moves)."""
-        sizes = {"own": {str(r): state_bytes(s) for r, s in self.snapshots.states.items()},
-                 "backups": self.backups.state_bytes()}
-        return {"layout": self.layout, "snapshots": self.snapshots.rounds(), "backups": self.backups.inventory(),
-                "state_bytes": sizes}
+        sizes = StateSizes(own={str(r): state_bytes(s) for r, s in self.snapshots.states.items()},
+                           backups=self.backups.state_bytes())
+        return Inventory(layout=self.layout, snapshots=self.snapshots.rounds(), backups=self.backups.inventory(),
+                         state_bytes=sizes, previous=previous)
 
     def state_at(self, round_index: int, backup_of: str | None) -> dict:
         """This worker's own state after `round_index` rounds, or the backup it holds of `backup_of`'s."""

@@ -22,13 +22,14 @@ from typing import Callable
 from hppctl.errors import Diverged
 from hppctl.models.cluster import ClusterSpec
 from hppctl.models.plan import HppPlan
+from hppctl.models.reports import RoundReport
 from hppctl.runtime import bootstrap, wire
 from hppctl.runtime.checkpoint import CheckpointDir, CheckpointLocked
 from hppctl.runtime.config import TrainOptions, WorkerConfig
 from hppctl.runtime.divergence import DivergenceGuard, first_nonfinite_tensor
 from hppctl.runtime.launcher import Launcher, WorkerFailed, add_row, from_blob, last_end, to_blob  # noqa: F401
 from hppctl.runtime.lineage import Lineage, plan_digest, plan_document, resume_fingerprint, run_fingerprint  # noqa: F401
-from hppctl.runtime.metrics import TraceBuilder, aggregate, memory_of
+from hppctl.runtime.metrics import TraceBuilder, aggregate
 from hppctl.runtime.progress import Throttle
 from hppctl.runtime.topology import Topology
 
@@ -225,17 +226,17 @@ class Session(Launcher):
         loop = self.loop
         while loop.next_round < until and (reports := self._take_round(loop.next_round)) is not None:
             r = loop.next_round
-            for d, report in reports.items():
-                loop.memory[d] = memory_of(report)
+            loop.memory.update({d: report.memory() for d, report in reports.items()})
             extra = self._round_report(r, reports)
             if r >= loop.emitted:
-                for report in reports.values() if loop.trace else ():
+                fields = {d: report.model_dump() for d, report in reports.items()}  # runtime/metrics.py's input
+                for report in fields.values() if loop.trace else ():
                     loop.trace.add(report)
-                row = {**aggregate(r, reports, self.topo, loop.previous_end, loop.rounds_per_epoch), **extra}
+                row = {**aggregate(r, fields, self.topo, loop.previous_end, loop.rounds_per_epoch), **extra}
                 add_row(loop.rows, row, loop.on_round)
                 self._check_divergence(row, loop.options)
                 loop.emitted = r + 1
-            loop.previous_end = max(x["started_at"] + x["duration_s"] for x in reports.values())
+            loop.previous_end = max(x.started_at + x.duration_s for x in reports.values())
             loop.next_round += 1
 
     def _due_rounds(self, options: TrainOptions, after: int) -> set[int]:
@@ -248,7 +249,7 @@ class Session(Launcher):
     def _on_tick(self) -> None:
         """Called once per pass of the loop, after the liveness check (fault tolerance: detect, re-plan)."""
 
-    def _round_report(self, round_index: int, reports: dict[str, dict]) -> dict:
+    def _round_report(self, round_index: int, reports: dict[str, RoundReport]) -> dict:
         """Called with every round's reports as they are taken (replayed ones too): fields to add to its row."""
         return {}
 

@@ -10,9 +10,9 @@ for checkpoints (`ckpt/<round>/<stage>`, replica 0) and at the end (`final/<stag
 
 from __future__ import annotations
 
-import json
 import time
 
+from hppctl.models.reports import RoundReport
 from hppctl.runtime import wire
 from hppctl.runtime.config import WorkerConfig
 from hppctl.runtime.training_state import TrainingState, build_training_state, load_feed, set_learning_rate
@@ -98,7 +98,7 @@ class Worker:
         """The round's metrics report (with `extra`), and the stage state when a checkpoint is due."""
         from hppctl.runtime.bootstrap import put_blob
 
-        self.store.set(wire.metrics(stats.round, self.device), json.dumps({**self.report(stats), **extra}))
+        self.store.set(wire.metrics(stats.round, self.device), self.report(stats, **extra).model_dump_json())
         completed = stats.round + 1
         if self.primary and self.checkpoint_due(completed):
             put_blob(self.store, wire.ckpt(completed, self.stage_index), self.state_blob(completed))
@@ -109,15 +109,11 @@ class Worker:
         if self.primary:
             put_blob(self.store, wire.final(self.stage_index), self.state_blob(self.config.options.rounds))
 
-    def report(self, stats) -> dict:
-        """The round's metrics report (`metrics/<round>/<device>`)."""
-        report = stats.as_json()
-        report.update(device=self.device, stage=self.stage_index, **process_report(),
-                      baseline_rss_bytes=self.baseline_rss, cgroup=self.cgroup,
-                      lr=self.config.options.learning_rate(stats.round))
-        if self.config.options.trace:
-            report["spans"] = [s.__dict__ for s in stats.spans]
-        return report
+    def report(self, stats, **extra) -> RoundReport:
+        """The round's metrics report (`metrics/<round>/<device>`); `extra`: the fault-tolerant worker's fields."""
+        return RoundReport(**vars(stats), device=self.device, stage=self.stage_index, **process_report(),
+                           baseline_rss_bytes=self.baseline_rss, cgroup=self.cgroup,
+                           lr=self.config.options.learning_rate(stats.round), **extra)
 
     def checkpoint_due(self, completed: int) -> bool:
         opts = self.config.options

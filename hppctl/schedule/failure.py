@@ -182,15 +182,15 @@ def _movement(plan: HppPlan, profile: Profile, result, lost: tuple[str, ...]) ->
     if result.method == "light":
         moved, slowest = 0, 0.0
         for t in transfer_plan(plan, result.migrations, lost):  # the lost stages' layers from their backups
-            size = layer_bytes(t["start"], t["end"])
+            size = layer_bytes(t.start, t.end)
             moved += size
-            if t["source"] != t["device"]:
-                slowest = max(slowest, size / profile.bandwidth_between(t["source"], t["device"]))
+            if t.source != t.device:
+                slowest = max(slowest, size / profile.bandwidth_between(t.source, t.device))
         return moved, slowest
     coordinator = result.plan.devices()[0]
     senders = upload_plan(plan, lost)  # one per old stage: a survivor, or a lost stage's backup holder
-    gather = sum(layer_bytes(s.start, s.end) / profile.bandwidth_between(senders[str(p)]["device"], coordinator)
-                 for p, s in enumerate(plan.stages) if senders[str(p)]["device"] != coordinator)
+    gather = sum(layer_bytes(s.start, s.end) / profile.bandwidth_between(senders[str(p)].device, coordinator)
+                 for p, s in enumerate(plan.stages) if senders[str(p)].device != coordinator)
     scatter = sum(layer_bytes(s.start, s.end) / profile.bandwidth_between(coordinator, d)
                   for s in result.plan.stages for d in s.devices if d != coordinator)
     total = sum(layer_bytes(s.start, s.end) * len(s.devices) for s in result.plan.stages)

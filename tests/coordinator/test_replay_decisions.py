@@ -4,13 +4,16 @@ import pytest
 
 from hppctl.coordinator.replay import common_layout, migration_bytes, resume_round, transfer_plan, upload_plan
 from hppctl.errors import RuntimeFailure
+from hppctl.models.ft_documents import Transfer, Upload
+from hppctl.models.reports import Inventory, StateSizes
 from tests.runtime.factories import make_plan
 
 THREE = [["a"], ["b"], ["c"]]
 
 
-def inventory(snapshots, backups=None):
-    return {"snapshots": list(snapshots), "backups": backups or {}}
+def inventory(snapshots, backups=None, layout=0, previous=None, own=None):
+    return Inventory(snapshots=list(snapshots), backups=backups or {}, layout=layout, previous=previous,
+                     state_bytes=StateSizes(own=own or {}, backups={}))
 
 
 def test_resume_is_the_newest_round_every_stage_can_restore():
@@ -49,9 +52,9 @@ def test_heavy_uploads_one_sender_per_old_stage_and_the_lost_stage_from_its_back
     plan = make_plan("tiny-mlp", [((0, 2), ["a"], [4]), ((2, 4), ["b"], [4]), ((4, 5), ["c"], [4])],
                      global_batch=16, micro_batch=4)
     uploads = upload_plan(plan, "b")
-    assert uploads["0"] == {"device": "a", "backup_of": None}
-    assert uploads["1"] == {"device": "c", "backup_of": "b"}  # b backs up to the next stage's device
-    assert upload_plan(plan, "b", leavers={"b"})["1"] == {"device": "b", "backup_of": None}
+    assert uploads["0"] == Upload(device="a")
+    assert uploads["1"] == Upload(device="c", backup_of="b")  # b backs up to the next stage's device
+    assert upload_plan(plan, "b", leavers={"b"})["1"] == Upload(device="b")
     assert transfer_plan(plan, [], "b") == []
 
 
@@ -81,8 +84,8 @@ def test_a_leaver_lost_with_a_crashed_device_sends_its_own_layers():
     inventories = {"a": inventory([6, 7], {"d": [6, 7]}), "b": inventory([6, 7]), "c": inventory([6, 7])}
     assert resume_round([list(s.devices) for s in plan.stages], ["b", "d"], inventories, leavers={"b"}) == 7
     uploads = upload_plan(plan, ["b", "d"], leavers={"b"})
-    assert uploads["1"] == {"device": "b", "backup_of": None}  # the leaver still runs: its own state
-    assert uploads["3"] == {"device": "a", "backup_of": "d"}  # the crashed tail: its backup on the head
+    assert uploads["1"] == Upload(device="b")  # the leaver still runs: its own state
+    assert uploads["3"] == Upload(device="a", backup_of="d")  # the crashed tail: its backup on the head
     with pytest.raises(RuntimeFailure, match="stage 1's layers were held only by b, whose backup holder c"):
         upload_plan(plan, ["b", "c"])
 
@@ -98,24 +101,24 @@ def test_migrations_of_two_lost_stages_come_from_two_backups():
     assert [(m.device, m.start, m.end, m.source, m.backup_of) for m in moves] == [
         ("a", 1, 2, None, "b"), ("a", 2, 3, None, "c")]
     transfers = transfer_plan(old, moves, ["b", "c"], leavers={"c"})
-    assert [(t["source"], t["backup_of"]) for t in transfers] == [("c", "b"), ("c", None)]
+    assert [(t.source, t.backup_of) for t in transfers] == [("c", "b"), ("c", None)]
 
 
 def test_the_current_layout_is_replayed_when_every_survivor_is_on_it():
-    on_new = {"layout": 1, "snapshots": [4], "backups": {}, "previous": {"layout": 0, "snapshots": [3, 4], "backups": {}}}
+    on_new = inventory([4], layout=1, previous=inventory([3, 4]))
     assert common_layout({"a": on_new, "c": on_new}, current=1, previous=0) == (1, {"a": on_new, "c": on_new})
 
 
 def test_the_previous_layout_is_replayed_when_a_survivor_never_reached_the_current_one():
-    behind = {"layout": 0, "snapshots": [3, 4], "backups": {"d": [4]}}
-    moved = {"layout": 1, "snapshots": [4], "backups": {}, "previous": {"layout": 0, "snapshots": [3, 4], "backups": {}}}
+    behind = inventory([3, 4], {"d": [4]})
+    moved = inventory([4], layout=1, previous=inventory([3, 4]))
     layout, chosen = common_layout({"a": behind, "c": moved}, current=1, previous=0)
-    assert layout == 0 and chosen == {"a": behind, "c": moved["previous"]}
+    assert layout == 0 and chosen == {"a": behind, "c": moved.previous}
 
 
 def test_no_common_layout_when_a_survivor_has_already_dropped_the_previous_one():
-    behind = {"layout": 0, "snapshots": [3, 4], "backups": {}}
-    trained_on = {"layout": 1, "snapshots": [4, 5], "backups": {}}
+    behind = inventory([3, 4])
+    trained_on = inventory([4, 5], layout=1)
     assert common_layout({"a": behind, "c": trained_on}, current=1, previous=0) is None
 
 
@@ -125,16 +128,19 @@ def names_of(start, end):
 
 def test_migration_bytes_sizes_each_transfer_as_its_sender_holds_it_and_a_takeover_sends_nothing():
     """Issue 24 item 9: what a light re-plan moves, from the senders' reported sizes at the resume round."""
-    inventories = {"a": {"state_bytes": {"own": {"6": {"0.weight": 10, "1.weight": 20}}, "backups": {"c": {"6": {"4.weight": 7}}}}},
-                   "b": {"state_bytes": {"own": {"5": {"2.weight": 1}, "6": {"2.weight": 300, "3.weight": 400}}, "backups": {}}}}
-    migrations = [{"device": "a", "start": 2, "end": 3, "source": "b", "backup_of": None},   # 300
-                  {"device": "b", "start": 4, "end": 5, "source": "a", "backup_of": "c"},    # 7, from the backup
-                  {"device": "a", "start": 4, "end": 5, "source": "a", "backup_of": "c"}]    # takeover: 0
+    sizes = {"a": StateSizes(own={"6": {"0.weight": 10, "1.weight": 20}}, backups={"c": {"6": {"4.weight": 7}}}),
+             "b": StateSizes(own={"5": {"2.weight": 1}, "6": {"2.weight": 300, "3.weight": 400}}, backups={})}
+    inventories = {d: Inventory(snapshots=[6], state_bytes=held) for d, held in sizes.items()}
+    migrations = [Transfer(device="a", start=2, end=3, source="b"),                # 300
+                  Transfer(device="b", start=4, end=5, source="a", backup_of="c"),  # 7, from the backup
+                  Transfer(device="a", start=4, end=5, source="a", backup_of="c")]  # takeover: 0
     assert migration_bytes(migrations, inventories, 6, names_of) == 307
     assert migration_bytes([], inventories, 6, names_of) == 0
 
 
 def test_migration_bytes_refuses_a_report_without_sizes():
     with pytest.raises(RuntimeFailure, match="b's stall report gives no sizes of its own state at round 6"):
-        migration_bytes([{"device": "a", "start": 2, "end": 3, "source": "b", "backup_of": None}],
-                        {"b": {"snapshots": [6]}}, 6, names_of)
+        migration_bytes([Transfer(device="a", start=2, end=3, source="b")], {"b": inventory([6])}, 6, names_of)
+    with pytest.raises(RuntimeFailure, match="b's stall report gives no sizes of its backup of c at round 6"):
+        migration_bytes([Transfer(device="a", start=2, end=3, source="b", backup_of="c")],
+                        {"b": inventory([6], own={"6": {}})}, 6, names_of)

@@ -7,7 +7,8 @@ from typing import get_args
 
 import pytest
 
-from hppctl.cli.coordinator import DESCRIBE, describe, recovery_options
+from hppctl.cli.coordinator import DESCRIBE, check_recovery_flags, describe
+from hppctl.driver import recovery_options
 from hppctl.errors import BadInput
 from hppctl.models.events import Armed, DeviceLost, DeviceSuspected, RunEvent, RunReplanned, RunResumed
 from tests.recovery.factories import preset_profile
@@ -37,7 +38,7 @@ def test_recovery_is_on_with_a_profile_and_off_without(profile):
 def test_bad_values_name_the_flag(profile, kw, message):
     args = {"heartbeat": 1.0, "timeout": 3.0, "probe_timeout": 2.0, "replan": "light", "replicate_every": 1, **kw}
     with pytest.raises(BadInput, match=message):
-        recovery_options(profile, **args)
+        check_recovery_flags(**args)
 
 
 def test_coordinator_needs_plan_cluster_and_profile(cli):

@@ -44,3 +44,36 @@ def test_a_document_a_worker_cannot_trust_is_refused(plan, change):
     change(doc)
     with pytest.raises(ValidationError):
         Reconfiguration.model_validate_json(json.dumps(doc))
+
+
+def test_a_malformed_stall_inventory_is_that_devices_failure_in_one_line(plan):
+    """`stall/<gen>/<device>` is an `Inventory` (models/reports.py): one the coordinator cannot read as
+    such fails the run naming the device, before any re-planning reads it key by key."""
+    from types import SimpleNamespace
+
+    from torch.distributed import HashStore
+
+    from hppctl.models.reports import Inventory
+    from hppctl.runtime import wire
+    from hppctl.runtime.config import TrainOptions
+    from hppctl.runtime.launcher import WorkerFailed
+    from hppctl.runtime.recovery import RecoveryOptions, ResilientSession
+    from hppctl.runtime.session import RunRequest
+    from tests.runtime.factories import local_cluster
+
+    session = ResilientSession(RunRequest(plan, local_cluster("a", "c"), TrainOptions(rounds=4)),
+                               RecoveryOptions(profile=None, stall_timeout_s=5.0))
+    session.store = SimpleNamespace(store=HashStore(), token="t" * 64)
+    session.detector.listen("127.0.0.1", "t" * 64, {"a": {"127.0.0.1"}, "c": {"127.0.0.1"}})
+    try:
+        session.detector.arm(["a", "c"])
+        store = session.store.store
+        store.set(wire.stall(1, "a"), Inventory(layout=0, snapshots=[2, 3]).model_dump_json())
+        store.set(wire.stall(1, "c"), '{"layout": 0, "snapshots": "3"}')
+        with pytest.raises(WorkerFailed) as caught:
+            session._collect(1, ["a", "c"], [])
+    finally:
+        session.detector.stop()
+    message = str(caught.value)
+    assert message.startswith("worker on device c sent a malformed 'stall/1/c'") and "snapshots" in message
+    assert "\n" not in message

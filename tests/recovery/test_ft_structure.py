@@ -8,9 +8,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from hppctl.runtime import recovery, session
+from hppctl.runtime import detection, recovery, session
 
-PUBLIC_REASSIGNED = {"generation", "state", "listener"}
+PUBLIC_REASSIGNED = {"generation"}
 """Public attributes callers read (tests, the CLI's summary) that `__init__` sets and the run moves on."""
 LOOP = {"_watch", "_consume_reports", "_write_checkpoints", "_due_rounds", "_final_states", "_check_alive"}
 """`Session`'s loop and its parts: fault tolerance uses them through hooks, never rewrites them."""
@@ -55,9 +55,22 @@ def test_every_attribute_resilient_session_moves_on_is_made_in_an_init():
 def test_resilient_session_keeps_no_copy_of_the_loop():
     names = {f.name for f in _methods(_class(recovery, "ResilientSession"))}
     assert not names & LOOP, names & LOOP
-    assert len(names) <= 30, len(names)  # 38 before the loop was shared
+    assert len(names) <= 24, len(names)  # 38 before the loop was shared, 30 before detection left (FaultDetector)
 
 
 def test_session_owns_the_loop_and_its_hooks():
     names = {f.name for f in _methods(_class(session, "Session"))}
     assert {"_watch", "_consume_reports", "_on_tick", "_round_report", "_finished", "_release", "_adopt"} <= names
+
+
+def test_detection_is_one_object_resilient_session_owns():
+    """Suspicion, probes, arming and the drop log are `FaultDetector`'s (runtime/detection.py): the
+    session holds one and keeps no detection method or state of its own."""
+    names = {f.name for f in _methods(_class(recovery, "ResilientSession"))}
+    assert not names & {"probe_address", "_suspect", "_arm", "_log_dropped", "_detect", "_apply"}, names
+    init = next(f for f in _methods(_class(recovery, "ResilientSession")) if f.name == "__init__")
+    assert "detector" in _assigned(init)
+    fault_state = {n.target.id for n in _class(recovery, "FaultState").body if isinstance(n, ast.AnnAssign)}
+    assert not fault_state & {"probes", "probe_ports", "t0", "dropped_seen", "leaver_heard", "on_state"}, fault_state
+    assert {"arm", "detect", "suspect", "log_dropped", "probe_address"} <= {
+        f.name for f in _methods(_class(detection, "FaultDetector"))}

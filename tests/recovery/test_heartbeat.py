@@ -85,7 +85,7 @@ def test_a_valid_heartbeat_from_an_unknown_address_is_ignored():
         assert hb.drain() == [] and "not an address of device 'a'" in hb.dropped.recent()[0]
         send_from("127.0.0.1", hb.port, beat)
         wait_until(lambda: hb._beats)
-        assert [b.doc["round"] for b in hb.drain()] == [5]
+        assert [b.message.round for b in hb.drain()] == [5]
     finally:
         hb.stop()
 

@@ -96,8 +96,8 @@ def test_one_idle_connection_does_not_make_the_probe_fail():
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from hppctl.runtime.heartbeat import (MAX_REASON_CHARS, RECENT_REASONS, DropLog, verify,  # noqa: E402
-                                      well_formed)
+from hppctl.models.beats import HeartbeatMessage  # noqa: E402
+from hppctl.runtime.heartbeat import MAX_REASON_CHARS, RECENT_REASONS, DropLog, verify  # noqa: E402
 
 
 @given(st.binary(max_size=2100))
@@ -150,7 +150,8 @@ def test_a_valid_mac_of_another_run_is_dropped():
                                     {"samples_per_s": "fast"}, {"probe_port": 70000}, {"generation": True}])
 def test_a_signed_beat_with_fields_of_the_wrong_type_is_dropped(fields):
     # the coordinator reads them as int/float: a bad one used to end its loop (int("x"), pydantic ge=0)
-    assert not well_formed({"kind": "heartbeat", "device": "a", "seq": 1, **fields})
+    with pytest.raises(ValueError):
+        HeartbeatMessage.model_validate({"kind": "heartbeat", "device": "a", "seq": 1, **fields})
     hb = HeartbeatListener("127.0.0.1", "the-token", {"a": {"127.0.0.1"}})
     assert hb.accept(beat(1, **fields), "127.0.0.1") is None and "malformed" in hb.dropped.recent()[0]
 
@@ -175,7 +176,7 @@ def test_drop_log_is_safe_to_read_while_written():
 
 def test_a_flood_of_drops_makes_one_dropped_event_per_interval_with_the_count():
     # issue 23 item 2: 65k datagrams in 15 s wrote 10,989 "dropped" events (20 per coordinator loop)
-    from hppctl.runtime.recovery import DROPPED_EVENT_EVERY_S, DROPPED_SAMPLES, dropped_event
+    from hppctl.runtime.detection import DROPPED_EVENT_EVERY_S, DROPPED_SAMPLES, dropped_event
 
     events, seen, last_at = [], 0, float("-inf")
     for tick in range(750):  # the coordinator's loop: every 20 ms for 15 s, ~87 new drops each time

@@ -20,9 +20,11 @@ import time
 
 import pytest
 
+from hppctl.models.events import state_line
 from hppctl.runtime.config import TrainOptions
+from hppctl.runtime.detection import DROPPED_EVENT_EVERY_S
 from hppctl.runtime.heartbeat import RECENT_REASONS, probe, sign
-from hppctl.runtime.recovery import DROPPED_EVENT_EVERY_S, RecoveryOptions, ResilientSession
+from hppctl.runtime.recovery import RecoveryOptions, ResilientSession
 from hppctl.runtime.session import RunRequest
 from tests.recovery.factories import preset_profile
 from tests.recovery.test_replay import assert_same
@@ -82,14 +84,14 @@ class Attack:
         return sign(token, {**beat, "device": "a", "seq": rng.randrange(-5, 2), "round": -1})
 
     def _first_beat_of_a(self, token: str) -> bytes | None:
-        where = self.session.probe_address("a")
+        where = self.session.detector.probe_address("a")
         if where is None:
             return None
         return sign(token, {"kind": "heartbeat", "device": "a", "seq": 1, "generation": 0, "round": 0,
                             "samples_per_s": 0.0, "probe_port": where[1]})
 
     def _datagrams(self) -> None:
-        token, port = self.session.store.token, self.session.listener.port
+        token, port = self.session.store.token, self.session.detector.listener.port
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             while not self._stop.is_set():
                 first_beat = self._first_beat_of_a(token)
@@ -103,11 +105,11 @@ class Attack:
 
     # --- the probe port ------------------------------------------------------------------------------
     def _probe_port(self) -> None:
-        while self.session.probe_address(self.victim) is None and not self._stop.is_set():
+        while self.session.detector.probe_address(self.victim) is None and not self._stop.is_set():
             time.sleep(0.05)
         if self._stop.is_set():
             return
-        host, port = self.session.probe_address(self.victim)
+        host, port = self.session.detector.probe_address(self.victim)
         held: list[socket.socket] = []
         try:
             while not self._stop.is_set():
@@ -167,13 +169,13 @@ def test_hostile_datagrams_and_connections_change_nothing(tmp_path):
                 for a in attack:
                     a.stop()
 
-        def on_fault(event: dict) -> None:
-            write(event)
-            if event["event"] == "armed":  # every worker trains: the attack starts
+        def on_fault(event) -> None:
+            write(event.wire())
+            if event.event == "armed":  # every worker trains: the attack starts
                 attack.append(Attack(session, victim="b").start())
 
         def on_state(event) -> None:
-            write({"event": "state", **event.model_dump(mode="json")})
+            write(state_line(event))
 
         began = time.monotonic()
         try:
@@ -185,7 +187,7 @@ def test_hostile_datagrams_and_connections_change_nothing(tmp_path):
 
     (a,) = attack
     print(f"wall {wall_s:.1f} s, {a.datagrams} datagrams, {a.connections} connections, {len(a.probes)} probes, "
-          f"dropped {session.listener.dropped.count}, metrics {os.path.getsize(metrics)} bytes")
+          f"dropped {session.detector.listener.dropped.count}, metrics {os.path.getsize(metrics)} bytes")
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
     kinds = [line.get("event") for line in lines]
     assert a.datagrams > 1000 and a.connections > 50, (a.datagrams, a.connections)
@@ -198,13 +200,13 @@ def test_hostile_datagrams_and_connections_change_nothing(tmp_path):
     # bounded: one "dropped" event per interval (and a last one), counting every refused datagram
     dropped = [line for line in lines if line.get("event") == "dropped"]
     assert 1 <= len(dropped) <= wall_s / DROPPED_EVENT_EVERY_S + 2, (len(dropped), wall_s)
-    assert sum(e["count"] for e in dropped) == session.listener.dropped.count == dropped[-1]["total"]
-    assert session.listener.dropped.count > 1000
+    assert sum(e["count"] for e in dropped) == session.detector.listener.dropped.count == dropped[-1]["total"]
+    assert session.detector.listener.dropped.count > 1000
     assert all(len(e["samples"]) <= 3 and all(len(r) <= 160 for r in e["samples"]) for e in dropped)
-    assert len(session.listener.dropped.recent()) <= RECENT_REASONS
+    assert len(session.detector.listener.dropped.recent()) <= RECENT_REASONS
     # the coordinator's state log: bounded in memory, complete in the stream; nothing but real beats in it
     state = [line for line in lines if line.get("event") == "state"]
-    assert len(session.state.log) <= 512 and len(state) == session.state.applied
+    assert len(session.detector.state.log) <= 512 and len(state) == session.detector.state.applied
     assert {line["kind"] for line in state} == {"heartbeat"}
     assert len(state) <= 2 * (wall_s / 0.5 + 2)  # two devices, a beat each per 0.5 s: no forged one counted
     assert os.path.getsize(metrics) < 2_000_000

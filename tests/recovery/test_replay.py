@@ -90,18 +90,18 @@ def _run_once(stages, victim: str | list[str] | None, sig: int | list[int] = sig
             time.sleep(0.001)
         os.kill(session.workers[kill_in_regroup].proc.pid, signal.SIGKILL)
 
-    def on_fault(event: dict) -> None:
-        if on_replanned and event["event"] == "replanned" and len(events(session, "replanned")) == 1:
+    def on_fault(event) -> None:  # a typed RunEvent (models/events.py)
+        if on_replanned and event.event == "replanned" and len(events(session, "replanned")) == 1:
             on_replanned(session)
-        if kill_in_regroup and event["event"] == "lost" and not events(session, "replanned"):
+        if kill_in_regroup and event.event == "lost" and not events(session, "replanned"):
             threading.Thread(target=kill_once_all_arrived, daemon=True).start()
-        if then_kill and event["event"] == "replanned" and then_kill not in session.lost:
+        if then_kill and event.event == "replanned" and then_kill not in session.lost:
             os.kill(session.workers[then_kill].proc.pid, signal.SIGKILL)
-        if on_leave and event["event"] == "lost" and event["reason"] == "left":
-            os.kill(session.workers[event["device"]].proc.pid, on_leave)
-        if event["event"] == "lost" and event["reason"] == "left":
-            left.append(event["device"])
-        if on_hand_over and event["event"] == "replanned" and left and len(events(session, "replanned")) == 1:
+        if on_leave and event.event == "lost" and event.reason == "left":
+            os.kill(session.workers[event.device].proc.pid, on_leave)
+        if event.event == "lost" and event.reason == "left":
+            left.append(event.device)
+        if on_hand_over and event.event == "replanned" and left and len(events(session, "replanned")) == 1:
             os.kill(session.workers[left[0]].proc.pid, on_hand_over)
 
     result = session.run(on_round=on_round, on_fault=on_fault)
@@ -181,10 +181,10 @@ def test_heavy_replanning_gathers_and_redistributes_and_forged_beats_are_logged(
         from hppctl.runtime.heartbeat import sign
 
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.sendto(sign("not-the-token", {"kind": "heartbeat", "device": "a"}), ("127.0.0.1", session.listener.port))
+            s.sendto(sign("not-the-token", {"kind": "heartbeat", "device": "a"}), ("127.0.0.1", session.detector.listener.port))
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.bind(("127.0.0.2", 0))
-            s.sendto(sign(session.store.token, {"kind": "leave", "device": "a"}), ("127.0.0.1", session.listener.port))
+            s.sendto(sign(session.store.token, {"kind": "leave", "device": "a"}), ("127.0.0.1", session.detector.listener.port))
 
     plan, options, session, result = run_with_failure(THREE_STAGES, "b", replan="heavy", on_round_1=forge)
     (replanned,) = events(session, "replanned")

@@ -30,8 +30,14 @@ class Request:
         self.cluster, self.listen, self.log, self.env = local_cluster(*devices), None, None, {}
 
 
+class StandInReport(BaseModel):
+    round: int
+    device: str
+
+
 class StandInRun(Launcher):
     worker_module = "tests.runtime.launcher_worker"
+    report_type = StandInReport
 
     def __init__(self, actions: dict[str, str], rounds: int = 0) -> None:
         super().__init__(Request(list(actions)))
@@ -52,7 +58,7 @@ class StandInRun(Launcher):
         while len(rows) < self.rounds or not self._all_done():
             self._check_alive()
             if len(rows) < self.rounds and (reports := self._take_round(len(rows))) is not None:
-                add_row(rows, sorted((d, r["round"]) for d, r in reports.items()), None)
+                add_row(rows, sorted((d, r.round) for d, r in reports.items()), None)
         left = [wire.metrics(r, d) for r in range(self.rounds) for d in self.actions]
         return rows, [key for key in left if self.store.store.check([key])]
 

@@ -20,10 +20,10 @@ from typing import Callable
 
 from hppctl.models.cluster import ClusterSpec
 from hppctl.models.psl import PslPlan
+from hppctl.models.reports import PslRoundReport
 from hppctl.runtime import bootstrap, wire
 from hppctl.runtime.divergence import DivergenceGuard
 from hppctl.runtime.launcher import Launcher, add_row, from_blob, last_end, to_blob
-from hppctl.runtime.metrics import memory_of
 from hppctl.runtime.psl.config import PslOptions, PslWorkerConfig
 from hppctl.runtime.psl.topology import PslTopology
 
@@ -68,6 +68,7 @@ class PslSession(Launcher):
     every device's final parts (no checkpoints)."""
 
     worker_module = WORKER_MODULE
+    report_type = PslRoundReport
 
     def __init__(self, request: PslRunRequest) -> None:
         super().__init__(request)
@@ -119,7 +120,7 @@ class PslSession(Launcher):
             self._check_alive()
             r = len(rows)
             if r < rounds and (reports := self._take_round(r)) is not None:
-                workers.update({d: memory_of(report) for d, report in reports.items()})
+                workers.update({d: report.memory() for d, report in reports.items()})
                 row = round_row(reports, self.topo, last_end(rows), self.request.plan.batch)
                 add_row(rows, row, on_round)
                 self._guard.check(r, row.get("loss"))  # PSL keeps no checkpoints: nothing to write first
@@ -130,28 +131,29 @@ class PslSession(Launcher):
             time.sleep(0.02)
 
 
-def round_row(reports: dict[str, dict], topo: PslTopology, previous_end: float | None, batch: int) -> dict:
+def round_row(reports: dict[str, PslRoundReport], topo: PslTopology, previous_end: float | None, batch: int) -> dict:
     """One metrics line: the round's loss and accuracy over every client's batches, each batch's
     makespan (max_j c_j) with every client's c_j and every helper's tasks as run, FedAvg time."""
     clients = [reports[c] for c in topo.clients]
-    steps = len(clients[0]["batches"])
     batches = []
-    for k in range(steps):
-        completion = {c: reports[c]["batches"][k]["completion_s"] for c in topo.clients}
-        batches.append({"step": clients[0]["batches"][k]["step"], "makespan_s": max(completion.values()),
-                        "clients": {c: {key: reports[c]["batches"][k][key] for key in
-                                        ("completion_s", "sent_s", "activations_s", "gradients_sent_s", "gradients_s")}
-                                    for c in topo.clients},
-                        "helpers": {h: reports[h]["batches"][k]["tasks"] for h in topo.helpers}})
-    end = max(r["started_at"] + r["duration_s"] for r in reports.values())
-    start = previous_end if previous_end is not None else min(r["started_at"] for r in reports.values())
-    losses = [b["loss"] for c in clients for b in c["batches"]]  # every client batch holds `batch` samples
-    return {"round": reports[topo.clients[0]]["round"], "loss": statistics.fmean(losses),
-            "train_accuracy": sum(b["correct"] for c in clients for b in c["batches"]) / (len(losses) * batch),
+    for k, first in enumerate(clients[0].batches):
+        runs = {c: reports[c].batches[k] for c in topo.clients}
+        batches.append({"step": first.step, "makespan_s": max(run.completion_s for run in runs.values()),
+                        "clients": {c: {k: getattr(run, k) for k in CLIENT_TIMES} for c, run in runs.items()},
+                        "helpers": {h: [list(t) for t in reports[h].batches[k].tasks] for h in topo.helpers}})
+    end = max(r.started_at + r.duration_s for r in reports.values())
+    start = previous_end if previous_end is not None else min(r.started_at for r in reports.values())
+    losses = [b.loss for c in clients for b in c.batches]  # every client batch holds `batch` samples
+    return {"round": clients[0].round, "loss": statistics.fmean(losses),
+            "train_accuracy": sum(b.correct for c in clients for b in c.batches) / (len(losses) * batch),
             "round_s": end - start, "ended_at": end,
-            "fedavg_s": max(r["fedavg_s"] for r in reports.values()), "batches": batches,
-            "devices": {d: {k: reports[d][k] for k in ("role", "duration_s", "cpu_s", "fedavg_s", "rss_bytes",
-                                                        "peak_rss_bytes")} for d in topo.devices}}
+            "fedavg_s": max(r.fedavg_s for r in reports.values()), "batches": batches,
+            "devices": {d: {k: getattr(reports[d], k) for k in DEVICE_FIELDS} for d in topo.devices}}
+
+
+CLIENT_TIMES = ("completion_s", "sent_s", "activations_s", "gradients_sent_s", "gradients_s")
+"""A client batch's times as the metrics line shows them (loss and accuracy are the round's)."""
+DEVICE_FIELDS = ("role", "duration_s", "cpu_s", "fedavg_s", "rss_bytes", "peak_rss_bytes")
 
 
 def summarize(result: PslRunResult) -> dict:

@@ -14,10 +14,10 @@ becomes `failed/<device>` (traceback on stderr) and exit code 1.
 
 from __future__ import annotations
 
-import json
 import time
 from functools import partial
 
+from hppctl.models.reports import PslRoundReport
 from hppctl.runtime import wire
 from hppctl.runtime.psl.config import PslWorkerConfig
 from hppctl.runtime.training_state import make_optimizer
@@ -107,7 +107,7 @@ class PslWorker:
 
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.gloo_groups[group.ranks])
 
-    def run_round(self, r: int) -> dict:
+    def run_round(self, r: int, cgroup: str) -> PslRoundReport:
         import torch
         import torch.distributed as dist
 
@@ -124,9 +124,10 @@ class PslWorker:
         begin = time.perf_counter()
         fedavg(self.holder_groups, self.holdings, self.topo.rank(self.device), self._allreduce)
         fedavg_s = time.perf_counter() - begin
-        return {"round": r, "device": self.device, "role": "client" if self.device in self.topo.clients else "helper",
-                "started_at": started, "duration_s": time.time() - started, "cpu_s": time.process_time() - cpu,
-                "fedavg_s": fedavg_s, "batches": batches}
+        return PslRoundReport.model_validate(
+            {"round": r, "device": self.device, "role": "client" if self.device in self.topo.clients else "helper",
+             "started_at": started, "duration_s": time.time() - started, "cpu_s": time.process_time() - cpu,
+             "fedavg_s": fedavg_s, "batches": batches, **process_report(), "cgroup": cgroup}, strict=False)
 
     def final_blob(self) -> bytes:
         from hppctl.runtime.replication import to_bytes
@@ -144,8 +145,7 @@ def serve(ctx: WorkerContext) -> None:
                                   store_host=config.store_host, timeout_s=config.timeout_s)
     worker.make_groups(config.timeout_s)
     for r in range(config.options.train.rounds):
-        report = {**worker.run_round(r), **process_report(), "cgroup": cgroup}
-        store.set(wire.metrics(r, config.device), json.dumps(report))
+        store.set(wire.metrics(r, config.device), worker.run_round(r, cgroup).model_dump_json())
     bootstrap.put_blob(store, wire.final(config.device), worker.final_blob())
 
 

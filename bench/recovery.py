@@ -52,7 +52,7 @@ from hppctl.models.plan import PlanRequest  # noqa: E402
 from hppctl.planner import make_plan  # noqa: E402
 from hppctl.runtime.config import TrainOptions  # noqa: E402
 from hppctl.runtime.plans import manual_plan  # noqa: E402
-from hppctl.runtime.recovery import RecoveryOptions, ResilientSession  # noqa: E402
+from hppctl.runtime.ft_session import RecoveryOptions, FtSession  # noqa: E402
 from hppctl.runtime.session import RunRequest  # noqa: E402
 from hppctl.schedule.failure import simulate_failure  # noqa: E402
 from hppctl.store import load  # noqa: E402
@@ -103,7 +103,7 @@ def lab_fault(work: Path, hosts: list[str], action: str) -> None:
 def measure(case: str, method: str, plan, profile, cluster, work: Path, args) -> dict:
     options = TrainOptions(rounds=args.rounds, dataset="digits", lr=0.05, timeout_s=300)
     recovery = RecoveryOptions(profile=profile, heartbeat_s=1.0, timeout_s=args.timeout, probe_s=2.0, replan=method)
-    session = ResilientSession(RunRequest(plan, cluster, options), recovery)
+    session = FtSession(RunRequest(plan, cluster, options), recovery)
     failed_at: list[float] = []
 
     def on_round(row: dict) -> None:

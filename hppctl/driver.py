@@ -28,7 +28,7 @@ class RunView:
         yield lambda done: None
 
     @contextlib.contextmanager
-    def training(self, total: int, resilient: bool):
+    def training(self, total: int, fault_tolerant: bool):
         """The training phase's lifetime (a progress bar), entered once the checkpoint lock is held."""
         yield
 
@@ -45,7 +45,7 @@ class RunView:
         """Something happened the user should see (a worker's note, a fault)."""
 
     def fault(self, event) -> None:
-        """A fault-tolerance event (a `RunEvent` of models/events.py, from runtime/recovery.py)."""
+        """A fault-tolerance event (a `RunEvent` of models/events.py, from runtime/ft_session.py)."""
 
     def status(self, rows: list[dict]) -> None:
         """The coordinator's live status table."""
@@ -81,8 +81,8 @@ def train(plan, cluster, options, data, *, view: RunView | None = None, checkpoi
                              listen=listen, log=log_file, schedule=schedule, lineage=lineage,
                              initial_state=initial_state, expected_start=expected_start)
         if recovery is not None:
-            from hppctl.runtime.recovery import ResilientSession
-            session = ResilientSession(request, recovery)
+            from hppctl.runtime.ft_session import FtSession
+            session = FtSession(request, recovery)
         else:
             session = Session(request)
         session.lock_checkpoint()  # another run active: exit 75 before any output, --metrics untouched
@@ -126,7 +126,7 @@ def _write_row(metrics_file, row: dict) -> None:
         metrics_file.flush()
 
 
-def run_session(session, view: RunView, total: int, metrics_file, word: str, resilient: bool):
+def run_session(session, view: RunView, total: int, metrics_file, word: str, fault_tolerant: bool):
     """`session.run` with its reports written to `metrics_file` (rows and, with fault tolerance,
     fault events and the coordinator's full event log) and shown on `view`. `word`: what a round is
     called ("epoch" for an asynchronous window)."""
@@ -140,7 +140,7 @@ def run_session(session, view: RunView, total: int, metrics_file, word: str, res
 
     session.on_phase = on_phase
     session.on_step = lambda step: view.step(step, word, total)
-    if not resilient:
+    if not fault_tolerant:
         return session.run(on_round=on_round, on_event=view.event)
 
     def on_fault(event) -> None:  # fault events go to --metrics beside the rounds
@@ -259,7 +259,7 @@ def recovery_options(profile, *, heartbeat: float, timeout: float, probe_timeout
                      replicate_every: int):
     """The embedded coordinator's settings (values checked by the caller), or None when re-planning
     is off or there is no profile to re-plan on (any loss ends the run)."""
-    from hppctl.runtime.recovery import RecoveryOptions
+    from hppctl.runtime.ft_session import RecoveryOptions
 
     if replan == "off" or profile is None:
         return None

@@ -25,14 +25,14 @@ LAYERS = [
     {"driver"},
     {"runtime"},
     {"schedule"},
-    {"coordinator"},
+    {"ft"},
     {"planner"},
     {"profiling", "zoo", "lab", "ssh"},
     {"models"},
     {"store", "errors", "limits", "allocator", "hppctl"},
 ]
 """Top to bottom: a package imports its own tier (no cycle: see the package check) or lower ones.
-`coordinator` (the pure fault-tolerance rules: replay, state) sits between `schedule` and `planner`:
+`ft` (the pure fault-tolerance rules: replay, state, status) sits between `schedule` and `planner`:
 `schedule/failure.py` simulates a failure with its replay rules, and it imports only the planner and
 models. `ssh` (the fabric connection helper) is shared by the profiler, the lab, the launcher and
 `check`. `hppctl` is the package's own `__init__` (the version)."""

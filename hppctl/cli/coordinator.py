@@ -1,6 +1,6 @@
 """`hppctl coordinator`, and the fault-tolerance flags `hppctl run` shares.
 
-The coordinator is embedded in `hppctl run` (runtime/recovery.py: heartbeats, probes, re-planning,
+The coordinator is embedded in `hppctl run` (runtime/ft_session.py: heartbeats, probes, re-planning,
 pipeline replay; docs/fault-tolerance.md). `hppctl coordinator` runs it standalone on a plan: it
 hosts the run's store and heartbeat socket on `--listen` only, starts the plan's workers, and shows
 the live status table and the fault events, without the training outputs of `hppctl run`.

@@ -50,7 +50,7 @@ class TrainingView(LinesView):
         self.figures = ""  # the last finished round's, repeated beside a step report
 
     @contextlib.contextmanager
-    def training(self, total: int, resilient: bool):
+    def training(self, total: int, fault_tolerant: bool):
         self.progress = status_progress(stderr, False)  # the status table shows once a coordinator sends one
         with self.progress:
             self.task = self.progress.add_task("rounds", total=total, status="starting workers")
@@ -100,7 +100,7 @@ def status_progress(console, disable: bool):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from hppctl.coordinator.status import COLUMNS, render_rows
+    from hppctl.ft.status import COLUMNS, render_rows
 
     class StatusProgress(Progress):
         rows: list[dict] = []

@@ -1,5 +1,5 @@
-"""Events, typed: the coordinator's (the only way its state changes, see hppctl/coordinator/state.py)
-and a fault-tolerant run's (`RunEvent`, the `--metrics` event lines; runtime/recovery.py produces them)."""
+"""Events, typed: the coordinator's (the only way its state changes, see hppctl/ft/state.py)
+and a fault-tolerant run's (`RunEvent`, the `--metrics` event lines; runtime/ft_session.py produces them)."""
 
 from __future__ import annotations
 

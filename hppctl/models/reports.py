@@ -7,7 +7,7 @@ failure, one line) instead of surfacing as a KeyError in the launcher.
   with the fault-tolerant worker's fields (`generation`, backups, the reconfiguration's phases);
 - `PslRoundReport`: `metrics/<round>/<device>` of a PSL client or helper;
 - `Inventory`: `stall/<generation>/<device>`, what a fault-tolerant worker can restore after a loss
-  (coordinator/replay.py chooses the resume round and sizes the transfers from it).
+  (ft/replay.py chooses the resume round and sizes the transfers from it).
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ class WorkerConfig(FrozenModel):
     resume: bool = False
     """Load the checkpointed stage state (`resume/<stage>`) over the initial one (`init/<stage>`)."""
     recovery: "RecoveryConfig | None" = None
-    """Heartbeats to a coordinator and pipeline replay on failure (runtime/recovery_worker.py); None:
+    """Heartbeats to a coordinator and pipeline replay on failure (runtime/ft_worker.py); None:
     any failure ends the run."""
     threads = property(lambda self: self.options.threads)  # what worker_entry reads of every worker config
     timeout_s = property(lambda self: self.options.timeout_s)

@@ -1,4 +1,4 @@
-"""The fault-tolerant worker's gloo transport (runtime/recovery_worker.py): every wait is handed to
+"""The fault-tolerant worker's gloo transport (runtime/ft_worker.py): every wait is handed to
 a `Waiters` thread, so the training thread can abandon it when the coordinator announces a re-plan
 (`Interrupted`) or gloo reports a broken peer (`PeerLost`); groups left behind stay in `RETIRED_GROUPS`.
 """
@@ -12,7 +12,7 @@ from hppctl.errors import RuntimeFailure
 from hppctl.runtime import bootstrap
 
 RETIRED_GROUPS: list = []
-"""Process groups left behind by reconfigurations (kept alive: see `ResilientRun._retire_group`)."""
+"""Process groups left behind by reconfigurations (kept alive: see `FtRun._retire_group`)."""
 
 
 class Interrupted(RuntimeFailure):

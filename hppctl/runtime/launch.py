@@ -38,7 +38,7 @@ from hppctl.ssh import connect
 TAIL_LINES = 40
 WORKER_MODULE = "hppctl.runtime.worker"
 LOCAL_START_ENV = "HPPCTL_LOCAL_START"
-PRELOAD = ["torch", "torch._dynamo", "hppctl.cli", "hppctl.runtime.worker", "hppctl.runtime.recovery_worker",
+PRELOAD = ["torch", "torch._dynamo", "hppctl.cli", "hppctl.runtime.worker", "hppctl.runtime.ft_worker",
            "hppctl.runtime.psl.worker", "hppctl.runtime.galaxy.worker", "hppctl.zoo.layers"]
 """What the zygote imports before it forks any worker (a module that fails to import is skipped)."""
 

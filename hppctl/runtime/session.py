@@ -8,7 +8,7 @@ fabric over SSH), admits them when their join proofs check, then watches: per-ro
 metrics rows, stage states become checkpoint rounds, a worker that exits with an error (or reports
 one) fails the run naming the device and its last output lines. The store, launch, admission and
 liveness machinery is `runtime.launcher.Launcher`'s. The training loop (`_watch`) is owned here once;
-fault tolerance (runtime/recovery.py) plugs in through its hooks: `_on_tick`, `_on_worker_exit`,
+fault tolerance (runtime/ft_session.py) plugs in through its hooks: `_on_tick`, `_on_worker_exit`,
 `_round_report`, `_finished`, `_release` and `_adopt`. Lineage and fingerprints live in runtime/lineage.py.
 """
 
@@ -120,7 +120,7 @@ class Session(Launcher):
 
         super().__init__(request)
         self.plan: HppPlan = request.plan
-        """The plan in force: the request's, until fault tolerance re-plans (runtime/recovery.py)."""
+        """The plan in force: the request's, until fault tolerance re-plans (runtime/ft_session.py)."""
         self.schedule = request.schedule or schedule_for_plan(request.plan)
         check_schedule(self.schedule)
         self.topo = Topology.of(self.schedule)
@@ -245,7 +245,7 @@ class Session(Launcher):
             return set()
         return {r for r in range(after + 1, options.rounds) if r % options.checkpoint_every == 0}
 
-    # --- hooks (fault tolerance, runtime/recovery.py, plugs in here) ------------------------------------
+    # --- hooks (fault tolerance, runtime/ft_session.py, plugs in here) ------------------------------------
     def _on_tick(self) -> None:
         """Called once per pass of the loop, after the liveness check (fault tolerance: detect, re-plan)."""
 

@@ -1,7 +1,7 @@
 """What a training worker trains: its stage, the stage's optimizer, the data feed, the executor class.
 
 `build_training_state` makes all of it from (config, schedule, stage index, tensors): the plain
-worker (runtime/worker.py) at start, the fault-tolerant one (runtime/recovery_worker.py) again after
+worker (runtime/worker.py) at start, the fault-tolerant one (runtime/ft_worker.py) again after
 every re-plan, so both build the same stage (Bi-Partition or plain) and executor for a schedule.
 """
 

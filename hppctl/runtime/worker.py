@@ -5,7 +5,7 @@
 Its body (the process's life is runtime/worker_entry.py's) builds the stage, forms the gloo groups,
 runs its actions every round, and reports per-round metrics (`metrics/<round>/<device>`), stage state
 for checkpoints (`ckpt/<round>/<stage>`, replica 0) and at the end (`final/<stage>`). A config with
-`recovery` runs the fault-tolerant body (runtime/recovery_worker.py) over the same `Worker`.
+`recovery` runs the fault-tolerant body (runtime/ft_worker.py) over the same `Worker`.
 """
 
 from __future__ import annotations
@@ -136,9 +136,9 @@ def train(ctx: WorkerContext) -> None:
 def run_worker(config: WorkerConfig, token: str) -> int:
     """Join, train (fault-tolerant with a coordinator), report; returns the exit code."""
     if config.recovery is not None:
-        from hppctl.runtime.recovery_worker import run_resilient
+        from hppctl.runtime.ft_worker import run_ft
 
-        return run_resilient(config, token, Worker)
+        return run_ft(config, token, Worker)
     return run_worker_process(config, token, train)
 
 

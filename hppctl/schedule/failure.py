@@ -86,8 +86,8 @@ def simulate_failure(plan: HppPlan, profile: Profile, device: str | Collection[s
                      method: str = "light", heartbeat_s: float = 1.0, timeout_s: float = 3.0, probe_s: float = 2.0,
                      regroup_s: float = 1.0, replicate_every: int = 1, kind: str = "silent") -> Recovery:
     """Infeasible when the devices take layers with them: a stage's device with its backup holder,
-    or every replica of a stage (the run would stop; coordinator/replay.py)."""
-    from hppctl.coordinator.replay import upload_plan
+    or every replica of a stage (the run would stop; ft/replay.py)."""
+    from hppctl.ft.replay import upload_plan
     from hppctl.planner.replan import lost_devices, replan_heavy, replan_light
     from hppctl.schedule import simulate_plan
 
@@ -177,7 +177,7 @@ def _movement(plan: HppPlan, profile: Profile, result, lost: tuple[str, ...]) ->
     def layer_bytes(start: int, end: int) -> int:
         return int(factor * sum(layer.param_bytes for layer in layers[start:end]))
 
-    from hppctl.coordinator.replay import transfer_plan, upload_plan
+    from hppctl.ft.replay import transfer_plan, upload_plan
 
     if result.method == "light":
         moved, slowest = 0, 0.0

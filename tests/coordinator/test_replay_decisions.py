@@ -1,8 +1,8 @@
-"""Pure: where a pipeline replay restarts (coordinator/replay.py)."""
+"""Pure: where a pipeline replay restarts (ft/replay.py)."""
 
 import pytest
 
-from hppctl.coordinator.replay import common_layout, migration_bytes, resume_round, transfer_plan, upload_plan
+from hppctl.ft.replay import common_layout, migration_bytes, resume_round, transfer_plan, upload_plan
 from hppctl.errors import RuntimeFailure
 from hppctl.models.ft_documents import Transfer, Upload
 from hppctl.models.reports import Inventory, StateSizes

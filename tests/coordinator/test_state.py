@@ -1,6 +1,6 @@
 """The coordinator's state machine: failure stories as event lists, fake clock."""
 
-from hppctl.coordinator.state import CoordinatorState, apply, find_suspects
+from hppctl.ft.state import CoordinatorState, apply, find_suspects
 from hppctl.models.events import Heartbeat, Lost, ProbeAnswered, Replanned
 
 
@@ -50,7 +50,7 @@ def test_completed_round_is_the_slowest_live_device_and_replan_resets_it():
 def test_a_long_run_keeps_a_bounded_log_and_streams_every_event_to_the_sink():
     # issue 23 item 3: the log was copied whole on every heartbeat (quadratic over a long run). The
     # cost of `apply` is that copy: bounded by LOG_WINDOW however many events came before.
-    from hppctl.coordinator.state import LOG_WINDOW, apply_all
+    from hppctl.ft.state import LOG_WINDOW, apply_all
 
     beats = [Heartbeat(device="ab"[i % 2], at_s=i * 0.5, round=i // 10) for i in range(20 * LOG_WINDOW)]
     sink: list = []

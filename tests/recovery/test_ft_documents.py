@@ -57,11 +57,11 @@ def test_a_malformed_stall_inventory_is_that_devices_failure_in_one_line(plan):
     from hppctl.runtime import wire
     from hppctl.runtime.config import TrainOptions
     from hppctl.runtime.launcher import WorkerFailed
-    from hppctl.runtime.recovery import RecoveryOptions, ResilientSession
+    from hppctl.runtime.ft_session import RecoveryOptions, FtSession
     from hppctl.runtime.session import RunRequest
     from tests.runtime.factories import local_cluster
 
-    session = ResilientSession(RunRequest(plan, local_cluster("a", "c"), TrainOptions(rounds=4)),
+    session = FtSession(RunRequest(plan, local_cluster("a", "c"), TrainOptions(rounds=4)),
                                RecoveryOptions(profile=None, stall_timeout_s=5.0))
     session.store = SimpleNamespace(store=HashStore(), token="t" * 64)
     session.detector.listen("127.0.0.1", "t" * 64, {"a": {"127.0.0.1"}, "c": {"127.0.0.1"}})

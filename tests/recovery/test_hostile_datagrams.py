@@ -176,7 +176,7 @@ def test_drop_log_is_safe_to_read_while_written():
 
 def test_a_flood_of_drops_makes_one_dropped_event_per_interval_with_the_count():
     # issue 23 item 2: 65k datagrams in 15 s wrote 10,989 "dropped" events (20 per coordinator loop)
-    from hppctl.runtime.detection import DROPPED_EVENT_EVERY_S, DROPPED_SAMPLES, dropped_event
+    from hppctl.runtime.ft_detection import DROPPED_EVENT_EVERY_S, DROPPED_SAMPLES, dropped_event
 
     events, seen, last_at = [], 0, float("-inf")
     for tick in range(750):  # the coordinator's loop: every 20 ms for 15 s, ~87 new drops each time

@@ -22,7 +22,7 @@ from hppctl.lab.faults import inject
 from hppctl.lab.manager import the_lab
 from hppctl.models.cluster import ClusterSpec
 from hppctl.runtime.config import TrainOptions
-from hppctl.runtime.recovery import RecoveryOptions, ResilientSession
+from hppctl.runtime.ft_session import RecoveryOptions, FtSession
 from hppctl.runtime.session import RunRequest
 from hppctl.store import load
 from tests.recovery.factories import preset_profile
@@ -83,7 +83,7 @@ def test_training_survives_each_failure_with_the_failure_free_parameters(lab, st
     plan = make_plan("tiny-mlp", stages, global_batch=16, micro_batch=4)
     # 40 rounds: a round takes ~25 ms here, and each fault must land while training still runs
     options = TrainOptions(rounds=40, dataset="digits", lr=0.1, timeout_s=120)
-    session = ResilientSession(RunRequest(plan, lab.cluster, options),
+    session = FtSession(RunRequest(plan, lab.cluster, options),
                                RecoveryOptions(profile=preset_profile("tiny-mlp", PRESETS), timeout_s=3.0))
     pending = list(failures)
     faults = [fault for step in failures for fault in step]

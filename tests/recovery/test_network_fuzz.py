@@ -1,6 +1,6 @@
 """Tier 2 (gloo): hostile traffic against a live fault-tolerant run changes nothing (issue 23).
 
-A real `ResilientSession` (the coordinator `hppctl run` embeds: heartbeat listener, probes,
+A real `FtSession` (the coordinator `hppctl run` embeds: heartbeat listener, probes,
 re-planning) trains tiny-mlp on local worker processes. While it trains, this test sends the
 coordinator's heartbeat port random and adversarial datagrams (non-ASCII, oversized, truncated,
 beats of another run, exact replays of a worker's first beat), and a worker's probe port TCP
@@ -22,9 +22,9 @@ import pytest
 
 from hppctl.models.events import state_line
 from hppctl.runtime.config import TrainOptions
-from hppctl.runtime.detection import DROPPED_EVENT_EVERY_S
+from hppctl.runtime.ft_detection import DROPPED_EVENT_EVERY_S
 from hppctl.runtime.heartbeat import RECENT_REASONS, probe, sign
-from hppctl.runtime.recovery import RecoveryOptions, ResilientSession
+from hppctl.runtime.ft_session import RecoveryOptions, FtSession
 from hppctl.runtime.session import RunRequest
 from tests.recovery.factories import preset_profile
 from tests.recovery.test_replay import assert_same
@@ -39,7 +39,7 @@ STAGES = [((0, 2), ["a"], [4]), ((2, 5), ["b"], [4])]
 class Attack:
     """Threads that send hostile traffic at the live run until `stop()`."""
 
-    def __init__(self, session: ResilientSession, victim: str, seed: int = 23) -> None:
+    def __init__(self, session: FtSession, victim: str, seed: int = 23) -> None:
         self.session, self.victim, self.rng = session, victim, random.Random(seed)
         self.datagrams = 0
         self.probes: list[bool] = []
@@ -143,8 +143,8 @@ class Attack:
             return None
 
 
-def resilient_session(plan, options) -> ResilientSession:
-    return ResilientSession(RunRequest(plan, local_cluster(*plan.devices()), options),
+def ft_session(plan, options) -> FtSession:
+    return FtSession(RunRequest(plan, local_cluster(*plan.devices()), options),
                             RecoveryOptions(profile=preset_profile("tiny-mlp", {"a": "jetson-nano", "b": "jetson-tx2"}),
                                             heartbeat_s=0.5, timeout_s=3.0, probe_s=2.0))
 
@@ -154,8 +154,8 @@ def test_hostile_datagrams_and_connections_change_nothing(tmp_path):
     options = TrainOptions(rounds=ROUNDS, threads=1, dataset="synthetic", lr=0.1)
     # the reference: the same plan and seed, run the same way, undisturbed (hundreds of rounds of
     # pipelined float arithmetic drift from the single-process loop of tests/runtime/reference.py)
-    undisturbed = resilient_session(plan, options).run()
-    session = resilient_session(plan, options)
+    undisturbed = ft_session(plan, options).run()
+    session = ft_session(plan, options)
     metrics = tmp_path / "metrics.jsonl"
     attack: list[Attack] = []
 

@@ -1,6 +1,6 @@
 """Tier 2 (gloo): training survives a lost device and ends with the parameters of a failure-free run.
 
-Each case starts a real `ResilientSession` (the coordinator embedded in `hppctl run`) with local
+Each case starts a real `FtSession` (the coordinator embedded in `hppctl run`) with local
 worker subprocesses, hurts one worker after round 3 is reported (SIGKILL of a single-device stage,
 SIGKILL of one device of a replicated stage, SIGSTOP of the tail), and checks that the run re-plans,
 replays from the last round every stage completed, and ends with the same parameters as the plain
@@ -21,7 +21,7 @@ import torch
 
 from hppctl.runtime import wire
 from hppctl.runtime.config import TrainOptions
-from hppctl.runtime.recovery import RecoveryOptions, ResilientSession
+from hppctl.runtime.ft_session import RecoveryOptions, FtSession
 from hppctl.runtime.session import RunRequest
 from tests.recovery.factories import preset_profile
 from tests.runtime.factories import local_cluster, make_plan
@@ -66,7 +66,7 @@ def _run_once(stages, victim: str | list[str] | None, sig: int | list[int] = sig
     `on_replanned`: called with the session when the first re-plan goes out."""
     plan = make_plan("tiny-mlp", stages, global_batch=16, micro_batch=4)
     options = TrainOptions(rounds=ROUNDS, threads=1, dataset="synthetic", lr=0.1)
-    session = ResilientSession(RunRequest(plan, local_cluster(*plan.devices()), options),
+    session = FtSession(RunRequest(plan, local_cluster(*plan.devices()), options),
                                RecoveryOptions(profile=preset_profile("tiny-mlp", {d: PRESETS[d] for d in plan.devices()}),
                                                heartbeat_s=0.5,
                                                timeout_s=2.0, probe_s=1.0, replan=replan))

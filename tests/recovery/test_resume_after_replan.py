@@ -18,7 +18,7 @@ import torch
 
 from hppctl.runtime.checkpoint import CheckpointDir
 from hppctl.runtime.config import TrainOptions
-from hppctl.runtime.recovery import RecoveryOptions, ResilientSession
+from hppctl.runtime.ft_session import RecoveryOptions, FtSession
 from hppctl.runtime.results import own_names
 from hppctl.runtime.session import RunRequest, plan_digest
 from hppctl.store import save
@@ -80,7 +80,7 @@ def _first_run_losing_b(plan, profile, options, tmp_path):
     with b still in the plan. Three such runs in a row fail the test."""
     for attempt in range(3):
         checkpoints = tmp_path / f"ck{attempt}"
-        session = ResilientSession(RunRequest(plan, local_cluster("a", "b", "c"), options, checkpoint_dir=checkpoints),
+        session = FtSession(RunRequest(plan, local_cluster("a", "b", "c"), options, checkpoint_dir=checkpoints),
                                    RecoveryOptions(profile=profile, heartbeat_s=0.5, timeout_s=2.0, probe_s=1.0))
         hurt = []
 

@@ -1,5 +1,5 @@
 """When a fault-tolerant run ends, no worker outlives it: not even one that left and is still
-handing its layers over, or one frozen while it did (`ResilientSession._stop_all`)."""
+handing its layers over, or one frozen while it did (`FtSession._stop_all`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from hppctl.runtime.config import TrainOptions
 from hppctl.runtime.launch import LocalWorker
-from hppctl.runtime.recovery import RecoveryOptions, ResilientSession
+from hppctl.runtime.ft_session import RecoveryOptions, FtSession
 from hppctl.runtime.session import RunRequest
 from tests.recovery.factories import preset_profile
 from tests.runtime.factories import local_cluster, make_plan
@@ -30,7 +30,7 @@ def sleeper(device: str) -> LocalWorker:
 @pytest.mark.parametrize("frozen", [False, True], ids=["handing-over", "frozen-while-handing-over"])
 def test_a_device_that_left_and_still_runs_is_ended_with_the_run(frozen):
     plan = make_plan("tiny-mlp", [((0, 2), ["a"], [4]), ((2, 5), ["b"], [4])], global_batch=16, micro_batch=4)
-    session = ResilientSession(RunRequest(plan, local_cluster("a", "b"), TrainOptions()),
+    session = FtSession(RunRequest(plan, local_cluster("a", "b"), TrainOptions()),
                                RecoveryOptions(profile=preset_profile("tiny-mlp", {"a": "jetson-nano", "b": "jetson-nano"})))
     session.workers = {"a": sleeper("a"), "b": sleeper("b")}
     session.lost = ["b"]  # b left: lost to the plan, but not fenced, as it hands its layers over

@@ -118,7 +118,7 @@ def test_divergence_factor_is_checked(cli, tiny, value):
 @pytest.mark.gloo
 @pytest.mark.timeout(300)
 def test_a_fault_tolerant_run_stops_the_same_way(cli, tmp_path):
-    """With --profile the run goes through runtime/recovery.py's session: the same check."""
+    """With --profile the run goes through runtime/ft_session.py's session: the same check."""
     from tests.recovery.factories import preset_profile
 
     save(tmp_path / "profile.json", preset_profile("tiny-mlp", {"a": "jetson-nano", "b": "jetson-tx2"}))

@@ -1,7 +1,7 @@
 """One factory builds a training worker's stage, optimizer, feed and executor: the fault-tolerant
 worker's rebuild after a re-plan gets what the plain worker builds for the same schedule.
 
-Before runtime/training_state.py, `ResilientRun._rebuild` made a plain `Stage` and `Executor`
+Before runtime/training_state.py, `FtRun._rebuild` made a plain `Stage` and `Executor`
 whatever the schedule (a Bi-Partition stage came back as a plain one, an nf1b window as the
 synchronous executor). Real `Worker`s over an in-process store; no process groups are needed to
 build (the executor only keeps its comm).
@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from hppctl.runtime import bootstrap, wire
 from hppctl.runtime.config import RecoveryConfig, TrainOptions, WorkerConfig
-from hppctl.runtime.recovery_worker import ResilientRun
+from hppctl.runtime.ft_worker import FtRun
 from hppctl.runtime.replication import stage_state
 from hppctl.runtime.stage import initial_stage_tensors
 from hppctl.runtime.worker import Worker
@@ -54,7 +54,7 @@ def test_the_rebuild_after_a_replan_builds_what_the_plain_worker_builds(schedule
     worker = worker_for(schedule(), device)
     built_stage, built_executor = type(worker.stage), type(worker.new_executor(None))
     before = {k: v.clone() for k, v in worker.stage.state_dict().items()}
-    run = ResilientRun(worker, worker.store, beats=None)
+    run = FtRun(worker, worker.store, beats=None)
     run.comm = None
     run._rebuild(stage_state(worker.stage, worker.optimizer))
     assert type(worker.stage) is built_stage and type(run.executor) is built_executor

@@ -1,20 +1,20 @@
 """The coordinator embedded in `hppctl run`: heartbeats, probes, re-planning and pipeline replay.
 
-    session = ResilientSession(RunRequest(plan, cluster, options), RecoveryOptions(profile=profile))
+    session = FtSession(RunRequest(plan, cluster, options), RecoveryOptions(profile=profile))
     result = session.run(on_round=print, on_fault=print)     # on_fault: suspected, lost, replanned, resumed
 
 It is `Session` (the launcher: store, workers, rounds, checkpoints) with failure handling in place of
 "a worker died, the run fails":
 
 1. detection: every worker beats to a UDP socket on the store's address (runtime/heartbeat.py); a
-   device silent for `timeout_s` becomes suspect (coordinator/state.py), a probe over its own TCP
+   device silent for `timeout_s` becomes suspect (ft/state.py), a probe over its own TCP
    connection decides. A worker process that ended without reporting an error is suspect at once.
    A worker that reports an error still fails the run, as before.
 2. stop: the coordinator moves to the next *generation*; its acknowledgements tell every survivor to
-   abandon the round in progress (runtime/recovery_worker.py). The lost worker is fenced (killed if
+   abandon the round in progress (runtime/ft_worker.py). The lost worker is fenced (killed if
    it is a local process) so it cannot come back.
 3. resume round: survivors report their snapshots and backups; the newest round every old stage can
-   restore is the resume round (coordinator/replay.py).
+   restore is the resume round (ft/replay.py).
 4. re-plan: light (planner/replan.py: the surviving stages keep their devices, cut points move,
    Algorithm 1 re-splits a stage that lost a device, memory checked, heavy as fallback) or heavy
    (every stage gathered at the coordinator, the full planner from scratch, every stage sent back).
@@ -34,8 +34,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Literal
 
-from hppctl.coordinator.replay import common_layout, migration_bytes, resume_round, transfer_plan, upload_plan
-from hppctl.coordinator.status import status_rows
+from hppctl.ft.replay import common_layout, migration_bytes, resume_round, transfer_plan, upload_plan
+from hppctl.ft.status import status_rows
 from hppctl.errors import RuntimeFailure
 from hppctl.models.events import (DeviceLost, DevicesLate, Event, Lost, Replanned, RunEvent, RunEventBase,
                                   RunReplanned, RunResumed)
@@ -45,7 +45,7 @@ from hppctl.models.profile import Profile
 from hppctl.models.reports import Inventory, RoundReport
 from hppctl.runtime import bootstrap, wire
 from hppctl.runtime.config import RecoveryConfig, WorkerConfig
-from hppctl.runtime.detection import FaultDetector, Loss
+from hppctl.runtime.ft_detection import FaultDetector, Loss
 from hppctl.runtime.session import Lineage, RunResult, Session, WorkerFailed
 
 LEAVER_GRACE_S = 10.0
@@ -65,7 +65,7 @@ class RecoveryOptions:
     heartbeat_port: int = 0
 
 
-class ResilientSession(Session):
+class FtSession(Session):
     def __init__(self, request, recovery: RecoveryOptions) -> None:
         super().__init__(request)
         self.recovery = recovery
@@ -74,14 +74,14 @@ class ResilientSession(Session):
         """Devices lost so far, in the order they were lost (checkpoints record it: Lineage)."""
         self.events: list[dict] = []
         self.detector = FaultDetector(timeout_s=recovery.timeout_s, probe_s=recovery.probe_s, emit=self._event)
-        """Who is alive (runtime/detection.py); armed once every worker trains."""
+        """Who is alive (runtime/ft_detection.py); armed once every worker trains."""
         self.ft = FaultState(layout=Layout(0, self.plan, recovery.profile))
 
     def run(self, *, on_round=None, on_event=None, on_fault: Callable[[RunEvent], None] | None = None,
             on_status: Callable[[list[dict]], None] | None = None,
             on_state: Callable[[Event], None] | None = None) -> RunResult:
         """`on_state`: every event the coordinator's state applies (heartbeats included), as it is
-        applied; the state keeps only the last LOG_WINDOW (coordinator/state.py)."""
+        applied; the state keeps only the last LOG_WINDOW (ft/state.py)."""
         self.ft.on_fault = on_fault or self.ft.on_fault
         self.ft.on_status = on_status
         self.detector.on_state = on_state
@@ -201,7 +201,7 @@ class ResilientSession(Session):
         a switch) joins the same re-plan: the coordinator moves to a further generation and starts over,
         nobody having trained since. One lost while the survivors move to the new configuration (before
         any round completes in it) is re-planned away from the layout before, which they all still hold
-        (`coordinator/replay.py: common_layout`)."""
+        (`ft/replay.py: common_layout`)."""
         if self.recovery.profile is None:
             loss = losses[0]
             raise WorkerFailed(f"device {loss.device} lost ({loss.reason}); re-planning needs the plan's profile "
@@ -395,7 +395,7 @@ class ResilientSession(Session):
 
 @dataclass
 class FaultState:
-    """What fault tolerance carries across the loop's passes (`ResilientSession.ft`, made in `__init__`)."""
+    """What fault tolerance carries across the loop's passes (`FtSession.ft`, made in `__init__`)."""
 
     layout: "Layout"
     """The layout the workers train on (or are moving to); `previous`: the one it was made from."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hppctl.coordinator.state import CoordinatorState
+from hppctl.ft.state import CoordinatorState
 
 COLUMNS = ("device", "stage", "health", "last heartbeat", "round", "samples/s")
 

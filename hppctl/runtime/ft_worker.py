@@ -1,6 +1,6 @@
 """The worker's side of fault-tolerant pipeline replay (paper §3.4; docs/fault-tolerance.md).
 
-A worker started with `WorkerConfig.recovery` runs `run_resilient` instead of the plain loop:
+A worker started with `WorkerConfig.recovery` runs `run_ft` instead of the plain loop:
 
 - a `HeartbeatSender` thread beats to the coordinator; a `ProbeResponder` answers its probes;
 - after every K-th round it keeps a snapshot of its stage state and, if its stage has one device,
@@ -59,7 +59,7 @@ def _recoverable(error: BaseException) -> bool:
     return False
 
 
-class ResilientRun:
+class FtRun:
     """The training loop of one worker across generations (re-plans)."""
 
     def __init__(self, worker, store, beats: HeartbeatSender) -> None:
@@ -389,7 +389,7 @@ class Kept:
     backups: Backups
 
     def inventory(self, previous: Inventory | None = None) -> Inventory:
-        """What the coordinator needs to choose a resume round (coordinator/replay.py), and the bytes of
+        """What the coordinator needs to choose a resume round (ft/replay.py), and the bytes of
         every name in each state it holds, by round (`replay.migration_bytes`: what a light re-plan moves)."""
         sizes = StateSizes(own={str(r): state_bytes(s) for r, s in self.snapshots.states.items()},
                            backups=self.backups.state_bytes())
@@ -416,7 +416,7 @@ class _PhaseClock:
         self._last = now
 
 
-def run_resilient(config: WorkerConfig, token: str, make_worker) -> int:
+def run_ft(config: WorkerConfig, token: str, make_worker) -> int:
     """`run_worker` for a run with a coordinator: join, train across re-plans, report; the exit code.
     `make_worker(config, store)` builds the training state (runtime/worker.py's `Worker`)."""
     rc, links = config.recovery, []
@@ -432,7 +432,7 @@ def run_resilient(config: WorkerConfig, token: str, make_worker) -> int:
 
     def body(ctx: WorkerContext) -> int | None:
         try:
-            ResilientRun(make_worker(ctx.config, ctx.store), ctx.store, links[-1]).train()
+            FtRun(make_worker(ctx.config, ctx.store), ctx.store, links[-1]).train()
         except Dismissed:
             return 0  # no `done/`: the coordinator took this device out of the run
         except Orphaned as e:

@@ -1,5 +1,5 @@
 """Failure detection of a fault-tolerant run, on the coordinator's side (docs/fault-tolerance.md,
-"Detection"): the heartbeat listener, the coordinator's state (coordinator/state.py), suspicion and
+"Detection"): the heartbeat listener, the coordinator's state (ft/state.py), suspicion and
 probes, and the count of refused datagrams.
 
     detector = FaultDetector(timeout_s=3.0, probe_s=2.0, emit=session_event)
@@ -7,7 +7,7 @@ probes, and the count of refused datagrams.
     detector.arm(devices)                            # every worker trains: silence counts from now
     losses = detector.detect(lost)                   # each pass: beats read, the silent suspected, probes settled
 
-`ResilientSession` (runtime/recovery.py) owns one and decides what a loss means (re-plan, replay);
+`FtSession` (runtime/ft_session.py) owns one and decides what a loss means (re-plan, replay);
 the detector only says who is alive. Every run event it produces goes through `emit(kind, **fields)`.
 """
 
@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from hppctl.coordinator.state import CoordinatorState, apply_all, find_suspects
+from hppctl.ft.state import CoordinatorState, apply_all, find_suspects
 from hppctl.models.events import (Armed, DeviceAnswered, DeviceSuspected, Dropped, Event, Heartbeat, ProbeAnswered,
                                   Suspected)
 from hppctl.runtime.heartbeat import HeartbeatListener, probe

@@ -6,7 +6,7 @@ The loop that owns clocks, sockets and re-planning side effects feeds events in.
 The state keeps only its last LOG_WINDOW events (`log`): a heartbeat is an event, and copying an
 ever longer log on each one made a long run's coordinator quadratic (issue 23: 20k heartbeats took
 2.1 s at the start, 19 s once the log held 60k events). Every event the loop applies also goes to
-its sink as it is applied (runtime/recovery.py: `on_state`, written to `--metrics`), so none is lost
+its sink as it is applied (runtime/ft_session.py: `on_state`, written to `--metrics`), so none is lost
 to the window; `applied` counts them.
 """
 

@@ -23,9 +23,11 @@ from typing import Any
 import torch
 import torch.fx
 
+from hppctl.errors import BadInput
 from hppctl.models.profile import LayerCost
 from hppctl.zoo import flops as flops_rules
 from hppctl.zoo.catalog import ModelSpec
+from hppctl.zoo.spec import USER_FAMILY
 from hppctl.zoo.tracing import META_KEY, trace_module
 
 GRANULARITIES = ("fine", "block")
@@ -62,13 +64,33 @@ class TracedModel:
         self.mode = mode
         self.root = spec.build(device="meta")
         self.root.train(mode == "train")
-        self.graph = trace_module(self.root, spec.example_input(2, device="meta"))
+        self.fine_refusal: str | None = None
+        """Why a user model has no fine layers (its blocks traced, their insides did not); None: it has."""
+        self.graph = self._trace(spec.example_input(2, device="meta"))
         self.nodes = list(self.graph.nodes)
         self.position = {node: i for i, node in enumerate(self.nodes)}
         self.values2 = {node: node.meta.get(META_KEY) for node in self.nodes}
         self.values1 = self._propagate(spec.example_input(1, device="meta"))
         self._block_pattern = re.compile(spec.family_info.block_pattern)
         self._lifetimes_of: dict[str, list[tuple[torch.fx.Node, int, int]]] = {}
+
+    def _trace(self, example: torch.Tensor) -> torch.fx.Graph:
+        """The graph down to leaf modules; for a user model whose leaves cannot all be traced, down to
+        its blocks (top-level children) only, with `fine_refusal` saying why (zoo/user.py)."""
+        if self.spec.family != USER_FAMILY:
+            return trace_module(self.root, example)
+        from hppctl.zoo.user import block_leaves, untraceable
+
+        try:
+            return trace_module(self.root, example)
+        except Exception as e:  # noqa: BLE001 - the user's forward: any failure is where tracing stopped
+            fine_error = e
+        try:
+            graph = trace_module(self.root, example, block_leaves)
+        except Exception as e:  # noqa: BLE001
+            raise BadInput(untraceable(self.spec, e, blocks_traced=False)) from None
+        self.fine_refusal = untraceable(self.spec, fine_error, blocks_traced=True)
+        return graph
 
     # --- shape propagation -------------------------------------------------------------------
     def _propagate(self, example: torch.Tensor) -> dict[torch.fx.Node, Any]:
@@ -165,6 +187,8 @@ class TracedModel:
 
     def layers(self, granularity: str) -> list[Layer]:
         if granularity == "fine":
+            if self.fine_refusal is not None:
+                raise BadInput(self.fine_refusal)
             return self._fine_layers
         if granularity == "block":
             return self._block_layers

@@ -14,7 +14,7 @@ Leaf modules are modules without children: each becomes one `call_module` node.
 from __future__ import annotations
 
 import operator
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.fx
@@ -116,13 +116,16 @@ class MetaAttribute(_MetaValueMixin, Attribute):
 class MetaTracer(torch.fx.Tracer):
     """fx tracer that keeps a meta value on every node (`node.meta["hpp_meta"]`)."""
 
-    def __init__(self, inputs: dict[str, torch.Tensor]) -> None:
+    def __init__(self, inputs: dict[str, torch.Tensor], leaves: Callable[[torch.nn.Module, str], bool] | None = None) -> None:
         super().__init__(autowrap_modules=(), param_shapes_constant=False)
         self.inputs = inputs
+        self.leaves = leaves
         self.proxy_buffer_attributes = True
         self._executing = False
 
     def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+        if self.leaves is not None and self.leaves(m, module_qualified_name):
+            return True  # a whole block as one call (a user model's block trace)
         return all(child is None for child in m._modules.values())
 
     def call_module(self, m: torch.nn.Module, forward: Any, args: Any, kwargs: Any) -> Any:
@@ -210,9 +213,11 @@ def eliminate_dead_code(graph: torch.fx.Graph) -> None:
             changed = True
 
 
-def trace_module(module: torch.nn.Module, example: torch.Tensor) -> torch.fx.Graph:
-    """Trace `module(x)` with `example` (a meta tensor) into a graph whose nodes carry meta values."""
-    tracer = MetaTracer({"x": example})
+def trace_module(module: torch.nn.Module, example: torch.Tensor,
+                 leaves: Callable[[torch.nn.Module, str], bool] | None = None) -> torch.fx.Graph:
+    """Trace `module(x)` with `example` (a meta tensor) into a graph whose nodes carry meta values.
+    `leaves(module, qualified name)` marks further modules to keep as single calls."""
+    tracer = MetaTracer({"x": example}, leaves)
     graph = tracer.trace(module)
     eliminate_dead_code(graph)
     for node in graph.nodes:

@@ -93,3 +93,20 @@ def divergence_factor(flag: str, value: float) -> float:
     if not (value == 0 or (math.isfinite(value) and 1 < value <= MAX_DIVERGENCE_FACTOR)):
         raise BadInput(f"{flag}: must be 0 (off) or above 1, at most {_bound(MAX_DIVERGENCE_FACTOR)} (got {_shown(value)})")
     return value
+
+
+INPUT_SHAPE_HELP = ("A model of your own (--model package.module:factory) without an example input: the shape of "
+                    "one sample, e.g. 3x224x224 (docs/zoo.md, \"Your own model\").")
+INPUT_DTYPE_HELP = "With --input-shape: float32 (default) or int64 (token ids)."
+
+
+def model_input(model: str | None, shape: str | None, dtype: str | None):
+    """`--input-shape`/`--input-dtype`: checked, refused on a built-in model, and declared for this
+    process (zoo/user.py), so that resolving `model` uses them. The parsed ModelInput or None."""
+    from hppctl.zoo.user import check_no_input_flags, declare_input, parse_input
+
+    parsed = parse_input(shape, dtype)
+    if model is not None:
+        check_no_input_flags(model, parsed)
+        declare_input(model, parsed)
+    return parsed

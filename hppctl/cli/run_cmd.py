@@ -171,6 +171,8 @@ def run_command(
             raise BadInput(f"{flag}: {path}: use a {' or '.join(suffixes)} file")
 
     hpp = load(plan, HppPlan)
+    from hppctl.zoo.user import declare_input
+    declare_input(hpp.model, hpp.model_input)  # a user model's input, as the plan recorded it
     inventory = load(cluster, ClusterSpec)
     prof = load(profile, Profile) if profile is not None else None
     kind, what = plan_kind_text(hpp, str(plan), schedule)

@@ -107,7 +107,7 @@ def _traced(spec: ModelSpec, mode: str) -> TracedModel:
     except BadInput:
         raise
     except Exception as e:  # noqa: BLE001 - the user's module, run on the meta device
-        raise BadInput(user_model_failure(spec.name, e)) from None
+        raise BadInput(user_model_failure(spec, e)) from None
 
 
 def nested_fine_layers(name: str) -> list[LayerCost] | None:

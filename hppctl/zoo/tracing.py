@@ -73,10 +73,10 @@ class _MetaValueMixin:
         return self.node.meta[META_KEY]
 
     def __bool__(self) -> bool:
-        value = self._meta
-        if isinstance(value, torch.Tensor) and value.device.type == "meta":
+        # any device: a user model's block trace carries real CPU values, which must not be baked either
+        if isinstance(self._meta, torch.Tensor):
             raise TraceError(f"control flow depends on tensor data ({self.node.format_node()})")
-        return bool(value)
+        return bool(self._meta)
 
     def __len__(self) -> int:
         return len(self._meta)
@@ -88,10 +88,16 @@ class _MetaValueMixin:
         return iter([self[i] for i in range(len(value))])  # type: ignore[index]
 
     def __int__(self) -> int:
+        self._refuse_tensor_value("int")
         return int(self._meta)
 
     def __float__(self) -> float:
+        self._refuse_tensor_value("float")
         return float(self._meta)
+
+    def _refuse_tensor_value(self, what: str) -> None:
+        if isinstance(self._meta, torch.Tensor):
+            raise TraceError(f"{what}() of tensor data ({self.node.format_node()})")
 
     def __contains__(self, key: Any) -> bool:
         return key in self._meta

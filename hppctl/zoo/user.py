@@ -41,7 +41,7 @@ DTYPES = ("float32", "int64")
 MODEL_FLAG = "--model"
 
 _DECLARED: dict[str, ModelInput] = {}
-_SPECS: dict[tuple[str, ModelInput | None], "UserModelSpec"] = {}
+_SPECS: dict[tuple[str, str], "UserModelSpec"] = {}
 
 
 def is_user_ref(name: str) -> bool:
@@ -176,7 +176,7 @@ def user_spec(ref: str) -> UserModelSpec:
         raise BadInput(f"{MODEL_FLAG}: {shorten(repr(ref))} is not a model of your own in the form "
                        "package.module:factory (nor a built-in name; see `hppctl models`)")
     declared = _DECLARED.get(ref)
-    key = (ref, declared)
+    key = (ref, declared.model_dump_json() if declared is not None else "")
     if key not in _SPECS:
         _SPECS[key] = _resolve(ref, declared)
     return _SPECS[key]
@@ -300,7 +300,10 @@ def block_leaves(module: Any, qualname: str) -> bool:
 
 
 def untraceable(spec: ModelDescription, error: BaseException, *, blocks_traced: bool) -> str:
-    """One line: where tracing `spec` stopped (the deepest frame of the user's code) and what to do."""
+    """One line: where tracing `spec` stopped (the deepest frame of the user's code) and what to do.
+    An error that is not tracing's (a layer refusing the input's shape) says so instead."""
+    if not _is_trace_error(error):
+        return user_model_failure(spec, error)
     where = _user_frame(error)
     message = str(error).strip().splitlines()[0] if str(error).strip() else ""
     cause = f"{error.__class__.__name__}: {shorten(message, 160)}" if message else error.__class__.__name__
@@ -337,10 +340,34 @@ def _library_dirs() -> list[str]:
     return dirs
 
 
-def user_model_failure(ref: str, error: BaseException) -> str:
+def user_model_failure(spec: ModelDescription, error: BaseException) -> str:
     """One line for a user model that failed on the meta device outside tracing proper (its output is
-    not a batch of logits, a shape mismatch in its layers, ...)."""
+    not a batch of logits, a layer refusing the input's shape, ...)."""
     where = _user_frame(error)
     message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    return (f"{MODEL_FLAG} {ref}: the model fails on a batch of its input at {where} "
-            f"({error.__class__.__name__}: {shorten(message, 200)})")
+    shape = "x".join(map(str, spec.input_shape))
+    return (f"{MODEL_FLAG} {spec.name}: the model fails on a batch of its input ({shape} "
+            f"{getattr(spec, 'dtype', 'float32')} per sample) at {where} ({error.__class__.__name__}: "
+            f"{shorten(message, 200)}); check --input-shape or the factory's example input")
+
+
+def _is_trace_error(error: BaseException) -> bool:
+    """torch.fx's own refusals, and ops that need tensor values (meta tensors have none)."""
+    from torch.fx.proxy import TraceError
+
+    return isinstance(error, (TraceError, NotImplementedError)) or "meta" in str(error).lower()
+
+
+def recorded_input(name: str) -> ModelInput | None:
+    """What a profile, plan or worker config records beside `name`: a user model's resolved input
+    spec (declared, the factory's example, or the module's attributes); None for a zoo model."""
+    return user_spec(name).model_input if is_user_ref(name) else None
+
+
+def refuse_inference(name: str) -> None:
+    """Collaborative inference (Galaxy) splits transformer layers by heads, MLP columns and sequence
+    rows: it needs the zoo's transformer layouts, which a user module does not declare."""
+    if is_user_ref(name):
+        raise BadInput(f"{MODEL_FLAG} {name}: collaborative inference (--seq-len; strategies galaxy, megatron, sp, "
+                       "local) needs a built-in or hf: transformer, whose attention and MLP layouts it splits; "
+                       "a model of your own trains with `hppctl run` (docs/zoo.md)")

@@ -1,0 +1,103 @@
+"""Tier 2 (gloo): a user module, written for the test in a temporary directory, through the commands a
+user runs: `hppctl profile` on three local workers, `hppctl plan --strategy asteroid` (three stages),
+`hppctl run` on them; its final parameters equal a one-device `dp` run of the same module (same seed,
+data and optimizer), and `--save-model` writes the module's own names, loadable without hppctl."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from hppctl.models.plan import HppPlan
+from hppctl.store import load
+from tests.zoo.usermodule import RESNET, write_module
+
+pytestmark = [pytest.mark.gloo, pytest.mark.timeout(600)]
+
+THREE_LOCAL = ("name: local\nbandwidth: 1mbit\ndevices:\n"
+               + "".join(f"  - {{name: w{i}, local: true}}\n" for i in range(3)))
+"""examples/local.yaml on a 1 Mbit/s network (the inventory's bandwidth: the profile measures no links).
+PipelineNet sends 1 kB per micro-batch at any cut and holds 0.3 MB per residual block: replicating any
+stage costs seconds of gradient averaging per round, so the plan puts one device on each of three stages
+(the measured times, on a busy machine, only decide where the cuts go)."""
+ONE_PRESET = "name: one\ndevices:\n  - {name: w0, preset: rpi4}\n"
+ONE_LOCAL = "name: one\ndevices:\n  - {name: w0, local: true}\n"
+TRAINING = ["--rounds", "5", "--seed", "3", "--dataset", "synthetic", "--optimizer", "sgd", "--lr", "0.05",
+            "--momentum", "0.9", "--threads", "1"]
+
+
+def test_a_user_module_trains_under_a_three_stage_plan_as_on_one_device(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    name = write_module(tmp_path, RESNET)
+    model = f"{name}:make_pipeline"
+    for file, text in (("local.yaml", THREE_LOCAL), ("one.yaml", ONE_PRESET), ("one-local.yaml", ONE_LOCAL)):
+        (tmp_path / file).write_text(text)
+
+    code, _, err = cli("profile", "--cluster", "local.yaml", "--model", model, "--batch-sizes", "4", "--repeats", "1",
+                       "--warmup", "0", "--no-links", "--out", "profile.json")
+    assert code == 0, err
+    code, _, err = cli("plan", "--profile", "profile.json", "--strategy", "asteroid", "--global-batch", "16",
+                       "--micro-batch", "4", "--out", "plan.yaml")
+    assert code == 0, err
+    plan = load(tmp_path / "plan.yaml", HppPlan)
+    assert plan.model == model and plan.model_input is not None and plan.model_input.shape == [3, 8, 8]
+    assert len(plan.stages) == 3, plan.stages
+    code, _, err = cli("run", "--plan", "plan.yaml", "--cluster", "local.yaml", *TRAINING, "--save-model", "pipe.pt")
+    assert code == 0, err
+
+    # the reference: the same module, seed, data and optimizer, data-parallel on a single device
+    code, _, err = cli("profile", "--cluster", "one.yaml", "--model", model, "--batch-sizes", "4", "--out", "one.json")
+    assert code == 0, err
+    code, _, err = cli("plan", "--profile", "one.json", "--strategy", "dp", "--global-batch", "16", "--micro-batch", "4",
+                       "--out", "dp.yaml")
+    assert code == 0, err
+    assert [s.devices for s in load(tmp_path / "dp.yaml", HppPlan).stages] == [["w0"]]
+    code, _, err = cli("run", "--plan", "dp.yaml", "--cluster", "one-local.yaml", *TRAINING, "--save-model", "dp.pt")
+    assert code == 0, err
+
+    pipelined, single = torch.load(tmp_path / "pipe.pt"), torch.load(tmp_path / "dp.pt")
+    assert sorted(pipelined) == sorted(single)
+    for key in single:
+        torch.testing.assert_close(pipelined[key], single[key], rtol=1e-4, atol=1e-6, msg=lambda m: f"{key}: {m}")
+    initial = {k: v for k, v in torch.load(tmp_path / "dp.pt").items()}
+    assert initial.keys() == single.keys()
+
+    # the saved file is the module's own state dict: a plain python, hppctl not importable, loads it
+    script = (
+        "import sys; sys.modules['hppctl'] = None\n"
+        "import torch\n"
+        f"import {name} as user\n"
+        "net = user.PipelineNet()\n"
+        "state = torch.load('pipe.pt')\n"
+        "net.load_state_dict(state)\n"
+        "assert all(torch.equal(net.state_dict()[k], v) for k, v in state.items())\n"
+        "try:\n    import hppctl\nexcept ImportError:\n    print('loaded without hppctl', len(state))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"loaded without hppctl {len(single)}"
+
+
+def test_a_run_whose_module_is_gone_stops_before_any_worker(cli, tmp_path, monkeypatch):
+    """The plan names a module that no longer imports: one line, exit 2, nothing written, no worker
+    (the --log file every worker's output goes to is never opened)."""
+    monkeypatch.chdir(tmp_path)
+    name = write_module(tmp_path, RESNET)
+    (tmp_path / "local.yaml").write_text(THREE_LOCAL)
+    (tmp_path / "presets.yaml").write_text(THREE_LOCAL.replace("local: true", "preset: rpi4"))
+    code, _, err = cli("profile", "--cluster", "presets.yaml", "--model", f"{name}:make", "--out", "profile.json")
+    assert code == 0, err
+    code, _, err = cli("plan", "--profile", "profile.json", "--strategy", "pp", "--global-batch", "16",
+                       "--micro-batch", "4", "--out", "plan.yaml")
+    assert code == 0, err
+    (tmp_path / f"{name}.py").write_text(RESNET.replace("def make():", "def renamed():"))
+    sys.modules.pop(name, None)
+    code, out, err = cli("run", "--plan", "plan.yaml", "--cluster", "local.yaml", "--rounds", "1",
+                         "--save-model", "m.pt", "--log", "workers.log", "--metrics", "m.jsonl")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert f"cannot import '{name}:make'" in err
+    for written in ("m.pt", "workers.log", "m.jsonl"):
+        assert not (tmp_path / written).exists()

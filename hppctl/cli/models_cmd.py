@@ -22,7 +22,7 @@ Examples:
   hppctl models --json
   hppctl models resnet50 --granularity block
   hppctl models hf:./my-bert --json             # a Hugging Face checkpoint directory of your own
-  hppctl models mynet:make --input-shape 3x32x32 # a torch module of your own (docs/zoo.md)
+  hppctl models examples.mynet:make --input-shape 3x32x32 -g block   # your own torch module (docs/zoo.md)
 """
 
 

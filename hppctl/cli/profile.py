@@ -41,7 +41,7 @@ Examples:
   hppctl profile --cluster profiles/env-b.yaml --model resnet50 --batch-sizes 1,2,4,8,16,32 --out out/b-r50.yaml
   hppctl profile --cluster profiles/example.yaml --model bert-small --granularity block --optimizer adam --json   # the profile on stdout
   hppctl profile --cluster profiles/example.yaml --model hf:./my-checkpoint --out out/mine.json
-  hppctl profile --cluster examples/local.yaml --model mynet:make --input-shape 3x32x32 --out out/mine.json  # your own module
+  hppctl profile --cluster examples/local.yaml --model examples.mynet:make --input-shape 3x32x32 --out out/mine.json
 
 Without --out, --json prints the profile itself on stdout; give one of the two.
 Measured devices are cached per batch size ($HPPCTL_CACHE_DIR or ~/.cache/hppctl): a rerun

@@ -42,3 +42,34 @@ def make() -> nn.Module:
 
 def make_with_input():
     return MyNet(), torch.randn(1, 3, 32, 32)
+
+
+class Gate(nn.Module):
+    """Branches on its data: torch.fx cannot trace inside it (docs/zoo.md, "What cannot be traced")."""
+
+    def __init__(self, channels: int = 16) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        if y.mean() > 0:
+            y = torch.relu(y)
+        return y
+
+
+class GatedNet(MyNet):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = Gate()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.gate(self.stem(x))
+        for block in self.blocks:
+            x = block(x)
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+def make_gated():
+    """Layers at --granularity block only (the gate is one block, run whole)."""
+    return GatedNet(), torch.randn(1, 3, 32, 32)

@@ -306,6 +306,7 @@ def untraceable(spec: ModelDescription, error: BaseException, *, blocks_traced: 
         return user_model_failure(spec, error)
     where = _user_frame(error)
     message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    message = message.split(" (%")[0]  # the fx node dump after it says nothing the user's line does not
     cause = f"{error.__class__.__name__}: {shorten(message, 160)}" if message else error.__class__.__name__
     if blocks_traced:
         advice = ("use --granularity block (each top-level child one layer), or wrap the call "

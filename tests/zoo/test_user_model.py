@@ -125,7 +125,7 @@ MALFORMED = [
     (["{resnet}:bare", "--input-shape", "3x8x8", "--input-dtype", "half"], "--input-dtype: unknown value 'half'"),
     (["{resnet}:bare", "--input-shape", "3x8"], "the model fails on a batch of its input (3x8 float32 per sample)"),
     (["tiny-cnn", "--input-shape", "3x8x8"], "--input-shape: only for a model of your own"),
-    (["{broken}:gated"], "`if y.mean() > 0:` (TraceError: control flow depends on tensor data"),
+    (["{broken}:gated"], "`if y.mean() > 0:` (TraceError: control flow depends on tensor data); use --granularity block"),
     (["{broken}:top_level_branch", "-g", "block"], "wrap the call with torch.fx.wrap"),
 ]
 

@@ -101,3 +101,26 @@ def test_a_run_whose_module_is_gone_stops_before_any_worker(cli, tmp_path, monke
     assert f"cannot import '{name}:make'" in err
     for written in ("m.pt", "workers.log", "m.jsonl"):
         assert not (tmp_path / written).exists()
+
+
+def test_the_input_shape_flag_reaches_the_workers_through_the_plan(cli, tmp_path, monkeypatch):
+    """`bare()` returns the module alone: only `--input-shape` at `hppctl profile` says what a sample is.
+    The profile records it, the plan copies it and every worker's config carries it: `plan` and `run`
+    are given no flag, and two workers build and train the model."""
+    monkeypatch.chdir(tmp_path)
+    name = write_module(tmp_path, RESNET)
+    (tmp_path / "presets.yaml").write_text("name: p\ndevices:\n  - {name: a, preset: rpi4}\n  - {name: b, preset: rpi4}\n")
+    (tmp_path / "local.yaml").write_text("name: l\ndevices:\n  - {name: a, local: true}\n  - {name: b, local: true}\n")
+    code, _, err = cli("profile", "--cluster", "presets.yaml", "--model", f"{name}:bare", "--input-shape", "3x8x8",
+                       "--out", "profile.json")
+    assert code == 0, err
+    code, _, err = cli("plan", "--profile", "profile.json", "--strategy", "pp", "--global-batch", "8",
+                       "--micro-batch", "4", "--out", "plan.yaml")
+    assert code == 0, err
+    assert len(load(tmp_path / "plan.yaml", HppPlan).stages) == 2
+    # a fresh `hppctl run` process: nothing of the profile command's flags is left in it
+    done = subprocess.run([sys.executable, "-m", "hppctl", "run", "--plan", "plan.yaml", "--cluster", "local.yaml",
+                           "--rounds", "2", "--threads", "1", "--save-model", "m.pt"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert torch.load(tmp_path / "m.pt")["classifier.weight"].shape == (10, 6)

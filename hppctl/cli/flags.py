@@ -106,6 +106,8 @@ def model_input(model: str | None, shape: str | None, dtype: str | None):
     from hppctl.zoo.user import check_no_input_flags, declare_input, parse_input
 
     parsed = parse_input(shape, dtype)
+    if model is None and parsed is not None:
+        raise BadInput("--input-shape: says what one sample of a model of your own is; name the model too")
     if model is not None:
         check_no_input_flags(model, parsed)
         declare_input(model, parsed)

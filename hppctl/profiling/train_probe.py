@@ -243,7 +243,8 @@ class Measurement:
 
 def measure(args: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """The `train` probe kind (module docstring). `args`: model, granularity, batch_sizes, threads,
-    repeats, warmup, window_s, memory_budget_bytes, model_input (a user model's), and `passes` {batch size: timed passes still
+    repeats, warmup, window_s, memory_budget_bytes, model_input (a user model's), and
+    `passes` {batch size: timed passes still
     needed} when resuming (default: `repeats` for every batch size)."""
     threads = int(args["threads"])
     repeats, warmup = int(args.get("repeats", 7)), int(args.get("warmup", 2))

@@ -122,7 +122,8 @@ class MetaAttribute(_MetaValueMixin, Attribute):
 class MetaTracer(torch.fx.Tracer):
     """fx tracer that keeps a meta value on every node (`node.meta["hpp_meta"]`)."""
 
-    def __init__(self, inputs: dict[str, torch.Tensor], leaves: Callable[[torch.nn.Module, str], bool] | None = None) -> None:
+    def __init__(self, inputs: dict[str, torch.Tensor],
+                 leaves: Callable[[torch.nn.Module, str], bool] | None = None) -> None:
         super().__init__(autowrap_modules=(), param_shapes_constant=False)
         self.inputs = inputs
         self.leaves = leaves

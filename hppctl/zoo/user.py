@@ -229,7 +229,8 @@ def _input_of(ref: str, module: Any, example: Any) -> ModelInput:
     if shape is not None:
         dtype = getattr(module, "input_dtype", "float32")
         dtype = str(dtype).removeprefix("torch.")
-        if not (isinstance(shape, (tuple, list, torch.Size)) and shape and all(isinstance(d, int) and d > 0 for d in shape)):
+        sized = isinstance(shape, (tuple, list, torch.Size)) and len(shape) > 0
+        if not (sized and all(isinstance(d, int) and d > 0 for d in shape)):
             raise BadInput(f"{MODEL_FLAG} {ref}: its input_shape {shorten(repr(shape))} is not a tuple of "
                            "positive ints (one sample, e.g. (3, 32, 32))")
         if dtype not in DTYPES:

@@ -82,7 +82,8 @@ def test_an_edited_module_gets_a_new_fingerprint(resnet, tmp_path):
     (tmp_path / f"{resnet}.py").write_text(RESNET.replace("channels=6", "channels=5"))
     # a fresh process, as the next command is: the layer-table cache is not reused for the edit
     code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from hppctl.zoo import get_model, layer_costs; "
-            f"s = get_model('{resnet}:make'); print(s.fingerprint(), sum(c.param_bytes for c in layer_costs(s.name, 'fine')))")
+            f"s = get_model('{resnet}:make'); "
+            "print(s.fingerprint(), sum(c.param_bytes for c in layer_costs(s.name, 'fine')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True,
                          env=os.environ).stdout.split()
     assert out[0] != before
@@ -125,7 +126,9 @@ MALFORMED = [
     (["{resnet}:bare", "--input-shape", "3x8x8", "--input-dtype", "half"], "--input-dtype: unknown value 'half'"),
     (["{resnet}:bare", "--input-shape", "3x8"], "the model fails on a batch of its input (3x8 float32 per sample)"),
     (["tiny-cnn", "--input-shape", "3x8x8"], "--input-shape: only for a model of your own"),
-    (["{broken}:gated"], "`if y.mean() > 0:` (TraceError: control flow depends on tensor data); use --granularity block"),
+    (["--input-shape", "3x8x8"], "--input-shape: says what one sample of a model of your own is; name the model"),
+    (["{broken}:gated"],
+     "`if y.mean() > 0:` (TraceError: control flow depends on tensor data); use --granularity block"),
     (["{broken}:top_level_branch", "-g", "block"], "wrap the call with torch.fx.wrap"),
 ]
 
@@ -172,7 +175,8 @@ def test_collaborative_inference_refuses_a_user_model(cli, tmp_path, resnet):
 def test_profile_and_plan_record_the_input_spec(cli, tmp_path, resnet):
     """A preset profile of a user model given --input-shape records it; the plan copies it; neither
     needs the flag again."""
-    (tmp_path / "cluster.yaml").write_text("name: l\ndevices:\n  - {name: a, preset: rpi4}\n  - {name: b, preset: rpi4}\n")
+    (tmp_path / "cluster.yaml").write_text(
+        "name: l\ndevices:\n  - {name: a, preset: rpi4}\n  - {name: b, preset: rpi4}\n")
     code, _, err = cli("profile", "--cluster", "cluster.yaml", "--model", f"{resnet}:bare", "--input-shape", "3x8x8",
                        "--out", "p.json")
     assert code == 0, err

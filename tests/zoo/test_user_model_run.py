@@ -51,8 +51,8 @@ def test_a_user_module_trains_under_a_three_stage_plan_as_on_one_device(cli, tmp
     # the reference: the same module, seed, data and optimizer, data-parallel on a single device
     code, _, err = cli("profile", "--cluster", "one.yaml", "--model", model, "--batch-sizes", "4", "--out", "one.json")
     assert code == 0, err
-    code, _, err = cli("plan", "--profile", "one.json", "--strategy", "dp", "--global-batch", "16", "--micro-batch", "4",
-                       "--out", "dp.yaml")
+    code, _, err = cli("plan", "--profile", "one.json", "--strategy", "dp", "--global-batch", "16",
+                       "--micro-batch", "4", "--out", "dp.yaml")
     assert code == 0, err
     assert [s.devices for s in load(tmp_path / "dp.yaml", HppPlan).stages] == [["w0"]]
     code, _, err = cli("run", "--plan", "dp.yaml", "--cluster", "one-local.yaml", *TRAINING, "--save-model", "dp.pt")
@@ -109,7 +109,8 @@ def test_the_input_shape_flag_reaches_the_workers_through_the_plan(cli, tmp_path
     are given no flag, and two workers build and train the model."""
     monkeypatch.chdir(tmp_path)
     name = write_module(tmp_path, RESNET)
-    (tmp_path / "presets.yaml").write_text("name: p\ndevices:\n  - {name: a, preset: rpi4}\n  - {name: b, preset: rpi4}\n")
+    (tmp_path / "presets.yaml").write_text(
+        "name: p\ndevices:\n  - {name: a, preset: rpi4}\n  - {name: b, preset: rpi4}\n")
     (tmp_path / "local.yaml").write_text("name: l\ndevices:\n  - {name: a, local: true}\n  - {name: b, local: true}\n")
     code, _, err = cli("profile", "--cluster", "presets.yaml", "--model", f"{name}:bare", "--input-shape", "3x8x8",
                        "--out", "profile.json")
@@ -124,3 +125,20 @@ def test_the_input_shape_flag_reaches_the_workers_through_the_plan(cli, tmp_path
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert torch.load(tmp_path / "m.pt")["classifier.weight"].shape == (10, 6)
+
+
+def test_demo_takes_a_user_model(cli, tmp_path, monkeypatch):
+    """`hppctl demo --model package.module:factory --input-shape …`: its profile records the input, and the
+    three local workers train the module (asteroid plan, digits resized to its input)."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    name = write_module(tmp_path, RESNET)
+    code, out, err = cli("demo", "--model", f"{name}:bare", "--input-shape", "3x8x8", "--epochs", "1",
+                         "--workdir", "demo", "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["model"] == f"{name}:bare" and summary["rounds_run"] > 0
+    assert json.loads((tmp_path / "demo" / "profile.json").read_text())["model_input"] == {
+        "shape": [3, 8, 8], "dtype": "float32"}
+    assert "classifier.weight" in torch.load(tmp_path / "demo" / "model.pt")

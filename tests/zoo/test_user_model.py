@@ -77,18 +77,22 @@ def test_build_is_seeded_and_keeps_the_modules_own_names(resnet):
     assert sorted(k.removeprefix("model.") for k, _ in a.named_parameters()) == sorted(own)
 
 
-def test_an_edited_module_gets_a_new_fingerprint(resnet, tmp_path):
-    before = user_spec(f"{resnet}:make").fingerprint()
+def test_an_edited_module_is_traced_again(resnet, tmp_path):
+    """The layer table is cached per fingerprint, which covers the module's source: after an edit the
+    next command (a fresh process) traces the new module instead of reading the old table."""
+    before = layer_costs(f"{resnet}:make", "fine")
+    fingerprint = user_spec(f"{resnet}:make").fingerprint()
     (tmp_path / f"{resnet}.py").write_text(RESNET.replace("channels=6", "channels=5"))
-    # a fresh process, as the next command is: the layer-table cache is not reused for the edit
     code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from hppctl.zoo import get_model, layer_costs; "
-            f"s = get_model('{resnet}:make'); "
-            "print(s.fingerprint(), sum(c.param_bytes for c in layer_costs(s.name, 'fine')))")
+            f"s = get_model('{resnet}:make'); m = s.build(); "
+            "print(s.fingerprint(), sum(c.param_bytes for c in layer_costs(s.name, 'fine')), "
+            "4 * sum(p.numel() for p in m.parameters()))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True,
                          env=os.environ).stdout.split()
-    assert out[0] != before
-    assert int(out[1]) == 4 * sum(p.numel() for p in import_factory(f"{resnet}:bare", "--model")().parameters()) - 4 * (
-        (6 * 6 - 5 * 5) * 9 * 4 + (6 - 5) * 4 + (3 * 9 * 6 - 3 * 9 * 5) + (6 - 5) + (6 - 5) * 10)
+    assert out[0] != fingerprint
+    assert out[1] == out[2] != str(sum(c.param_bytes for c in before))  # the edited module's parameters
+    tables = sorted(p.name for p in (tmp_path / "cache" / "zoo").iterdir())
+    assert len(tables) == 2 and all(t.startswith(f"{resnet}_make-") for t in tables), tables
 
 
 def test_a_block_that_branches_on_its_data_is_refused_at_fine_and_kept_whole_at_block(broken):

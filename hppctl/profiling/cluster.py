@@ -392,8 +392,11 @@ def _device_from_cache(ctx: _Context, spec: DeviceSpec, identity: Identity, cach
         raise DeviceFailure(f"the device cuts {ctx.model} into {setup.layers} layers, this machine into "
                             f"{len(ctx.layers)} (different torch/transformers versions?)")
     if setup.model_fingerprint and ctx.model_fingerprint and setup.model_fingerprint != ctx.model_fingerprint:
+        from hppctl.zoo.user import is_user_ref
+        why = ("its source differs there (edited during the run, or another copy on the device's import path)"
+               if is_user_ref(ctx.model) else "different transformers versions?")
         raise DeviceFailure(f"the device builds a different {ctx.model} (model fingerprint {setup.model_fingerprint}, "
-                            f"here {ctx.model_fingerprint}): different transformers versions?")
+                            f"here {ctx.model_fingerprint}): {why}")
     repeats = ctx.settings.repeats
     batches = [parse.assemble_batch(setup, parse.typed(cache.memory(b), Memory),
                                     [parse.typed(p, Pass) for p in cache.passes(b)[:repeats]])

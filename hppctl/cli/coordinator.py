@@ -152,6 +152,8 @@ def coordinator_command(
     check_listen(listen)
     writable_path("--events", events)
     hpp, inventory, prof = load(plan, HppPlan), load(cluster, ClusterSpec), load(profile, Profile)
+    from hppctl.zoo.user import declare_input
+    declare_input(hpp.model, hpp.model_input)  # a user model's input, as the plan recorded it
     check_bipartition_coordinator(hpp, str(plan))
     recovery = driver.recovery_options(prof, heartbeat=heartbeat, timeout=failure_timeout,
                                        probe_timeout=probe_timeout, replan=replan, replicate_every=replicate_every)

@@ -113,10 +113,13 @@ def _traced(spec: ModelSpec, mode: str) -> TracedModel:
 def nested_fine_layers(name: str) -> list[LayerCost] | None:
     """The fine layers, or None for a user model that traced to its blocks only (its block table is all
     there is): what a profile times a block with, when fine layers nest in blocks."""
-    from hppctl.zoo.cache import refused_granularities
+    from hppctl.zoo.user import is_user_ref
 
-    if "fine" in refused_granularities(_entry(get_model(name))):
-        return None
+    if is_user_ref(name):
+        from hppctl.zoo.cache import refused_granularities
+
+        if "fine" in refused_granularities(_entry(get_model(name))):
+            return None
     return layer_costs(name, "fine")
 
 

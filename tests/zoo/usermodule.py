@@ -6,7 +6,6 @@ any plan gives the same parameters as one device, exactly up to float rounding).
 
 from __future__ import annotations
 
-import sys
 import uuid
 from pathlib import Path
 
@@ -162,9 +161,8 @@ not_callable = 42
 
 
 def write_module(directory: Path, source: str = RESNET) -> str:
-    """Write `source` as a fresh module in `directory` (put first on sys.path) and return its name."""
+    """Write `source` as a fresh module in `directory` and return its name. The tests run from
+    `directory` (monkeypatch.chdir): hppctl imports it from the current directory, as for a user."""
     name = f"usernet_{uuid.uuid4().hex[:10]}"
     (directory / f"{name}.py").write_text(source)
-    if str(directory) not in sys.path:
-        sys.path.insert(0, str(directory))
     return name

@@ -84,7 +84,9 @@ def to_bytes(state: dict) -> bytes:
 
 
 def from_bytes(data: bytes) -> dict:
-    return torch.load(io.BytesIO(data), weights_only=True)
+    """Tensors land in host memory whatever device they were saved from (a worker's accelerator may
+    not exist where they are read: the launcher, another device)."""
+    return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
 
 
 @functools.lru_cache(maxsize=4)

@@ -94,7 +94,7 @@ class Stage:
     and cut (tests and references)."""
 
     def __init__(self, model: str, granularity: str, start: int, end: int, *, seed: int = 0,
-                 tensors: dict[str, torch.Tensor] | None = None) -> None:
+                 tensors: dict[str, torch.Tensor] | None = None, device: torch.device | None = None) -> None:
         from hppctl.zoo import build_stage, get_model, trace
 
         spec = get_model(model)
@@ -108,6 +108,9 @@ class Stage:
             whole = spec.build(device="meta").train()
             self.module = build_stage(whole, granularity, start, end, mode="train")
             _assign(self.module, tensors)
+        self.device = device or torch.device("cpu")
+        """Where the stage computes and its parameters (and so the optimizer's state) live."""
+        self.module.to(self.device)  # in place, same Parameter objects; no copy on the CPU
         self.start, self.end = start, end
         traced = trace(model, "train")
         by_name = {n.name: n for n in traced.nodes}
@@ -128,7 +131,14 @@ class Stage:
         return list(self.module.parameters())
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+        """Host copies (a checkpoint or the final model is read where there may be no accelerator)."""
+        return {k: host_copy(v) for k, v in self.module.state_dict().items()}
+
+
+def host_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A detached copy in host memory: a clone on the CPU, the device-to-host copy elsewhere."""
+    tensor = tensor.detach()
+    return tensor.clone() if tensor.device.type == "cpu" else tensor.to("cpu")
 
 
 def join(specs: Sequence[TensorSpec], pieces: Sequence[tuple[int, Sequence[torch.Tensor]]]) -> list[torch.Tensor]:

@@ -1,0 +1,129 @@
+"""Where a worker computes, in what precision, and how its tensors reach gloo.
+
+A device of the cluster file says `accelerator: cpu | cuda | auto` (models/cluster.py; default
+cpu). The worker resolves it on the device itself (`resolve`): the launcher's machine may have no
+GPU while the device has one. Everything downstream takes the resulting `torch.device` as a
+parameter (the training-state factory, the stages, the executors, Galaxy's forward); nothing else
+asks which accelerator it is on.
+
+Communication stays on gloo, which moves CPU tensors only (NCCL is not available on Jetsons and
+cannot join heterogeneous groups): `to_wire` stages a tensor in host memory before a send or an
+AllReduce, `from_wire` puts a received one on the compute device. On a CPU device both return the
+tensor they were given, so a CPU run does exactly what it did before accelerators existed.
+
+Precision (`--precision fp32 | fp16 | bf16`): `Precision.autocast()` around the forward (and the
+loss), on the stage's device type. fp16 multiplies the loss by one static scale shared by every
+stage of the pipeline (`FP16_LOSS_SCALE`), and each stage unscales its own gradients before its
+step (`Precision.unscale`). torch's GradScaler is not used: its scale is dynamic and per process,
+so after an overflow the tail would back off while the stages before it still unscale the
+gradients they receive (which carry the tail's scale) by their own; keeping one scale for the run
+keeps every stage's unscale exact. A stage whose unscaled gradients hold an inf or NaN skips that
+step (its optimizer state untouched); the others may still step. bf16 has fp32's range, so it
+runs without a scale.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+
+from hppctl.errors import BadInput
+from hppctl.profiling.accelerator import (ACCELERATORS, AcceleratorUnavailable, describe,  # noqa: F401 (re-exported)
+                                         peak_memory_bytes, reset_peak_memory, resolve, synchronize)
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+FP16_LOSS_SCALE = 1024.0
+"""The loss scale of an fp16 run, one for all stages (see the module docstring): 2**10 lifts
+gradients below fp16's smallest normal (6e-5) by three decades while a loss of the order of 10
+stays far from fp16's maximum (65504)."""
+
+
+# --- gloo staging -------------------------------------------------------------------------------
+
+def to_wire(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`tensor` in host memory (and in `dtype`, the receiver's buffer type, if given), ready for gloo.
+
+    A CPU tensor of the right type is returned as it is. The device-to-host copy is blocking: a
+    non-blocking one into pageable memory is synchronous anyway, and into pinned memory gloo could
+    read it before the copy lands."""
+    if tensor.device.type == "cpu" and (dtype is None or tensor.dtype == dtype):
+        return tensor
+    return tensor.detach().to(device="cpu", dtype=dtype or tensor.dtype)
+
+
+def from_wire(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A tensor gloo filled in host memory, on `device`. The host-to-device copy is non-blocking:
+    the stream orders it before any kernel that reads it, and the host buffer is not reused."""
+    if tensor.device == device:
+        return tensor
+    return tensor.to(device, non_blocking=True)
+
+
+def wire_zeros_like(tensor: torch.Tensor) -> torch.Tensor:
+    """A host buffer of `tensor`'s shape and type (what an AllReduce of its values sends)."""
+    return torch.zeros(tensor.shape, dtype=tensor.dtype)
+
+
+# --- precision ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Precision:
+    """What `--precision` means on one device: its autocast, its loss scale, its unscale."""
+
+    mode: str = "fp32"
+    device_type: str = "cpu"
+
+    @property
+    def loss_scale(self) -> float:
+        return FP16_LOSS_SCALE if self.mode == "fp16" else 1.0
+
+    def autocast(self):
+        """The context of a forward pass: nothing in fp32 (so fp32 runs are bit-identical to runs
+        before `--precision`), torch.autocast on the device's type otherwise."""
+        if self.mode == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=AUTOCAST_DTYPES[self.mode])
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to back-propagate (the tail's, or a Bi-Partition worker's at the last layer)."""
+        return loss if self.loss_scale == 1.0 else loss * self.loss_scale
+
+    def unscale(self, params: Iterable[torch.Tensor]) -> bool:
+        """Divide the accumulated gradients by the run's loss scale; False when one is not finite
+        (the step must be skipped). In fp32 and bf16: nothing to do, True."""
+        if self.loss_scale == 1.0:
+            return True
+        grads = [p.grad for p in params if p.grad is not None]
+        finite = True
+        with torch.no_grad():
+            for g in grads:
+                g.mul_(1.0 / self.loss_scale)
+                finite = finite and bool(torch.isfinite(g).all())
+        return finite
+
+
+def precision_for(mode: str, device: torch.device) -> Precision:
+    """`mode` on `device`, refused (BadInput, one line) when torch cannot autocast there."""
+    check_precision(mode, device)
+    return Precision(mode, device.type)
+
+
+def check_precision(mode: str, device: torch.device) -> None:
+    if mode not in PRECISIONS:
+        raise BadInput(f"--precision: {mode!r} is not one of {', '.join(PRECISIONS)}")
+    if mode == "fp32" or device.type == "meta":
+        return
+    dtype = AUTOCAST_DTYPES[mode]
+    try:
+        with torch.autocast(device.type, dtype=dtype):
+            probe = torch.nn.functional.linear(torch.ones(1, 2, device=device), torch.ones(2, 2, device=device))
+    except (RuntimeError, ValueError, AssertionError) as e:
+        raise BadInput(f"--precision {mode}: torch {torch.__version__} cannot autocast to {dtype} on "
+                       f"{device.type} ({str(e).splitlines()[0] if str(e) else e.__class__.__name__})") from None
+    if probe.dtype != dtype:
+        raise BadInput(f"--precision {mode}: torch {torch.__version__} does not run a linear layer in {dtype} "
+                       f"under autocast on {device.type} (got {probe.dtype})")

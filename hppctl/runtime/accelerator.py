@@ -2,7 +2,9 @@
 
 A device of the cluster file says `accelerator: cpu | cuda | auto` (models/cluster.py; default
 cpu). The worker resolves it on the device itself (`resolve`): the launcher's machine may have no
-GPU while the device has one. Everything downstream takes the resulting `torch.device` as a
+GPU while the device has one. The profiling probe resolves it with the same function and reads the
+accelerator's name, memory and peak allocation through the functions at the end of this module
+(`describe`, `synchronize`, `peak_memory_bytes`), so a profile measures what a run computes on. Everything downstream takes the resulting `torch.device` as a
 parameter (the training-state factory, the stages, the executors, Galaxy's forward); nothing else
 asks which accelerator it is on.
 
@@ -26,20 +28,43 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 
 from hppctl.errors import BadInput
-from hppctl.profiling.accelerator import (ACCELERATORS, AcceleratorUnavailable, describe,  # noqa: F401 (re-exported)
-                                         peak_memory_bytes, reset_peak_memory, resolve, synchronize)
 
+ACCELERATORS = ("cpu", "cuda", "auto")
 PRECISIONS = ("fp32", "fp16", "bf16")
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 FP16_LOSS_SCALE = 1024.0
 """The loss scale of an fp16 run, one for all stages (see the module docstring): 2**10 lifts
 gradients below fp16's smallest normal (6e-5) by three decades while a loss of the order of 10
 stays far from fp16's maximum (65504)."""
+
+
+class AcceleratorUnavailable(BadInput):
+    """The cluster file asks for an accelerator this device does not have."""
+
+
+def resolve(accelerator: str, *, device_name: str = "this device",
+            cuda_available: Callable[[], bool] | None = None) -> torch.device:
+    """The `torch.device` a worker computes on for the cluster file's `accelerator:` value.
+
+    `cuda_available` defaults to `torch.cuda.is_available` (a parameter so that `auto` can be
+    exercised on a machine without CUDA)."""
+    available = (cuda_available or torch.cuda.is_available)
+    if accelerator == "cpu":
+        return torch.device("cpu")
+    if accelerator == "auto":
+        return torch.device("cuda", 0) if available() else torch.device("cpu")
+    if accelerator == "cuda":
+        if not available():
+            raise AcceleratorUnavailable(
+                f"device {device_name}: accelerator: cuda, but torch {torch.__version__} sees no CUDA device there "
+                f"(torch.cuda.is_available() is False); use accelerator: auto or cpu")
+        return torch.device("cuda", 0)
+    raise BadInput(f"device {device_name}: accelerator: {accelerator!r} is not one of {', '.join(ACCELERATORS)}")
 
 
 # --- gloo staging -------------------------------------------------------------------------------
@@ -61,11 +86,6 @@ def from_wire(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     if tensor.device == device:
         return tensor
     return tensor.to(device, non_blocking=True)
-
-
-def wire_zeros_like(tensor: torch.Tensor) -> torch.Tensor:
-    """A host buffer of `tensor`'s shape and type (what an AllReduce of its values sends)."""
-    return torch.zeros(tensor.shape, dtype=tensor.dtype)
 
 
 # --- precision ----------------------------------------------------------------------------------
@@ -127,3 +147,51 @@ def check_precision(mode: str, device: torch.device) -> None:
     if probe.dtype != dtype:
         raise BadInput(f"--precision {mode}: torch {torch.__version__} does not run a linear layer in {dtype} "
                        f"under autocast on {device.type} (got {probe.dtype})")
+
+
+# --- what a device has ----------------------------------------------------------------------------
+
+def describe(device: torch.device) -> dict:
+    """The accelerator of a resolved device: `{"type", "name", "memory_bytes"}` (memory: the GPU's
+    total as CUDA reports it; None on CPU, whose memory the profile's host figures give)."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return {"type": "cuda", "name": props.name, "memory_bytes": int(props.total_memory)}
+    return {"type": device.type, "name": None, "memory_bytes": None}
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (before reading a host clock around it); nothing on CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_bytes(device: torch.device) -> int | None:
+    """The allocator's peak since the last reset (CUDA); None where the process's RSS is the measure."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return None
+
+
+def check_local_devices(cluster, devices, precision: str, *, cluster_source: str = "--cluster") -> None:
+    """Before any worker starts: every `local: true` device of the run is this machine, so its
+    accelerator resolves here, and `precision` must autocast on it (BadInput, one line naming the
+    file, the device's field and its value). A `host:` device resolves on itself, when its worker
+    starts (a missing GPU there fails the run naming the device)."""
+    names = [d.name for d in cluster.devices]
+    for name in devices:
+        spec = cluster.device(name)
+        if not spec.local:
+            continue
+        try:
+            device = resolve(spec.accelerator, device_name=name)
+        except AcceleratorUnavailable:
+            raise BadInput(f"{cluster_source}: devices.{names.index(name)}.accelerator: {spec.accelerator!r} for local "
+                           f"device {name}, but torch {torch.__version__} sees no CUDA device on this machine "
+                           f"(torch.cuda.is_available() is False); use auto or cpu") from None
+        check_precision(precision, device)

@@ -129,7 +129,7 @@ def run_command(
         return run_inference_command(plan, cluster, text=text, input_ids=input_ids, seq_len=seq_len, repeat=repeat,
                                      warmup=warmup, overlap=overlap, output=output, as_json=as_json, threads=threads,
                                      seed=seed, listen=listen, timeout=timeout, log=log, wire_dtype=wire_dtype,
-                                     log_every=log_every)
+                                     log_every=log_every, precision=precision)
     from hppctl.cli.psl import is_psl_file
     _refuse_inference_flags(plan, "psl" if is_psl_file(plan) else "hpp", {
         "--input": text, "--input-ids": input_ids, "--seq-len": seq_len, "--output": output,

@@ -4,9 +4,9 @@ A device of the cluster file says `accelerator: cpu | cuda | auto` (models/clust
 cpu). The worker resolves it on the device itself (`resolve`): the launcher's machine may have no
 GPU while the device has one. The profiling probe resolves it with the same function and reads the
 accelerator's name, memory and peak allocation through the functions at the end of this module
-(`describe`, `synchronize`, `peak_memory_bytes`), so a profile measures what a run computes on. Everything downstream takes the resulting `torch.device` as a
-parameter (the training-state factory, the stages, the executors, Galaxy's forward); nothing else
-asks which accelerator it is on.
+(`describe`, `synchronize`, `peak_memory_bytes`), so a profile measures what a run computes on.
+Everything downstream takes the resulting `torch.device` as a parameter (the training-state
+factory, the stages, the executors, Galaxy's forward); nothing else asks which accelerator it is on.
 
 Communication stays on gloo, which moves CPU tensors only (NCCL is not available on Jetsons and
 cannot join heterogeneous groups): `to_wire` stages a tensor in host memory before a send or an
@@ -152,18 +152,39 @@ def check_precision(mode: str, device: torch.device) -> None:
 # --- what a device has ----------------------------------------------------------------------------
 
 def describe(device: torch.device) -> dict:
-    """The accelerator of a resolved device: `{"type", "name", "memory_bytes"}` (memory: the GPU's
-    total as CUDA reports it; None on CPU, whose memory the profile's host figures give)."""
+    """The accelerator of a resolved device: `{"type", "name", "memory_bytes", "integrated"}`
+    (memory: the GPU's total as CUDA reports it; integrated: the GPU shares the host's memory, as a
+    Jetson's does; None on the CPU, whose memory the profile's host figures give)."""
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        return {"type": "cuda", "name": props.name, "memory_bytes": int(props.total_memory)}
-    return {"type": device.type, "name": None, "memory_bytes": None}
+        return {"type": "cuda", "name": props.name, "memory_bytes": int(props.total_memory),
+                "integrated": bool(getattr(props, "is_integrated", False))}
+    return {"type": device.type, "name": None, "memory_bytes": None, "integrated": None}
 
 
 def synchronize(device: torch.device) -> None:
     """Wait for the device's queued work (before reading a host clock around it); nothing on CPU."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def allocated_bytes(device: torch.device) -> int | None:
+    """What the CUDA allocator holds in tensors now; None on the CPU (the process's RSS is the measure)."""
+    if device.type == "cuda":
+        return int(torch.cuda.memory_allocated(device))
+    return None
+
+
+def synchronized_clock(device: torch.device, clock: Callable[[], float]) -> Callable[[], float]:
+    """`clock`, read after the device's queued work is done (CUDA kernels run asynchronously: a
+    host clock read right after a launch would time the launch); `clock` itself on the CPU."""
+    if device.type != "cuda":
+        return clock
+
+    def read() -> float:
+        torch.cuda.synchronize(device)
+        return clock()
+    return read
 
 
 def reset_peak_memory(device: torch.device) -> None:

@@ -216,3 +216,13 @@ def check_local_devices(cluster, devices, precision: str, *, cluster_source: str
                            f"device {name}, but torch {torch.__version__} sees no CUDA device on this machine "
                            f"(torch.cuda.is_available() is False); use auto or cpu") from None
         check_precision(precision, device)
+
+
+def refuse_cuda(cluster, what: str, *, cluster_source: str = "--cluster") -> None:
+    """Runs that compute on the CPU only (`what`: "psl plans") refuse a device that asks for CUDA
+    (BadInput, one line) rather than ignore it; `auto` means "CUDA if there is one", so it runs on
+    the CPU there."""
+    for i, spec in enumerate(cluster.devices):
+        if spec.accelerator == "cuda":
+            raise BadInput(f"{cluster_source}: devices.{i}.accelerator: 'cuda' for device {spec.name}: {what} compute "
+                           f"on the CPU only (use cpu or auto)")

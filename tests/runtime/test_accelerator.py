@@ -214,3 +214,24 @@ def test_an_unknown_precision_is_refused(cli, files):
     plan, cluster = files(local_cluster("a", "b"))
     code, out, err = cli("run", "--plan", plan, "--cluster", cluster, "--precision", "fp8")
     assert code == 2 and err == "error: --precision: unknown value 'fp8' (fp32, fp16, bf16)\n"
+
+
+@pytest.mark.parametrize("argv, flag", [(("psl", "run"), None), (("run",), "--precision")])
+def test_psl_plans_refuse_cuda_devices_and_precision_rather_than_ignore_them(cli, tmp_path, argv, flag):
+    """PSL workers compute on the CPU only: `accelerator: cuda` and `--precision bf16` are refused."""
+    from tests.psl.test_runtime import CLIENTS, HELPERS, tiny_plan
+
+    save(tmp_path / "plan.yaml", tiny_plan())
+    devices = [*CLIENTS, *HELPERS]
+    cuda = flag is None
+    (tmp_path / "c.yaml").write_text("name: x\ndevices:\n" + "".join(
+        f"  - {{name: {d}, local: true{', accelerator: cuda' if cuda and i == 1 else ''}}}\n"
+        for i, d in enumerate(devices)))
+    extra = ["--precision", "bf16"] if flag else []
+    code, out, err = cli(*argv, "--plan", tmp_path / "plan.yaml", "--cluster", tmp_path / "c.yaml", *extra)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    if cuda:
+        assert err.startswith(f"error: {tmp_path / 'c.yaml'}: devices.1.accelerator: 'cuda' for device {devices[1]}: "
+                              f"psl plans compute on the CPU only")
+    else:
+        assert err.startswith("error: --precision: not supported for psl plans")

@@ -105,3 +105,23 @@ def test_the_profile_table_names_the_gpu():
                                                                           memory_bytes=7 * GiB, integrated=True))
     assert compute_label(d) == "CUDA Orin, 7.52 GB unified"
     assert "accelerator" not in d.model_copy(update={"accelerator": None}).model_dump()
+
+
+def test_workers_sharing_one_gpu_share_its_memory_apart_from_the_cpu_devices():
+    from hppctl.models.profile import MeasurementInfo
+    from hppctl.profiling.sanity import share_machine_memory
+
+    def measured(name: str, gpu: AcceleratorProfile | None, memory: int, source: str) -> DeviceProfile:
+        info = MeasurementInfo(hostname="box", cpu_model="x", cpus=4, cpu_quota_cores=None, cpu_quota_source="none",
+                               threads=1, clock="wall", repeats=1, warmup=0, sustained_factor=[1.0],
+                               step_clock_s=[1.0], memory_budget_source=source, memory_measured_bytes=memory,
+                               fingerprint="f", python="3", hppctl="0")
+        return DeviceProfile(name=name, kind="measured:box", memory_bytes=memory, batch_sizes=[1], forward_s=[[1.0]],
+                             backward_s=[[1.0]], runtime_bytes=GiB, measurement=info, accelerator=gpu)
+
+    gpu = AcceleratorProfile(type="cuda", name="A2000", memory_bytes=12 * GiB, integrated=False)
+    devices = [measured("g0", gpu, 12 * GiB, "CUDA memory of A2000"), measured("g1", gpu, 12 * GiB, "CUDA memory of A2000"),
+               measured("c0", None, 16 * GiB, "MemAvailable minus the worker's runtime")]
+    shared, notes = share_machine_memory(devices, {"g0": "box", "g1": "box", "c0": "box"})
+    assert [d.memory_bytes for d in shared] == [6 * GiB, 6 * GiB, 16 * GiB]  # c0 alone: not split with the GPU
+    assert len(notes) == 1 and "g0, g1 share box's" in notes[0]

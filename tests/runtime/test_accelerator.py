@@ -235,3 +235,22 @@ def test_psl_plans_refuse_cuda_devices_and_precision_rather_than_ignore_them(cli
                               f"psl plans compute on the CPU only")
     else:
         assert err.startswith("error: --precision: not supported for psl plans")
+
+
+def test_optimizer_state_restored_after_a_replan_follows_the_stage_onto_its_device():
+    """A fault-tolerant re-plan rebuilds the stage on the worker's device from a stage state that may
+    have arrived in host memory (a backup); its optimizer state must follow the parameters (`step`
+    stays where torch keeps it)."""
+    from hppctl.runtime.replication import restore_optimizer, stage_state
+    from hppctl.runtime.stage import Stage
+
+    cpu_stage = Stage("tiny-mlp", "fine", 0, 2)
+    optimizer = torch.optim.Adam(cpu_stage.parameters(), lr=0.01)
+    cpu_stage(torch.randn(4, *cpu_stage.inputs[0].shape))[0].sum().backward()
+    optimizer.step()
+    state = stage_state(cpu_stage, optimizer)
+    meta_stage = Stage("tiny-mlp", "fine", 0, 2, tensors=state["tensors"], device=torch.device("meta"))
+    meta_optimizer = torch.optim.Adam(meta_stage.parameters(), lr=0.01)
+    restore_optimizer(meta_optimizer, meta_stage, state["optim"])
+    entries = [meta_optimizer.state[p] for p in meta_stage.parameters()]
+    assert entries and all(e["exp_avg"].device.type == "meta" and e["step"].device.type == "cpu" for e in entries)

@@ -57,13 +57,6 @@ def _wait(works) -> None:
         w.wait()
 
 
-def _check_chain(upstream: Stage, downstream: Stage, what: str) -> None:
-    """The tensors leaving one part are those entering the next, in the same order."""
-    sent, taken = [s.name for s in upstream.outputs], [s.name for s in downstream.inputs]
-    if sent != taken:
-        raise RuntimeFailure(f"{what}: the cut's tensors differ between the parts ({sent} vs {taken})")
-
-
 def _input_grads(values: list[torch.Tensor], specs: list[TensorSpec]) -> list[torch.Tensor]:
     return [(v.grad if v.grad is not None else torch.zeros_like(v)).contiguous()
             for v, s in zip(values, specs) if s.carries_grad]

@@ -36,7 +36,7 @@ from torch.func import functional_call
 
 from hppctl.models.schedule import Action
 from hppctl.runtime.executor import Executor, _Pending
-from hppctl.runtime.stage import TensorSpec, _spec, join
+from hppctl.runtime.stage import TensorSpec, assign_by_name, backward_into, cut_specs, input_grads, join
 
 SPLIT_INPUT_TAG = 1 << 24
 """Tags of SX/RX messages (above every activation/gradient tag of `executor.tag`)."""
@@ -67,18 +67,16 @@ class BiStage:
             whole = spec.build(seed=seed).train()
         else:
             whole = spec.build(device="meta").train()
-            _assign_by_name(whole, tensors)
+            assign_by_name(whole, tensors)  # the shipped tensors, shared by every part
         self.start, self.end = union_layers(forward, backward)
         self.module = build_stage(whole, granularity, self.start, self.end, mode="train")
         cuts = sorted({self.f0, self.f1, self.b0, self.b1})
         self.parts = {(a, b): build_stage(whole, granularity, a, b, mode="train")
                       for a, b in zip(cuts, cuts[1:]) if b > a}
         traced = trace(model, "train")
-        by_name = {n.name: n for n in traced.nodes}
         self._specs: dict[int, list[TensorSpec]] = {}
         for (a, b), part in self.parts.items():
-            self._specs[a] = [_spec(n, traced.values1[by_name[n]], d) for n, d in zip(part.input_names, part.input_batch_dims)]
-            self._specs[b] = [_spec(n, traced.values1[by_name[n]], d) for n, d in zip(part.output_names, part.output_batch_dims)]
+            self._specs[a], self._specs[b] = cut_specs(traced, part)
         self.inputs, self.outputs = self.specs(self.f0), self.specs(self.f1)
         owned = {n for (a, b), part in self.parts.items() if self.b0 <= a and b <= self.b1
                  for n, _ in part.named_parameters()}
@@ -117,19 +115,6 @@ class BiStage:
     def state_dict(self) -> dict[str, torch.Tensor]:
         state = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
         return {k: v for k, v in state.items() if k in self._params or k in self._forward_buffers}
-
-
-def _assign_by_name(whole: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
-    """Put the shipped tensors into the meta model by their model names, so every part built from it
-    shares them."""
-    params = dict(whole.named_parameters())
-    for name, tensor in tensors.items():
-        owner_name, _, attr = name.rpartition(".")
-        owner = whole.get_submodule(owner_name)
-        if name in params:
-            setattr(owner, attr, torch.nn.Parameter(tensor, requires_grad=params[name].requires_grad))
-        else:
-            owner._buffers[attr] = tensor
 
 
 def _leaves(values: list[torch.Tensor], specs: list[TensorSpec]) -> list[torch.Tensor]:
@@ -237,12 +222,8 @@ class BiExecutor(Executor):
             self.stats.samples += int(labels.shape[0])
             loss.backward()
         else:
-            carried = [o for o, s in zip(outputs, st.specs(hi)) if s.carries_grad]
-            pairs = [(o, g) for o, g in zip(carried, grads) if o.requires_grad]
-            if pairs:
-                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-        return [v.grad if v.grad is not None else torch.zeros_like(v)
-                for v, s in zip(inputs, st.specs(lo)) if s.carries_grad]
+            backward_into(outputs, st.specs(hi), grads)
+        return input_grads(inputs, st.specs(lo))
 
     # --- transfers at cuts 0 and L carry nothing (every worker reads the data; the loss is local) --
     def _edge(self, cut: int) -> bool:

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from hppctl.models.schedule import Action
-from hppctl.runtime.executor import Executor, _Pending
+from hppctl.runtime.executor import Executor, _Pending, _unflatten_into
 from hppctl.runtime.stage import TensorSpec, assign_by_name, backward_into, cut_specs, input_grads, join
 
 SPLIT_INPUT_TAG = 1 << 24
@@ -287,9 +287,5 @@ class BiExecutor(Executor):
         begin = time.perf_counter()
         self.comm.irecv(flat, a.peer, WEIGHTS_TAG).wait()  # the next round's forwards need them
         self.stats.wait_s += time.perf_counter() - begin
-        offset = 0
-        with torch.no_grad():
-            for w in weights:
-                w.copy_(flat[offset:offset + w.numel()].view_as(w))
-                offset += w.numel()
+        _unflatten_into(flat, weights)
 

@@ -116,17 +116,23 @@ def _refuse_training_flags(profile: Path, flags: dict[str, object]) -> None:
                        "profiles only (plan inference with --strategy and --seq-len)")
 
 
-def _show(plan: HppPlan, profile: Profile, explain_: bool, as_json: bool, explain) -> None:
+def _show(plan: HppPlan, profile: Profile, explain_: bool, as_json: bool, explain, differences=None,
+          source: Path | None = None) -> None:
+    """The plan (`--json`: its document, wrapped in {"plan", ...} when more goes with it), its steps
+    under --explain, and with `differences` (a re-scored plan's) the stored numbers that differ."""
     if as_json:
-        data = plan.model_dump(mode="json")
+        data = {"plan": plan.model_dump(mode="json")}
+        if differences is not None:
+            data["differences"] = [d.as_json() for d in differences]
         if explain_:
-            data = {"plan": data, "steps": [_row_json(r) for r in explain(plan, profile)],
-                    "timeprest": _timeprest(plan)}
-        emit_json(data)
+            data.update(steps=[_row_json(r) for r in explain(plan, profile)], timeprest=_timeprest(plan))
+        emit_json(data if len(data) > 1 else data["plan"])
         return
     _render_plan(plan, explain_)
     if explain_:
         _render_explain(explain(plan, profile))
+    if differences is not None:
+        _render_differences(differences, source)
 
 
 def _show_rescored(stored: HppPlan, profile: Profile, explain_: bool, as_json: bool, explain, source: Path) -> None:
@@ -137,16 +143,7 @@ def _show_rescored(stored: HppPlan, profile: Profile, explain_: bool, as_json: b
 
     rescored = rescore(stored, profile)
     plan = rescored.plan
-    if as_json:
-        data = {"plan": plan.model_dump(mode="json"), "differences": [d.as_json() for d in rescored.differences]}
-        if explain_:
-            data.update(steps=[_row_json(r) for r in explain(plan, profile)], timeprest=_timeprest(plan))
-        emit_json(data)
-    else:
-        _render_plan(plan, explain_)
-        if explain_:
-            _render_explain(explain(plan, profile))
-        _render_differences(rescored.differences, source)
+    _show(plan, profile, explain_, as_json, explain, rescored.differences, source)
     worst = rescored.worst_violation
     if worst is not None:
         p = worst.stage

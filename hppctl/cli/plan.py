@@ -188,10 +188,6 @@ PLAN_COLUMNS = (("stage", ""), ("layers", ""), ("devices", ""), ("samples/device
                 ("forward s", "E_f"), ("backward s", "E_b"), ("all-reduce s", "T_a"), ("peak memory of budget", ""))
 
 
-def _header(plain: str, symbol: str, explain_: bool) -> str:
-    return f"{plain} ({symbol})" if explain_ and symbol else plain
-
-
 def _render_plan(plan: HppPlan, explain_: bool = False) -> None:
     from hppctl.planner.explain import stage_layers
 
@@ -200,7 +196,7 @@ def _render_plan(plan: HppPlan, explain_: bool = False) -> None:
                  f"{plan.num_micro_batches} micro-batches x {plan.micro_batch} samples, schedule {plan.schedule}")
     table = Table(box=None, pad_edge=False)
     for plain, symbol in PLAN_COLUMNS:
-        table.add_column(_header(plain, symbol, explain_))
+        table.add_column(f"{plain} ({symbol})" if explain_ and symbol else plain)
     for p, s in enumerate(plan.stages):
         memory = ", ".join(_memory_of_budget(m, u) for m, u in zip(s.memory_bytes, s.memory_budget_bytes))
         table.add_row(str(p), stage_layers(s), ", ".join(s.devices), ", ".join(map(str, s.samples)), str(s.warmup),

@@ -54,10 +54,6 @@ MAX_BLOB_CHUNKS = 2**14
 """A blob of up to 64 GiB (16384 chunks of 4 MiB): more is not a state dict hppctl wrote."""
 
 
-def new_token() -> str:
-    return secrets.token_hex(32)
-
-
 def key_prefix(token: str) -> str:
     return "hppctl/" + hmac.new(token.encode(), b"hppctl-run-prefix", hashlib.sha256).hexdigest()[:32] + "/"
 
@@ -158,7 +154,7 @@ class RunStore:
 
         sock = listen_socket(host, port)
         port = sock.getsockname()[1]
-        token = token or new_token()
+        token = token or secrets.token_hex(32)
         # The store takes the descriptor over (and closes it when it is destroyed).
         raw = dist.TCPStore(host, port, None, True, timeout=datetime.timedelta(seconds=timeout_s),
                             wait_for_workers=False, master_listen_fd=sock.detach())

@@ -36,12 +36,6 @@ def check_machines(placed, cluster: ClusterSpec, plan_source: str, cluster_sourc
                                f"with no machine behind it; {runner} needs `local: true` or `host:` devices")
 
 
-def check_profile(plan: HppPlan, profile: Profile, plan_source: str, profile_source: str) -> None:
-    from hppctl.planner.explain import check_plan_matches
-
-    check_plan_matches(plan, profile, plan_source, f"the profile {profile_source}")
-
-
 def check_model(plan: HppPlan, plan_source: str) -> None:
     """The model exists, trains, and has the plan's layer count; every stage cut can be executed."""
     from hppctl.zoo import get_model, layer_costs
@@ -185,14 +179,6 @@ RUN_KINDS = {kind.name: kind for kind in (
 asynchronous window (`--schedule`), a Bi-Partition plan, a psl plan, an inference plan."""
 
 
-def run_kind(plan_kind: str, schedule: str | None) -> str:
-    """The `RUN_KINDS` row of a plan (hpp, bipartition, psl, inference) run under `schedule`; a
-    Bi-Partition plan stays itself under a schedule (which it refuses)."""
-    if plan_kind == "hpp":
-        return schedule or "synchronous"
-    return plan_kind
-
-
 def check_features(kind: str, what: str, requested: dict[str, str | None]) -> None:
     """Refuse the first requested feature (name -> the flag that asked, None: not asked) that a run of
     `kind` cannot honour: `FLAG: WHAT, WHY (DOC)`. `what` names the plan (and its schedule)."""
@@ -225,7 +211,7 @@ def plan_kind_text(plan: HppPlan, plan_source: str, schedule: str | None) -> tup
     p = bipartition_stage(plan)
     if p is not None:
         return "bipartition", _bipartition_text(plan, plan_source, p)
-    return run_kind("hpp", schedule), (f"{plan_source} trained with --schedule {schedule}" if schedule
+    return schedule or "synchronous", (f"{plan_source} trained with --schedule {schedule}" if schedule
                                        else f"{plan_source}")
 
 
@@ -282,7 +268,8 @@ def preflight(plan: HppPlan, cluster: ClusterSpec, dataset: str, *, profile: Pro
     check_bipartition_stages(plan, plan_source)
     check_devices(plan, cluster, plan_source, cluster_source)
     if profile is not None:
-        check_profile(plan, profile, plan_source, profile_source)
+        from hppctl.planner.explain import check_plan_matches
+        check_plan_matches(plan, profile, plan_source, f"the profile {profile_source}")
     check_schedule(plan, plan_source)
     check_model(plan, plan_source)
     return check_data(plan, dataset)

@@ -87,18 +87,14 @@ def _receive_or_none(channel: socket.socket) -> tuple[dict, int] | None:
     with our replies still unread makes the kernel reset the socket instead of closing it: that
     ECONNRESET, or a request cut short, is the same end as EOF, not an error worth a traceback."""
     try:
-        return _receive(channel)
+        header, fds, _, _ = socket.recv_fds(channel, HEADER.size, 1)
+        if not header:
+            return None
+        while len(header) < HEADER.size:
+            header += _recv_exactly(channel, HEADER.size - len(header))
+        body = _recv_exactly(channel, HEADER.unpack(header)[0])
     except (ConnectionError, EOFError):
         return None
-
-
-def _receive(channel: socket.socket) -> tuple[dict, int] | None:
-    header, fds, _, _ = socket.recv_fds(channel, HEADER.size, 1)
-    if not header:
-        return None
-    while len(header) < HEADER.size:
-        header += _recv_exactly(channel, HEADER.size - len(header))
-    body = _recv_exactly(channel, HEADER.unpack(header)[0])
     return json.loads(body), fds[0]
 
 

@@ -131,8 +131,12 @@ class BiExecutor(Executor):
         self.grad_outputs = [s for s in stage.specs(stage.b1) if s.carries_grad]
 
     def more_handlers(self) -> dict:
+        st = self.stage  # the BiStage (`self.bi` is not set yet)
+        # transfers at cuts 0 and L carry nothing (every worker reads the data; the loss is local)
+        edges = {kind: lambda a: None for kind, cut in (("SA", st.f1), ("RA", st.f0), ("SG", st.b0), ("RG", st.b1))
+                 if cut in (0, st.L)}
         return {"SX": self._send_split_input, "RX": self._receive_split_input,
-                "SW": self._send_weights, "RW": self._receive_weights}
+                "SW": self._send_weights, "RW": self._receive_weights, **edges}
 
     def run_round(self, round_index: int):
         self._saved: dict[int, dict] = {}
@@ -224,26 +228,6 @@ class BiExecutor(Executor):
         else:
             backward_into(outputs, st.specs(hi), grads)
         return input_grads(inputs, st.specs(lo))
-
-    # --- transfers at cuts 0 and L carry nothing (every worker reads the data; the loss is local) --
-    def _edge(self, cut: int) -> bool:
-        return cut in (0, self.bi.L)
-
-    def _send_activations(self, a: Action) -> None:
-        if not self._edge(self.bi.f1):
-            super()._send_activations(a)
-
-    def _receive_activations(self, a: Action) -> None:
-        if not self._edge(self.bi.f0):
-            super()._receive_activations(a)
-
-    def _send_gradients(self, a: Action) -> None:
-        if not self._edge(self.bi.b0):
-            super()._send_gradients(a)
-
-    def _receive_gradients(self, a: Action) -> None:
-        if not self._edge(self.bi.b1):
-            super()._receive_gradients(a)
 
     # --- split layers -------------------------------------------------------------------------
     def _send_split_input(self, a: Action) -> None:

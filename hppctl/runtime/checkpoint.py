@@ -31,12 +31,11 @@ import re
 import shutil
 import socket
 import stat
-import tempfile
 import time
 from pathlib import Path
 
 from hppctl.errors import BadInput, LockHeld
-from hppctl.store import write_text_atomic
+from hppctl.store import write_bytes_atomic, write_text_atomic
 
 KEEP = 2
 COMPLETE = "COMPLETE.json"
@@ -61,29 +60,6 @@ def stage_file_name(stage: int) -> str:
 
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write through a temporary file beside `path` and rename it over `path`. The temporary's name
-    comes from `mkstemp` (random, O_EXCL): a predictable name lets another user plant a link there."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_current_umask())  # mkstemp makes 0600; keep the permissions open() gave
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _current_umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
 
 
 def read_regular_file(path: Path, limit: int | None = None) -> bytes:

@@ -368,7 +368,6 @@ def register(app: typer.Typer) -> None:
     psl = typer.Typer(name="psl", help="Parallel split learning: clients own data and run parts 1 and 3, helpers run "
                       "part 2 for several clients.\n" + EXAMPLES, no_args_is_help=True, add_completion=False,
                       rich_markup_mode=None)
-    psl.command("plan", help=(plan_command.__doc__ or "") + "\n" + EXAMPLES)(plan_command)
-    psl.command("simulate", help=(simulate_command.__doc__ or "") + "\n" + EXAMPLES)(simulate_command)
-    psl.command("run", help=(run_psl.__doc__ or "") + "\n" + EXAMPLES)(run_psl)
+    for name, command in (("plan", plan_command), ("simulate", simulate_command), ("run", run_psl)):
+        psl.command(name, help=(command.__doc__ or "") + "\n" + EXAMPLES)(command)
     app.add_typer(psl, name="psl")

@@ -9,6 +9,7 @@ error document on stdout.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -123,12 +124,10 @@ def _quiet_broken_pipe() -> int:
 def _silence_stdout() -> None:
     """Point stdout at /dev/null, so that the interpreter's last flush cannot fail (it printed
     `Exception ignored … BrokenPipeError` or exited 1 with nothing said)."""
-    try:
+    with contextlib.suppress(OSError, ValueError):  # stdout without a descriptor (a test's capture): nothing to flush
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
-    except (OSError, ValueError):  # stdout without a descriptor (a test's capture): nothing to flush
-        pass
 
 
 def main() -> None:

@@ -24,6 +24,7 @@ Worker side, in pairs (style rule 15): `init_process_groups` ... `destroy_proces
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fcntl
 import hashlib
@@ -218,15 +219,13 @@ def interface_for(address: str) -> str | None:
 def _ipv6_interface_for(address: str) -> str | None:
     """The interface holding IPv6 `address`, from /proc/net/if_inet6 (SIOCGIFADDR is IPv4-only):
     each line is the address as 32 hex digits, index, prefix length, scope, flags, name."""
-    try:
+    with contextlib.suppress(OSError, ValueError):
         wanted = socket.inet_pton(socket.AF_INET6, address.split("%")[0]).hex()
         with open("/proc/net/if_inet6") as table:
             for line in table:
                 words = line.split()
                 if len(words) == 6 and words[0] == wanted:
                     return words[5]
-    except (OSError, ValueError):
-        pass
     return None
 
 

@@ -22,6 +22,7 @@ to empty another file.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -175,10 +176,8 @@ class CheckpointDir:
             return rounds
         for child in self.path.iterdir():
             if child.name.startswith("round-") and (child / COMPLETE).exists():
-                try:
+                with contextlib.suppress(ValueError):  # not a round's number: not a round
                     rounds.append(int(child.name.removeprefix("round-")))
-                except ValueError:
-                    continue
         return sorted(rounds)
 
     def newest_round_number(self) -> int:
@@ -194,11 +193,9 @@ class CheckpointDir:
         newest = complete[-1] if complete else -1
         for child in self.path.iterdir():  # leftovers of a run killed while writing
             if child.name.startswith("round-") and not (child / COMPLETE).exists():
-                try:
+                with contextlib.suppress(ValueError):
                     if int(child.name.removeprefix("round-")) < newest:
                         shutil.rmtree(child, ignore_errors=True)
-                except ValueError:
-                    continue
 
     def newest_meta(self) -> dict | None:
         """What the newest complete round records (COMPLETE.json), with its path as `_file`; None: no round."""

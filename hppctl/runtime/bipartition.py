@@ -63,10 +63,8 @@ class BiStage:
         (self.f0, self.f1), (self.b0, self.b1) = tuple(forward), tuple(backward)
         self.L = num_layers
         spec = get_model(model)
-        if tensors is None:
-            whole = spec.build(seed=seed).train()
-        else:
-            whole = spec.build(device="meta").train()
+        whole = (spec.build(seed=seed) if tensors is None else spec.build(device="meta")).train()
+        if tensors is not None:
             assign_by_name(whole, tensors)  # the shipped tensors, shared by every part
         self.start, self.end = union_layers(forward, backward)
         self.module = build_stage(whole, granularity, self.start, self.end, mode="train")

@@ -124,13 +124,10 @@ class Stage:
         spec = get_model(model)
         if spec.task != "train":
             raise BadInput(f"model {model!r} is an inference model; `hppctl run` trains ({spec.task})")
-        if tensors is None:
-            whole = spec.build(seed=seed).train()
-            self.module = build_stage(whole, granularity, start, end, mode="train")
-            del whole
-        else:
-            whole = spec.build(device="meta").train()
-            self.module = build_stage(whole, granularity, start, end, mode="train")
+        whole = (spec.build(seed=seed) if tensors is None else spec.build(device="meta")).train()
+        self.module = build_stage(whole, granularity, start, end, mode="train")
+        del whole
+        if tensors is not None:
             _assign(self.module, tensors)
         self.start, self.end = start, end
         self.inputs, self.outputs = cut_specs(trace(model, "train"), self.module)

@@ -242,23 +242,20 @@ def run_inference_command(plan_path: Path, cluster_path: Path, *, text: str | No
         s.device in {d.name for d in inventory.devices} for s in plan.shares) else []
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // len(local)) if local and len(local) == len(plan.shares) else 0
-    log_file = open_output_stream(log, append=True) if log else None
-    lines = progress_log(log_every)
-    shown = InferenceProgress(lines, warmup, repeat)
-    try:
-        with lines or contextlib.nullcontext():
-            request = InferenceRequest(plan, inventory, ids, seq_len=seq_len, overlap=overlap, wire_dtype=wire_dtype,
-                                       repeats=repeat, warmup=warmup, threads=threads, seed=seed, timeout_s=timeout,
-                                       listen=listen, log=log_file, progress_every_s=report_every(log_every))
-            try:
-                result = run_inference(request, on_phase=shown.on_phase, on_step=shown.on_step)
-            except BaseException:
-                shown.close(failed=True)
-                raise
-            shown.close()
-    finally:
-        if log_file is not None:
-            log_file.close()
+    with contextlib.ExitStack() as stack:  # the log file closed last, whatever happens
+        log_file = stack.enter_context(open_output_stream(log, append=True)) if log else None
+        lines = progress_log(log_every)
+        shown = InferenceProgress(lines, warmup, repeat)
+        stack.enter_context(lines or contextlib.nullcontext())
+        request = InferenceRequest(plan, inventory, ids, seq_len=seq_len, overlap=overlap, wire_dtype=wire_dtype,
+                                   repeats=repeat, warmup=warmup, threads=threads, seed=seed, timeout_s=timeout,
+                                   listen=listen, log=log_file, progress_every_s=report_every(log_every))
+        try:
+            result = run_inference(request, on_phase=shown.on_phase, on_step=shown.on_step)
+        except BaseException:
+            shown.close(failed=True)
+            raise
+        shown.close()
     summary = {"plan": str(plan_path), **result.summary()}
     if output is not None:
         save_tensor(output, result.output)

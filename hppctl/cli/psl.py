@@ -77,7 +77,7 @@ def plan_command(
     options = dict(model=profile.model, granularity=profile.granularity, slot_s=slot_s, target_slots=target_slots,
                    seed=seed, time_limit_s=time_limit, **({} if rho is None else {"rho": rho}))
     if compare:
-        rows = _compare(times, request, options, simulate_psl)
+        rows = driver.compare_psl_methods(times, request, options, simulate_psl)
         emit_json(rows) if as_json else _render_compare(rows)
         return
     plan = plan_times(times, request, method, **options)
@@ -131,29 +131,6 @@ def _parse_slot(text: str) -> float:
     if value <= 0:  # parse_duration refuses non-finite and negative values, not 0
         raise BadInput(f"--slot: must be a positive finite duration (got {text!r})")
     return value
-
-
-def _compare(times, request, options, simulate_psl) -> list[dict]:
-    from hppctl.errors import Infeasible
-    from hppctl.planner.psl import plan_times
-
-    rows = []
-    for method in METHODS:
-        try:
-            plan = plan_times(times, request, method, **options)
-        except Infeasible as e:
-            rows.append({"method": method, "feasible": False, "error": str(e)})
-            continue
-        rows.append({"method": method, "chosen": plan.method, "feasible": True,
-                     "predicted_makespan_s": plan.prediction.makespan_s,
-                     "simulated_makespan_s": simulate_psl(plan).makespan_s,
-                     "makespan_slots": plan.prediction.makespan_slots, "slot_s": plan.slot_s,
-                     "solver_time_s": plan.solver_time_s, "lower_bound_s": plan.prediction.lower_bound_s})
-    base = next((r["simulated_makespan_s"] for r in rows if r["method"] == "random-fcfs" and r["feasible"]), None)
-    for r in rows:
-        if r["feasible"] and base:
-            r["vs_random_fcfs"] = r["simulated_makespan_s"] / base - 1
-    return rows
 
 
 def _render_plan(plan: PslPlan, simulated: float) -> None:

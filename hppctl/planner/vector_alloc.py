@@ -222,6 +222,8 @@ class GroupAllocator:
         self.forward_s, self.backward_s = np.zeros(n), np.zeros(n)
         self.feasible = np.zeros(n, dtype=bool)
         self.done = np.zeros(n, dtype=bool)
+        self.safe_warmup = np.zeros(n)
+        self.weights_fit = np.zeros(n, dtype=bool)
         self.allreduce = self._allreduce()
 
     def _allreduce(self) -> np.ndarray:
@@ -239,34 +241,56 @@ class GroupAllocator:
         res = allocate_many(self.tables, self.devices, self.start[todo], self.end[todo], unbounded)
         self.samples[:, todo], self.peak[:, todo] = res.samples, res.peak
         self.forward_s[todo], self.backward_s[todo], self.feasible[todo] = res.forward_s, res.backward_s, res.feasible
+        self.safe_warmup[todo], self.weights_fit[todo] = self._safe_warmups(todo)
         self.done[todo] = True
+
+    def _safe_warmups(self, todo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per column: the largest K whose memory caps leave the uncapped answer as it is, and
+        whether every device holds the stage's weights at all (else no K is feasible).
+
+        Under K a device's cap is min(B, floor(spare / (K * per))) (`LayerTables.caps`). The
+        uncapped answer stands when every cap is at least the device's peak demand (see
+        `peak_demand`; integer caps, so its ceiling), or when every cap is B (the capped run is
+        then the uncapped one, input for input). Solving for K and shrinking by 1e-9 relative
+        (far above the rounding of either side) makes the threshold conservative: a column
+        past it is recomputed under the real caps, which is always right, only slower.
+        """
+        t, cm = self.tables, self.tables.cm
+        start, end = self.start[todo], self.end[todo]
+        spare = t.budget[self.devices][:, None] - cm.fixed_factor * (t.param[end] - t.param[start])[None, :]
+        received = np.where(start > 0, t.boundary[np.maximum(start - 1, 0)], 0.0)
+        per = (t.act[end] - t.act[start] + received)[None, :]
+        need = np.ceil(self.peak[:, todo])
+        need = np.where((need <= cm.B).all(axis=0), need, float(cm.B))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            limit = np.where(per == 0, np.inf, spare / (per * need)).min(axis=0)
+        return np.floor(limit * (1 - 1e-9)), (spare >= 0).all(axis=0)
 
     def for_warmup(self, warmup: int, cols: np.ndarray | None = None, *, with_samples: bool = False) -> Allocation:
         """Algorithm 1 under K = `warmup` for columns `cols` (default: all), in that order.
 
-        Only columns where some device's peak demand in the uncapped run (its phase-1 share or
-        an allocation offloading tried) exceeds K's memory cap are recomputed; the rest take
-        exactly the same steps under the cap. A cheap 1-D test (the whole micro-batch on the
-        smallest device fits) clears most columns first.
+        A column takes the uncapped run's answer up to its safe K (`_safe_warmups`): there the
+        capped run takes exactly the same steps. Past it the column is recomputed under K's
+        caps; on one device that only decides feasibility (the whole micro-batch fits or not).
         """
         cols = np.arange(len(self.start)) if cols is None else cols
         self._ensure(cols)
-        fwd, bwd, feasible = self.forward_s[cols], self.backward_s[cols], self.feasible[cols]
+        fwd, bwd, feasible = self.forward_s[cols], self.backward_s[cols], self.feasible[cols] & self.weights_fit[cols]
         samples = self.samples[:, cols] if with_samples else None
-        start, end = self.start[cols], self.end[cols]
-        t, cm = self.tables, self.tables.cm
-        received = np.where(start > 0, t.boundary[np.maximum(start - 1, 0)], 0.0)
-        need_all = cm.fixed_factor * (t.param[end] - t.param[start]) + warmup * cm.B * (t.act[end] - t.act[start] + received)
-        risky = np.flatnonzero(need_all * (1 + 1e-9) > t.budget[self.devices].min())
-        if risky.size:
-            caps = t.caps(np.asarray(self.devices), start[risky], end[risky], warmup)
-            bad = ((self.peak[:, cols[risky]] > caps) | (caps < 0)).any(axis=0)
-            redo, caps = risky[bad], caps[:, bad]
-            if redo.size:
-                part = allocate_many(t, self.devices, start[redo], end[redo], caps)
-                fwd[redo], bwd[redo], feasible[redo] = part.forward_s, part.backward_s, part.feasible
-                if with_samples:
-                    samples[:, redo] = part.samples
+        redo = np.flatnonzero((warmup > self.safe_warmup[cols]) & self.weights_fit[cols])
+        if redo.size == 0:
+            return Allocation(samples, fwd, bwd, feasible, None)
+        t = self.tables
+        start, end = self.start[cols[redo]], self.end[cols[redo]]
+        caps = t.caps(np.asarray(self.devices), start, end, warmup)
+        if len(self.devices) == 1:
+            # Algorithm 1 on one device: all B samples if they fit under the cap, else infeasible
+            feasible[redo] &= caps[0] >= t.cm.B
+            return Allocation(samples, fwd, bwd, feasible, None)
+        part = allocate_many(t, self.devices, start, end, caps)
+        fwd[redo], bwd[redo], feasible[redo] = part.forward_s, part.backward_s, part.feasible
+        if with_samples:
+            samples[:, redo] = part.samples
         return Allocation(samples, fwd, bwd, feasible, None)
 
     def balanced_lower_bound(self, min_rate_prefix: np.ndarray, cols: np.ndarray) -> np.ndarray:

@@ -75,14 +75,12 @@ class AsteroidDP:
         self.max_stages = min(self.L, self.N)
         i, j = np.triu_indices(self.L, k=1)
         self._pairs_head = np.stack([i, j], axis=1).astype(np.int64)
-        # flat position of head pair (i, j) in an (L, L) matrix, and back
-        self._dense_index = self._pairs_head[:, 0] * self.L + self._pairs_head[:, 1]
+        # position of head pair (i, j) in the pair list (for reading a chosen stage back)
         self._pair_index = np.full((self.L, self.L), -1, dtype=np.int64)
-        self._pair_index.flat[self._dense_index] = np.arange(len(self._pairs_head))
+        self._pair_index[i, j] = np.arange(len(self._pairs_head))
         self._allocators: dict[tuple[int, int, bool], GroupAllocator] = {}
         self._min_bw = self._cross_bandwidth()
         self.q: dict[tuple[int, int], _Table] = {}
-        self.pruned = 0
         self._run()
 
     # -- helpers ---------------------------------------------------------------------------
@@ -145,8 +143,12 @@ class AsteroidDP:
         return _Table(pad(latency, np.inf), pad(busy, np.inf), pad(alloc.allreduce, np.inf),
                       pad(np.full(L, n), 0), none, none)
 
-    def _prepend_head(self, n: int, n_sub: int, p: int, alloc: GroupAllocator, floor) -> np.ndarray:
-        """Offer Q(., n, p) every head [i, j) on devices [N-n, N-n_sub) before Q(j, n_sub, p-1)."""
+    def _prepend_head(self, n: int, n_sub: int, p: int, alloc: GroupAllocator, floor) -> tuple | None:
+        """Offer Q(., n, p) every head [i, j) on devices [N-n, N-n_sub) before Q(j, n_sub, p-1).
+
+        `floor` carries what depends on the head group only, computed at its first p: each head's
+        lower bound on its pipeline's latency and the heads that bound alone does not prune.
+        """
         cm, N = self.cm, self.N
         sub, out = self.q[(n_sub, p - 1)], self.q[(n, p)]
         i_all, j_all = self._pairs_head[:, 0], self._pairs_head[:, 1]
@@ -156,44 +158,50 @@ class AsteroidDP:
         comm_line = np.zeros(self.L)
         comm_line[1:] = cm.B * self.tables.boundary[j_line - 1] / bw
         if np.isfinite(self.bound):
-            if floor is None:  # depends on the group only: computed once for all p
-                floor = cm.M * alloc.balanced_lower_bound(self.tables.min_rate_prefix, np.arange(len(i_all)))
-                floor += alloc.allreduce
+            if floor is None:
+                head_floor = cm.M * alloc.balanced_lower_bound(self.tables.min_rate_prefix, np.arange(len(i_all)))
+                head_floor += alloc.allreduce
+                floor = (head_floor, np.flatnonzero(head_floor * (1 - 1e-9) <= self.bound))
+            head_floor, cols = floor
             tail_line = sub.latency[:self.L] + comm_line
-            lower = np.maximum(floor, tail_line[j_all])
-            alive = lower * (1 - 1e-9) <= self.bound
-            self.pruned += int(np.isfinite(tail_line[j_all]).sum() - alive.sum())
+            lower = np.maximum(head_floor[cols], tail_line[j_all[cols]]) * (1 - 1e-9)
+            # a head whose lower bound exceeds the bound, or the best latency row i already has
+            # (kept only when strictly better), cannot change the table
+            cols = cols[(lower <= self.bound) & (lower <= out.latency[i_all[cols]])]
         else:
-            alive = np.isfinite(sub.latency[j_all])
-        comm = comm_line[j_all]
-        cols = np.flatnonzero(alive)
+            cols = np.flatnonzero(np.isfinite(sub.latency[j_all]))
         if cols.size == 0:
             return floor
         res = alloc.for_warmup(min(2 * p - 1, cm.M), cols)
-        j, c = j_all[cols], comm[cols]
+        j, c = j_all[cols], comm_line[j_all[cols]]
         head = res.forward_s + res.backward_s
         a = np.maximum.reduce([cm.M * head, cm.M * 2 * c + head, sub.a[j] + head + 2 * c])
         z = np.maximum.reduce([alloc.allreduce[cols], -res.backward_s, sub.z[j] - res.backward_s - c])
         latency = np.where(res.feasible, a + z, np.inf)
-        self._keep_best(out, latency, a, z, i_all[cols], j, cols, n - n_sub, n_sub)
+        self._keep_best(out, latency, a, z, i_all[cols], j, n - n_sub, n_sub)
         return floor
 
-    def _keep_best(self, out: _Table, latency, a, z, i_idx, j_idx, cols, head_size: int, n_sub: int) -> None:
-        """For each start layer i keep the candidate j with the lowest latency (first j on ties)."""
-        dense = np.full((self.L, self.L), np.inf)
-        dense.flat[self._dense_index[cols]] = latency
-        j_best = dense.argmin(axis=1)
-        rows = np.arange(self.L)
-        value = dense[rows, j_best]
-        better = value < out.latency[:self.L]
-        rows, j_best = rows[better], j_best[better]
-        pos = np.full(len(self._pairs_head), -1, dtype=np.int64)
-        pos[cols] = np.arange(len(cols))
-        pick = pos[self._pair_index[rows, j_best]]
+    def _keep_best(self, out: _Table, latency, a, z, i_idx, j_idx, head_size: int, n_sub: int) -> None:
+        """For each start layer i keep the candidate j with the lowest latency (first j on ties)
+        if it is strictly better than the row's best so far.
+
+        Candidates come in pair order (i, then j, ascending), so each row is one segment: its
+        minimum by `minimum.reduceat` (NaN-propagating, like argmin), its pick the segment's
+        first position holding that minimum.
+        """
+        starts = np.flatnonzero(np.r_[True, i_idx[1:] != i_idx[:-1]])
+        best = np.minimum.reduceat(latency, starts)
+        better = best < out.latency[i_idx[starts]]
+        if not better.any():
+            return
+        segment = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, latency.size]))
+        hits = np.flatnonzero(better[segment] & (latency == best[segment]))
+        pick = hits[np.r_[True, segment[hits[1:]] != segment[hits[:-1]]]]
+        rows = i_idx[pick]
         out.latency[rows] = latency[pick]
         out.a[rows], out.z[rows] = a[pick], z[pick]
         out.head_size[rows] = head_size
-        out.next_layer[rows] = j_best
+        out.next_layer[rows] = j_idx[pick]
         out.next_devices[rows] = n_sub
 
     # -- reading plans off the tables ------------------------------------------------------

@@ -157,19 +157,28 @@ class AsteroidDP:
         bw = self._min_bw[N - n, N - n_sub, np.minimum(N - n_sub + sub.head_size[j_line], N)]
         comm_line = np.zeros(self.L)
         comm_line[1:] = cm.B * self.tables.boundary[j_line - 1] / bw
+        # Q(i > 0, N, p) is never read (no device is left for layers [0, i)): on all N devices
+        # only the heads starting at layer 0 matter, the first L - 1 pairs
+        heads = self.L - 1 if n == N else len(i_all)
         if np.isfinite(self.bound):
             if floor is None:
-                head_floor = cm.M * alloc.balanced_lower_bound(self.tables.min_rate_prefix, np.arange(len(i_all)))
-                head_floor += alloc.allreduce
-                floor = (head_floor, np.flatnonzero(head_floor * (1 - 1e-9) <= self.bound))
-            head_floor, cols = floor
+                head = alloc.balanced_lower_bound(self.tables.min_rate_prefix, np.arange(heads))
+                head_floor = cm.M * head + alloc.allreduce[:heads]
+                floor = (head_floor, head + alloc.allreduce[:heads], np.flatnonzero(head_floor * (1 - 1e-9) <= self.bound))
+            head_floor, once, cols = floor
+            # lower bounds on the new pipeline's latency A + Z (see `_prepend_head`'s formulas below;
+            # E_f + E_b of the head >= its balanced bound, Z >= the head's AllReduce):
+            #   the sub-pipeline's own latency plus the transfer (prepending never shortens);
+            #   A >= the sub-pipeline's A (or the transfer's M micro-batches) plus one head micro-batch
             tail_line = sub.latency[:self.L] + comm_line
-            lower = np.maximum(head_floor[cols], tail_line[j_all[cols]]) * (1 - 1e-9)
+            a_line = np.maximum(sub.a[:self.L] + 2 * comm_line, cm.M * 2 * comm_line)
+            j = j_all[cols]
+            lower = np.maximum(np.maximum(head_floor[cols], tail_line[j]), a_line[j] + once[cols]) * (1 - 1e-9)
             # a head whose lower bound exceeds the bound, or the best latency row i already has
             # (kept only when strictly better), cannot change the table
             cols = cols[(lower <= self.bound) & (lower <= out.latency[i_all[cols]])]
         else:
-            cols = np.flatnonzero(np.isfinite(sub.latency[j_all]))
+            cols = np.flatnonzero(np.isfinite(sub.latency[j_all[:heads]]))
         if cols.size == 0:
             return floor
         res = alloc.for_warmup(min(2 * p - 1, cm.M), cols)

@@ -79,6 +79,7 @@ class AsteroidDP:
         self._pair_index = np.full((self.L, self.L), -1, dtype=np.int64)
         self._pair_index[i, j] = np.arange(len(self._pairs_head))
         self._allocators: dict[tuple[int, int, bool], GroupAllocator] = {}
+        self._inverse_rates: dict[int, np.ndarray] = {}
         self._min_bw = self._cross_bandwidth()
         self.q: dict[tuple[int, int], _Table] = {}
         self._run()
@@ -162,7 +163,7 @@ class AsteroidDP:
         heads = self.L - 1 if n == N else len(i_all)
         if np.isfinite(self.bound):
             if floor is None:
-                head = alloc.balanced_lower_bound(self.tables.min_rate_prefix, np.arange(heads))
+                head = self._balanced_head_bound(alloc, heads)
                 head_floor = cm.M * head + alloc.allreduce[:heads]
                 floor = (head_floor, head + alloc.allreduce[:heads], np.flatnonzero(head_floor * (1 - 1e-9) <= self.bound))
             head_floor, once, cols = floor
@@ -189,6 +190,21 @@ class AsteroidDP:
         latency = np.where(res.feasible, a + z, np.inf)
         self._keep_best(out, latency, a, z, i_all[cols], j, n - n_sub, n_sub)
         return floor
+
+    def _balanced_head_bound(self, alloc: GroupAllocator, heads: int) -> np.ndarray:
+        """`GroupAllocator.balanced_lower_bound` of the first `heads` head pairs, from each device's
+        1/rho over every head pair, computed once per device (the same sum, in the same order)."""
+        if heads < len(self._pairs_head):
+            return alloc.balanced_lower_bound(self.tables.min_rate_prefix, np.arange(heads))
+        inverse = np.zeros(heads)
+        for d in alloc.devices:
+            if d not in self._inverse_rates:
+                rate = self.tables.min_rate_prefix[d, self._pairs_head[:, 1]] - self.tables.min_rate_prefix[d, self._pairs_head[:, 0]]
+                with np.errstate(divide="ignore"):
+                    self._inverse_rates[d] = np.where(rate > 0, 1.0 / rate, np.inf)
+            inverse += self._inverse_rates[d]
+        with np.errstate(divide="ignore"):
+            return self.cm.B / inverse
 
     def _keep_best(self, out: _Table, latency, a, z, i_idx, j_idx, head_size: int, n_sub: int) -> None:
         """For each start layer i keep the candidate j with the lowest latency (first j on ties)

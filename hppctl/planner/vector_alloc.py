@@ -83,6 +83,31 @@ class LayerTables:
             out.append(t)
         return out[0], out[1]
 
+    def times_at(self, dev: np.ndarray, start: np.ndarray, end: np.ndarray, y: float) -> tuple[np.ndarray, np.ndarray]:
+        """`times` with the same batch y everywhere (Algorithm 1's first look, at B), bit for bit:
+        the grid position and the case `times` would pick per element are picked once."""
+        n = len(self.grid)
+        k = int(np.searchsorted(self.grid, y, side="left"))
+        hi, lo = min(k, n - 1), max(k - 1, 0)
+        g_hi, g_lo = self.grid[hi], self.grid[lo]
+        row_hi, row_lo = (dev * n + hi) * self.width, (dev * n + lo) * self.width
+        out = []
+        for flat in (self.fwd, self.bwd):
+            t_hi = flat.take(row_hi + end) - flat.take(row_hi + start)
+            if y <= 0:
+                t = np.zeros(t_hi.shape)
+            elif k == n:
+                t = (flat.take(row_lo + end) - flat.take(row_lo + start)) * y / g_lo
+            elif k == 0:
+                t = t_hi * y / g_hi
+            elif g_hi == y:
+                t = t_hi
+            else:
+                t_lo = flat.take(row_lo + end) - flat.take(row_lo + start)
+                t = t_lo + (t_hi - t_lo) * (y - g_lo) / (g_hi - g_lo)
+            out.append(t)
+        return out[0], out[1]
+
     def caps(self, devices: np.ndarray, start: np.ndarray, end: np.ndarray, warmup: int) -> np.ndarray:
         """Vectorised `CostModel.max_samples` (-1: the weights alone do not fit)."""
         cm = self.cm
@@ -111,7 +136,7 @@ def allocate_many(tables: LayerTables, devices: list[int], start: np.ndarray, en
     dev = np.asarray(devices)[:, None].repeat(n, axis=1)
     s2, e2 = np.broadcast_to(start, (g, n)), np.broadcast_to(end, (g, n))
     feasible = (caps >= 0).all(axis=0)
-    f_b, b_b = tables.times(dev, s2, e2, np.full((g, n), float(B)))
+    f_b, b_b = tables.times_at(dev, s2, e2, float(B))
     shares, ok = _balance(f_b + b_b, caps, B)
     feasible &= ok
     y = _integerize(shares, B)

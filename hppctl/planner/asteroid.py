@@ -165,19 +165,19 @@ class AsteroidDP:
             if floor is None:
                 head = self._balanced_head_bound(alloc, heads)
                 head_floor = cm.M * head + alloc.allreduce[:heads]
-                floor = (head_floor, head + alloc.allreduce[:heads], np.flatnonzero(head_floor * (1 - 1e-9) <= self.bound))
-            head_floor, once, cols = floor
-            # lower bounds on the new pipeline's latency A + Z (see `_prepend_head`'s formulas below;
-            # E_f + E_b of the head >= its balanced bound, Z >= the head's AllReduce):
+                keep = np.flatnonzero(head_floor * (1 - 1e-9) <= self.bound)
+                floor = (keep, i_all[keep], j_all[keep], head_floor[keep], (head + alloc.allreduce[:heads])[keep])
+            cols, i, j, head_floor, once = floor
+            # lower bounds on the new pipeline's latency A + Z (see the formulas below; E_f + E_b
+            # of the head >= its balanced bound, Z >= the head's AllReduce):
             #   the sub-pipeline's own latency plus the transfer (prepending never shortens);
             #   A >= the sub-pipeline's A (or the transfer's M micro-batches) plus one head micro-batch
             tail_line = sub.latency[:self.L] + comm_line
             a_line = np.maximum(sub.a[:self.L] + 2 * comm_line, cm.M * 2 * comm_line)
-            j = j_all[cols]
-            lower = np.maximum(np.maximum(head_floor[cols], tail_line[j]), a_line[j] + once[cols]) * (1 - 1e-9)
+            lower = np.maximum(np.maximum(head_floor, tail_line[j]), a_line[j] + once) * (1 - 1e-9)
             # a head whose lower bound exceeds the bound, or the best latency row i already has
             # (kept only when strictly better), cannot change the table
-            cols = cols[(lower <= self.bound) & (lower <= out.latency[i_all[cols]])]
+            cols = cols[(lower <= self.bound) & (lower <= out.latency[i])]
         else:
             cols = np.flatnonzero(np.isfinite(sub.latency[j_all[:heads]]))
         if cols.size == 0:
@@ -185,8 +185,8 @@ class AsteroidDP:
         res = alloc.for_warmup(min(2 * p - 1, cm.M), cols)
         j, c = j_all[cols], comm_line[j_all[cols]]
         head = res.forward_s + res.backward_s
-        a = np.maximum.reduce([cm.M * head, cm.M * 2 * c + head, sub.a[j] + head + 2 * c])
-        z = np.maximum.reduce([alloc.allreduce[cols], -res.backward_s, sub.z[j] - res.backward_s - c])
+        a = np.maximum(np.maximum(cm.M * head, cm.M * 2 * c + head), sub.a[j] + head + 2 * c)
+        z = np.maximum(np.maximum(alloc.allreduce[cols], -res.backward_s), sub.z[j] - res.backward_s - c)
         latency = np.where(res.feasible, a + z, np.inf)
         self._keep_best(out, latency, a, z, i_all[cols], j, n - n_sub, n_sub)
         return floor

@@ -72,11 +72,22 @@ def _stage_costs(cm: CostModel, d: int, warmup: int) -> np.ndarray:
         i = pairs.start
         fwd, bwd = tables.times(np.full(i.shape, d), i, pairs.end, np.full(i.shape, float(cm.B)))
         cm.__dict__[key] = fwd + bwd
-    spare = tables.budget[d] - pairs.weights
-    per = warmup * pairs.activations
-    with np.errstate(divide="ignore", invalid="ignore"):
-        fits = (spare >= 0) & ((per == 0) | (np.floor_divide(spare, np.where(per == 0, 1.0, per)) >= cm.B))
-    return np.where(fits, cm.__dict__[key], np.inf)
+    return np.where(_fits(cm, pairs, float(tables.budget[d]), warmup), cm.__dict__[key], np.inf)
+
+
+def _fits(cm: CostModel, pairs: _Pairs, budget: float, warmup: int) -> np.ndarray:
+    """Per pair: B samples fit a device of `budget` bytes under `warmup`; kept per (budget, warmup),
+    which repeat across pipeline depths and devices of the same memory."""
+    cache = cm.__dict__.setdefault("pp_fits", {})
+    if (budget, warmup) not in cache:
+        spare = budget - pairs.weights
+        per = warmup * pairs.activations
+        with np.errstate(divide="ignore", invalid="ignore"):
+            fits = (spare >= 0) & ((per == 0) | (np.floor_divide(spare, np.where(per == 0, 1.0, per)) >= cm.B))
+        if len(cache) * fits.size > 2**28:  # past 256 MB of masks, start over rather than grow
+            cache.clear()
+        cache[(budget, warmup)] = fits
+    return cache[(budget, warmup)]
 
 
 @strategy("pp", "pipeline parallel: one device per stage, GPipe compute-balanced partition, 1F1B")

@@ -80,6 +80,9 @@ class AsteroidDP:
         self._pair_index[i, j] = np.arange(len(self._pairs_head))
         self._allocators: dict[tuple[int, int, bool], GroupAllocator] = {}
         self._inverse_rates: dict[int, np.ndarray] = {}
+        self._heads_by_state: dict[tuple[int, int], int] = {}
+        # first pair index of each row i (pairs are ordered by i, then j); entry L: the number of pairs
+        self._row_start = np.r_[0, np.cumsum(np.arange(self.L - 1, -1, -1))]
         self._min_bw = self._cross_bandwidth()
         self.q: dict[tuple[int, int], _Table] = {}
         self._run()
@@ -158,16 +161,16 @@ class AsteroidDP:
         bw = self._min_bw[N - n, N - n_sub, np.minimum(N - n_sub + sub.head_size[j_line], N)]
         comm_line = np.zeros(self.L)
         comm_line[1:] = cm.B * self.tables.boundary[j_line - 1] / bw
-        # Q(i > 0, N, p) is never read (no device is left for layers [0, i)): on all N devices
-        # only the heads starting at layer 0 matter, the first L - 1 pairs
-        heads = self.L - 1 if n == N else len(i_all)
+        heads = self._useful_heads(n, p)
         if np.isfinite(self.bound):
-            if floor is None:
+            if floor is None:  # at the group's first p, whose rows are a superset of the later ones'
+                heads = self._useful_heads(n, 2)
                 head = self._balanced_head_bound(alloc, heads)
                 head_floor = cm.M * head + alloc.allreduce[:heads]
                 keep = np.flatnonzero(head_floor * (1 - 1e-9) <= self.bound)
                 floor = (keep, i_all[keep], j_all[keep], head_floor[keep], (head + alloc.allreduce[:heads])[keep])
-            cols, i, j, head_floor, once = floor
+            last = np.searchsorted(floor[0], self._useful_heads(n, p))
+            cols, i, j, head_floor, once = (x[:last] for x in floor)
             # lower bounds on the new pipeline's latency A + Z (see the formulas below; E_f + E_b
             # of the head >= its balanced bound, Z >= the head's AllReduce):
             #   the sub-pipeline's own latency plus the transfer (prepending never shortens);
@@ -190,6 +193,27 @@ class AsteroidDP:
         latency = np.where(res.feasible, a + z, np.inf)
         self._keep_best(out, latency, a, z, i_all[cols], j, n - n_sub, n_sub)
         return floor
+
+    def _useful_heads(self, n: int, p: int) -> int:
+        """How many head pairs (a prefix of the pair list: rows i = 0, 1, ...) can lead to a plan.
+
+        Q(i > 0, n, p) is read only as the tail of a longer pipeline whose earlier stages run layers
+        [0, i) on devices [0, N - n) (sorted positions): none is left when n = N, so there only
+        i = 0 counts. Otherwise those stages hold, summed over their devices, at least the
+        weights of [0, i) and K >= min(2p + 1, M) micro-batches of B samples of its activations
+        (Eq. 3, each device within its budget, so within the budgets' sum; a 1e-9 margin for
+        rounding); rows past the last i that passes cannot be on any plan.
+        """
+        if n == self.N:
+            return self.L - 1
+        key = (n, p)
+        if key not in self._heads_by_state:
+            cm, t = self.cm, self.tables
+            room = sum(cm.budget[d] for d in self.order[:self.N - n]) * (1 + 1e-9) + self.N
+            need = cm.fixed_factor * t.param[:self.L] + min(2 * p + 1, cm.M) * cm.B * t.act[:self.L]
+            rows = max(1, int(np.searchsorted(need, room, side="right")))  # rows 0 .. rows-1 pass
+            self._heads_by_state[key] = int(self._row_start[rows])
+        return self._heads_by_state[key]
 
     def _balanced_head_bound(self, alloc: GroupAllocator, heads: int) -> np.ndarray:
         """`GroupAllocator.balanced_lower_bound` of the first `heads` head pairs, from each device's

@@ -218,15 +218,13 @@ class AsteroidDP:
     def _balanced_head_bound(self, alloc: GroupAllocator, heads: int) -> np.ndarray:
         """`GroupAllocator.balanced_lower_bound` of the first `heads` head pairs, from each device's
         1/rho over every head pair, computed once per device (the same sum, in the same order)."""
-        if heads < len(self._pairs_head):
-            return alloc.balanced_lower_bound(self.tables.min_rate_prefix, np.arange(heads))
         inverse = np.zeros(heads)
         for d in alloc.devices:
             if d not in self._inverse_rates:
                 rate = self.tables.min_rate_prefix[d, self._pairs_head[:, 1]] - self.tables.min_rate_prefix[d, self._pairs_head[:, 0]]
                 with np.errstate(divide="ignore"):
                     self._inverse_rates[d] = np.where(rate > 0, 1.0 / rate, np.inf)
-            inverse += self._inverse_rates[d]
+            inverse += self._inverse_rates[d][:heads]
         with np.errstate(divide="ignore"):
             return self.cm.B / inverse
 

@@ -236,14 +236,14 @@ class GroupAllocator:
     """Algorithm 1 for one contiguous device group over a fixed list of layer pairs, computed lazily.
 
     Columns are computed (memory-unconstrained) the first time some caller needs them; a
-    warm-up depth K then only recomputes the columns where K's memory caps bind.
+    warm-up depth K then only recomputes the columns where K's memory caps bind. Per column it
+    keeps E_f, E_b, feasibility and the safe K, not the samples (a column's answer does not
+    depend on the others computed with it, so the few a caller asks for are recomputed).
     """
 
     def __init__(self, tables: LayerTables, devices: list[int], start: np.ndarray, end: np.ndarray):
         self.tables, self.devices, self.start, self.end = tables, devices, start, end
-        g, n = len(devices), len(start)
-        self.samples = np.zeros((g, n), dtype=np.int64)
-        self.peak = np.zeros((g, n))
+        n = len(start)
         self.forward_s, self.backward_s = np.zeros(n), np.zeros(n)
         self.feasible = np.zeros(n, dtype=bool)
         self.done = np.zeros(n, dtype=bool)
@@ -264,12 +264,11 @@ class GroupAllocator:
             return
         unbounded = np.full((len(self.devices), todo.size), self.tables.cm.B, dtype=np.int64)
         res = allocate_many(self.tables, self.devices, self.start[todo], self.end[todo], unbounded)
-        self.samples[:, todo], self.peak[:, todo] = res.samples, res.peak
         self.forward_s[todo], self.backward_s[todo], self.feasible[todo] = res.forward_s, res.backward_s, res.feasible
-        self.safe_warmup[todo], self.weights_fit[todo] = self._safe_warmups(todo)
+        self.safe_warmup[todo], self.weights_fit[todo] = self._safe_warmups(todo, res.peak)
         self.done[todo] = True
 
-    def _safe_warmups(self, todo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _safe_warmups(self, todo: np.ndarray, peak: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per column: the largest K whose memory caps leave the uncapped answer as it is, and
         whether every device holds the stage's weights at all (else no K is feasible).
 
@@ -285,7 +284,7 @@ class GroupAllocator:
         spare = t.budget[self.devices][:, None] - cm.fixed_factor * (t.param[end] - t.param[start])[None, :]
         received = np.where(start > 0, t.boundary[np.maximum(start - 1, 0)], 0.0)
         per = (t.act[end] - t.act[start] + received)[None, :]
-        need = np.ceil(self.peak[:, todo])
+        need = np.ceil(peak)
         need = np.where((need <= cm.B).all(axis=0), need, float(cm.B))
         with np.errstate(divide="ignore", invalid="ignore"):
             limit = np.where(per == 0, np.inf, spare / (per * need)).min(axis=0)
@@ -301,7 +300,10 @@ class GroupAllocator:
         cols = np.arange(len(self.start)) if cols is None else cols
         self._ensure(cols)
         fwd, bwd, feasible = self.forward_s[cols], self.backward_s[cols], self.feasible[cols] & self.weights_fit[cols]
-        samples = self.samples[:, cols] if with_samples else None
+        samples = None
+        if with_samples:
+            unbounded = np.full((len(self.devices), cols.size), self.tables.cm.B, dtype=np.int64)
+            samples = allocate_many(self.tables, self.devices, self.start[cols], self.end[cols], unbounded).samples
         redo = np.flatnonzero((warmup > self.safe_warmup[cols]) & self.weights_fit[cols])
         if redo.size == 0:
             return Allocation(samples, fwd, bwd, feasible, None)

@@ -75,6 +75,7 @@ class AsteroidDP:
         self.max_stages = min(self.L, self.N)
         i, j = np.triu_indices(self.L, k=1)
         self._pairs_head = np.stack([i, j], axis=1).astype(np.int64)
+        self._head_start, self._head_end = self._pairs_head[:, 0].copy(), self._pairs_head[:, 1].copy()
         # position of head pair (i, j) in the pair list (for reading a chosen stage back)
         self._pair_index = np.full((self.L, self.L), -1, dtype=np.int64)
         self._pair_index[i, j] = np.arange(len(self._pairs_head))
@@ -100,7 +101,7 @@ class AsteroidDP:
                 start = np.arange(self.L, dtype=np.int64)
                 end = np.full(self.L, self.L, dtype=np.int64)
             else:
-                start, end = self._pairs_head[:, 0].copy(), self._pairs_head[:, 1].copy()
+                start, end = self._head_start, self._head_end  # shared: read only, per-pair sums cached
             self._allocators[key] = GroupAllocator(self.tables, self._group(a, b), start, end)
         return self._allocators[key]
 

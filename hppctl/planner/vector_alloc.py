@@ -108,6 +108,14 @@ class LayerTables:
             out.append(t)
         return out[0], out[1]
 
+    def range_param_bytes(self, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+        """param[end] - param[start]; the DP asks every group for the same pair list, so the last
+        answer is kept (same arrays, same values)."""
+        last = self.__dict__.get("_last_param_range")
+        if last is None or last[0] is not start or last[1] is not end:
+            last = self.__dict__["_last_param_range"] = (start, end, self.param[end] - self.param[start])
+        return last[2]
+
     def caps(self, devices: np.ndarray, start: np.ndarray, end: np.ndarray, warmup: int) -> np.ndarray:
         """Vectorised `CostModel.max_samples` (-1: the weights alone do not fit)."""
         cm = self.cm
@@ -255,14 +263,13 @@ class GroupAllocator:
         cm, g = self.tables.cm, len(self.devices)
         if g <= 1:
             return np.zeros(len(self.start))
-        w = self.tables.param[self.end] - self.tables.param[self.start]
-        return 2 * (g - 1) * w / (g * cm.min_bandwidth(self.devices))
+        return 2 * (g - 1) * self.tables.range_param_bytes(self.start, self.end) / (g * cm.min_bandwidth(self.devices))
 
     def _ensure(self, cols: np.ndarray) -> None:
         todo = cols[~self.done[cols]]
         if todo.size == 0:
             return
-        unbounded = np.full((len(self.devices), todo.size), self.tables.cm.B, dtype=np.int64)
+        unbounded = np.broadcast_to(np.int64(self.tables.cm.B), (len(self.devices), todo.size))
         res = allocate_many(self.tables, self.devices, self.start[todo], self.end[todo], unbounded)
         self.forward_s[todo], self.backward_s[todo], self.feasible[todo] = res.forward_s, res.backward_s, res.feasible
         self.safe_warmup[todo], self.weights_fit[todo] = self._safe_warmups(todo, res.peak)

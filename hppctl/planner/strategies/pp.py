@@ -18,7 +18,18 @@ from hppctl.planner.vector_alloc import tables_for
 
 
 def balanced_partition(cm: CostModel, devices: list[int]) -> list[StageChoice] | None:
-    """Min-max contiguous partition of the layers over `devices` in order, one device each."""
+    """Min-max contiguous partition of the layers over `devices` in order, one device each.
+
+    Kept per device list: `asteroid` asks for the memory order's chain (its pruning bound) and
+    `pp` for the same list as its deepest pipeline."""
+    cache = cm.__dict__.setdefault("pp_partitions", {})
+    if tuple(devices) not in cache:
+        cache[tuple(devices)] = _min_max_partition(cm, list(devices))
+    found = cache[tuple(devices)]
+    return None if found is None else list(found)
+
+
+def _min_max_partition(cm: CostModel, devices: list[int]) -> list[StageChoice] | None:
     L, P = cm.num_layers, len(devices)
     if P > L:
         return None

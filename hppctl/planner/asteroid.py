@@ -213,8 +213,27 @@ class AsteroidDP:
             room = sum(cm.budget[d] for d in self.order[:self.N - n]) * (1 + 1e-9) + self.N
             need = cm.fixed_factor * t.param[:self.L] + min(2 * p + 1, cm.M) * cm.B * t.act[:self.L]
             rows = max(1, int(np.searchsorted(need, room, side="right")))  # rows 0 .. rows-1 pass
+            rows = min(rows, self._rows_in_time(n))
             self._heads_by_state[key] = int(self._row_start[rows])
         return self._heads_by_state[key]
+
+    def _rows_in_time(self, n: int) -> int:
+        """Rows i whose layers [0, i) the m = N - n devices before them could run within the bound.
+
+        Every stage s of those layers takes, per micro-batch, at least B / sum_{d in D} 1/rho_d(s)
+        (`balanced_lower_bound` over all of D), and the round at least M times that (A >= M (E_f +
+        E_b)_s). That bound is superadditive over layers, and at most m stages share [0, i), so the
+        largest is at least 1/m of the per-layer bounds' sum: M B H(i) / m <= bound, else row i and
+        everything after it is pruned (1e-9 margin, as the heads' own bound).
+        """
+        if not np.isfinite(self.bound):
+            return self.L
+        devices = self.order[:self.N - n]
+        rates = np.diff(self.tables.min_rate_prefix[devices], axis=1)  # (m, L): cheapest per-sample cost
+        with np.errstate(divide="ignore"):
+            per_layer = 1.0 / np.where(rates > 0, 1.0 / rates, np.inf).sum(axis=0)
+        total = np.r_[0.0, np.cumsum(per_layer)][:self.L] * (self.cm.M * self.cm.B / len(devices))
+        return max(1, int(np.searchsorted(total * (1 - 1e-9), self.bound, side="right")))
 
     def _balanced_head_bound(self, alloc: GroupAllocator, heads: int) -> np.ndarray:
         """`GroupAllocator.balanced_lower_bound` of the first `heads` head pairs, from each device's

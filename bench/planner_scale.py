@@ -55,7 +55,8 @@ def timed_plan(profile: Path, out: Path, strategy: str, code: Path) -> tuple[flo
             "--micro-batch", "64", "--strategy", strategy, "--out", str(out)]
     env = dict(os.environ, PYTHONPATH=str(code))
     started = time.perf_counter()
-    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    # cwd too: `python -m` puts the working directory first on sys.path
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True, cwd=code)
     _, status, usage = os.wait4(child.pid, 0)
     wall = time.perf_counter() - started
     stdout, stderr = child.stdout.read(), child.stderr.read()

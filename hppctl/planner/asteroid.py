@@ -62,10 +62,11 @@ class AsteroidDP:
     """Runs Algorithm 2 once for one device order; `best(...)` reads plans off the tables.
 
     `bound`: a round latency the caller knows the answer does not exceed. Candidates whose
-    cheap lower bound (see `_lower_bound`) is above it skip Algorithm 1. Prepending a head
+    cheap lower bound (see `_prepend_head`) is above it skip Algorithm 1. Prepending a head
     never shortens a pipeline (latency_new >= latency_sub + E_f^head + E^comm), so every
     candidate on the path to an answer <= bound survives and the result is identical to the
     unbounded DP's; `solve` re-runs without the bound if the answer turns out to exceed it.
+    States no plan can read are skipped too (`_useful_heads`).
     """
 
     def __init__(self, cm: CostModel, order: list[int], bound: float = np.inf):

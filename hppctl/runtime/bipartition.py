@@ -36,8 +36,8 @@ from torch.func import functional_call
 
 from hppctl.models.schedule import Action
 from hppctl.runtime.accelerator import to_wire
-from hppctl.runtime.executor import Executor, _Pending
-from hppctl.runtime.stage import TensorSpec, _spec, host_copy, join
+from hppctl.runtime.executor import Executor, _Pending, _unflatten_into
+from hppctl.runtime.stage import TensorSpec, assign_by_name, backward_into, cut_specs, host_copy, input_grads, join
 
 SPLIT_INPUT_TAG = 1 << 24
 """Tags of SX/RX messages (above every activation/gradient tag of `executor.tag`)."""
@@ -67,22 +67,20 @@ class BiStage:
         spec = get_model(model)
         self.device = device or torch.device("cpu")
         """Where the parts compute and the stepped parameters live (the parts share the tensors)."""
+        whole = (spec.build(seed=seed) if tensors is None else spec.build(device="meta")).train()
         if tensors is None:
-            whole = spec.build(seed=seed).train().to(self.device)
-        else:
-            whole = spec.build(device="meta").train()
-            _assign_by_name(whole, {k: v.to(self.device) for k, v in tensors.items()})  # the CPU: the same tensors
+            whole.to(self.device)
+        else:  # the shipped tensors, on the device (the CPU: the same tensors), shared by every part
+            assign_by_name(whole, {k: v.to(self.device) for k, v in tensors.items()})
         self.start, self.end = union_layers(forward, backward)
         self.module = build_stage(whole, granularity, self.start, self.end, mode="train")
         cuts = sorted({self.f0, self.f1, self.b0, self.b1})
         self.parts = {(a, b): build_stage(whole, granularity, a, b, mode="train")
                       for a, b in zip(cuts, cuts[1:]) if b > a}
         traced = trace(model, "train")
-        by_name = {n.name: n for n in traced.nodes}
         self._specs: dict[int, list[TensorSpec]] = {}
         for (a, b), part in self.parts.items():
-            self._specs[a] = [_spec(n, traced.values1[by_name[n]], d) for n, d in zip(part.input_names, part.input_batch_dims)]
-            self._specs[b] = [_spec(n, traced.values1[by_name[n]], d) for n, d in zip(part.output_names, part.output_batch_dims)]
+            self._specs[a], self._specs[b] = cut_specs(traced, part)
         self.inputs, self.outputs = self.specs(self.f0), self.specs(self.f1)
         owned = {n for (a, b), part in self.parts.items() if self.b0 <= a and b <= self.b1
                  for n, _ in part.named_parameters()}
@@ -123,19 +121,6 @@ class BiStage:
         return {k: v for k, v in state.items() if k in self._params or k in self._forward_buffers}
 
 
-def _assign_by_name(whole: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
-    """Put the shipped tensors into the meta model by their model names, so every part built from it
-    shares them."""
-    params = dict(whole.named_parameters())
-    for name, tensor in tensors.items():
-        owner_name, _, attr = name.rpartition(".")
-        owner = whole.get_submodule(owner_name)
-        if name in params:
-            setattr(owner, attr, torch.nn.Parameter(tensor, requires_grad=params[name].requires_grad))
-        else:
-            owner._buffers[attr] = tensor
-
-
 def _leaves(values: list[torch.Tensor], specs: list[TensorSpec]) -> list[torch.Tensor]:
     return [v.detach().requires_grad_(True) if s.carries_grad else v for v, s in zip(values, specs)]
 
@@ -152,8 +137,12 @@ class BiExecutor(Executor):
         self.grad_outputs = [s for s in stage.specs(stage.b1) if s.carries_grad]
 
     def more_handlers(self) -> dict:
+        st = self.stage  # the BiStage (`self.bi` is not set yet)
+        # transfers at cuts 0 and L carry nothing (every worker reads the data; the loss is local)
+        edges = {kind: lambda a: None for kind, cut in (("SA", st.f1), ("RA", st.f0), ("SG", st.b0), ("RG", st.b1))
+                 if cut in (0, st.L)}
         return {"SX": self._send_split_input, "RX": self._receive_split_input,
-                "SW": self._send_weights, "RW": self._receive_weights}
+                "SW": self._send_weights, "RW": self._receive_weights, **edges}
 
     def run_round(self, round_index: int):
         self._saved: dict[int, dict] = {}
@@ -246,32 +235,8 @@ class BiExecutor(Executor):
             self.stats.samples += int(labels.shape[0])
             self.precision.scale(loss).backward()
         else:
-            carried = [o for o, s in zip(outputs, st.specs(hi)) if s.carries_grad]
-            pairs = [(o, g.to(o.dtype)) for o, g in zip(carried, grads) if o.requires_grad]
-            if pairs:
-                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-        return [v.grad if v.grad is not None else torch.zeros_like(v)
-                for v, s in zip(inputs, st.specs(lo)) if s.carries_grad]
-
-    # --- transfers at cuts 0 and L carry nothing (every worker reads the data; the loss is local) --
-    def _edge(self, cut: int) -> bool:
-        return cut in (0, self.bi.L)
-
-    def _send_activations(self, a: Action) -> None:
-        if not self._edge(self.bi.f1):
-            super()._send_activations(a)
-
-    def _receive_activations(self, a: Action) -> None:
-        if not self._edge(self.bi.f0):
-            super()._receive_activations(a)
-
-    def _send_gradients(self, a: Action) -> None:
-        if not self._edge(self.bi.b0):
-            super()._send_gradients(a)
-
-    def _receive_gradients(self, a: Action) -> None:
-        if not self._edge(self.bi.b1):
-            super()._receive_gradients(a)
+            backward_into(outputs, st.specs(hi), grads)
+        return input_grads(inputs, st.specs(lo))
 
     # --- split layers -------------------------------------------------------------------------
     def _send_split_input(self, a: Action) -> None:
@@ -315,9 +280,5 @@ class BiExecutor(Executor):
         begin = time.perf_counter()
         self.comm.irecv(flat, a.peer, WEIGHTS_TAG).wait()  # the next round's forwards need them
         self.stats.wait_s += time.perf_counter() - begin
-        offset = 0
-        with torch.no_grad():
-            for w in weights:
-                w.copy_(flat[offset:offset + w.numel()].view_as(w))
-                offset += w.numel()
+        _unflatten_into(flat, weights)
 

@@ -17,7 +17,8 @@ import torch.distributed as dist
 
 from hppctl.runtime.accelerator import Precision
 from hppctl.runtime.galaxy.device import run_device
-from hppctl.runtime.galaxy.weights import device_shard, ranges
+from hppctl.runtime.galaxy.weights import device_shard
+from hppctl.schedule.routing import owned_ranges
 from tests.ranks import manager, start_ranks
 
 
@@ -31,7 +32,7 @@ def _child(rank: int, world: int, init_file: str, cases: list, results) -> None:
             if strategy in ("sp", "local"):
                 shard = device_shard(weights, (0, weights["meta"]["heads"]), (0, weights["layers"][0]["w1"].shape[0]))
             else:
-                shard = device_shard(weights, ranges(heads)[rank], ranges(columns)[rank])
+                shard = device_shard(weights, owned_ranges(heads)[rank], owned_ranges(columns)[rank])
             out, _ = run_device(strategy, shard, ids, rank, rows, overlap=overlap, wire_dtype=wire,
                                 device=torch.device("cpu"), precision=Precision(precision, "cpu"))
             if rank == 0:

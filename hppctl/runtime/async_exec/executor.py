@@ -33,7 +33,7 @@ from torch.func import functional_call
 
 from hppctl.models.schedule import Action
 from hppctl.runtime.executor import ExecutionError, Executor, RoundStats
-from hppctl.runtime.stage import join
+from hppctl.runtime.stage import backward_into, input_grads, join
 
 
 def version_lifetimes(actions: Sequence[Action]) -> tuple[dict[int, tuple[str, int]], set[int]]:
@@ -160,26 +160,19 @@ class AsyncExecutor(Executor):
             if self.tail:
                 self.precision.scale(self._loss(outputs[0], self._labels.pop(m))).backward()
             else:
-                self._backprop(outputs, grads)
+                backward_into(outputs, self.stage.outputs, grads)
         else:
             if self.tail:
                 self._labels.pop(m)
                 self.precision.scale(self._losses.pop(m)).backward()
             else:
-                self._backprop(self._outputs.pop(m), grads)
+                backward_into(self._outputs.pop(m), self.stage.outputs, grads)
             if params is not None:
                 self._add_stashed_grads(params)
         if not self.head:
-            self._input_grads[m] = [v.grad if v.grad is not None else torch.zeros_like(v)
-                                    for v, s in zip(values, self.stage.inputs) if s.carries_grad]
+            self._input_grads[m] = input_grads(values, self.stage.inputs)
         self._compute_span(a, begin)
         self._after(a)
-
-    def _backprop(self, outputs, grads) -> None:
-        outputs = [o for o, s in zip(outputs, self.stage.outputs) if s.carries_grad]
-        pairs = [(o, g.to(o.dtype)) for o, g in zip(outputs, grads) if o.requires_grad]  # autocast: o in half
-        if pairs:
-            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
 
     def _add_stashed_grads(self, params: dict[str, torch.Tensor]) -> None:
         """PipeDream: the gradient was computed on the stashed version; the update goes to the latest."""

@@ -104,7 +104,8 @@ def refuse_over_budget(plan: InferencePlan) -> None:
 
 def shards(plan: InferencePlan, seed: int) -> dict[str, dict]:
     """Every device's weights, cut from one model built here."""
-    from hppctl.runtime.galaxy.weights import build_base_model, device_shard, extract, ranges
+    from hppctl.runtime.galaxy.weights import build_base_model, device_shard, extract
+    from hppctl.schedule.routing import owned_ranges
 
     base, family = build_base_model(plan.model, plan.num_layers, seed=seed)
     weights = extract(base, family, plan.num_layers)
@@ -116,7 +117,7 @@ def shards(plan: InferencePlan, seed: int) -> dict[str, dict]:
     if plan.strategy in ("sp", "local"):
         whole = device_shard(weights, (0, plan.heads), (0, plan.intermediate))
         return {s.device: whole for s in plan.shares}
-    heads, columns = ranges([s.heads for s in plan.shares]), ranges([s.columns for s in plan.shares])
+    heads, columns = owned_ranges([s.heads for s in plan.shares]), owned_ranges([s.columns for s in plan.shares])
     return {s.device: device_shard(weights, heads[i], columns[i]) for i, s in enumerate(plan.shares)}
 
 

@@ -129,17 +129,8 @@ class Ring:
         return acc
 
     def allgather(self, x: torch.Tensor) -> torch.Tensor:
-        """Plain ring AllGather of uneven row tiles (D - 1 steps)."""
-        D, i = self.world, self.rank
-        if D == 1:
-            return x
-        out: list[torch.Tensor | None] = [None] * D
-        cur = x
-        for k in range(D):
-            out[(i - k) % D] = cur
-            if k < D - 1:
-                cur = self._wait(self._post(cur, self.sizes[(i - k - 1) % D]), x.dtype)
-        return torch.cat(out)
+        """Plain ring AllGather of uneven row tiles (D - 1 steps): the fused one with no GEMM."""
+        return x if self.world == 1 else self.allgather_gemm(x, lambda tile: tile, overlap=True)
 
     def allreduce(self, x: torch.Tensor) -> torch.Tensor:
         """Megatron's AllReduce (gloo's own), in place."""

@@ -118,7 +118,7 @@ def test_precision_checks_what_torch_can_autocast_here():
 
 def test_cpu_describes_itself_without_gpu_figures():
     cpu = torch.device("cpu")
-    assert accelerator.describe(cpu) == {"type": "cpu", "name": None, "memory_bytes": None}
+    assert accelerator.describe(cpu) == {"type": "cpu", "name": None, "memory_bytes": None, "integrated": None}
     accelerator.synchronize(cpu)
     assert accelerator.peak_memory_bytes(cpu) is None
 

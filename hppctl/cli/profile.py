@@ -137,6 +137,8 @@ def profile_command(
 
     spec = load(cluster, ClusterSpec)
     preset_devices(spec, str(cluster))  # fail on a bad device before paying for the model
+    from hppctl.runtime.accelerator import check_local_devices
+    check_local_devices(spec, [d.name for d in spec.devices], "fp32", cluster_source=str(cluster))  # cuda here?
     from hppctl.profiling.cluster import ProbeSettings
 
     # checked even when every device is a preset (and the settings go unused): a typo must not pass

@@ -125,3 +125,12 @@ def test_workers_sharing_one_gpu_share_its_memory_apart_from_the_cpu_devices():
     shared, notes = share_machine_memory(devices, {"g0": "box", "g1": "box", "c0": "box"})
     assert [d.memory_bytes for d in shared] == [6 * GiB, 6 * GiB, 16 * GiB]  # c0 alone: not split with the GPU
     assert len(notes) == 1 and "g0, g1 share box's" in notes[0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_profiling_a_local_cuda_device_without_cuda_is_bad_input(cli, tmp_path):
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("name: x\ndevices:\n  - {name: a, local: true}\n  - {name: b, local: true, accelerator: cuda}\n")
+    code, out, err = cli("profile", "--cluster", cluster, "--model", "tiny-mlp", "--out", tmp_path / "p.json")
+    assert code == 2 and out == "" and err.count("\n") == 1 and not (tmp_path / "p.json").exists()
+    assert err.startswith(f"error: {cluster}: devices.1.accelerator: 'cuda' for local device b")

@@ -80,6 +80,12 @@ def to_wire(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Ten
     return tensor.detach().to(device="cpu", dtype=dtype or tensor.dtype)
 
 
+def pinned_for(device: torch.device) -> bool:
+    """Whether host buffers that receive for `device` should be page-locked: on CUDA, so that the
+    copy `from_wire` starts is asynchronous (from pageable memory it blocks the host); never on the CPU."""
+    return device.type == "cuda"
+
+
 def from_wire(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A tensor gloo filled in host memory, on `device`. The host-to-device copy is non-blocking:
     the stream orders it before any kernel that reads it, and the host buffer is not reused."""

@@ -253,7 +253,7 @@ class BiExecutor(Executor):
             return
         self._split_posted.add((a.micro_batch, a.start))
         specs = self.bi.specs(self.bi.b0)
-        tensors = [s.empty(a.end - a.start) for s in specs]
+        tensors = [s.empty(a.end - a.start, self.pinned) for s in specs]
         works = [self.comm.irecv(t, a.peer, SPLIT_INPUT_TAG + a.micro_batch * 64 + i) for i, t in enumerate(tensors)]
         self._recv_split.setdefault(a.micro_batch, []).append(
             _Pending(a.start, a.end - a.start, tensors, works, a.peer, time.perf_counter()))

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from hppctl.errors import RuntimeFailure
 from hppctl.models.reports import Span
 from hppctl.models.schedule import Action
-from hppctl.runtime.accelerator import Precision, from_wire, to_wire
+from hppctl.runtime.accelerator import Precision, from_wire, pinned_for, to_wire
 from hppctl.runtime.stage import Stage, TensorSpec, join
 from hppctl.runtime.topology import Topology
 
@@ -123,6 +123,8 @@ class Executor:
         self.accelerator = accelerator or getattr(stage, "device", None) or torch.device("cpu")
         """Where the stage computes (`device` is the device's name in the plan)."""
         self.precision = precision or Precision("fp32", self.accelerator.type)
+        self.pinned = pinned_for(self.accelerator)
+        """Receive buffers page-locked (CUDA), so their copies onto the device overlap compute."""
         self.lo, self.hi = topology.owned[device]
         self.head, self.tail = topology.is_head(device), topology.is_tail(device)
         self.grad_inputs = [s for s in stage.inputs if s.carries_grad]
@@ -291,7 +293,7 @@ class Executor:
         self._recv_grad.setdefault(a.micro_batch, []).append(self._receive(a, self.grad_outputs, GRADIENTS))
 
     def _receive(self, a: Action, specs: Sequence[TensorSpec], channel: int) -> _Pending:
-        tensors = [s.empty(a.end - a.start) for s in specs]
+        tensors = [s.empty(a.end - a.start, self.pinned) for s in specs]
         works = [self.comm.irecv(t, a.peer, tag(a.micro_batch, channel, i)) for i, t in enumerate(tensors)]
         return _Pending(a.start, a.end - a.start, tensors, works, a.peer, time.perf_counter())
 

@@ -39,10 +39,11 @@ class TensorSpec:
     def carries_grad(self) -> bool:
         return self.batched and self.dtype.is_floating_point
 
-    def empty(self, samples: int) -> torch.Tensor:
+    def empty(self, samples: int, pinned: bool = False) -> torch.Tensor:
+        """A host buffer for `samples` samples (page-locked with `pinned`: accelerator.pinned_for)."""
         if self.rows is None:
-            return torch.empty(self.shape, dtype=self.dtype)
-        return torch.empty((self.rows * samples, *self.shape), dtype=self.dtype)
+            return torch.empty(self.shape, dtype=self.dtype, pin_memory=pinned)
+        return torch.empty((self.rows * samples, *self.shape), dtype=self.dtype, pin_memory=pinned)
 
     def rows_of(self, tensor: torch.Tensor, first: int, last: int) -> torch.Tensor:
         """Samples [first, last) counted from the tensor's first sample (shared tensors whole)."""

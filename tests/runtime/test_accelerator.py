@@ -65,6 +65,11 @@ def test_the_wire_pair_is_the_identity_on_the_cpu():
     assert to_wire(t, torch.float32) is t
 
 
+def test_receive_buffers_are_page_locked_for_cuda_only():
+    assert accelerator.pinned_for(torch.device("cpu")) is False
+    assert accelerator.pinned_for(torch.device("cuda", 0)) is True  # not allocated here: no CUDA
+
+
 def test_to_wire_casts_to_the_receivers_type_in_host_memory():
     t = torch.randn(3, 4).to(torch.bfloat16)
     wire = to_wire(t, torch.float32)

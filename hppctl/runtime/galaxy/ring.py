@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from hppctl.runtime.accelerator import from_wire, to_wire
+from hppctl.runtime.accelerator import from_wire, pinned_for, to_wire
 
 
 @dataclass
@@ -74,7 +74,7 @@ class Ring:
     def _post(self, send: torch.Tensor, rows: int) -> tuple[list, torch.Tensor]:
         """Start sending `send` to the successor and receiving `rows` rows from the predecessor."""
         wire = to_wire(send.contiguous(), self.wire_dtype)
-        recv = torch.empty((rows, *send.shape[1:]), dtype=self.wire_dtype)
+        recv = torch.empty((rows, *send.shape[1:]), dtype=self.wire_dtype, pin_memory=pinned_for(self.device))
         self.stats.bytes_sent += wire.numel() * wire.element_size()
         self.stats.messages += 1
         return [dist.isend(wire, self.succ), dist.irecv(recv, self.pred)], recv

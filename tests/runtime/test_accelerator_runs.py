@@ -45,6 +45,21 @@ def test_explicit_cpu_accelerator_trains_bit_identically_to_the_default():
     assert [r["loss"] for r in chosen.rounds] == [r["loss"] for r in default.rounds]
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_worker_resolves_its_accelerator_on_the_device_and_fails_naming_it():
+    """What a `host:` device without CUDA does (the CLI refuses a local one before starting): the
+    worker resolves `accelerator: cuda` where it runs and fails the run with one line naming it."""
+    from hppctl.runtime.launcher import WorkerFailed
+
+    plan = make_plan("tiny-mlp", TWO_STAGES, global_batch=16, micro_batch=8)
+    cluster = ClusterSpec(name="local", devices=[DeviceSpec(name="a", local=True),
+                                                 DeviceSpec(name="b", local=True, accelerator="cuda")])
+    with pytest.raises(WorkerFailed) as failure:
+        train(plan, cluster, rounds=1, dataset="digits", lr=0.1)
+    message = str(failure.value)
+    assert "b" in message and "accelerator: cuda" in message and "torch.cuda.is_available() is False" in message
+
+
 @pytest.fixture(scope="module")
 def fp32_run():
     plan = make_plan("tiny-mlp", TWO_STAGES, global_batch=32, micro_batch=8)

@@ -189,6 +189,9 @@ def run_command(
                      profile_source=str(profile))
     from hppctl.runtime.accelerator import check_local_devices
     check_local_devices(inventory, hpp.devices(), precision, cluster_source=str(cluster))
+    if precision != "fp32":  # said once: the summary's figures are of a mixed-precision run
+        note(f"precision {precision}: forward passes under torch.autocast on each device's accelerator"
+             f"{' (loss scale 1024, shared by every stage)' if precision == 'fp16' else ''}")
     per_epoch = len(data.train) // hpp.global_batch
     total = rounds if rounds is not None else (epochs or 1) * per_epoch
     window = None

@@ -172,3 +172,17 @@ def test_fp16_on_every_executor_kind_stays_close_to_fp32(kind):
             .model_state()
     differences = relative_differences(states["fp16"], states["fp32"])
     assert 0 < max(differences.values()) < RELATIVE_TOLERANCE, differences
+
+
+def test_hppctl_run_takes_precision_and_says_so(cli, tmp_path):
+    from hppctl.store import save
+
+    plan = make_plan("tiny-mlp", TWO_STAGES, global_batch=16, micro_batch=8)
+    save(tmp_path / "plan.yaml", plan)
+    (tmp_path / "c.yaml").write_text("name: x\ndevices:\n  - {name: a, local: true, accelerator: auto}\n"
+                                     "  - {name: b, local: true, accelerator: cpu}\n")
+    code, out, err = cli("run", "--plan", tmp_path / "plan.yaml", "--cluster", tmp_path / "c.yaml", "--rounds", 2,
+                         "--precision", "bf16", "--save-model", tmp_path / "m.pt", "--json")
+    assert code == 0, err
+    assert err.splitlines()[0] == "precision bf16: forward passes under torch.autocast on each device's accelerator"
+    assert torch.load(tmp_path / "m.pt")

@@ -1,0 +1,504 @@
+"""Datasets read from files, no code to write (`--dataset PATH`; docs/runtime.md "Your data").
+
+- a folder of images, one sub-folder per class: class index = position of the sub-folder's name in
+  the sorted names; the PNG and JPEG files under each (sub-folders included, sorted by path) are
+  decoded with Pillow, converted to the model's channels (1: grey "L", 3: "RGB"), resized to its
+  H×W (Pillow's bilinear filter, integer arithmetic on 8-bit pixels) and scaled to [-1, 1];
+- `.pt`: `torch.save((inputs, labels), path)`, read with `torch.load(weights_only=True)` (a file
+  that needs pickle to load is refused: opening a dataset must not run code);
+- `.npz`: arrays `x` (inputs) and `y` (labels), read with `allow_pickle=False`;
+- `.csv`: a header row, then one sample per row; every cell a number; the label column is the last
+  one, or `--label-column NAME`; the other columns, in file order, fill the model's input row-major.
+
+Every sample is checked before any worker starts (the launcher's pre-flight loads the dataset as the
+workers will): the model's input shape, finite values, integer labels within the model's classes.
+A problem is one `BadInput` line naming the file, the sample (row, column) and what is wrong.
+
+The split is fixed and the same for every format: the samples at the first round(N/5) positions of
+a permutation drawn from seed 1234 (not `--seed`) are the test split, the rest the training split,
+both kept in file order. The training order is the run's `SampleOrder` over the training split, as
+for the built-in datasets.
+
+Decoding a folder of images is the slow part, so its result is cached (`decoded_images_cache`):
+`$HPPCTL_CACHE_DIR/datasets/<key>.pt` (default `~/.cache/hppctl/datasets/`), the key a SHA-256 over
+every image file's relative path and bytes, the model's (C, H, W), the decoder version and Pillow's
+version. Any change to a file's bytes, a file or class added, removed or renamed, another input size
+or another Pillow gives another key, so the folder is decoded again; stale entries are never read
+(delete the folder to reclaim the space).
+
+This module does not import `runtime/data.py` (which dispatches here): it returns tensors.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from hppctl.errors import BadInput
+
+SPLIT_SEED = 1234
+"""The permutation that picks the test split: fixed, so `--seed` changes only the training order."""
+TEST_FRACTION = 0.2
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+TENSOR_SUFFIXES = (".pt", ".npz", ".csv")
+LABEL_MARK = "#label="
+"""`--label-column NAME` joins the dataset's name as `PATH#label=NAME`: the run's dataset is one string
+everywhere (worker options, the checkpoint's record, the summary), so a resume with another label
+column is refused like one with another dataset."""
+DECODER_VERSION = 1
+"""Part of the cache key: raise it when the decoding below changes what a file turns into."""
+_CHANNEL_MODES = {1: "L", 3: "RGB"}
+
+
+@dataclass(frozen=True)
+class FileDataset:
+    """Inputs shaped for the model and int64 labels, split into training and test samples."""
+
+    train_inputs: torch.Tensor
+    train_labels: torch.Tensor
+    test_inputs: torch.Tensor | None
+    test_labels: torch.Tensor | None
+
+
+# --- naming ---------------------------------------------------------------------------------------
+
+def dataset_spec(dataset: str, label_column: str | None) -> str:
+    """The run's dataset string for `--dataset D [--label-column NAME]`."""
+    if label_column is None:
+        return dataset
+    if not label_column.strip():
+        raise BadInput("--label-column: must name a column of the CSV file (got an empty name)")
+    if LABEL_MARK in dataset:
+        raise BadInput(f"--dataset {dataset}: already names a label column ({LABEL_MARK}…); drop --label-column")
+    if not dataset.lower().endswith(".csv"):
+        raise BadInput(f"--label-column: only for a CSV dataset (--dataset {dataset})")
+    return f"{dataset}{LABEL_MARK}{label_column}"
+
+
+def split_spec(spec: str) -> tuple[str, str | None]:
+    """(path, label column or None) of a dataset string from `dataset_spec`."""
+    path, mark, column = spec.rpartition(LABEL_MARK)
+    return (path, column) if mark else (spec, None)
+
+
+def is_file_dataset(spec: str) -> bool:
+    """A path rather than a built-in name or `package.module:factory`: it exists, has a dataset
+    suffix, or holds a path separator (a module name never does)."""
+    path, column = split_spec(spec)
+    return (column is not None or os.path.exists(path) or path.lower().endswith(TENSOR_SUFFIXES)
+            or os.sep in path)
+
+
+def load_file_dataset(spec: str, shape: Sequence[int], dtype: torch.dtype, classes: int,
+                      vocabulary: int | None = None) -> FileDataset:
+    """The dataset at `spec`'s path, checked against the model (input `shape` and `dtype`, `classes`
+    labels, token ids below `vocabulary` when known), split train/test; `BadInput` if it does not fit."""
+    path, column = split_spec(spec)
+    if column is not None and not path.lower().endswith(".csv"):
+        raise BadInput(f"--label-column: only for a CSV dataset (--dataset {path})")
+    if not os.path.exists(path):
+        raise BadInput(f"--dataset {path}: no such file or folder")
+    shape = tuple(int(s) for s in shape)
+    if os.path.isdir(path):
+        x, y = _image_folder(path, shape, dtype, classes)
+    elif path.lower().endswith(".pt"):
+        x, y = _torch_file(path)
+    elif path.lower().endswith(".npz"):
+        x, y = _npz_file(path)
+    elif path.lower().endswith(".csv"):
+        x, y = _csv_file(path, column, shape, classes)
+    else:
+        raise BadInput(f"--dataset {path}: not a dataset (a folder of class sub-folders of images, or a .pt, .npz "
+                       f"or .csv file)")
+    x = _model_inputs(path, x, shape, dtype, vocabulary)
+    y = _labels(path, y, x.shape[0], classes)
+    return _split(x, y)
+
+
+def _split(x: torch.Tensor, y: torch.Tensor) -> FileDataset:
+    """Test: the first round(N·0.2) positions of the fixed permutation; both splits in file order."""
+    n = int(y.shape[0])
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(SPLIT_SEED))
+    n_test = int(round(n * TEST_FRACTION))
+    test, train = order[:n_test].sort().values, order[n_test:].sort().values
+    if n_test == 0:
+        return FileDataset(x[train], y[train], None, None)
+    return FileDataset(x[train], y[train], x[test], y[test])
+
+
+# --- checks shared by every format ----------------------------------------------------------------
+
+def _model_inputs(path: str, x: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype,
+                  vocabulary: int | None) -> torch.Tensor:
+    """`x` as the model's input: (N, *shape), float32 (finite) or int64 token ids."""
+    if x.dim() == 0 or x.shape[0] == 0:
+        raise BadInput(f"--dataset {path}: holds no samples")
+    if tuple(x.shape[1:]) != shape:
+        raise BadInput(f"--dataset {path}: samples have shape {_dims(x.shape[1:])}, the model takes {_dims(shape)}")
+    if x.dtype == torch.bool or x.is_complex():
+        raise BadInput(f"--dataset {path}: inputs are {str(x.dtype).removeprefix('torch.')}, not real numbers")
+    if dtype == torch.long:
+        return _token_ids(path, x, vocabulary)
+    x = x.to(torch.float32)
+    bad = ~torch.isfinite(x.reshape(x.shape[0], -1)).all(dim=1)
+    if bad.any():  # float64 values beyond float32's range become inf here, and are refused too
+        i = int(bad.nonzero()[0])
+        raise BadInput(f"--dataset {path}: sample {i} holds NaN or infinity (as float32)")
+    return x
+
+
+def _token_ids(path: str, x: torch.Tensor, vocabulary: int | None) -> torch.Tensor:
+    flat = x.reshape(x.shape[0], -1)
+    if x.is_floating_point():
+        bad = (flat != flat.round()) | ~torch.isfinite(flat)
+        if bad.any():
+            i = int(bad.any(dim=1).nonzero()[0])
+            raise BadInput(f"--dataset {path}: sample {i}: the model takes token ids and this sample holds a value "
+                           f"that is not an integer")
+    high = vocabulary if vocabulary is not None else 2**62
+    bad = (flat < 0) | (flat >= high)
+    if bad.any():
+        i = int(bad.any(dim=1).nonzero()[0])
+        raise BadInput(f"--dataset {path}: sample {i} holds a token id outside 0..{high - 1} (the model's vocabulary)")
+    return x.to(torch.long)
+
+
+def _labels(path: str, y: torch.Tensor, n: int, classes: int) -> torch.Tensor:
+    """int64 labels, one per sample, each in [0, classes)."""
+    if y.dim() != 1:
+        raise BadInput(f"--dataset {path}: labels have shape {_dims(y.shape)}; give one integer per sample ({n},)")
+    if y.shape[0] != n:
+        raise BadInput(f"--dataset {path}: {n} samples but {y.shape[0]} labels")
+    if y.dtype == torch.bool or y.is_complex():
+        raise BadInput(f"--dataset {path}: labels are {str(y.dtype).removeprefix('torch.')}, not integers")
+    if y.is_floating_point():
+        bad = ~torch.isfinite(y) | (y != y.round())
+        if bad.any():
+            i = int(bad.nonzero()[0])
+            raise BadInput(f"--dataset {path}: label of sample {i} is {float(y[i])!r}, not an integer class index")
+    out = (y < 0) | (y >= classes)
+    if out.any():
+        i = int(out.nonzero()[0])
+        raise BadInput(f"--dataset {path}: label of sample {i} is {_number(y[i])}, outside the model's {classes} "
+                       f"classes (0 to {classes - 1})")
+    return y.to(torch.long)
+
+
+def _dims(shape: Sequence[int]) -> str:
+    return "(" + ", ".join(str(int(s)) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _number(value: torch.Tensor) -> str:
+    v = value.item()
+    return str(int(v)) if float(v).is_integer() else repr(v)
+
+
+# --- .pt and .npz ---------------------------------------------------------------------------------
+
+def _torch_file(path: str) -> tuple[torch.Tensor, torch.Tensor]:
+    import pickle
+    import warnings
+
+    try:
+        with warnings.catch_warnings():  # torch's note on a plain pickle's protocol would be a second line
+            warnings.simplefilter("ignore")
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0][:160] if str(e).strip() else e.__class__.__name__
+        raise BadInput(f"--dataset {path}: needs pickle to load, refused (a dataset file must not run code: "
+                       f"save plain tensors, torch.save((inputs, labels), f)): {first}") from None
+    except Exception as e:  # noqa: BLE001 - any undecodable file: truncated zip, not a torch file
+        raise BadInput(f"--dataset {path}: cannot read it as a torch file ({e.__class__.__name__}: "
+                       f"{_first_line(e)})") from None
+    if not (isinstance(obj, (tuple, list)) and len(obj) == 2 and all(isinstance(t, torch.Tensor) for t in obj)):
+        raise BadInput(f"--dataset {path}: holds {_kind(obj)}, not an (inputs, labels) pair of tensors "
+                       f"(torch.save((inputs, labels), f))")
+    return obj[0], obj[1]
+
+
+def _npz_file(path: str) -> tuple[torch.Tensor, torch.Tensor]:
+    import numpy as np
+
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except Exception as e:  # noqa: BLE001 - not a zip, truncated
+        raise BadInput(f"--dataset {path}: cannot read it as an .npz archive ({e.__class__.__name__}: "
+                       f"{_first_line(e)})") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise BadInput(f"--dataset {path}: is a single .npy array, not an .npz archive of x and y (numpy.savez)")
+    with archive:
+        missing = [k for k in ("x", "y") if k not in archive.files]
+        if missing:
+            held = ", ".join(sorted(archive.files)) or "nothing"
+            raise BadInput(f"--dataset {path}: has no array {missing[0]!r} (holds {held}); an .npz dataset holds "
+                           f"x (inputs) and y (labels)")
+        return _npz_array(path, archive, "x"), _npz_array(path, archive, "y")
+
+
+def _npz_array(path: str, archive, key: str) -> torch.Tensor:
+    import numpy as np
+
+    try:
+        array = archive[key]
+    except ValueError as e:  # object arrays: allow_pickle=False refuses them
+        raise BadInput(f"--dataset {path}: array {key!r} needs pickle to load, refused (store numbers: "
+                       f"numpy.savez(f, x=..., y=...)): {_first_line(e)}") from None
+    except Exception as e:  # noqa: BLE001 - a damaged member
+        raise BadInput(f"--dataset {path}: array {key!r} cannot be read ({e.__class__.__name__}: "
+                       f"{_first_line(e)})") from None
+    if array.dtype.kind not in "iufb":
+        raise BadInput(f"--dataset {path}: array {key!r} holds {array.dtype} values, not numbers")
+    if array.dtype.kind == "u" and array.dtype.itemsize > 1:
+        array = array.astype(np.int64)  # torch has no uint16/32/64 arithmetic on every version
+    return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def _kind(obj) -> str:
+    if isinstance(obj, (tuple, list)):
+        return f"a {type(obj).__name__} of {len(obj)} item(s)"
+    return f"a {type(obj).__name__}"
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return (text.splitlines()[0] if text else "")[:200]
+
+
+# --- CSV ------------------------------------------------------------------------------------------
+
+def _csv_file(path: str, label_column: str | None, shape: tuple[int, ...],
+              classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Numbers parsed by Python's `float` (correctly rounded: the same on every machine); a bad cell is
+    named by its line and column."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f)
+            header = next((row for row in reader if any(cell.strip() for cell in row)), None)
+            if header is None:
+                raise BadInput(f"--dataset {path}: is empty (a CSV dataset starts with a header row naming the columns)")
+            label = _label_index(path, header, label_column, reader.line_num)
+            rows = _csv_rows(path, reader, header, label, classes)
+    except UnicodeDecodeError as e:
+        raise BadInput(f"--dataset {path}: is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except csv.Error as e:
+        raise BadInput(f"--dataset {path}: not a readable CSV file ({e})") from None
+    if not rows:
+        raise BadInput(f"--dataset {path}: has a header and no rows")
+    table = torch.tensor(rows, dtype=torch.float64)
+    y = table[:, label]
+    x = torch.cat([table[:, :label], table[:, label + 1:]], dim=1)
+    features = math.prod(shape)
+    if x.shape[1] != features:
+        raise BadInput(f"--dataset {path}: {x.shape[1]} feature columns (besides the label column "
+                       f"{header[label]!r}); the model takes {_dims(shape)}, {features} values per sample")
+    return x.reshape(x.shape[0], *shape), y
+
+
+def _label_index(path: str, header: list[str], label_column: str | None, line: int) -> int:
+    names = [h.strip() for h in header]
+    if all(_is_number(n) for n in names if n):
+        raise BadInput(f"--dataset {path}: line {line} holds numbers; a CSV dataset starts with a header row naming the "
+                       f"columns")
+    if len(names) < 2:
+        raise BadInput(f"--dataset {path}: line {line} names {len(names)} column; a CSV dataset needs feature columns "
+                       f"and a label column")
+    if label_column is None:
+        return len(names) - 1
+    found = [i for i, n in enumerate(names) if n == label_column.strip()]
+    if not found:
+        raise BadInput(f"--label-column: {label_column!r} is not a column of {path} (columns: "
+                       f"{_shortened(', '.join(names))})")
+    if len(found) > 1:
+        raise BadInput(f"--label-column: {path} has {len(found)} columns named {label_column!r}")
+    return found[0]
+
+
+def _csv_rows(path: str, reader, header: list[str], label: int, classes: int) -> list[list[float]]:
+    rows = []
+    for cells in reader:
+        if not cells:
+            continue  # a blank line (one at the end of the file is common)
+        if len(cells) != len(header):
+            raise BadInput(f"--dataset {path}: line {reader.line_num}: {len(cells)} cells, the header has "
+                           f"{len(header)}")
+        row = [_cell(path, reader.line_num, header[i], cell) for i, cell in enumerate(cells)]
+        _label_cell(path, reader.line_num, header[label], row[label], classes)
+        rows.append(row)
+    return rows
+
+
+def _label_cell(path: str, line: int, column: str, value: float, classes: int) -> None:
+    if not value.is_integer():
+        raise BadInput(f"--dataset {path}: line {line}, column {column.strip()!r}: the label {value!r} is not an "
+                       f"integer class index")
+    if not 0 <= value < classes:
+        raise BadInput(f"--dataset {path}: line {line}, column {column.strip()!r}: the label {int(value)} is outside "
+                       f"the model's {classes} classes (0 to {classes - 1})")
+
+
+def _cell(path: str, line: int, column: str, cell: str) -> float:
+    try:
+        value = float(cell)
+    except ValueError:
+        raise BadInput(f"--dataset {path}: line {line}, column {column.strip()!r}: {_shortened(cell)!r} is not a "
+                       f"number") from None
+    if not math.isfinite(value):
+        raise BadInput(f"--dataset {path}: line {line}, column {column.strip()!r}: {cell.strip()} is not a finite "
+                       f"number")
+    return value
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _shortened(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+# --- folders of images ----------------------------------------------------------------------------
+
+def _image_folder(path: str, shape: tuple[int, ...], dtype: torch.dtype,
+                  classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, C, H, W) float images in [-1, 1] and their class indices, decoded once per content (cache)."""
+    if dtype != torch.float32 or len(shape) != 3:
+        raise BadInput(f"--dataset {path}: a folder of images needs a model that takes images (C×H×W); this one "
+                       f"takes {'token ids' if dtype == torch.long else _dims(shape)}")
+    if shape[0] not in _CHANNEL_MODES:
+        raise BadInput(f"--dataset {path}: the model takes {shape[0]} channels; images convert to 1 (grey) or 3 "
+                       f"(RGB): give a .pt or .npz file instead")
+    names, files = image_files(path)
+    if len(names) > classes:
+        raise BadInput(f"--dataset {path}: {len(names)} class folders ({_shortened(', '.join(names))}), more than "
+                       f"the model's {classes} classes")
+    pixels, labels = decoded_images(path, files, shape)
+    return pixels.to(torch.float32) / 255.0 * 2.0 - 1.0, labels
+
+
+def image_files(path: str) -> tuple[list[str], list[tuple[str, int]]]:
+    """Class names (sorted sub-folder names) and (file, class index) in sorted order. Hidden entries
+    (a leading dot: `.git`, `.DS_Store`) and files that are not .png/.jpg/.jpeg are left out."""
+    names = sorted(e.name for e in os.scandir(path) if e.is_dir() and not e.name.startswith("."))
+    if not names:
+        raise BadInput(f"--dataset {path}: holds no class sub-folders (a folder of images has one sub-folder of "
+                       f"images per class)")
+    files: list[tuple[str, int]] = []
+    for index, name in enumerate(names):
+        found = _images_under(os.path.join(path, name))
+        if not found:
+            raise BadInput(f"--dataset {os.path.join(path, name)}: class folder holds no PNG or JPEG image")
+        files.extend((f, index) for f in found)
+    return names, files
+
+
+def _images_under(folder: str) -> list[str]:
+    found = []
+    for root, dirs, filenames in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        found.extend(os.path.join(root, f) for f in filenames
+                     if not f.startswith(".") and f.lower().endswith(IMAGE_SUFFIXES))
+    return sorted(found, key=lambda f: os.path.relpath(f, folder).split(os.sep))
+
+
+def decoded_images(path: str, files: list[tuple[str, int]], shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 (N, C, H, W) pixels and labels: from the cache when this content was decoded before."""
+    pil = _pillow(path)
+    cache = decoded_images_cache(path, files, shape, pil.__version__)
+    cached = _read_cache(cache, len(files), shape)
+    if cached is not None:
+        return cached
+    pixels = torch.empty((len(files), *shape), dtype=torch.uint8)
+    for i, (file, _) in enumerate(files):
+        pixels[i] = _decode(file, shape)
+    labels = torch.tensor([label for _, label in files], dtype=torch.long)
+    _write_cache(cache, pixels, labels)
+    return pixels, labels
+
+
+def _pillow(path: str):
+    try:
+        import PIL
+        import PIL.Image  # noqa: F401 - the decoder itself
+    except ImportError:
+        raise BadInput(f"--dataset {path}: reading images needs Pillow, which is not installed here "
+                       f"(pip install Pillow)") from None
+    return PIL
+
+
+def _decode(file: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """One image as uint8 (C, H, W). Pillow's conversions and bilinear resize work on 8-bit integers,
+    so the pixels do not depend on the machine's floating point."""
+    import numpy as np
+    from PIL import Image
+
+    c, h, w = shape
+    try:
+        with Image.open(file, formats=["PNG", "JPEG"]) as im:
+            im.load()
+            if im.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N", "F"):
+                raise BadInput(f"--dataset {file}: a {im.mode} image (16-bit or float pixels); use 8-bit grey or "
+                               f"colour images")
+            im = im.convert(_CHANNEL_MODES[c])
+            if im.size != (w, h):
+                im = im.resize((w, h), Image.Resampling.BILINEAR)
+            array = np.asarray(im, dtype=np.uint8)
+    except BadInput:
+        raise
+    except Exception as e:  # noqa: BLE001 - corrupt, truncated, not an image, a decompression bomb
+        raise BadInput(f"--dataset {file}: cannot decode the image ({e.__class__.__name__}: "
+                       f"{_first_line(e)})") from None
+    tensor = torch.from_numpy(array.copy())
+    return tensor[None] if c == 1 else tensor.permute(2, 0, 1)
+
+
+def decoded_images_cache(path: str, files: list[tuple[str, int]], shape: tuple[int, ...], pillow: str) -> Path:
+    """Where the decoded folder is cached: its key covers everything the pixels depend on (module docstring)."""
+    from hppctl.zoo.cache import user_cache_dir
+
+    digest = hashlib.sha256(f"hppctl images v{DECODER_VERSION} pillow {pillow} shape {shape}\n".encode())
+    for file, label in files:
+        digest.update(f"{label} {Path(os.path.relpath(file, path)).as_posix()}\n".encode())
+        try:
+            with open(file, "rb") as f:
+                digest.update(hashlib.file_digest(f, "sha256").digest())
+        except OSError as e:
+            raise BadInput(f"--dataset {file}: cannot read it ({e.strerror or e})") from None
+    return user_cache_dir() / "datasets" / f"{digest.hexdigest()[:32]}.pt"
+
+
+def _read_cache(cache: Path, n: int, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The cached pixels and labels, or None when absent or not what this key promises (then decode)."""
+    if not cache.is_file():
+        return None
+    try:
+        entry = torch.load(cache, map_location="cpu", weights_only=True)
+        pixels, labels = entry["pixels"], entry["labels"]
+    except Exception:  # noqa: BLE001 - a damaged cache entry is decoded again and rewritten
+        return None
+    if (isinstance(pixels, torch.Tensor) and isinstance(labels, torch.Tensor) and pixels.dtype == torch.uint8
+            and tuple(pixels.shape) == (n, *shape) and tuple(labels.shape) == (n,)):
+        return pixels, labels.to(torch.long)
+    return None
+
+
+def _write_cache(cache: Path, pixels: torch.Tensor, labels: torch.Tensor) -> None:
+    """Written to a temporary name and renamed, so a worker never reads half of it; a cache that cannot
+    be written (read-only home) only costs decoding again."""
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
+        torch.save({"pixels": pixels, "labels": labels}, tmp)
+        os.replace(tmp, cache)
+    except OSError:
+        pass

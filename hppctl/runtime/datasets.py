@@ -470,11 +470,19 @@ def decoded_images_cache(path: str, files: list[tuple[str, int]], shape: tuple[i
     for file, label in files:
         digest.update(f"{label} {Path(os.path.relpath(file, path)).as_posix()}\n".encode())
         try:
-            with open(file, "rb") as f:
-                digest.update(hashlib.file_digest(f, "sha256").digest())
+            digest.update(_file_sha256(file))
         except OSError as e:
             raise BadInput(f"--dataset {file}: cannot read it ({e.strerror or e})") from None
     return user_cache_dir() / "datasets" / f"{digest.hexdigest()[:32]}.pt"
+
+
+def _file_sha256(file: str) -> bytes:
+    """The file's SHA-256 (hashlib.file_digest is Python 3.11+; hppctl runs on 3.10)."""
+    digest = hashlib.sha256()
+    with open(file, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.digest()
 
 
 def _read_cache(cache: Path, n: int, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:

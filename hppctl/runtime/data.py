@@ -16,7 +16,7 @@
   `(train, test)` pair of them.
 - a path: a folder of images with one sub-folder per class, a `.pt` file holding `(inputs, labels)`, an
   `.npz` file with `x` and `y`, or a `.csv` file (`PATH#label=NAME`: `--label-column NAME`); read,
-  checked and split 80/20 by `runtime/datasets.py` (docs/runtime.md, "Your data").
+  checked and split (about 80/20, by a hash of each sample's key) by `runtime/datasets.py` (docs/runtime.md, "Your data").
 
 The order of the training samples is a permutation drawn from (seed, epoch). Round r covers
 positions [r·G, (r+1)·G) of its epoch's permutation (G the global batch; an epoch has

@@ -14,9 +14,10 @@ Every sample is checked before any worker starts (the launcher's pre-flight load
 workers will): the model's input shape, finite values, integer labels within the model's classes.
 A problem is one `BadInput` line naming the file, the sample (row, column) and what is wrong.
 
-The split is fixed and the same for every format: the samples at the first round(N/5) positions of
-a permutation drawn from seed 1234 (not `--seed`) are the test split, the rest the training split,
-both kept in file order. The training order is the run's `SampleOrder` over the training split, as
+The split is fixed and the same for every format: a sample is a test sample when the SHA-256 of its
+key (its path inside a folder, `cat/07.png`; its 0-based index in a file) is 0 modulo 5, about
+20 % (`in_test_split`); both splits keep file order. It does not depend on `--seed` or on N, so
+appending samples moves none of the others across. The training order is the run's `SampleOrder` over the training split, as
 for the built-in datasets.
 
 Decoding a folder of images is the slow part, so its result is cached (`decoded_images_cache`):
@@ -43,9 +44,9 @@ import torch
 
 from hppctl.errors import BadInput
 
-SPLIT_SEED = 1234
-"""The permutation that picks the test split: fixed, so `--seed` changes only the training order."""
-TEST_FRACTION = 0.2
+TEST_ONE_IN = 5
+"""A sample is in the test split when the SHA-256 of its key is 0 modulo this (about 20 %)."""
+SPLIT_SALT = "hppctl split v1 "
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 TENSOR_SUFFIXES = (".pt", ".npz", ".csv")
 LABEL_MARK = "#label="
@@ -107,7 +108,7 @@ def load_file_dataset(spec: str, shape: Sequence[int], dtype: torch.dtype, class
         raise BadInput(f"--dataset {path}: no such file or folder")
     shape = tuple(int(s) for s in shape)
     if os.path.isdir(path):
-        x, y = _image_folder(path, shape, dtype, classes)
+        x, y, keys = _image_folder(path, shape, dtype, classes)
     elif path.lower().endswith(".pt"):
         x, y = _torch_file(path)
     elif path.lower().endswith(".npz"):
@@ -119,16 +120,23 @@ def load_file_dataset(spec: str, shape: Sequence[int], dtype: torch.dtype, class
                        f"or .csv file)")
     x = _model_inputs(path, x, shape, dtype, vocabulary)
     y = _labels(path, y, x.shape[0], classes)
-    return _split(x, y)
+    return _split(x, y, keys if os.path.isdir(path) else [str(i) for i in range(x.shape[0])])
 
 
-def _split(x: torch.Tensor, y: torch.Tensor) -> FileDataset:
-    """Test: the first round(N·0.2) positions of the fixed permutation; both splits in file order."""
-    n = int(y.shape[0])
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(SPLIT_SEED))
-    n_test = int(round(n * TEST_FRACTION))
-    test, train = order[:n_test].sort().values, order[n_test:].sort().values
-    if n_test == 0:
+def in_test_split(key: str) -> bool:
+    """Whether the sample with this key (its path in a folder, its 0-based index in a file) is a test
+    sample. A function of the key alone, not of N or of a random stream: the same on every machine and
+    torch version, and a sample stays on its side when files are added to a folder or rows appended
+    to a file (a scheduled retraining never trains on last week's test samples)."""
+    digest = hashlib.sha256((SPLIT_SALT + key).encode()).digest()
+    return int.from_bytes(digest[:8], "big") % TEST_ONE_IN == 0
+
+
+def _split(x: torch.Tensor, y: torch.Tensor, keys: list[str]) -> FileDataset:
+    """Test: the samples whose key `in_test_split`; both splits in file order."""
+    mask = torch.tensor([in_test_split(k) for k in keys], dtype=torch.bool)
+    train, test = (~mask).nonzero().flatten(), mask.nonzero().flatten()
+    if test.numel() == 0:
         return FileDataset(x[train], y[train], None, None)
     return FileDataset(x[train], y[train], x[test], y[test])
 
@@ -370,8 +378,9 @@ def _shortened(text: str, limit: int = 60) -> str:
 # --- folders of images ----------------------------------------------------------------------------
 
 def _image_folder(path: str, shape: tuple[int, ...], dtype: torch.dtype,
-                  classes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N, C, H, W) float images in [-1, 1] and their class indices, decoded once per content (cache)."""
+                  classes: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """(N, C, H, W) float images in [-1, 1], their class indices, and their split keys (the path
+    inside the folder, `cat/07.png`), decoded once per content (cache)."""
     if dtype != torch.float32 or len(shape) != 3:
         raise BadInput(f"--dataset {path}: a folder of images needs a model that takes images (C×H×W); this one "
                        f"takes {'token ids' if dtype == torch.long else _dims(shape)}")
@@ -383,7 +392,8 @@ def _image_folder(path: str, shape: tuple[int, ...], dtype: torch.dtype,
         raise BadInput(f"--dataset {path}: {len(names)} class folders ({_shortened(', '.join(names))}), more than "
                        f"the model's {classes} classes")
     pixels, labels = decoded_images(path, files, shape)
-    return pixels.to(torch.float32) / 255.0 * 2.0 - 1.0, labels
+    keys = [Path(os.path.relpath(f, path)).as_posix() for f, _ in files]
+    return pixels.to(torch.float32) / 255.0 * 2.0 - 1.0, labels, keys
 
 
 def image_files(path: str) -> tuple[list[str], list[tuple[str, int]]]:

@@ -37,15 +37,18 @@ def test_image_folder_classes_split_and_pixels(tmp_path):
     (root / ".hidden").mkdir()  # ignored: hidden entries
     (root / "cross" / "readme.md").write_text("ignored: not an image")
     data = load_data(str(root), "tiny-cnn")  # 3×8×8 input, 10 classes
-    assert len(data.train) == 24 and len(data.test) == 6  # 30 images, round(30/5) in the test split
+    names, files = datasets.image_files(str(root))
+    test = [datasets.in_test_split(os.path.relpath(f, root)) for f, _ in files]
+    assert len(data.train) == 30 - sum(test) and len(data.test) == sum(test) > 0
     labels = torch.cat([data.train.labels, data.test.labels])
     assert sorted(labels.tolist()) == sorted([0] * 10 + [1] * 10 + [2] * 10)  # sorted folder names
+    assert data.test.labels.tolist() == [label for (_, label), t in zip(files, test) if t]  # file order
     x = data.train.inputs
-    assert x.shape == (24, 3, 8, 8) and x.dtype == torch.float32
+    assert x.shape == (len(data.train), 3, 8, 8) and x.dtype == torch.float32
     assert x.min() >= -1 and x.max() <= 1
     # grey JPEGs become three equal channels; RGB PNGs keep their colours
     grey = [i for i, img in enumerate(x) if torch.equal(img[0], img[1]) and torch.equal(img[1], img[2])]
-    assert 0 < len(grey) < 24
+    assert 0 < len(grey) < len(x)
 
 
 def test_one_channel_models_get_grey_images(tmp_path):
@@ -59,15 +62,35 @@ def test_the_split_is_fixed_and_the_order_is_the_runs(tmp_path):
     x, y = features(n=50)
     np.savez(tmp_path / "d.npz", x=x, y=y)
     data = load_data(str(tmp_path / "d.npz"), "tiny-mlp")
-    order = torch.randperm(50, generator=torch.Generator().manual_seed(datasets.SPLIT_SEED))
-    test = order[:10].sort().values
-    train = order[10:].sort().values
+    test = [i for i in range(50) if datasets.in_test_split(str(i))]
+    train = [i for i in range(50) if i not in test]
+    assert 5 <= len(test) <= 15  # about one in five
     assert torch.equal(data.test.inputs, torch.from_numpy(x)[test])
     assert torch.equal(data.train.labels, torch.from_numpy(y)[train])
     # training order: the run's (seed, epoch) permutation over the training split, as for digits
-    a, b = SampleOrder(len(data.train), 8, 4, seed=3), SampleOrder(40, 8, 4, seed=3)
-    assert torch.equal(a.indices(7, 1, 0, 4), b.indices(7, 1, 0, 4))
+    a, b = SampleOrder(len(data.train), 8, 4, seed=3), SampleOrder(len(train), 8, 4, seed=3)
+    assert torch.equal(a.indices(3, 1, 0, 4), b.indices(3, 1, 0, 4))
     assert torch.equal(load_data(str(tmp_path / "d.npz"), "tiny-mlp").train.inputs, data.train.inputs)
+
+
+def test_appended_samples_move_no_other_across_the_split(tmp_path):
+    # a growing dataset retrained on a schedule: last run's test samples must stay test samples
+    x, y = features(n=80)
+    np.savez(tmp_path / "small.npz", x=x[:50], y=y[:50])
+    np.savez(tmp_path / "grown.npz", x=x, y=y)
+    small, grown = load_data(str(tmp_path / "small.npz"), "tiny-mlp"), load_data(str(tmp_path / "grown.npz"), "tiny-mlp")
+    assert torch.equal(grown.test.inputs[:len(small.test)], small.test.inputs)
+    assert torch.equal(grown.train.inputs[:len(small.train)], small.train.inputs)
+    root = image_folder(tmp_path / "imgs", per_class=6)
+    before = load_data(str(root), "tiny-cnn").test.inputs
+    (root / "circle" / "00a.png").write_bytes(png_bytes(class_image(0, 77)))  # sorts between existing files
+    (root / "aardvark").mkdir()  # a new class sorts first: every label shifts, no image changes side
+    (root / "aardvark" / "z.png").write_bytes(png_bytes(class_image(2, 78)))
+    names, files = datasets.image_files(str(root))
+    after = load_data(str(root), "tiny-cnn")
+    after_test = [f for f, _ in files if datasets.in_test_split(os.path.relpath(f, root))]
+    old = [i for i, f in enumerate(after_test) if os.path.basename(f) not in ("00a.png", "z.png")]
+    assert len(before) > 0 and torch.equal(after.test.inputs[old], before)
 
 
 def test_csv_label_column_and_pt_file(tmp_path):

@@ -20,11 +20,12 @@ key (its path inside a folder, `cat/07.png`; its 0-based index in a file) is 0 m
 appending samples moves none of the others across. The training order is the run's `SampleOrder` over the training split, as
 for the built-in datasets.
 
-Decoding a folder of images is the slow part, so its result is cached (`decoded_images_cache`):
-`$HPPCTL_CACHE_DIR/datasets/<key>.pt` (default `~/.cache/hppctl/datasets/`), the key a SHA-256 over
-every image file's relative path and bytes, the model's (C, H, W), the decoder version and Pillow's
-version. Any change to a file's bytes, a file or class added, removed or renamed, another input size
-or another Pillow gives another key, so the folder is decoded again; stale entries are never read
+Decoding a folder of images and parsing a CSV are the slow parts, so their results are cached in
+`$HPPCTL_CACHE_DIR/datasets/<key>.pt` (default `~/.cache/hppctl/datasets/`). A folder's key is a
+SHA-256 over every image file's relative path, class and bytes, the model's (C, H, W), the decoder
+version and Pillow's version (`decoded_images_cache`); a CSV's over its bytes and the parser version.
+Any change to a file's bytes, a file or class added, removed or renamed, another input size or
+another Pillow gives another key, so the data is decoded again; stale entries are never read
 (delete the folder to reclaim the space).
 
 This module does not import `runtime/data.py` (which dispatches here): it returns tensors.
@@ -283,24 +284,17 @@ def _first_line(e: BaseException) -> str:
 
 def _csv_file(path: str, label_column: str | None, shape: tuple[int, ...],
               classes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Numbers parsed by Python's `float` (correctly rounded: the same on every machine); a bad cell is
-    named by its line and column."""
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as f:
-            reader = csv.reader(f)
-            header = next((row for row in reader if any(cell.strip() for cell in row)), None)
-            if header is None:
-                raise BadInput(f"--dataset {path}: is empty (a CSV dataset starts with a header row naming the columns)")
-            label = _label_index(path, header, label_column, reader.line_num)
-            rows = _csv_rows(path, reader, header, label, classes)
-    except UnicodeDecodeError as e:
-        raise BadInput(f"--dataset {path}: is not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except csv.Error as e:
-        raise BadInput(f"--dataset {path}: not a readable CSV file ({e})") from None
-    if not rows:
-        raise BadInput(f"--dataset {path}: has a header and no rows")
-    table = torch.tensor(rows, dtype=torch.float64)
+    """Numbers parsed by Python's `float` (correctly rounded: the same on every machine), from the
+    cache when this file was parsed before; a bad cell is named by its line and column."""
+    header, lines, table = _csv_table(path)
+    label = _label_index(path, header, label_column)
+    bad = ~torch.isfinite(table)
+    if bad.any():
+        r, c = (int(i) for i in bad.nonzero()[0])
+        raise BadInput(f"--dataset {path}: line {int(lines[r])}, column {header[c]!r}: {float(table[r, c])} is not "
+                       f"a finite number")
     y = table[:, label]
+    _check_label_cells(path, header[label], y, lines, classes)
     x = torch.cat([table[:, :label], table[:, label + 1:]], dim=1)
     features = math.prod(shape)
     if x.shape[1] != features:
@@ -309,58 +303,90 @@ def _csv_file(path: str, label_column: str | None, shape: tuple[int, ...],
     return x.reshape(x.shape[0], *shape), y
 
 
-def _label_index(path: str, header: list[str], label_column: str | None, line: int) -> int:
-    names = [h.strip() for h in header]
-    if all(_is_number(n) for n in names if n):
+def _csv_table(path: str) -> tuple[list[str], torch.Tensor, torch.Tensor]:
+    """(column names, each row's line number, float64 rows × columns): parsed once per content."""
+    cache = _cache_path("csv v1", [(path, _file_sha256_or_refuse(path))])
+    cached = _read_cache(cache)
+    if cached is not None and isinstance(cached.get("header"), list) and _table_entry_ok(cached):
+        return [str(h) for h in cached["header"]], cached["lines"], cached["table"]
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f)
+            header = next((row for row in reader if any(cell.strip() for cell in row)), None)
+            if header is None:
+                raise BadInput(f"--dataset {path}: is empty (a CSV dataset starts with a header row naming the columns)")
+            header = [h.strip() for h in header]
+            _check_header(path, header, reader.line_num)
+            lines, rows = _csv_rows(path, reader, header)
+    except UnicodeDecodeError as e:
+        raise BadInput(f"--dataset {path}: is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except csv.Error as e:
+        raise BadInput(f"--dataset {path}: not a readable CSV file ({e})") from None
+    if not rows:
+        raise BadInput(f"--dataset {path}: has a header and no rows")
+    table, line_numbers = torch.tensor(rows, dtype=torch.float64), torch.tensor(lines, dtype=torch.long)
+    _write_cache(cache, {"header": header, "lines": line_numbers, "table": table})
+    return header, line_numbers, table
+
+
+def _table_entry_ok(entry: dict) -> bool:
+    table, lines = entry.get("table"), entry.get("lines")
+    return (isinstance(table, torch.Tensor) and isinstance(lines, torch.Tensor) and table.dtype == torch.float64
+            and table.dim() == 2 and table.shape == (lines.shape[0], len(entry["header"])))
+
+
+def _check_header(path: str, header: list[str], line: int) -> None:
+    if all(_is_number(n) for n in header if n):
         raise BadInput(f"--dataset {path}: line {line} holds numbers; a CSV dataset starts with a header row naming the "
                        f"columns")
-    if len(names) < 2:
-        raise BadInput(f"--dataset {path}: line {line} names {len(names)} column; a CSV dataset needs feature columns "
+    if len(header) < 2:
+        raise BadInput(f"--dataset {path}: line {line} names {len(header)} column; a CSV dataset needs feature columns "
                        f"and a label column")
+
+
+def _label_index(path: str, header: list[str], label_column: str | None) -> int:
     if label_column is None:
-        return len(names) - 1
-    found = [i for i, n in enumerate(names) if n == label_column.strip()]
+        return len(header) - 1
+    found = [i for i, n in enumerate(header) if n == label_column.strip()]
     if not found:
         raise BadInput(f"--label-column: {label_column!r} is not a column of {path} (columns: "
-                       f"{_shortened(', '.join(names))})")
+                       f"{_shortened(', '.join(header))})")
     if len(found) > 1:
         raise BadInput(f"--label-column: {path} has {len(found)} columns named {label_column!r}")
     return found[0]
 
 
-def _csv_rows(path: str, reader, header: list[str], label: int, classes: int) -> list[list[float]]:
-    rows = []
+def _csv_rows(path: str, reader, header: list[str]) -> tuple[list[int], list[list[float]]]:
+    """Each row's line number and numbers; a row converts in one `map` (a cell at a time only to name
+    the one that is not a number)."""
+    lines, rows = [], []
+    width = len(header)
     for cells in reader:
         if not cells:
             continue  # a blank line (one at the end of the file is common)
-        if len(cells) != len(header):
-            raise BadInput(f"--dataset {path}: line {reader.line_num}: {len(cells)} cells, the header has "
-                           f"{len(header)}")
-        row = [_cell(path, reader.line_num, header[i], cell) for i, cell in enumerate(cells)]
-        _label_cell(path, reader.line_num, header[label], row[label], classes)
-        rows.append(row)
-    return rows
+        if len(cells) != width:
+            raise BadInput(f"--dataset {path}: line {reader.line_num}: {len(cells)} cells, the header has {width}")
+        try:
+            rows.append(list(map(float, cells)))
+        except ValueError:
+            column, cell = next((header[i], c) for i, c in enumerate(cells) if not _is_number(c))
+            raise BadInput(f"--dataset {path}: line {reader.line_num}, column {column!r}: {_shortened(cell)!r} is "
+                           f"not a number") from None
+        lines.append(reader.line_num)
+    return lines, rows
 
 
-def _label_cell(path: str, line: int, column: str, value: float, classes: int) -> None:
-    if not value.is_integer():
-        raise BadInput(f"--dataset {path}: line {line}, column {column.strip()!r}: the label {value!r} is not an "
-                       f"integer class index")
-    if not 0 <= value < classes:
-        raise BadInput(f"--dataset {path}: line {line}, column {column.strip()!r}: the label {int(value)} is outside "
+def _check_label_cells(path: str, column: str, y: torch.Tensor, lines: torch.Tensor, classes: int) -> None:
+    fractional = y != y.round()
+    if fractional.any():
+        r = int(fractional.nonzero()[0])
+        raise BadInput(f"--dataset {path}: line {int(lines[r])}, column {column!r}: the label {float(y[r])!r} is not "
+                       f"an integer class index")
+    outside = (y < 0) | (y >= classes)
+    if outside.any():
+        r = int(outside.nonzero()[0])
+        raise BadInput(f"--dataset {path}: line {int(lines[r])}, column {column!r}: the label {int(y[r])} is outside "
                        f"the model's {classes} classes (0 to {classes - 1})")
-
-
-def _cell(path: str, line: int, column: str, cell: str) -> float:
-    try:
-        value = float(cell)
-    except ValueError:
-        raise BadInput(f"--dataset {path}: line {line}, column {column.strip()!r}: {_shortened(cell)!r} is not a "
-                       f"number") from None
-    if not math.isfinite(value):
-        raise BadInput(f"--dataset {path}: line {line}, column {column.strip()!r}: {cell.strip()} is not a finite "
-                       f"number")
-    return value
 
 
 def _is_number(text: str) -> bool:
@@ -425,14 +451,14 @@ def decoded_images(path: str, files: list[tuple[str, int]], shape: tuple[int, ..
     """uint8 (N, C, H, W) pixels and labels: from the cache when this content was decoded before."""
     pil = _pillow(path)
     cache = decoded_images_cache(path, files, shape, pil.__version__)
-    cached = _read_cache(cache, len(files), shape)
+    cached = _cached_pixels(_read_cache(cache), len(files), shape)
     if cached is not None:
         return cached
     pixels = torch.empty((len(files), *shape), dtype=torch.uint8)
     for i, (file, _) in enumerate(files):
         pixels[i] = _decode(file, shape)
     labels = torch.tensor([label for _, label in files], dtype=torch.long)
-    _write_cache(cache, pixels, labels)
+    _write_cache(cache, {"pixels": pixels, "labels": labels})
     return pixels, labels
 
 
@@ -474,49 +500,61 @@ def _decode(file: str, shape: tuple[int, ...]) -> torch.Tensor:
 
 def decoded_images_cache(path: str, files: list[tuple[str, int]], shape: tuple[int, ...], pillow: str) -> Path:
     """Where the decoded folder is cached: its key covers everything the pixels depend on (module docstring)."""
+    named = [(f"{label} {Path(os.path.relpath(file, path)).as_posix()}", _file_sha256_or_refuse(file))
+             for file, label in files]
+    return _cache_path(f"images v{DECODER_VERSION} pillow {pillow} shape {shape}", named)
+
+
+def _cache_path(kind: str, named_digests: list[tuple[str, bytes]]) -> Path:
+    """`$HPPCTL_CACHE_DIR/datasets/<key>.pt`, the key a SHA-256 over `kind` and each (name, content digest)."""
     from hppctl.zoo.cache import user_cache_dir
 
-    digest = hashlib.sha256(f"hppctl images v{DECODER_VERSION} pillow {pillow} shape {shape}\n".encode())
-    for file, label in files:
-        digest.update(f"{label} {Path(os.path.relpath(file, path)).as_posix()}\n".encode())
-        try:
-            digest.update(_file_sha256(file))
-        except OSError as e:
-            raise BadInput(f"--dataset {file}: cannot read it ({e.strerror or e})") from None
+    digest = hashlib.sha256(f"hppctl {kind}\n".encode())
+    for name, content in named_digests:
+        digest.update(f"{name}\n".encode())
+        digest.update(content)
     return user_cache_dir() / "datasets" / f"{digest.hexdigest()[:32]}.pt"
 
 
-def _file_sha256(file: str) -> bytes:
+def _file_sha256_or_refuse(file: str) -> bytes:
     """The file's SHA-256 (hashlib.file_digest is Python 3.11+; hppctl runs on 3.10)."""
     digest = hashlib.sha256()
-    with open(file, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+    try:
+        with open(file, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as e:
+        raise BadInput(f"--dataset {file}: cannot read it ({e.strerror or e})") from None
     return digest.digest()
 
 
-def _read_cache(cache: Path, n: int, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The cached pixels and labels, or None when absent or not what this key promises (then decode)."""
+def _read_cache(cache: Path) -> dict | None:
+    """The cached entry, or None when absent or unreadable (then the caller decodes again and rewrites it)."""
     if not cache.is_file():
         return None
     try:
         entry = torch.load(cache, map_location="cpu", weights_only=True)
-        pixels, labels = entry["pixels"], entry["labels"]
     except Exception:  # noqa: BLE001 - a damaged cache entry is decoded again and rewritten
         return None
+    return entry if isinstance(entry, dict) else None
+
+
+def _cached_pixels(entry: dict | None, n: int, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The entry's pixels and labels when they are what this key promises."""
+    pixels, labels = (entry or {}).get("pixels"), (entry or {}).get("labels")
     if (isinstance(pixels, torch.Tensor) and isinstance(labels, torch.Tensor) and pixels.dtype == torch.uint8
             and tuple(pixels.shape) == (n, *shape) and tuple(labels.shape) == (n,)):
         return pixels, labels.to(torch.long)
     return None
 
 
-def _write_cache(cache: Path, pixels: torch.Tensor, labels: torch.Tensor) -> None:
+def _write_cache(cache: Path, entry: dict) -> None:
     """Written to a temporary name and renamed, so a worker never reads half of it; a cache that cannot
     be written (read-only home) only costs decoding again."""
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
-        torch.save({"pixels": pixels, "labels": labels}, tmp)
+        torch.save(entry, tmp)
         os.replace(tmp, cache)
     except OSError:
         pass

@@ -123,6 +123,21 @@ def test_decoded_folders_are_cached_until_a_file_changes(tmp_path, cache_dir, mo
     assert not torch.equal(changed, first) and len(list((cache_dir / "datasets").glob("*.pt"))) == 2
 
 
+def test_parsed_csv_files_are_cached_until_they_change(tmp_path, cache_dir, monkeypatch):
+    x, y = features(n=20)
+    path = write_csv(tmp_path / "d.csv", x, y)
+    first = load_data(str(path), "tiny-mlp").train.inputs
+
+    def no_parsing(*args):
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(datasets, "_csv_rows", no_parsing)
+    assert torch.equal(load_data(str(path), "tiny-mlp").train.inputs, first)
+    path.write_text(path.read_text().replace("label\n", "label\n\n", 1))  # a blank line: other bytes
+    with pytest.raises(AssertionError, match="parsed again"):
+        load_data(str(path), "tiny-mlp")
+
+
 def test_a_damaged_cache_entry_is_decoded_again(tmp_path, cache_dir):
     root = image_folder(tmp_path / "imgs", per_class=4)
     first = load_data(str(root), "tiny-cnn").train.inputs

@@ -413,22 +413,27 @@ def _image_folder(path: str, shape: tuple[int, ...], dtype: torch.dtype,
     if shape[0] not in _CHANNEL_MODES:
         raise BadInput(f"--dataset {path}: the model takes {shape[0]} channels; images convert to 1 (grey) or 3 "
                        f"(RGB): give a .pt or .npz file instead")
-    names, files = image_files(path)
-    if len(names) > classes:
-        raise BadInput(f"--dataset {path}: {len(names)} class folders ({_shortened(', '.join(names))}), more than "
-                       f"the model's {classes} classes")
+    names, files = image_files(path, classes)
     pixels, labels = decoded_images(path, files, shape)
     keys = [Path(os.path.relpath(f, path)).as_posix() for f, _ in files]
     return pixels.to(torch.float32) / 255.0 * 2.0 - 1.0, labels, keys
 
 
-def image_files(path: str) -> tuple[list[str], list[tuple[str, int]]]:
+def image_files(path: str, classes: int | None = None) -> tuple[list[str], list[tuple[str, int]]]:
     """Class names (sorted sub-folder names) and (file, class index) in sorted order. Hidden entries
-    (a leading dot: `.git`, `.DS_Store`) and files that are not .png/.jpg/.jpeg are left out."""
-    names = sorted(e.name for e in os.scandir(path) if e.is_dir() and not e.name.startswith("."))
+    (a leading dot: `.git`, `.DS_Store`) and files that are not .png/.jpg/.jpeg are left out. More
+    class folders than the model's `classes` is refused before any is walked (`--dataset ~` by
+    mistake must not read the whole home directory)."""
+    try:
+        names = sorted(e.name for e in os.scandir(path) if e.is_dir() and not e.name.startswith("."))
+    except OSError as e:
+        raise BadInput(f"--dataset {path}: cannot list the folder ({e.strerror or e})") from None
     if not names:
         raise BadInput(f"--dataset {path}: holds no class sub-folders (a folder of images has one sub-folder of "
                        f"images per class)")
+    if classes is not None and len(names) > classes:
+        raise BadInput(f"--dataset {path}: {len(names)} class folders ({_shortened(', '.join(names))}), more than "
+                       f"the model's {classes} classes")
     files: list[tuple[str, int]] = []
     for index, name in enumerate(names):
         found = _images_under(os.path.join(path, name))

@@ -49,7 +49,7 @@ TEST_ONE_IN = 5
 """A sample is in the test split when the SHA-256 of its key is 0 modulo this (about 20 %)."""
 SPLIT_SALT = "hppctl split v1 "
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
-TENSOR_SUFFIXES = (".pt", ".npz", ".csv")
+FILE_SUFFIXES = (".pt", ".npz", ".csv")
 LABEL_MARK = "#label="
 """`--label-column NAME` joins the dataset's name as `PATH#label=NAME`: the run's dataset is one string
 everywhere (worker options, the checkpoint's record, the summary), so a resume with another label
@@ -94,7 +94,7 @@ def is_file_dataset(spec: str) -> bool:
     """A path rather than a built-in name or `package.module:factory`: it exists, has a dataset
     suffix, or holds a path separator (a module name never does)."""
     path, column = split_spec(spec)
-    return (column is not None or os.path.exists(path) or path.lower().endswith(TENSOR_SUFFIXES)
+    return (column is not None or os.path.exists(path) or path.lower().endswith(FILE_SUFFIXES)
             or os.sep in path)
 
 
@@ -108,6 +108,7 @@ def load_file_dataset(spec: str, shape: Sequence[int], dtype: torch.dtype, class
     if not os.path.exists(path):
         raise BadInput(f"--dataset {path}: no such file or folder")
     shape = tuple(int(s) for s in shape)
+    keys = None  # a folder's samples are keyed by path; a file's by index (below)
     if os.path.isdir(path):
         x, y, keys = _image_folder(path, shape, dtype, classes)
     elif path.lower().endswith(".pt"):
@@ -121,7 +122,7 @@ def load_file_dataset(spec: str, shape: Sequence[int], dtype: torch.dtype, class
                        f"or .csv file)")
     x = _model_inputs(path, x, shape, dtype, vocabulary)
     y = _labels(path, y, x.shape[0], classes)
-    return _split(x, y, keys if os.path.isdir(path) else [str(i) for i in range(x.shape[0])])
+    return _split(x, y, keys if keys is not None else [str(i) for i in range(x.shape[0])])
 
 
 def in_test_split(key: str) -> bool:
@@ -480,20 +481,24 @@ def _pillow(path: str):
 def _decode(file: str, shape: tuple[int, ...]) -> torch.Tensor:
     """One image as uint8 (C, H, W). Pillow's conversions and bilinear resize work on 8-bit integers,
     so the pixels do not depend on the machine's floating point."""
+    import warnings
+
     import numpy as np
     from PIL import Image
 
     c, h, w = shape
     try:
-        with Image.open(file, formats=["PNG", "JPEG"]) as im:
-            im.load()
-            if im.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N", "F"):
-                raise BadInput(f"--dataset {file}: a {im.mode} image (16-bit or float pixels); use 8-bit grey or "
-                               f"colour images")
-            im = im.convert(_CHANNEL_MODES[c])
-            if im.size != (w, h):
-                im = im.resize((w, h), Image.Resampling.BILINEAR)
-            array = np.asarray(im, dtype=np.uint8)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Pillow's DecompressionBombWarning would be a second line
+            with Image.open(file, formats=["PNG", "JPEG"]) as im:
+                im.load()
+                if im.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N", "F"):
+                    raise BadInput(f"--dataset {file}: a {im.mode} image (16-bit or float pixels); use 8-bit grey "
+                                   f"or colour images")
+                im = im.convert(_CHANNEL_MODES[c])
+                if im.size != (w, h):
+                    im = im.resize((w, h), Image.Resampling.BILINEAR)
+                array = np.asarray(im, dtype=np.uint8)
     except BadInput:
         raise
     except Exception as e:  # noqa: BLE001 - corrupt, truncated, not an image, a decompression bomb

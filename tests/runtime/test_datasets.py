@@ -396,3 +396,45 @@ def test_every_class_folder_listed_once(tmp_path):
     assert names == list(CLASSES)
     assert [os.path.relpath(f, root) for f, _ in files][-4:] == [
         "stripes/00.png", "stripes/01.png", "stripes/02.png", "stripes/more/x.PNG"]
+
+
+# --- the same refusals from a real process: no warning or traceback adds a line -------------------
+
+def _plain_pickle(tmp_path):
+    (tmp_path / "d.pt").write_bytes(pickle.dumps(Hostile(tmp_path / "pwned")))
+    return tmp_path / "d.pt", "tiny-mlp"
+
+
+def _hostile_pt(tmp_path):
+    torch.save((torch.zeros(20, 32), Hostile(tmp_path / "pwned")), tmp_path / "d.pt")
+    return tmp_path / "d.pt", "tiny-mlp"
+
+
+def _truncated_png(tmp_path):
+    root = _folder(tmp_path)
+    whole = png_bytes(class_image(1, 7, size=(64, 64)))
+    (root / "cross" / "05.png").write_bytes(whole[:len(whole) // 2])
+    return root, "tiny-cnn"
+
+
+def _object_npz(tmp_path):
+    np.savez(tmp_path / "d.npz", x=np.zeros((20, 32)), y=np.array([object()] * 20))
+    return tmp_path / "d.npz", "tiny-mlp"
+
+
+@pytest.mark.parametrize("make", [_plain_pickle, _hostile_pt, _truncated_png, _object_npz])
+def test_one_line_from_a_real_process(tmp_path, make):
+    import subprocess
+    import sys
+
+    dataset, model = make(tmp_path)
+    layers = {"tiny-mlp": 5, "tiny-cnn": 11}[model]
+    save(tmp_path / "plan.yaml", make_plan(model, [((0, layers), ["a"], [4])], global_batch=8, micro_batch=4))
+    save(tmp_path / "cluster.yaml", local_cluster("a"))
+    env = {**os.environ, "HPPCTL_CACHE_DIR": str(tmp_path / "cache"), "PYTHONWARNINGS": "default"}
+    done = subprocess.run([sys.executable, "-m", "hppctl", "run", "--plan", str(tmp_path / "plan.yaml"),
+                           "--cluster", str(tmp_path / "cluster.yaml"), "--dataset", str(dataset)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith(f"error: --dataset {dataset}")
+    assert done.stdout == "" and not (tmp_path / "pwned").exists()

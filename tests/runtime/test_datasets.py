@@ -405,11 +405,6 @@ def _plain_pickle(tmp_path):
     return tmp_path / "d.pt", "tiny-mlp"
 
 
-def _hostile_pt(tmp_path):
-    torch.save((torch.zeros(20, 32), Hostile(tmp_path / "pwned")), tmp_path / "d.pt")
-    return tmp_path / "d.pt", "tiny-mlp"
-
-
 def _truncated_png(tmp_path):
     root = _folder(tmp_path)
     whole = png_bytes(class_image(1, 7, size=(64, 64)))
@@ -417,12 +412,7 @@ def _truncated_png(tmp_path):
     return root, "tiny-cnn"
 
 
-def _object_npz(tmp_path):
-    np.savez(tmp_path / "d.npz", x=np.zeros((20, 32)), y=np.array([object()] * 20))
-    return tmp_path / "d.npz", "tiny-mlp"
-
-
-@pytest.mark.parametrize("make", [_plain_pickle, _hostile_pt, _truncated_png, _object_npz])
+@pytest.mark.parametrize("make", [_plain_pickle, _truncated_png])  # where torch and Pillow could warn
 def test_one_line_from_a_real_process(tmp_path, make):
     import subprocess
     import sys

@@ -162,7 +162,7 @@ def refused(cli, tmp_path, monkeypatch):
     monkeypatch.setattr(launcher, "prepare_local_workers", record)
 
     def run(dataset, *flags, model="tiny-mlp", expect=2):
-        layers = {"tiny-mlp": 5, "tiny-cnn": 11}[model]
+        layers = {"tiny-mlp": 5, "tiny-cnn": 11, "tiny-bert": 31}[model]
         save(tmp_path / "plan.yaml", make_plan(model, [((0, layers), ["a"], [4])], global_batch=8, micro_batch=4))
         save(tmp_path / "cluster.yaml", local_cluster("a"))
         code, out, err = cli("run", "--plan", tmp_path / "plan.yaml", "--cluster", tmp_path / "cluster.yaml",
@@ -283,6 +283,22 @@ def test_malformed_pt(refused, tmp_path, content, problem):
     torch.save(content, tmp_path / "d.pt")
     line = refused(str(tmp_path / "d.pt"))
     assert f"--dataset {tmp_path / 'd.pt'}: {problem}" in line
+
+
+@pytest.mark.parametrize("ids, problem", [
+    (torch.full((20, 16), 1000), "sample 0 holds a token id outside 0..999 (the model's vocabulary)"),
+    (torch.full((20, 16), -1), "sample 0 holds a token id outside 0..999"),
+    (torch.full((20, 16), 1.5), "sample 0: the model takes token ids and this sample holds a value that is not an "
+                                "integer"),
+])
+def test_token_ids_for_a_token_model(refused, tmp_path, ids, problem):
+    torch.save((ids, torch.zeros(20, dtype=torch.long)), tmp_path / "d.pt")
+    assert f"--dataset {tmp_path / 'd.pt'}: {problem}" in refused(str(tmp_path / "d.pt"), model="tiny-bert")
+
+
+def test_token_ids_load_as_int64(tmp_path):
+    torch.save((torch.randint(0, 1000, (20, 16)).float(), torch.arange(20) % 2), tmp_path / "d.pt")
+    assert load_data(str(tmp_path / "d.pt"), "tiny-bert").train.inputs.dtype == torch.long
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])

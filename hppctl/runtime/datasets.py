@@ -148,7 +148,9 @@ def _split(x: torch.Tensor, y: torch.Tensor, keys: list[str]) -> FileDataset:
 def _model_inputs(path: str, x: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype,
                   vocabulary: int | None) -> torch.Tensor:
     """`x` as the model's input: (N, *shape), float32 (finite) or int64 token ids."""
-    if x.dim() == 0 or x.shape[0] == 0:
+    if x.dim() == 0:
+        raise BadInput(f"--dataset {path}: the inputs are a single number, not samples")
+    if x.shape[0] == 0:
         raise BadInput(f"--dataset {path}: holds no samples")
     if tuple(x.shape[1:]) != shape:
         raise BadInput(f"--dataset {path}: samples have shape {_dims(x.shape[1:])}, the model takes {_dims(shape)}")
@@ -241,7 +243,7 @@ def _npz_file(path: str) -> tuple[torch.Tensor, torch.Tensor]:
     except Exception as e:  # noqa: BLE001 - not a zip, truncated
         raise BadInput(f"--dataset {path}: cannot read it as an .npz archive ({e.__class__.__name__}: "
                        f"{_first_line(e)})") from None
-    if not isinstance(archive, np.lib.npyio.NpzFile):
+    if not hasattr(archive, "files"):  # np.load gave an ndarray: an .npy file under an .npz name
         raise BadInput(f"--dataset {path}: is a single .npy array, not an .npz archive of x and y (numpy.savez)")
     with archive:
         missing = [k for k in ("x", "y") if k not in archive.files]

@@ -38,7 +38,8 @@ def run_command(
     profile: Annotated[Optional[Path], typer.Option("--profile", help="The profile the plan was made from: its digest must match.")] = None,
     rounds: Annotated[Optional[int], typer.Option("--rounds", help="Rounds (global batches) to train in total.")] = None,
     epochs: Annotated[Optional[int], typer.Option("--epochs", help="Epochs to train (rounds = epochs x floor(samples / global batch)). Default 1.")] = None,
-    dataset: Annotated[str, typer.Option("--dataset", help="synthetic, digits, or package.module:factory.")] = "synthetic",
+    dataset: Annotated[str, typer.Option("--dataset", help="synthetic, digits, package.module:factory, or a path: a folder of images (one sub-folder per class), a .pt or .npz tensor file, a .csv file (docs/runtime.md, Your data).")] = "synthetic",
+    label_column: Annotated[Optional[str], typer.Option("--label-column", help="CSV datasets: the column holding the class index (default: the last one).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Weights, sample order and dropout derive from it (0 to 2^32 - 1).")] = 0,
     optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="sgd (with --momentum) or adam. Default: per model family, printed (docs/runtime.md); on --resume, the checkpoint's.")] = None,
     lr: Annotated[Optional[float], typer.Option("--lr", help="Learning rate (the peak, under a schedule). Default: the family's (adam), 0.05 for sgd.")] = None,
@@ -92,6 +93,8 @@ def run_command(
 
     if plan is None:
         raise BadInput("--plan: required (a plan file from `hppctl plan`)")
+    from hppctl.runtime.datasets import dataset_spec
+    dataset = dataset_spec(dataset, label_column)  # one string to the workers and the checkpoint: PATH#label=NAME
     if cluster is None:
         raise BadInput("--cluster: required (the inventory naming the plan's devices)")
     from hppctl.runtime.bootstrap import check_listen
@@ -119,7 +122,8 @@ def run_command(
     if is_inference_file(plan):  # collaborative inference (issue 8)
         _refuse_training_only(plan, {
             "--init-from": init_from, "--more-rounds": more_rounds, "--more-epochs": more_epochs, "--rounds": rounds,
-            "--epochs": epochs, "--dataset": None if dataset == "synthetic" else dataset, "--optimizer": optimizer,
+            "--epochs": epochs, "--dataset": None if dataset == "synthetic" else dataset, "--label-column": label_column,
+            "--optimizer": optimizer,
             "--lr": lr, "--lr-schedule": lr_schedule, "--warmup-rounds": warmup_rounds or None,
             "--bn-recalibrate": bn_recalibrate or None, "--momentum": momentum, "--weight-decay": weight_decay,
             "--save-model": save_model, "--profile": profile,

@@ -21,7 +21,8 @@ class TrainOptions(FrozenModel):
     """Training hyper-parameters and bookkeeping, identical on every worker."""
 
     dataset: str = "synthetic"
-    """`synthetic`, `digits` or `package.module:factory` (runtime/data.py)."""
+    """`synthetic`, `digits`, `package.module:factory` (runtime/data.py), or a path: a folder of images,
+    a .pt, .npz or .csv file, `PATH#label=NAME` for a CSV's label column (runtime/datasets.py)."""
     seed: int = 0
     """Model weights, sample order (with the epoch) and dropout masks (with the round and device)."""
     rounds: PosInt = 1

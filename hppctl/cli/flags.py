@@ -93,3 +93,13 @@ def divergence_factor(flag: str, value: float) -> float:
     if not (value == 0 or (math.isfinite(value) and 1 < value <= MAX_DIVERGENCE_FACTOR)):
         raise BadInput(f"{flag}: must be 0 (off) or above 1, at most {_bound(MAX_DIVERGENCE_FACTOR)} (got {_shown(value)})")
     return value
+
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+def precision(flag: str, value: str) -> str:
+    """`--precision`: fp32 (default, no autocast), fp16 or bf16 (runtime/accelerator.py)."""
+    if value not in PRECISIONS:
+        raise BadInput(f"{flag}: unknown value {_shown(value)!r} ({', '.join(PRECISIONS)})")
+    return value

@@ -156,7 +156,8 @@ def _render_compare(rows) -> None:
 def run_inference_command(plan_path: Path, cluster_path: Path, *, text: str | None, input_ids: Path | None,
                           seq_len: int | None, repeat: int, warmup: int, overlap: bool, output: Path | None,
                           as_json: bool, threads: int | None, seed: int, listen: str | None, timeout: float,
-                          log: Path | None, wire_dtype: str = "float32", log_every: float | None = None) -> None:
+                          log: Path | None, wire_dtype: str = "float32", log_every: float | None = None,
+                          precision: str = "fp32") -> None:
     import os
 
     from hppctl.models.cluster import ClusterSpec
@@ -180,6 +181,9 @@ def run_inference_command(plan_path: Path, cluster_path: Path, *, text: str | No
     inventory = load(cluster_path, ClusterSpec)
     ids = (driver.text_ids(plan.model, text, note) if text is not None
            else driver.read_input_ids(input_ids) if input_ids else None)
+    if all(s.device in {d.name for d in inventory.devices} for s in plan.shares):
+        from hppctl.runtime.accelerator import check_local_devices
+        check_local_devices(inventory, [s.device for s in plan.shares], precision, cluster_source=str(cluster_path))
     local = [s.device for s in plan.shares if inventory.device(s.device).local] if all(
         s.device in {d.name for d in inventory.devices} for s in plan.shares) else []
     if threads is None:
@@ -191,7 +195,8 @@ def run_inference_command(plan_path: Path, cluster_path: Path, *, text: str | No
         stack.enter_context(lines or contextlib.nullcontext())
         request = InferenceRequest(plan, inventory, ids, seq_len=seq_len, overlap=overlap, wire_dtype=wire_dtype,
                                    repeats=repeat, warmup=warmup, threads=threads, seed=seed, timeout_s=timeout,
-                                   listen=listen, log=log_file, progress_every_s=report_every(log_every))
+                                   listen=listen, log=log_file, progress_every_s=report_every(log_every),
+                                   precision=precision)
         try:
             result = run_inference(request, on_phase=shown.on_phase, on_step=shown.on_step)
         except BaseException:

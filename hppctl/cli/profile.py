@@ -137,6 +137,8 @@ def profile_command(
 
     spec = load(cluster, ClusterSpec)
     preset_devices(spec, str(cluster))  # fail on a bad device before paying for the model
+    from hppctl.runtime.accelerator import check_local_devices
+    check_local_devices(spec, [d.name for d in spec.devices], "fp32", cluster_source=str(cluster))  # cuda here?
     from hppctl.profiling.cluster import ProbeSettings
 
     # checked even when every device is a preset (and the settings go unused): a typo must not pass
@@ -255,6 +257,10 @@ def compute_label(device) -> str:
     preset on what the preset models ("cpu 845 GFLOP/s peak" was a Jetson's GPU)."""
     from hppctl.profiling.presets import PRESETS
 
+    gpu = device.accelerator
+    if gpu is not None:  # measured on its GPU (`accelerator:` in the cluster file)
+        memory = f", {format_bytes(gpu.memory_bytes)}{' unified' if gpu.integrated else ''}" if gpu.memory_bytes else ""
+        return f"{gpu.type.upper()} {gpu.name or ''}{memory}".replace("  ", " ")
     if device.measurement is not None:
         quota = device.measurement.cpu_quota_cores
         share = f"{quota:.2f} cores" if quota else f"{device.measurement.cpus} cores"

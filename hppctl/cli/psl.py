@@ -280,6 +280,8 @@ def run_psl(
     check_listen(listen)
     plan = load(plan_file, PslPlan)
     cluster = load(cluster_file, ClusterSpec)
+    from hppctl.runtime.accelerator import refuse_cuda
+    refuse_cuda(cluster, "psl plans", cluster_source=str(cluster_file))
     share_values = _parse_shares(shares)
     data = preflight(plan, cluster, dataset, share_values, plan_source=str(plan_file), cluster_source=str(cluster_file))
     if threads is None:

@@ -60,6 +60,9 @@ class TrainOptions(FrozenModel):
     progress_every_s: PosFloat = 0.5
     """How often a worker may report its progress within a round (runtime/progress.py): the
     launcher's log interval, at most 0.5 s."""
+    precision: Literal["fp32", "fp16", "bf16"] = "fp32"
+    """Autocast dtype of the forward passes (`--precision`; runtime/accelerator.py): fp32 runs
+    without autocast; fp16 with one loss scale shared by every stage; bf16 without a scale."""
 
     def learning_rate(self, round_index: int) -> float:
         """The rate of round `round_index` (0-based). A function of the round alone, so a resumed run
@@ -83,6 +86,8 @@ class WorkerConfig(FrozenModel):
     granularity: Literal["fine", "block"]
     schedule: Schedule
     options: TrainOptions
+    accelerator: Literal["cpu", "cuda", "auto"] = "cpu"
+    """The device's `accelerator:` from the cluster file, resolved by the worker on the device."""
     resume: bool = False
     """Load the checkpointed stage state (`resume/<stage>`) over the initial one (`init/<stage>`)."""
     recovery: "RecoveryConfig | None" = None

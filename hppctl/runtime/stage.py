@@ -39,10 +39,11 @@ class TensorSpec:
     def carries_grad(self) -> bool:
         return self.batched and self.dtype.is_floating_point
 
-    def empty(self, samples: int) -> torch.Tensor:
+    def empty(self, samples: int, pinned: bool = False) -> torch.Tensor:
+        """A host buffer for `samples` samples (page-locked with `pinned`: accelerator.pinned_for)."""
         if self.rows is None:
-            return torch.empty(self.shape, dtype=self.dtype)
-        return torch.empty((self.rows * samples, *self.shape), dtype=self.dtype)
+            return torch.empty(self.shape, dtype=self.dtype, pin_memory=pinned)
+        return torch.empty((self.rows * samples, *self.shape), dtype=self.dtype, pin_memory=pinned)
 
     def rows_of(self, tensor: torch.Tensor, first: int, last: int) -> torch.Tensor:
         """Samples [first, last) counted from the tensor's first sample (shared tensors whole)."""
@@ -79,7 +80,7 @@ def backward_into(outputs: Sequence[torch.Tensor], specs: Sequence[TensorSpec], 
     """Back-propagate `grads`, one per output whose spec carries a gradient (outputs the graph does not
     reach, which need none, are left out)."""
     carried = [o for o, s in zip(outputs, specs) if s.carries_grad]
-    pairs = [(o, g) for o, g in zip(carried, grads) if o.requires_grad]
+    pairs = [(o, g.to(o.dtype)) for o, g in zip(carried, grads) if o.requires_grad]  # autocast: o may be in half
     if pairs:
         torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
 
@@ -118,7 +119,7 @@ class Stage:
     and cut (tests and references)."""
 
     def __init__(self, model: str, granularity: str, start: int, end: int, *, seed: int = 0,
-                 tensors: dict[str, torch.Tensor] | None = None) -> None:
+                 tensors: dict[str, torch.Tensor] | None = None, device: torch.device | None = None) -> None:
         from hppctl.zoo import build_stage, get_model, trace
 
         spec = get_model(model)
@@ -129,6 +130,9 @@ class Stage:
         del whole
         if tensors is not None:
             _assign(self.module, tensors)
+        self.device = device or torch.device("cpu")
+        """Where the stage computes and its parameters (and so the optimizer's state) live."""
+        self.module.to(self.device)  # in place, same Parameter objects; no copy on the CPU
         self.start, self.end = start, end
         self.inputs, self.outputs = cut_specs(trace(model, "train"), self.module)
         for s in (*self.inputs, *self.outputs):
@@ -145,7 +149,14 @@ class Stage:
         return list(self.module.parameters())
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+        """Host copies (a checkpoint or the final model is read where there may be no accelerator)."""
+        return {k: host_copy(v) for k, v in self.module.state_dict().items()}
+
+
+def host_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A detached copy in host memory: a clone on the CPU, the device-to-host copy elsewhere."""
+    tensor = tensor.detach()
+    return tensor.clone() if tensor.device.type == "cpu" else tensor.to("cpu")
 
 
 def join(specs: Sequence[TensorSpec], pieces: Sequence[tuple[int, Sequence[torch.Tensor]]]) -> list[torch.Tensor]:

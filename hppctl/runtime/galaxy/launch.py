@@ -53,6 +53,8 @@ class InferenceRequest:
     env: dict = field(default_factory=dict)
     progress_every_s: float = REPORT_EVERY_S
     """How often workers report their passes, and the launcher reads them (runtime/progress.py)."""
+    precision: str = "fp32"
+    """fp32, fp16 or bf16: the forward's autocast on each device's accelerator (runtime/accelerator.py)."""
 
 
 @dataclass
@@ -203,7 +205,8 @@ class InferenceSession(Launcher):
                 store_port=self.store.port, strategy=plan.strategy, row_sizes=rows, overlap=self._overlap(),
                 repeats=req.repeats, warmup=req.warmup, threads=req.threads,
                 budget_bytes=plan.shares[rank].memory_budget_bytes, wire_dtype=req.wire_dtype, timeout_s=req.timeout_s,
-                progress_every_s=req.progress_every_s)
+                progress_every_s=req.progress_every_s, precision=req.precision,
+                accelerator=req.cluster.device(device).accelerator)
         return config_of
 
     def _wait_reports(self) -> tuple[dict[str, dict], object]:

@@ -35,7 +35,7 @@ import torch.nn.functional as F  # noqa: E402
 from hppctl.models.cluster import ClusterSpec, DeviceSpec  # noqa: E402
 from hppctl.runtime.config import TrainOptions  # noqa: E402
 from hppctl.runtime.data import SampleOrder, load_data  # noqa: E402
-from hppctl.runtime.plans import manual_plan  # noqa: E402
+from hppctl.planner.manual import manual_plan  # noqa: E402
 from hppctl.runtime.session import RunRequest, Session  # noqa: E402
 from hppctl.runtime.worker import make_optimizer  # noqa: E402
 from hppctl.zoo import get_model, layer_costs  # noqa: E402

@@ -51,7 +51,7 @@ from hppctl.models.cluster import ClusterSpec, DeviceSpec  # noqa: E402
 from hppctl.models.plan import PlanRequest  # noqa: E402
 from hppctl.planner import make_plan  # noqa: E402
 from hppctl.runtime.config import TrainOptions  # noqa: E402
-from hppctl.runtime.plans import manual_plan  # noqa: E402
+from hppctl.planner.manual import manual_plan  # noqa: E402
 from hppctl.runtime.ft_session import RecoveryOptions, FtSession  # noqa: E402
 from hppctl.runtime.session import RunRequest  # noqa: E402
 from hppctl.schedule.failure import simulate_failure  # noqa: E402

@@ -46,7 +46,7 @@ from hppctl.runtime import checkpoint  # noqa: E402
 from hppctl.runtime.async_exec.plans import epoch_schedule  # noqa: E402
 from hppctl.runtime.config import TrainOptions  # noqa: E402
 from hppctl.runtime.data import load_data  # noqa: E402
-from hppctl.runtime.plans import manual_plan  # noqa: E402
+from hppctl.planner.manual import manual_plan  # noqa: E402
 from hppctl.runtime.results import accuracy  # noqa: E402
 from hppctl.runtime.session import RunRequest, Session  # noqa: E402
 from hppctl.schedule.async_check import versions_held  # noqa: E402

@@ -1,9 +1,11 @@
-"""Plan in, result out: the one driver of a training run, below the command line.
+"""Plan in, result out: the one driver of a run, below the command line.
 
 `hppctl run`, `hppctl psl run`, `hppctl coordinator`, `hppctl demo` and bench/ hand a checked plan
 to `train` (or `train_psl`) and get the summary document back. What the run shows while it lasts
 goes through a `RunView`: this base shows nothing, the CLI's subclass (cli/view.py) draws rich bars
 and timestamped lines. Flag parsing and rendering stay in hppctl/cli/; nothing here imports it.
+The other commands' library steps live here too: an inference request's token ids and its saved
+output (`hppctl run` on an inference plan), every PSL method on one instance (`psl plan --compare`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import statistics
 from pathlib import Path
 
+from hppctl.errors import BadInput, shorten
 from hppctl.models.events import state_line
 
 
@@ -291,7 +294,6 @@ def model_layers(model: str, granularity: str):
 
 def spec_profile(spec, source: str):
     """A preset profile of a PSL spec's clients and helpers at the spec's batch size."""
-    from hppctl.errors import BadInput
     from hppctl.models.psl import OPTIMIZERS
     from hppctl.profiling.from_presets import build_preset_profile
     from hppctl.profiling.presets import get_preset
@@ -347,3 +349,103 @@ def train_psl(plan, cluster, options, data, *, view: RunView | None = None, metr
             write_model(plan.model, state, save_model)
     summary.update(saved_model=str(save_model) if save_model else None, metrics=str(metrics) if metrics else None)
     return summary
+
+
+# --- collaborative inference: the request's token ids and its output ----------------------------------
+
+def read_input_ids(path: Path):
+    """Token ids from a JSON list (or {"input_ids": [...]}) or a tensor saved with torch.save (.pt).
+    Read like any input (store.read_input_bytes): a regular file within the size limit, so a FIFO
+    does not block and a huge file is refused before it is read."""
+    import io
+
+    import torch
+
+    from hppctl.store import read_input_bytes
+
+    try:
+        raw = read_input_bytes(path)
+    except BadInput as e:
+        raise BadInput(f"--input-ids: {e}") from None
+    if path.suffix.lower() == ".json":
+        try:
+            doc = json.loads(raw)
+        except (ValueError, RecursionError) as e:  # RecursionError: 10⁵ nested `[`
+            raise BadInput(f"--input-ids: {path}: not JSON ({shorten(str(e))})") from None
+        if isinstance(doc, dict):
+            doc = doc.get("input_ids")
+        if not isinstance(doc, list) or not all(isinstance(x, int) for x in flat_ids(doc)):
+            raise BadInput(f"--input-ids: {path}: expected a JSON list of integer token ids")
+        return torch.tensor(flat_ids(doc), dtype=torch.long)
+    try:
+        ids = torch.load(io.BytesIO(raw), weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the user's input error
+        raise BadInput(f"--input-ids: {path}: not a saved tensor or JSON list ({e.__class__.__name__})") from None
+    if not isinstance(ids, torch.Tensor) or ids.is_floating_point():
+        raise BadInput(f"--input-ids: {path}: expected an integer tensor of token ids")
+    return ids.reshape(-1).long()
+
+
+def flat_ids(doc: list) -> list:
+    """A JSON list of ids, or a list of rows of ids, as one flat list."""
+    return [x for row in doc for x in row] if doc and isinstance(doc[0], list) else doc
+
+
+def text_ids(model: str, text: str, note=lambda line: None):
+    """Token ids of `text`: the checkpoint's own tokenizer for `hf:PATH` when it has one; otherwise
+    (built-in models have random weights and no vocabulary) the UTF-8 bytes, one id per byte."""
+    import torch
+
+    from hppctl.zoo import get_model
+
+    spec = get_model(model)
+    vocabularies = ("tokenizer.json", "vocab.json", "vocab.txt", "tokenizer.model")
+    if spec.hf_path is not None and any((Path(spec.hf_path) / f).is_file() for f in vocabularies):
+        from transformers import AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(spec.hf_path, local_files_only=True)
+        except (OSError, ValueError) as e:
+            raise BadInput(f"--input: {model}: cannot load the checkpoint's tokenizer ({e})") from None
+        return torch.tensor(tokenizer(text)["input_ids"], dtype=torch.long)
+    # NOTE: without vocabulary files transformers 5 builds an EMPTY tokenizer that maps any text to no ids.
+    note(f"{model}: no tokenizer files; using the UTF-8 bytes of --input as token ids")
+    return torch.tensor(list(text.encode()), dtype=torch.long)
+
+
+def save_tensor(path: Path, tensor) -> None:
+    """torch.save, atomically (temp file + rename), never over a device or a symlink."""
+    import torch
+
+    from hppctl.store import atomic_output
+
+    with atomic_output(path) as f:
+        torch.save(tensor, f)
+
+
+# --- parallel split learning: planning ---------------------------------------------------------------
+
+def compare_psl_methods(times, request, options, simulate_psl) -> list[dict]:
+    """Every PSL planning method on one instance (`hppctl psl plan --compare`): its makespans, solver
+    time and bound, and the simulated makespan against random-fcfs's."""
+    from hppctl.errors import Infeasible
+    from hppctl.models.psl import METHODS
+    from hppctl.planner.psl import plan_times
+
+    rows = []
+    for method in METHODS:
+        try:
+            plan = plan_times(times, request, method, **options)
+        except Infeasible as e:
+            rows.append({"method": method, "feasible": False, "error": str(e)})
+            continue
+        rows.append({"method": method, "chosen": plan.method, "feasible": True,
+                     "predicted_makespan_s": plan.prediction.makespan_s,
+                     "simulated_makespan_s": simulate_psl(plan).makespan_s,
+                     "makespan_slots": plan.prediction.makespan_slots, "slot_s": plan.slot_s,
+                     "solver_time_s": plan.solver_time_s, "lower_bound_s": plan.prediction.lower_bound_s})
+    base = next((r["simulated_makespan_s"] for r in rows if r["method"] == "random-fcfs" and r["feasible"]), None)
+    for r in rows:
+        if r["feasible"] and base:
+            r["vs_random_fcfs"] = r["simulated_makespan_s"] / base - 1
+    return rows

@@ -42,6 +42,10 @@ ALLOWED_UPWARD = {
     # connective) and weight shards: a copy in profiling would measure something the runtime does not run
     ("hppctl.profiling.inference_probe", "hppctl.runtime.galaxy.hmp"),
     ("hppctl.profiling.inference_probe", "hppctl.runtime.galaxy.weights"),
+    # the probe resolves `accelerator:` and times on it with the runtime's own functions (resolve,
+    # synchronized_clock, the CUDA allocator's peak), so a profile measures the device a run computes on
+    ("hppctl.profiling.device", "hppctl.runtime.accelerator"),
+    ("hppctl.profiling.train_probe", "hppctl.runtime.accelerator"),
 }
 
 

@@ -9,6 +9,7 @@ error document on stdout.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -52,18 +53,10 @@ def _root(
 def _register() -> None:
     # Imported here so that `hppctl plan` never pays for torch: each module imports its heavy
     # dependencies inside the command function that needs them.
-    from hppctl.cli import models_cmd, plan, profile, simulate
+    from hppctl.cli import check, coordinator, demo, lab, models_cmd, plan, profile, psl, run_cmd, simulate
 
-    models_cmd.register(app)
-    profile.register(app)
-    plan.register(app)
-    simulate.register(app)
-    from hppctl.cli import lab; lab.register(app)  # noqa: E702  (the edge lab, issue 4)
-    from hppctl.cli import psl; psl.register(app)  # noqa: E702  (parallel split learning, issue 11)
-    from hppctl.cli import run_cmd; run_cmd.register(app)  # noqa: E702  (training runtime, issue 6)
-    from hppctl.cli import demo; demo.register(app)  # noqa: E702  (issue 6)
-    from hppctl.cli import coordinator; coordinator.register(app)  # noqa: E702  (fault tolerance, issue 7)
-    from hppctl.cli import check; check.register(app)  # noqa: E702  (the CI smoke test, issue 25)
+    for command in (models_cmd, profile, plan, simulate, lab, psl, run_cmd, demo, coordinator, check):  # help's order
+        command.register(app)
 
 
 _register()
@@ -131,12 +124,10 @@ def _quiet_broken_pipe() -> int:
 def _silence_stdout() -> None:
     """Point stdout at /dev/null, so that the interpreter's last flush cannot fail (it printed
     `Exception ignored … BrokenPipeError` or exited 1 with nothing said)."""
-    try:
+    with contextlib.suppress(OSError, ValueError):  # stdout without a descriptor (a test's capture): nothing to flush
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
-    except (OSError, ValueError):  # stdout without a descriptor (a test's capture): nothing to flush
-        pass
 
 
 def main() -> None:

@@ -169,7 +169,7 @@ def _profile(cluster, model: str, granularity: str, micro_batch: int, threads: i
         if run.profile is None or run.failures:
             raise RuntimeFailure(f"profiling the demo cluster failed: {run.failures}")
         return run.profile, "measured by hppctl profile"
-    from hppctl.runtime.quickprofile import quick_profile
+    from hppctl.profiling.quick import quick_profile
 
     return quick_profile(cluster, model, granularity=granularity, batch_sizes=grid, threads=threads), \
         "quick in-process measurement"

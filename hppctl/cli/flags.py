@@ -95,6 +95,16 @@ def divergence_factor(flag: str, value: float) -> float:
     return value
 
 
+PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+def precision(flag: str, value: str) -> str:
+    """`--precision`: fp32 (default, no autocast), fp16 or bf16 (runtime/accelerator.py)."""
+    if value not in PRECISIONS:
+        raise BadInput(f"{flag}: unknown value {_shown(value)!r} ({', '.join(PRECISIONS)})")
+    return value
+
+
 INPUT_SHAPE_HELP = ("A model of your own (--model package.module:factory) without an example input: the shape of "
                     "one sample, e.g. 3x224x224 (docs/zoo.md, \"Your own model\").")
 INPUT_DTYPE_HELP = "With --input-shape: float32 (default) or int64 (token ids)."

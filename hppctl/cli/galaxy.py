@@ -10,7 +10,6 @@ profile, and `hppctl run` on an inference plan. The commands' own modules call t
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,8 @@ from rich.table import Table
 
 from hppctl.cli.flags import positive
 from hppctl.cli.output import PhaseDisplay, emit_json, note, progress_log, stdout
-from hppctl.errors import BadInput, shorten
+from hppctl import driver
+from hppctl.errors import BadInput
 from hppctl.models.units import format_bytes
 
 
@@ -153,69 +153,11 @@ def _render_compare(rows) -> None:
 
 # --- run ----------------------------------------------------------------------------------------------
 
-def read_input_ids(path: Path):
-    """Token ids from a JSON list (or {"input_ids": [...]}) or a tensor saved with torch.save (.pt).
-    Read like any input (store.read_input_bytes): a regular file within the size limit, so a FIFO
-    does not block and a huge file is refused before it is read."""
-    import io
-
-    import torch
-
-    from hppctl.store import read_input_bytes
-
-    try:
-        raw = read_input_bytes(path)
-    except BadInput as e:
-        raise BadInput(f"--input-ids: {e}") from None
-    if path.suffix.lower() == ".json":
-        try:
-            doc = json.loads(raw)
-        except (ValueError, RecursionError) as e:  # RecursionError: 10⁵ nested `[`
-            raise BadInput(f"--input-ids: {path}: not JSON ({shorten(str(e))})") from None
-        if isinstance(doc, dict):
-            doc = doc.get("input_ids")
-        if not isinstance(doc, list) or not all(isinstance(x, int) for x in _flat(doc)):
-            raise BadInput(f"--input-ids: {path}: expected a JSON list of integer token ids")
-        return torch.tensor(_flat(doc), dtype=torch.long)
-    try:
-        ids = torch.load(io.BytesIO(raw), weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unreadable file is the user's input error
-        raise BadInput(f"--input-ids: {path}: not a saved tensor or JSON list ({e.__class__.__name__})") from None
-    if not isinstance(ids, torch.Tensor) or ids.is_floating_point():
-        raise BadInput(f"--input-ids: {path}: expected an integer tensor of token ids")
-    return ids.reshape(-1).long()
-
-
-def _flat(doc: list) -> list:
-    return [x for row in doc for x in row] if doc and isinstance(doc[0], list) else doc
-
-
-def text_ids(model: str, text: str):
-    """Token ids of `text`: the checkpoint's own tokenizer for `hf:PATH` when it has one; otherwise
-    (built-in models have random weights and no vocabulary) the UTF-8 bytes, one id per byte."""
-    import torch
-
-    from hppctl.zoo import get_model
-
-    spec = get_model(model)
-    vocabularies = ("tokenizer.json", "vocab.json", "vocab.txt", "tokenizer.model")
-    if spec.hf_path is not None and any((Path(spec.hf_path) / f).is_file() for f in vocabularies):
-        from transformers import AutoTokenizer
-
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(spec.hf_path, local_files_only=True)
-        except (OSError, ValueError) as e:
-            raise BadInput(f"--input: {model}: cannot load the checkpoint's tokenizer ({e})") from None
-        return torch.tensor(tokenizer(text)["input_ids"], dtype=torch.long)
-    # NOTE: without vocabulary files transformers 5 builds an EMPTY tokenizer that maps any text to no ids.
-    note(f"{model}: no tokenizer files; using the UTF-8 bytes of --input as token ids")
-    return torch.tensor(list(text.encode()), dtype=torch.long)
-
-
 def run_inference_command(plan_path: Path, cluster_path: Path, *, text: str | None, input_ids: Path | None,
                           seq_len: int | None, repeat: int, warmup: int, overlap: bool, output: Path | None,
                           as_json: bool, threads: int | None, seed: int, listen: str | None, timeout: float,
-                          log: Path | None, wire_dtype: str = "float32", log_every: float | None = None) -> None:
+                          log: Path | None, wire_dtype: str = "float32", log_every: float | None = None,
+                          precision: str = "fp32") -> None:
     import os
 
     from hppctl.models.cluster import ClusterSpec
@@ -237,31 +179,33 @@ def run_inference_command(plan_path: Path, cluster_path: Path, *, text: str | No
         raise BadInput(f"--output: {output}: use a .pt file (torch.save of the [sequence, hidden] tensor)")
     plan = load(plan_path, InferencePlan)
     inventory = load(cluster_path, ClusterSpec)
-    ids = text_ids(plan.model, text) if text is not None else read_input_ids(input_ids) if input_ids else None
+    ids = (driver.text_ids(plan.model, text, note) if text is not None
+           else driver.read_input_ids(input_ids) if input_ids else None)
+    if all(s.device in {d.name for d in inventory.devices} for s in plan.shares):
+        from hppctl.runtime.accelerator import check_local_devices
+        check_local_devices(inventory, [s.device for s in plan.shares], precision, cluster_source=str(cluster_path))
     local = [s.device for s in plan.shares if inventory.device(s.device).local] if all(
         s.device in {d.name for d in inventory.devices} for s in plan.shares) else []
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // len(local)) if local and len(local) == len(plan.shares) else 0
-    log_file = open_output_stream(log, append=True) if log else None
-    lines = progress_log(log_every)
-    shown = InferenceProgress(lines, warmup, repeat)
-    try:
-        with lines or contextlib.nullcontext():
-            request = InferenceRequest(plan, inventory, ids, seq_len=seq_len, overlap=overlap, wire_dtype=wire_dtype,
-                                       repeats=repeat, warmup=warmup, threads=threads, seed=seed, timeout_s=timeout,
-                                       listen=listen, log=log_file, progress_every_s=report_every(log_every))
-            try:
-                result = run_inference(request, on_phase=shown.on_phase, on_step=shown.on_step)
-            except BaseException:
-                shown.close(failed=True)
-                raise
-            shown.close()
-    finally:
-        if log_file is not None:
-            log_file.close()
+    with contextlib.ExitStack() as stack:  # the log file closed last, whatever happens
+        log_file = stack.enter_context(open_output_stream(log, append=True)) if log else None
+        lines = progress_log(log_every)
+        shown = InferenceProgress(lines, warmup, repeat)
+        stack.enter_context(lines or contextlib.nullcontext())
+        request = InferenceRequest(plan, inventory, ids, seq_len=seq_len, overlap=overlap, wire_dtype=wire_dtype,
+                                   repeats=repeat, warmup=warmup, threads=threads, seed=seed, timeout_s=timeout,
+                                   listen=listen, log=log_file, progress_every_s=report_every(log_every),
+                                   precision=precision)
+        try:
+            result = run_inference(request, on_phase=shown.on_phase, on_step=shown.on_step)
+        except BaseException:
+            shown.close(failed=True)
+            raise
+        shown.close()
     summary = {"plan": str(plan_path), **result.summary()}
     if output is not None:
-        save_tensor(output, result.output)
+        driver.save_tensor(output, result.output)
         summary["output"] = str(output)
     emit_json(summary) if as_json else _render_run(summary)
 
@@ -291,16 +235,6 @@ class InferenceProgress:
         if self.display is not None:
             self.display.close(failed=failed)
             self.display = None
-
-
-def save_tensor(path: Path, tensor) -> None:
-    """torch.save, atomically (temp file + rename), never over a device or a symlink."""
-    import torch
-
-    from hppctl.store import atomic_output
-
-    with atomic_output(path) as f:
-        torch.save(tensor, f)
 
 
 def _render_run(summary: dict[str, Any]) -> None:

@@ -148,8 +148,7 @@ def _render(report: dict) -> None:
 def register(app: typer.Typer) -> None:
     lab = typer.Typer(name="lab", help="An emulated edge cluster on this Linux machine (needs root).\n" + EXAMPLES,
                       no_args_is_help=True, add_completion=False, rich_markup_mode=None)
-    lab.command("up", help=(up_command.__doc__ or "") + "\n" + EXAMPLES)(up_command)
-    lab.command("status", help=(status_command.__doc__ or "") + "\n" + EXAMPLES)(status_command)
-    lab.command("fault", help=(fault_command.__doc__ or "") + "\n" + EXAMPLES)(fault_command)
-    lab.command("down", help=(down_command.__doc__ or "") + "\n" + EXAMPLES)(down_command)
+    for name, command in (("up", up_command), ("status", status_command), ("fault", fault_command),
+                          ("down", down_command)):
+        lab.command(name, help=(command.__doc__ or "") + "\n" + EXAMPLES)(command)
     app.add_typer(lab, name="lab")

@@ -118,17 +118,23 @@ def _refuse_training_flags(profile: Path, flags: dict[str, object]) -> None:
                        "profiles only (plan inference with --strategy and --seq-len)")
 
 
-def _show(plan: HppPlan, profile: Profile, explain_: bool, as_json: bool, explain) -> None:
+def _show(plan: HppPlan, profile: Profile, explain_: bool, as_json: bool, explain, differences=None,
+          source: Path | None = None) -> None:
+    """The plan (`--json`: its document, wrapped in {"plan", ...} when more goes with it), its steps
+    under --explain, and with `differences` (a re-scored plan's) the stored numbers that differ."""
     if as_json:
-        data = plan.model_dump(mode="json")
+        data = {"plan": plan.model_dump(mode="json")}
+        if differences is not None:
+            data["differences"] = [d.as_json() for d in differences]
         if explain_:
-            data = {"plan": data, "steps": [_row_json(r) for r in explain(plan, profile)],
-                    "timeprest": _timeprest(plan)}
-        emit_json(data)
+            data.update(steps=[_row_json(r) for r in explain(plan, profile)], timeprest=_timeprest(plan))
+        emit_json(data if len(data) > 1 else data["plan"])
         return
     _render_plan(plan, explain_)
     if explain_:
         _render_explain(explain(plan, profile))
+    if differences is not None:
+        _render_differences(differences, source)
 
 
 def _show_rescored(stored: HppPlan, profile: Profile, explain_: bool, as_json: bool, explain, source: Path) -> None:
@@ -139,16 +145,7 @@ def _show_rescored(stored: HppPlan, profile: Profile, explain_: bool, as_json: b
 
     rescored = rescore(stored, profile)
     plan = rescored.plan
-    if as_json:
-        data = {"plan": plan.model_dump(mode="json"), "differences": [d.as_json() for d in rescored.differences]}
-        if explain_:
-            data.update(steps=[_row_json(r) for r in explain(plan, profile)], timeprest=_timeprest(plan))
-        emit_json(data)
-    else:
-        _render_plan(plan, explain_)
-        if explain_:
-            _render_explain(explain(plan, profile))
-        _render_differences(rescored.differences, source)
+    _show(plan, profile, explain_, as_json, explain, rescored.differences, source)
     worst = rescored.worst_violation
     if worst is not None:
         p = worst.stage
@@ -193,10 +190,6 @@ PLAN_COLUMNS = (("stage", ""), ("layers", ""), ("devices", ""), ("samples/device
                 ("forward s", "E_f"), ("backward s", "E_b"), ("all-reduce s", "T_a"), ("peak memory of budget", ""))
 
 
-def _header(plain: str, symbol: str, explain_: bool) -> str:
-    return f"{plain} ({symbol})" if explain_ and symbol else plain
-
-
 def _render_plan(plan: HppPlan, explain_: bool = False) -> None:
     from hppctl.planner.explain import stage_layers
 
@@ -205,7 +198,7 @@ def _render_plan(plan: HppPlan, explain_: bool = False) -> None:
                  f"{plan.num_micro_batches} micro-batches x {plan.micro_batch} samples, schedule {plan.schedule}")
     table = Table(box=None, pad_edge=False)
     for plain, symbol in PLAN_COLUMNS:
-        table.add_column(_header(plain, symbol, explain_))
+        table.add_column(f"{plain} ({symbol})" if explain_ and symbol else plain)
     for p, s in enumerate(plan.stages):
         memory = ", ".join(_memory_of_budget(m, u) for m, u in zip(s.memory_bytes, s.memory_budget_bytes))
         table.add_row(str(p), stage_layers(s), ", ".join(s.devices), ", ".join(map(str, s.samples)), str(s.warmup),

@@ -24,6 +24,7 @@ from hppctl.cli.flags import INPUT_DTYPE_HELP, INPUT_SHAPE_HELP, positive, secon
 from hppctl.cli.flags import model_input as check_model_input
 from hppctl.cli.output import emit_json, note, stderr, stdout, writable_path
 from hppctl import driver
+from hppctl.profiling.summary import failure_line, summarize
 from hppctl.errors import BadInput, RuntimeFailure
 from hppctl.models.cluster import ClusterSpec
 from hppctl.models.profile import Profile
@@ -143,6 +144,8 @@ def profile_command(
 
     spec = load(cluster, ClusterSpec)
     preset_devices(spec, str(cluster))  # fail on a bad device before paying for the model
+    from hppctl.runtime.accelerator import check_local_devices
+    check_local_devices(spec, [d.name for d in spec.devices], "fp32", cluster_source=str(cluster))  # cuda here?
     from hppctl.profiling.cluster import ProbeSettings
 
     # checked even when every device is a preset (and the settings go unused): a typo must not pass
@@ -196,20 +199,6 @@ def warn_implausible_times(profile: Profile) -> None:
 
     for line in timing_warnings(profile):
         note(f"warning: {line}")
-
-
-def failure_line(failures: dict[str, str], out: Path | None) -> str:
-    """One line naming every device (and link) that failed, with its reason."""
-    devices = {k: v for k, v in failures.items() if not k.endswith(" link")}
-    links = {k: v for k, v in failures.items() if k.endswith(" link")}
-    parts = []
-    if devices:
-        noun = "device" if len(devices) == 1 else "devices"
-        parts.append(f"{len(devices)} {noun} could not be profiled: " + "; ".join(f"{k}: {v}" for k, v in devices.items()))
-    if links:
-        parts.append("; ".join(f"{k}: {v} (the inventory's bandwidth is used)" for k, v in links.items()))
-    written = f" (wrote {out} without {'it' if len(devices) == 1 else 'them'})" if out is not None and devices else ""
-    return "; ".join(parts) + written
 
 
 def measure(spec: ClusterSpec, model: str, granularity: str, grid: list[int], layers, settings, optimizer_state_factor: float,
@@ -272,45 +261,15 @@ class ProgressObserver:
         self.progress.console.print(text)
 
 
-def _per_sample_train_s(profile: Profile, device_index: int, batch_index: int) -> float:
-    d = profile.devices[device_index]
-    b = d.batch_sizes[batch_index]
-    return sum(f[batch_index] + bw[batch_index] for f, bw in zip(d.forward_s, d.backward_s)) / b
-
-
-def summarize(profile: Profile, out: Path | None) -> dict:
-    """What `--json` prints after writing: where, what, and each device's training speed."""
-    devices = []
-    for i, d in enumerate(profile.devices):
-        entry = {
-            "name": d.name, "kind": d.kind, "source": d.source or profile.source, "memory_bytes": d.memory_bytes,
-            "peak_flops": d.peak_flops, "batch_sizes": d.batch_sizes,
-            "train_s_per_sample": {str(b): _per_sample_train_s(profile, i, j) for j, b in enumerate(d.batch_sizes)},
-        }
-        if d.measurement is not None:
-            entry.update(cpu_quota_cores=d.measurement.cpu_quota_cores, threads=d.measurement.threads,
-                         train_step_s=dict(zip(map(str, d.batch_sizes), d.train_step_s or [])),
-                         train_peak_bytes=dict(zip(map(str, d.batch_sizes), d.train_peak_bytes or [])))
-        devices.append(entry)
-    return {
-        "out": str(out) if out is not None else None, "source": profile.source, "cluster": profile.cluster,
-        "model": profile.model, "granularity": profile.granularity, "layers": len(profile.layers),
-        "parameters_bytes": sum(l.param_bytes for l in profile.layers),
-        "forward_flops_per_sample": sum(l.forward_flops_per_sample for l in profile.layers),
-        "batch_sizes": profile.devices[0].batch_sizes, "optimizer_state_factor": profile.optimizer_state_factor,
-        "default_bytes_per_s": profile.default_bytes_per_s,
-        "links": [{"between": l.between, "bytes_per_s": l.bytes_per_s, "directed_bytes_per_s": l.directed_bytes_per_s,
-                   "rtt_s": l.rtt_s, "source": l.source} for l in profile.links],
-        "missing_devices": [m.model_dump(mode="json") for m in profile.missing_devices],
-        "digest": profile.digest(), "devices": devices,
-    }
-
-
 def compute_label(device) -> str:
     """What runs a device's layers: measured devices on their CPU (hppctl measures with CPU torch), a
     preset on what the preset models ("cpu 845 GFLOP/s peak" was a Jetson's GPU)."""
     from hppctl.profiling.presets import PRESETS
 
+    gpu = device.accelerator
+    if gpu is not None:  # measured on its GPU (`accelerator:` in the cluster file)
+        memory = f", {format_bytes(gpu.memory_bytes)}{' unified' if gpu.integrated else ''}" if gpu.memory_bytes else ""
+        return f"{gpu.type.upper()} {gpu.name or ''}{memory}".replace("  ", " ")
     if device.measurement is not None:
         quota = device.measurement.cpu_quota_cores
         share = f"{quota:.2f} cores" if quota else f"{device.measurement.cpus} cores"

@@ -77,7 +77,7 @@ def plan_command(
     options = dict(model=profile.model, granularity=profile.granularity, slot_s=slot_s, target_slots=target_slots,
                    seed=seed, time_limit_s=time_limit, **({} if rho is None else {"rho": rho}))
     if compare:
-        rows = _compare(times, request, options, simulate_psl)
+        rows = driver.compare_psl_methods(times, request, options, simulate_psl)
         emit_json(rows) if as_json else _render_compare(rows)
         return
     plan = plan_times(times, request, method, **options)
@@ -131,29 +131,6 @@ def _parse_slot(text: str) -> float:
     if value <= 0:  # parse_duration refuses non-finite and negative values, not 0
         raise BadInput(f"--slot: must be a positive finite duration (got {text!r})")
     return value
-
-
-def _compare(times, request, options, simulate_psl) -> list[dict]:
-    from hppctl.errors import Infeasible
-    from hppctl.planner.psl import plan_times
-
-    rows = []
-    for method in METHODS:
-        try:
-            plan = plan_times(times, request, method, **options)
-        except Infeasible as e:
-            rows.append({"method": method, "feasible": False, "error": str(e)})
-            continue
-        rows.append({"method": method, "chosen": plan.method, "feasible": True,
-                     "predicted_makespan_s": plan.prediction.makespan_s,
-                     "simulated_makespan_s": simulate_psl(plan).makespan_s,
-                     "makespan_slots": plan.prediction.makespan_slots, "slot_s": plan.slot_s,
-                     "solver_time_s": plan.solver_time_s, "lower_bound_s": plan.prediction.lower_bound_s})
-    base = next((r["simulated_makespan_s"] for r in rows if r["method"] == "random-fcfs" and r["feasible"]), None)
-    for r in rows:
-        if r["feasible"] and base:
-            r["vs_random_fcfs"] = r["simulated_makespan_s"] / base - 1
-    return rows
 
 
 def _render_plan(plan: PslPlan, simulated: float) -> None:
@@ -247,7 +224,15 @@ def _parse_slow(items: list[str], plan: PslPlan) -> dict[str, float]:
     return out
 
 
-def run_command(
+def is_psl_file(path: Path) -> bool:
+    """True when `path` holds a PSL plan (`kind: psl`): `hppctl run` hands it to `run_psl`."""
+    from hppctl.store import read_document
+
+    doc = read_document(path)
+    return isinstance(doc, dict) and doc.get("kind") == "psl"
+
+
+def run_psl(
     plan_file: Annotated[Path, typer.Option("--plan", help="PSL plan (.json/.yaml) from `hppctl psl plan`.")],
     cluster_file: Annotated[Path, typer.Option("--cluster", help="Cluster inventory naming every client and helper (local: or host:).")],
     rounds: Annotated[int, typer.Option("--rounds", help="Training rounds; each ends with FedAvg.")] = 1,
@@ -271,35 +256,15 @@ def run_command(
     log_every: Annotated[Optional[float], typer.Option("--log-every", metavar="SECONDS", help=LOG_EVERY_HELP)] = None,
 ) -> None:
     """Train a PSL plan: clients (data, parts 1 and 3) and helpers (a part-2 copy per client) as worker processes over gloo; FedAvg every round."""
-    # Outputs first, before the plan is read (`hppctl run` on a psl plan checked its own already).
-    for flag, path in (("--metrics", metrics), ("--save-model", save_model), ("--log", log)):
-        writable_path(flag, path)
-    run_psl(plan_file, cluster_file, rounds=rounds, local_batches=local_batches, shares=shares, order=order, dataset=dataset,
-            seed=seed, optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay, metrics=metrics,
-            save_model=save_model, threads=threads, listen=listen, timeout=timeout, log=log, as_json=as_json,
-            divergence_factor=divergence_factor, log_every=log_every)
-
-
-def is_psl_file(path: Path) -> bool:
-    """True when `path` holds a PSL plan (`kind: psl`): `hppctl run` hands it to `run_psl`."""
-    from hppctl.store import read_document
-
-    doc = read_document(path)
-    return isinstance(doc, dict) and doc.get("kind") == "psl"
-
-
-def run_psl(plan_file: Path, cluster_file: Path, *, rounds: int = 1, local_batches: int = 1, shares: Optional[str] = None,
-            order: str = "plan", dataset: str = "synthetic", seed: int = 0, optimizer: Optional[str] = None,
-            lr: Optional[float] = None, momentum: Optional[float] = None, weight_decay: Optional[float] = None, metrics: Optional[Path] = None, save_model: Optional[Path] = None,
-            threads: Optional[int] = None, listen: Optional[str] = None, timeout: float = 300.0,
-            log: Optional[Path] = None, as_json: bool = False, divergence_factor: float = 10.0,
-            log_every: Optional[float] = None) -> None:
-    """`hppctl psl run` (and `hppctl run` on a psl plan): check, run, report."""
     from hppctl.models.cluster import ClusterSpec
     from hppctl.runtime.config import TrainOptions
     from hppctl.runtime.psl.config import PslOptions
     from hppctl.runtime.psl.preflight import preflight
 
+    # `hppctl psl run`, and `hppctl run` on a psl plan (which calls this with its own flags).
+    # Outputs first, before the plan is read (`hppctl run` on a psl plan checked its own already).
+    for flag, path in (("--metrics", metrics), ("--save-model", save_model), ("--log", log)):
+        writable_path(flag, path)
     for flag, value in (("--rounds", rounds), ("--local-batches", local_batches)):
         positive(flag, value)
     check_optimizer_flags(optimizer, lr, momentum, weight_decay)
@@ -315,6 +280,8 @@ def run_psl(plan_file: Path, cluster_file: Path, *, rounds: int = 1, local_batch
     check_listen(listen)
     plan = load(plan_file, PslPlan)
     cluster = load(cluster_file, ClusterSpec)
+    from hppctl.runtime.accelerator import refuse_cuda
+    refuse_cuda(cluster, "psl plans", cluster_source=str(cluster_file))
     share_values = _parse_shares(shares)
     data = preflight(plan, cluster, dataset, share_values, plan_source=str(plan_file), cluster_source=str(cluster_file))
     if threads is None:
@@ -380,7 +347,6 @@ def register(app: typer.Typer) -> None:
     psl = typer.Typer(name="psl", help="Parallel split learning: clients own data and run parts 1 and 3, helpers run "
                       "part 2 for several clients.\n" + EXAMPLES, no_args_is_help=True, add_completion=False,
                       rich_markup_mode=None)
-    psl.command("plan", help=(plan_command.__doc__ or "") + "\n" + EXAMPLES)(plan_command)
-    psl.command("simulate", help=(simulate_command.__doc__ or "") + "\n" + EXAMPLES)(simulate_command)
-    psl.command("run", help=(run_command.__doc__ or "") + "\n" + EXAMPLES)(run_command)
+    for name, command in (("plan", plan_command), ("simulate", simulate_command), ("run", run_psl)):
+        psl.command(name, help=(command.__doc__ or "") + "\n" + EXAMPLES)(command)
     app.add_typer(psl, name="psl")

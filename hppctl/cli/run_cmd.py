@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from hppctl.cli.flags import MIN_PERIOD_S, check_optimizer_flags, divergence_factor as check_divergence_factor, positive, seconds, seed as check_seed, threads as check_threads
+from hppctl.cli.flags import precision as check_precision
 from hppctl.cli.output import LOG_EVERY_HELP, emit_json, note, progress_log, stdout, writable_path
 from hppctl.cli.view import TrainingView
 from hppctl import driver
@@ -37,7 +38,8 @@ def run_command(
     profile: Annotated[Optional[Path], typer.Option("--profile", help="The profile the plan was made from: its digest must match.")] = None,
     rounds: Annotated[Optional[int], typer.Option("--rounds", help="Rounds (global batches) to train in total.")] = None,
     epochs: Annotated[Optional[int], typer.Option("--epochs", help="Epochs to train (rounds = epochs x floor(samples / global batch)). Default 1.")] = None,
-    dataset: Annotated[str, typer.Option("--dataset", help="synthetic, digits, or package.module:factory.")] = "synthetic",
+    dataset: Annotated[str, typer.Option("--dataset", help="synthetic, digits, package.module:factory, or a path: a folder of images (one sub-folder per class), a .pt or .npz tensor file, a .csv file (docs/runtime.md, Your data).")] = "synthetic",
+    label_column: Annotated[Optional[str], typer.Option("--label-column", help="CSV datasets: the column holding the class index (default: the last one).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Weights, sample order and dropout derive from it (0 to 2^32 - 1).")] = 0,
     optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="sgd (with --momentum) or adam. Default: per model family, printed (docs/runtime.md); on --resume, the checkpoint's.")] = None,
     lr: Annotated[Optional[float], typer.Option("--lr", help="Learning rate (the peak, under a schedule). Default: the family's (adam), 0.05 for sgd.")] = None,
@@ -76,6 +78,7 @@ def run_command(
     replan: Annotated[str, typer.Option("--replan", help="On a lost device (needs --profile): light, heavy, or off (the run fails). docs/fault-tolerance.md")] = "light",
     replicate_every: Annotated[int, typer.Option("--replicate-every", help="Fault tolerance: snapshot and back up stage state every K rounds.")] = 1,
     divergence_factor: Annotated[float, typer.Option("--divergence-factor", help="Stop the run with exit 4 (diverged) at a NaN or infinite loss, or a loss above this many times the mean of the first (up to 3) rounds; 0 turns the check off.")] = 10.0,
+    precision: Annotated[str, typer.Option("--precision", help="fp32 (default), fp16 (autocast, one loss scale for all stages) or bf16 (autocast); on each device's accelerator (docs/runtime.md).")] = "fp32",
     schedule: Annotated[Optional[str], typer.Option("--schedule", help="Asynchronous training instead of the plan's rounds: nf1b (TiMePReSt) or pipedream; one device per stage, a round is an epoch (docs/timeprest.md).")] = None,
 ) -> None:
     """Train an HPP plan, or run collaborative inference on an inference (Galaxy) plan: one worker process per device, gloo for tensors."""
@@ -90,6 +93,8 @@ def run_command(
 
     if plan is None:
         raise BadInput("--plan: required (a plan file from `hppctl plan`)")
+    from hppctl.runtime.datasets import dataset_spec
+    dataset = dataset_spec(dataset, label_column)  # one string to the workers and the checkpoint: PATH#label=NAME
     if cluster is None:
         raise BadInput("--cluster: required (the inventory naming the plan's devices)")
     from hppctl.runtime.bootstrap import check_listen
@@ -99,6 +104,7 @@ def run_command(
     seconds("--timeout", timeout)
     seconds("--log-every", log_every, low=MIN_PERIOD_S)
     check_divergence_factor("--divergence-factor", divergence_factor)
+    check_precision("--precision", precision)
     # Every output, before the plan is even read (its kind decides which flags apply; a flag that does
     # not apply is refused below): `--save-model /dev/null` was refused only after training.
     for flag, path in (("--metrics", metrics), ("--trace", trace), ("--save-model", save_model), ("--log", log),
@@ -116,7 +122,8 @@ def run_command(
     if is_inference_file(plan):  # collaborative inference (issue 8)
         _refuse_training_only(plan, {
             "--init-from": init_from, "--more-rounds": more_rounds, "--more-epochs": more_epochs, "--rounds": rounds,
-            "--epochs": epochs, "--dataset": None if dataset == "synthetic" else dataset, "--optimizer": optimizer,
+            "--epochs": epochs, "--dataset": None if dataset == "synthetic" else dataset, "--label-column": label_column,
+            "--optimizer": optimizer,
             "--lr": lr, "--lr-schedule": lr_schedule, "--warmup-rounds": warmup_rounds or None,
             "--bn-recalibrate": bn_recalibrate or None, "--momentum": momentum, "--weight-decay": weight_decay,
             "--save-model": save_model, "--profile": profile,
@@ -126,7 +133,7 @@ def run_command(
         return run_inference_command(plan, cluster, text=text, input_ids=input_ids, seq_len=seq_len, repeat=repeat,
                                      warmup=warmup, overlap=overlap, output=output, as_json=as_json, threads=threads,
                                      seed=seed, listen=listen, timeout=timeout, log=log, wire_dtype=wire_dtype,
-                                     log_every=log_every)
+                                     log_every=log_every, precision=precision)
     from hppctl.cli.psl import is_psl_file
     _refuse_inference_flags(plan, "psl" if is_psl_file(plan) else "hpp", {
         "--input": text, "--input-ids": input_ids, "--seq-len": seq_len, "--output": output,
@@ -139,7 +146,8 @@ def run_command(
         check_features("psl", f"{plan} is a psl plan", {**requested, "fault tolerance": asked})
         for flag, value in (("--epochs", epochs), ("--profile", profile), ("--lr-schedule", lr_schedule),
                             ("--warmup-rounds", warmup_rounds or None), ("--bn-recalibrate", bn_recalibrate or None),
-                            ("--init-from", init_from), ("--more-rounds", more_rounds), ("--more-epochs", more_epochs)):
+                            ("--init-from", init_from), ("--more-rounds", more_rounds), ("--more-epochs", more_epochs),
+                            ("--precision", None if precision == "fp32" else precision)):
             if value is not None:
                 raise BadInput(f"{flag}: not supported for psl plans (see `hppctl psl run --help`)")
         return run_psl(plan, cluster, rounds=rounds or 1, dataset=dataset, seed=seed, optimizer=optimizer, lr=lr,
@@ -185,6 +193,11 @@ def run_command(
         hpp, prof, lineage = driver.plan_to_resume(checkpoint_dir, hpp, prof, plan, rejoin, view=TrainingView())
     data = preflight(hpp, inventory, dataset, profile=prof, plan_source=str(plan), cluster_source=str(cluster),
                      profile_source=str(profile))
+    from hppctl.runtime.accelerator import check_local_devices
+    check_local_devices(inventory, hpp.devices(), precision, cluster_source=str(cluster))
+    if precision != "fp32":  # said once: the summary's figures are of a mixed-precision run
+        note(f"precision {precision}: forward passes under torch.autocast on each device's accelerator"
+             f"{' (loss scale 1024, shared by every stage)' if precision == 'fp16' else ''}")
     per_epoch = len(data.train) // hpp.global_batch
     total = rounds if rounds is not None else (epochs or 1) * per_epoch
     window = None
@@ -212,7 +225,8 @@ def run_command(
     options = TrainOptions(dataset=dataset, seed=seed, rounds=total, **chosen.as_options(), schedule_start=schedule_start,
                            checkpoint_every=checkpoint_every if checkpoint_dir else 0,
                            threads=threads, trace=trace is not None, timeout_s=timeout,
-                           divergence_factor=divergence_factor, progress_every_s=report_every(log_every))
+                           divergence_factor=divergence_factor, progress_every_s=report_every(log_every),
+                           precision=precision)
     from hppctl.cli.coordinator import describe
     recovery = driver.recovery_options(prof, heartbeat=heartbeat, timeout=failure_timeout,
                                        probe_timeout=probe_timeout, replan=replan, replicate_every=replicate_every)

@@ -53,6 +53,7 @@ def simulate_command(
     """Simulate one training round of a plan: latency, throughput, per-device busy/bubble and peak memory."""
     from hppctl.planner.explain import check_plan_matches
     from hppctl.schedule import PlanTimings, ProfileTimings, check_schedule, schedule_for_plan, simulate
+    from hppctl.schedule.simulate import check_schedule_matches, result_document
     from hppctl.models.schedule import Schedule
 
     if fail is not None:
@@ -73,7 +74,7 @@ def simulate_command(
         check_plan_matches(plan, profile, str(plan_file), str(profile_file))
     if schedule_file is not None:
         schedule = load(schedule_file, Schedule)
-        _check_schedule_matches(schedule, plan, str(schedule_file))
+        check_schedule_matches(schedule, plan, str(schedule_file))
     else:
         try:
             schedule = schedule_for_plan(plan, policy, _parse_warmup(warmup) if warmup else None)
@@ -96,7 +97,7 @@ def simulate_command(
         render_png(result, schedule, png)
         note(f"wrote {png}")
     if as_json:
-        emit_json(result_json(plan, schedule, result, with_profile=profile is not None))
+        emit_json(result_document(plan, schedule, result, with_profile=profile is not None))
         return
     if show_schedule:
         for device, actions in schedule.actions.items():
@@ -179,42 +180,6 @@ def _parse_warmup(text: str) -> list[int]:
     if any(v < 1 for v in values):
         raise BadInput(f"--warmup: every stage needs at least 1 micro-batch in flight, got {text!r}")
     return values
-
-
-def _check_schedule_matches(schedule, plan: HppPlan, source: str) -> None:
-    """A schedule file must describe the plan's stages, devices, allocation and round."""
-    if (schedule.micro_batch, schedule.num_micro_batches) != (plan.micro_batch, plan.num_micro_batches):
-        raise BadInput(f"{source}: micro_batch x num_micro_batches: schedule is {schedule.micro_batch} x "
-                       f"{schedule.num_micro_batches}, plan is {plan.micro_batch} x {plan.num_micro_batches}")
-    mine = [(s.layers, s.devices, s.samples) for s in schedule.stages]
-    theirs = [(s.layers, s.devices, s.samples) for s in plan.stages]
-    if mine != theirs:
-        p = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
-        raise BadInput(f"{source}: stages.{p}: schedule's stages (layers, devices, samples) differ from the plan's")
-
-
-def result_json(plan: HppPlan, schedule, result, *, with_profile: bool) -> dict:
-    est = plan.prediction.round_latency_s
-    return {
-        "policy": schedule.policy,
-        "mode": result.mode,
-        "timings": "profile" if with_profile else "plan",
-        "round_latency_s": result.round_latency_s,
-        "throughput_samples_per_s": result.throughput_samples_per_s,
-        "estimate": {"round_latency_s": est, "throughput_samples_per_s": plan.prediction.throughput_samples_per_s,
-                     "error": (est - result.round_latency_s) / result.round_latency_s if result.round_latency_s else None},
-        "warmup": [s.warmup for s in schedule.stages],
-        "devices": [{
-            "device": d.device, "stage": d.stage, "samples": d.samples, "compute_s": d.compute_s,
-            "allreduce_s": d.allreduce_s, "finish_s": d.finish_s, "busy_fraction": result.busy_fraction(d),
-            "bubble_fraction": result.bubble_fraction(d), "peak_in_flight_micro_batches": d.peak_in_flight_micro_batches,
-            "peak_in_flight_samples": d.peak_in_flight_samples, "peak_activation_bytes": d.peak_activation_bytes,
-            "peak_memory_bytes": d.peak_memory_bytes, "budget_bytes": d.budget_bytes,
-            "weight_versions": d.weight_versions,
-        } for d in result.devices],
-        "links": [{"src": link.src, "dst": link.dst, "bytes": link.bytes, "busy_s": link.busy_s,
-                   "messages": link.messages} for link in result.links],
-    }
 
 
 def _render(plan: HppPlan, schedule, result, with_profile: bool) -> None:

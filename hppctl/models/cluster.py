@@ -33,6 +33,10 @@ class DeviceSpec(FrozenModel):
     """Memory budget for training on this device; defaults to the preset's or the measured memory."""
     python: Text | None = None
     """Python interpreter on the device (default: `python3`)."""
+    accelerator: Literal["cpu", "cuda", "auto"] = "cpu"
+    """What the device computes on: `cpu`, `cuda` (its first CUDA GPU; the run fails on the device,
+    naming it, when torch sees none there), or `auto` (CUDA when `torch.cuda.is_available()` on the
+    device, else the CPU). Resolved by the worker on the device (runtime/accelerator.py)."""
 
     @model_validator(mode="after")
     def _exactly_one_kind(self) -> "DeviceSpec":

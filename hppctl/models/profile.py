@@ -108,11 +108,24 @@ class MeasurementInfo(FrozenModel):
     notes: list[str] = []
 
 
+class AcceleratorProfile(FrozenModel):
+    """The GPU a measured device computes on (its cluster file said `accelerator: cuda` or `auto`)."""
+
+    type: str
+    """`cuda`."""
+    name: str | None = None
+    memory_bytes: NonNegInt | None = None
+    """The GPU's memory as CUDA reports it; the budget (`memory_bytes` of the device) derives from it
+    (profiling/parse.py memory_budget)."""
+    integrated: bool | None = None
+    """Unified memory shared with the host (a Jetson)."""
+
+
 class DeviceProfile(_OmitsUnset):
     """Timings of every layer on one device, on a grid of batch sizes."""
 
     _omit_when_default = ("source", "forward_spread", "backward_spread", "train_step_s", "train_peak_bytes",
-                          "runtime_bytes", "measurement")
+                          "runtime_bytes", "measurement", "accelerator")
 
     name: DeviceName
     kind: str
@@ -138,6 +151,8 @@ class DeviceProfile(_OmitsUnset):
     runtime_bytes: NonNegInt | None = None
     """Measured only: memory of a worker process before any tensor (interpreter, torch, libraries)."""
     measurement: MeasurementInfo | None = None
+    accelerator: AcceleratorProfile | None = None
+    """Measured on a GPU; None (left out of the file) for a CPU."""
 
     @model_validator(mode="after")
     def _grid_shapes(self) -> "DeviceProfile":

@@ -62,10 +62,11 @@ class AsteroidDP:
     """Runs Algorithm 2 once for one device order; `best(...)` reads plans off the tables.
 
     `bound`: a round latency the caller knows the answer does not exceed. Candidates whose
-    cheap lower bound (see `_lower_bound`) is above it skip Algorithm 1. Prepending a head
+    cheap lower bound (see `_prepend_head`) is above it skip Algorithm 1. Prepending a head
     never shortens a pipeline (latency_new >= latency_sub + E_f^head + E^comm), so every
     candidate on the path to an answer <= bound survives and the result is identical to the
     unbounded DP's; `solve` re-runs without the bound if the answer turns out to exceed it.
+    States no plan can read are skipped too (`_useful_heads`).
     """
 
     def __init__(self, cm: CostModel, order: list[int], bound: float = np.inf):
@@ -75,14 +76,17 @@ class AsteroidDP:
         self.max_stages = min(self.L, self.N)
         i, j = np.triu_indices(self.L, k=1)
         self._pairs_head = np.stack([i, j], axis=1).astype(np.int64)
-        # flat position of head pair (i, j) in an (L, L) matrix, and back
-        self._dense_index = self._pairs_head[:, 0] * self.L + self._pairs_head[:, 1]
+        self._head_start, self._head_end = self._pairs_head[:, 0].copy(), self._pairs_head[:, 1].copy()
+        # position of head pair (i, j) in the pair list (for reading a chosen stage back)
         self._pair_index = np.full((self.L, self.L), -1, dtype=np.int64)
-        self._pair_index.flat[self._dense_index] = np.arange(len(self._pairs_head))
+        self._pair_index[i, j] = np.arange(len(self._pairs_head))
         self._allocators: dict[tuple[int, int, bool], GroupAllocator] = {}
+        self._inverse_rates: dict[int, np.ndarray] = {}
+        self._heads_by_state: dict[tuple[int, int], int] = {}
+        # first pair index of each row i (pairs are ordered by i, then j); entry L: the number of pairs
+        self._row_start = np.r_[0, np.cumsum(np.arange(self.L - 1, -1, -1))]
         self._min_bw = self._cross_bandwidth()
         self.q: dict[tuple[int, int], _Table] = {}
-        self.pruned = 0
         self._run()
 
     # -- helpers ---------------------------------------------------------------------------
@@ -98,7 +102,7 @@ class AsteroidDP:
                 start = np.arange(self.L, dtype=np.int64)
                 end = np.full(self.L, self.L, dtype=np.int64)
             else:
-                start, end = self._pairs_head[:, 0].copy(), self._pairs_head[:, 1].copy()
+                start, end = self._head_start, self._head_end  # shared: read only, per-pair sums cached
             self._allocators[key] = GroupAllocator(self.tables, self._group(a, b), start, end)
         return self._allocators[key]
 
@@ -145,8 +149,12 @@ class AsteroidDP:
         return _Table(pad(latency, np.inf), pad(busy, np.inf), pad(alloc.allreduce, np.inf),
                       pad(np.full(L, n), 0), none, none)
 
-    def _prepend_head(self, n: int, n_sub: int, p: int, alloc: GroupAllocator, floor) -> np.ndarray:
-        """Offer Q(., n, p) every head [i, j) on devices [N-n, N-n_sub) before Q(j, n_sub, p-1)."""
+    def _prepend_head(self, n: int, n_sub: int, p: int, alloc: GroupAllocator, floor) -> tuple | None:
+        """Offer Q(., n, p) every head [i, j) on devices [N-n, N-n_sub) before Q(j, n_sub, p-1).
+
+        `floor` carries what depends on the head group only, computed at its first p: each head's
+        lower bound on its pipeline's latency and the heads that bound alone does not prune.
+        """
         cm, N = self.cm, self.N
         sub, out = self.q[(n_sub, p - 1)], self.q[(n, p)]
         i_all, j_all = self._pairs_head[:, 0], self._pairs_head[:, 1]
@@ -155,45 +163,113 @@ class AsteroidDP:
         bw = self._min_bw[N - n, N - n_sub, np.minimum(N - n_sub + sub.head_size[j_line], N)]
         comm_line = np.zeros(self.L)
         comm_line[1:] = cm.B * self.tables.boundary[j_line - 1] / bw
+        heads = self._useful_heads(n, p)
         if np.isfinite(self.bound):
-            if floor is None:  # depends on the group only: computed once for all p
-                floor = cm.M * alloc.balanced_lower_bound(self.tables.min_rate_prefix, np.arange(len(i_all)))
-                floor += alloc.allreduce
+            if floor is None:  # at the group's first p, whose rows are a superset of the later ones'
+                heads = self._useful_heads(n, 2)
+                head = self._balanced_head_bound(alloc, heads)
+                head_floor = cm.M * head + alloc.allreduce[:heads]
+                keep = np.flatnonzero(head_floor * (1 - 1e-9) <= self.bound)
+                floor = (keep, i_all[keep], j_all[keep], head_floor[keep], (head + alloc.allreduce[:heads])[keep])
+            last = np.searchsorted(floor[0], self._useful_heads(n, p))
+            cols, i, j, head_floor, once = (x[:last] for x in floor)
+            # lower bounds on the new pipeline's latency A + Z (see the formulas below; E_f + E_b
+            # of the head >= its balanced bound, Z >= the head's AllReduce):
+            #   the sub-pipeline's own latency plus the transfer (prepending never shortens);
+            #   A >= the sub-pipeline's A (or the transfer's M micro-batches) plus one head micro-batch
             tail_line = sub.latency[:self.L] + comm_line
-            lower = np.maximum(floor, tail_line[j_all])
-            alive = lower * (1 - 1e-9) <= self.bound
-            self.pruned += int(np.isfinite(tail_line[j_all]).sum() - alive.sum())
+            a_line = np.maximum(sub.a[:self.L] + 2 * comm_line, cm.M * 2 * comm_line)
+            lower = np.maximum(np.maximum(head_floor, tail_line[j]), a_line[j] + once) * (1 - 1e-9)
+            # a head whose lower bound exceeds the bound, or the best latency row i already has
+            # (kept only when strictly better), cannot change the table
+            cols = cols[(lower <= self.bound) & (lower <= out.latency[i])]
         else:
-            alive = np.isfinite(sub.latency[j_all])
-        comm = comm_line[j_all]
-        cols = np.flatnonzero(alive)
+            cols = np.flatnonzero(np.isfinite(sub.latency[j_all[:heads]]))
         if cols.size == 0:
             return floor
         res = alloc.for_warmup(min(2 * p - 1, cm.M), cols)
-        j, c = j_all[cols], comm[cols]
+        j, c = j_all[cols], comm_line[j_all[cols]]
         head = res.forward_s + res.backward_s
-        a = np.maximum.reduce([cm.M * head, cm.M * 2 * c + head, sub.a[j] + head + 2 * c])
-        z = np.maximum.reduce([alloc.allreduce[cols], -res.backward_s, sub.z[j] - res.backward_s - c])
+        a = np.maximum(np.maximum(cm.M * head, cm.M * 2 * c + head), sub.a[j] + head + 2 * c)
+        z = np.maximum(np.maximum(alloc.allreduce[cols], -res.backward_s), sub.z[j] - res.backward_s - c)
         latency = np.where(res.feasible, a + z, np.inf)
-        self._keep_best(out, latency, a, z, i_all[cols], j, cols, n - n_sub, n_sub)
+        self._keep_best(out, latency, a, z, i_all[cols], j, n - n_sub, n_sub)
         return floor
 
-    def _keep_best(self, out: _Table, latency, a, z, i_idx, j_idx, cols, head_size: int, n_sub: int) -> None:
-        """For each start layer i keep the candidate j with the lowest latency (first j on ties)."""
-        dense = np.full((self.L, self.L), np.inf)
-        dense.flat[self._dense_index[cols]] = latency
-        j_best = dense.argmin(axis=1)
-        rows = np.arange(self.L)
-        value = dense[rows, j_best]
-        better = value < out.latency[:self.L]
-        rows, j_best = rows[better], j_best[better]
-        pos = np.full(len(self._pairs_head), -1, dtype=np.int64)
-        pos[cols] = np.arange(len(cols))
-        pick = pos[self._pair_index[rows, j_best]]
+    def _useful_heads(self, n: int, p: int) -> int:
+        """How many head pairs (a prefix of the pair list: rows i = 0, 1, ...) can lead to a plan.
+
+        Q(i > 0, n, p) is read only as the tail of a longer pipeline whose earlier stages run layers
+        [0, i) on devices [0, N - n) (sorted positions): none is left when n = N, so there only
+        i = 0 counts. Otherwise those stages hold, summed over their devices, at least the
+        weights of [0, i) and K >= min(2p + 1, M) micro-batches of B samples of its activations
+        (Eq. 3, each device within its budget, so within the budgets' sum; a 1e-9 margin for
+        rounding); rows past the last i that passes cannot be on any plan.
+        """
+        if n == self.N:
+            return self.L - 1
+        key = (n, p)
+        if key not in self._heads_by_state:
+            cm, t = self.cm, self.tables
+            room = sum(cm.budget[d] for d in self.order[:self.N - n]) * (1 + 1e-9) + self.N
+            need = cm.fixed_factor * t.param[:self.L] + min(2 * p + 1, cm.M) * cm.B * t.act[:self.L]
+            rows = max(1, int(np.searchsorted(need, room, side="right")))  # rows 0 .. rows-1 pass
+            rows = min(rows, self._rows_in_time(n))
+            self._heads_by_state[key] = int(self._row_start[rows])
+        return self._heads_by_state[key]
+
+    def _rows_in_time(self, n: int) -> int:
+        """Rows i whose layers [0, i) the m = N - n devices before them could run within the bound.
+
+        Every stage s of those layers takes, per micro-batch, at least B / sum_{d in D} 1/rho_d(s)
+        (`balanced_lower_bound` over all of D), and the round at least M times that (A >= M (E_f +
+        E_b)_s). That bound is superadditive over layers, and at most m stages share [0, i), so the
+        largest is at least 1/m of the per-layer bounds' sum: M B H(i) / m <= bound, else row i and
+        everything after it is pruned (1e-9 margin, as the heads' own bound).
+        """
+        if not np.isfinite(self.bound):
+            return self.L
+        devices = self.order[:self.N - n]
+        rates = np.diff(self.tables.min_rate_prefix[devices], axis=1)  # (m, L): cheapest per-sample cost
+        with np.errstate(divide="ignore"):
+            per_layer = 1.0 / np.where(rates > 0, 1.0 / rates, np.inf).sum(axis=0)
+        total = np.r_[0.0, np.cumsum(per_layer)][:self.L] * (self.cm.M * self.cm.B / len(devices))
+        return max(1, int(np.searchsorted(total * (1 - 1e-9), self.bound, side="right")))
+
+    def _balanced_head_bound(self, alloc: GroupAllocator, heads: int) -> np.ndarray:
+        """`GroupAllocator.balanced_lower_bound` of the first `heads` head pairs, from each device's
+        1/rho over every head pair, computed once per device (the same sum, in the same order)."""
+        inverse = np.zeros(heads)
+        for d in alloc.devices:
+            if d not in self._inverse_rates:
+                rate = self.tables.min_rate_prefix[d, self._pairs_head[:, 1]] - self.tables.min_rate_prefix[d, self._pairs_head[:, 0]]
+                with np.errstate(divide="ignore"):
+                    self._inverse_rates[d] = np.where(rate > 0, 1.0 / rate, np.inf)
+            inverse += self._inverse_rates[d][:heads]
+        with np.errstate(divide="ignore"):
+            return self.cm.B / inverse
+
+    def _keep_best(self, out: _Table, latency, a, z, i_idx, j_idx, head_size: int, n_sub: int) -> None:
+        """For each start layer i keep the candidate j with the lowest latency (first j on ties)
+        if it is strictly better than the row's best so far.
+
+        Candidates come in pair order (i, then j, ascending), so each row is one segment: its
+        minimum by `minimum.reduceat` (NaN-propagating, like argmin), its pick the segment's
+        first position holding that minimum.
+        """
+        starts = np.flatnonzero(np.r_[True, i_idx[1:] != i_idx[:-1]])
+        best = np.minimum.reduceat(latency, starts)
+        better = best < out.latency[i_idx[starts]]
+        if not better.any():
+            return
+        segment = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, latency.size]))
+        hits = np.flatnonzero(better[segment] & (latency == best[segment]))
+        pick = hits[np.r_[True, segment[hits[1:]] != segment[hits[:-1]]]]
+        rows = i_idx[pick]
         out.latency[rows] = latency[pick]
         out.a[rows], out.z[rows] = a[pick], z[pick]
         out.head_size[rows] = head_size
-        out.next_layer[rows] = j_best
+        out.next_layer[rows] = j_idx[pick]
         out.next_devices[rows] = n_sub
 
     # -- reading plans off the tables ------------------------------------------------------

@@ -83,6 +83,39 @@ class LayerTables:
             out.append(t)
         return out[0], out[1]
 
+    def times_at(self, dev: np.ndarray, start: np.ndarray, end: np.ndarray, y: float) -> tuple[np.ndarray, np.ndarray]:
+        """`times` with the same batch y everywhere (Algorithm 1's first look, at B), bit for bit:
+        the grid position and the case `times` would pick per element are picked once."""
+        n = len(self.grid)
+        k = int(np.searchsorted(self.grid, y, side="left"))
+        hi, lo = min(k, n - 1), max(k - 1, 0)
+        g_hi, g_lo = self.grid[hi], self.grid[lo]
+        row_hi, row_lo = (dev * n + hi) * self.width, (dev * n + lo) * self.width
+        out = []
+        for flat in (self.fwd, self.bwd):
+            t_hi = flat.take(row_hi + end) - flat.take(row_hi + start)
+            if y <= 0:
+                t = np.zeros(t_hi.shape)
+            elif k == n:
+                t = (flat.take(row_lo + end) - flat.take(row_lo + start)) * y / g_lo
+            elif k == 0:
+                t = t_hi * y / g_hi
+            elif g_hi == y:
+                t = t_hi
+            else:
+                t_lo = flat.take(row_lo + end) - flat.take(row_lo + start)
+                t = t_lo + (t_hi - t_lo) * (y - g_lo) / (g_hi - g_lo)
+            out.append(t)
+        return out[0], out[1]
+
+    def range_param_bytes(self, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+        """param[end] - param[start]; the DP asks every group for the same pair list, so the last
+        answer is kept (same arrays, same values)."""
+        last = self.__dict__.get("_last_param_range")
+        if last is None or last[0] is not start or last[1] is not end:
+            last = self.__dict__["_last_param_range"] = (start, end, self.param[end] - self.param[start])
+        return last[2]
+
     def caps(self, devices: np.ndarray, start: np.ndarray, end: np.ndarray, warmup: int) -> np.ndarray:
         """Vectorised `CostModel.max_samples` (-1: the weights alone do not fit)."""
         cm = self.cm
@@ -111,7 +144,7 @@ def allocate_many(tables: LayerTables, devices: list[int], start: np.ndarray, en
     dev = np.asarray(devices)[:, None].repeat(n, axis=1)
     s2, e2 = np.broadcast_to(start, (g, n)), np.broadcast_to(end, (g, n))
     feasible = (caps >= 0).all(axis=0)
-    f_b, b_b = tables.times(dev, s2, e2, np.full((g, n), float(B)))
+    f_b, b_b = tables.times_at(dev, s2, e2, float(B))
     shares, ok = _balance(f_b + b_b, caps, B)
     feasible &= ok
     y = _integerize(shares, B)
@@ -211,62 +244,87 @@ class GroupAllocator:
     """Algorithm 1 for one contiguous device group over a fixed list of layer pairs, computed lazily.
 
     Columns are computed (memory-unconstrained) the first time some caller needs them; a
-    warm-up depth K then only recomputes the columns where K's memory caps bind.
+    warm-up depth K then only recomputes the columns where K's memory caps bind. Per column it
+    keeps E_f, E_b, feasibility and the safe K, not the samples (a column's answer does not
+    depend on the others computed with it, so the few a caller asks for are recomputed).
     """
 
     def __init__(self, tables: LayerTables, devices: list[int], start: np.ndarray, end: np.ndarray):
         self.tables, self.devices, self.start, self.end = tables, devices, start, end
-        g, n = len(devices), len(start)
-        self.samples = np.zeros((g, n), dtype=np.int64)
-        self.peak = np.zeros((g, n))
+        n = len(start)
         self.forward_s, self.backward_s = np.zeros(n), np.zeros(n)
         self.feasible = np.zeros(n, dtype=bool)
         self.done = np.zeros(n, dtype=bool)
+        self.safe_warmup = np.zeros(n)
+        self.weights_fit = np.zeros(n, dtype=bool)
         self.allreduce = self._allreduce()
 
     def _allreduce(self) -> np.ndarray:
         cm, g = self.tables.cm, len(self.devices)
         if g <= 1:
             return np.zeros(len(self.start))
-        w = self.tables.param[self.end] - self.tables.param[self.start]
-        return 2 * (g - 1) * w / (g * cm.min_bandwidth(self.devices))
+        return 2 * (g - 1) * self.tables.range_param_bytes(self.start, self.end) / (g * cm.min_bandwidth(self.devices))
 
     def _ensure(self, cols: np.ndarray) -> None:
         todo = cols[~self.done[cols]]
         if todo.size == 0:
             return
-        unbounded = np.full((len(self.devices), todo.size), self.tables.cm.B, dtype=np.int64)
+        unbounded = np.broadcast_to(np.int64(self.tables.cm.B), (len(self.devices), todo.size))
         res = allocate_many(self.tables, self.devices, self.start[todo], self.end[todo], unbounded)
-        self.samples[:, todo], self.peak[:, todo] = res.samples, res.peak
         self.forward_s[todo], self.backward_s[todo], self.feasible[todo] = res.forward_s, res.backward_s, res.feasible
+        self.safe_warmup[todo], self.weights_fit[todo] = self._safe_warmups(todo, res.peak)
         self.done[todo] = True
+
+    def _safe_warmups(self, todo: np.ndarray, peak: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per column: the largest K whose memory caps leave the uncapped answer as it is, and
+        whether every device holds the stage's weights at all (else no K is feasible).
+
+        Under K a device's cap is min(B, floor(spare / (K * per))) (`LayerTables.caps`). The
+        uncapped answer stands when every cap is at least the device's peak demand (see
+        `peak_demand`; integer caps, so its ceiling), or when every cap is B (the capped run is
+        then the uncapped one, input for input). Solving for K and shrinking by 1e-9 relative
+        (far above the rounding of either side) makes the threshold conservative: a column
+        past it is recomputed under the real caps, which is always right, only slower.
+        """
+        t, cm = self.tables, self.tables.cm
+        start, end = self.start[todo], self.end[todo]
+        spare = t.budget[self.devices][:, None] - cm.fixed_factor * (t.param[end] - t.param[start])[None, :]
+        received = np.where(start > 0, t.boundary[np.maximum(start - 1, 0)], 0.0)
+        per = (t.act[end] - t.act[start] + received)[None, :]
+        need = np.ceil(peak)
+        need = np.where((need <= cm.B).all(axis=0), need, float(cm.B))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            limit = np.where(per == 0, np.inf, spare / (per * need)).min(axis=0)
+        return np.floor(limit * (1 - 1e-9)), (spare >= 0).all(axis=0)
 
     def for_warmup(self, warmup: int, cols: np.ndarray | None = None, *, with_samples: bool = False) -> Allocation:
         """Algorithm 1 under K = `warmup` for columns `cols` (default: all), in that order.
 
-        Only columns where some device's peak demand in the uncapped run (its phase-1 share or
-        an allocation offloading tried) exceeds K's memory cap are recomputed; the rest take
-        exactly the same steps under the cap. A cheap 1-D test (the whole micro-batch on the
-        smallest device fits) clears most columns first.
+        A column takes the uncapped run's answer up to its safe K (`_safe_warmups`): there the
+        capped run takes exactly the same steps. Past it the column is recomputed under K's
+        caps; on one device that only decides feasibility (the whole micro-batch fits or not).
         """
         cols = np.arange(len(self.start)) if cols is None else cols
         self._ensure(cols)
-        fwd, bwd, feasible = self.forward_s[cols], self.backward_s[cols], self.feasible[cols]
-        samples = self.samples[:, cols] if with_samples else None
-        start, end = self.start[cols], self.end[cols]
-        t, cm = self.tables, self.tables.cm
-        received = np.where(start > 0, t.boundary[np.maximum(start - 1, 0)], 0.0)
-        need_all = cm.fixed_factor * (t.param[end] - t.param[start]) + warmup * cm.B * (t.act[end] - t.act[start] + received)
-        risky = np.flatnonzero(need_all * (1 + 1e-9) > t.budget[self.devices].min())
-        if risky.size:
-            caps = t.caps(np.asarray(self.devices), start[risky], end[risky], warmup)
-            bad = ((self.peak[:, cols[risky]] > caps) | (caps < 0)).any(axis=0)
-            redo, caps = risky[bad], caps[:, bad]
-            if redo.size:
-                part = allocate_many(t, self.devices, start[redo], end[redo], caps)
-                fwd[redo], bwd[redo], feasible[redo] = part.forward_s, part.backward_s, part.feasible
-                if with_samples:
-                    samples[:, redo] = part.samples
+        fwd, bwd, feasible = self.forward_s[cols], self.backward_s[cols], self.feasible[cols] & self.weights_fit[cols]
+        samples = None
+        if with_samples:
+            unbounded = np.full((len(self.devices), cols.size), self.tables.cm.B, dtype=np.int64)
+            samples = allocate_many(self.tables, self.devices, self.start[cols], self.end[cols], unbounded).samples
+        redo = np.flatnonzero((warmup > self.safe_warmup[cols]) & self.weights_fit[cols])
+        if redo.size == 0:
+            return Allocation(samples, fwd, bwd, feasible, None)
+        t = self.tables
+        start, end = self.start[cols[redo]], self.end[cols[redo]]
+        caps = t.caps(np.asarray(self.devices), start, end, warmup)
+        if len(self.devices) == 1:
+            # Algorithm 1 on one device: all B samples if they fit under the cap, else infeasible
+            feasible[redo] &= caps[0] >= t.cm.B
+            return Allocation(samples, fwd, bwd, feasible, None)
+        part = allocate_many(t, self.devices, start, end, caps)
+        fwd[redo], bwd[redo], feasible[redo] = part.forward_s, part.backward_s, part.feasible
+        if with_samples:
+            samples[:, redo] = part.samples
         return Allocation(samples, fwd, bwd, feasible, None)
 
     def balanced_lower_bound(self, min_rate_prefix: np.ndarray, cols: np.ndarray) -> np.ndarray:

@@ -264,7 +264,7 @@ def _profile_device(ctx: _Context, spec: DeviceSpec, endpoint) -> DeviceProfile:
     name, observer = spec.name, ctx.observer
     prepare(spec, endpoint, wheel=ctx.wheel, phase=observer.device_phase)
     observer.device_phase(name, "identifying")
-    identity = parse.typed(_identity_record(endpoint, ctx.settings), Identity)
+    identity = parse.typed(_identity_record(endpoint, ctx.settings, spec.accelerator), Identity)
     host_key = endpoint.host_key() if hasattr(endpoint, "host_key") else None
     device_fingerprint = parse.fingerprint(identity, host_key)
     cache = MeasurementCache(ctx.cache_root, {
@@ -273,7 +273,7 @@ def _profile_device(ctx: _Context, spec: DeviceSpec, endpoint) -> DeviceProfile:
         "settings": ctx.settings.key()})
     if ctx.force:
         cache.clear()
-    budget = spec.memory or identity.memory_limit_bytes or identity.memory_available_bytes
+    budget = spec.memory or accelerator_memory(identity) or identity.memory_limit_bytes or identity.memory_available_bytes
     repeats = ctx.settings.repeats
     todo = [b for b in ctx.grid if not cache.complete(b, repeats) and cache.skip(b, budget) is None]
     if cache.setup() is None and not todo:
@@ -308,8 +308,18 @@ def _marked_if_implausible(profile: DeviceProfile) -> DeviceProfile:
     return profile.model_copy(update={"measurement": info.model_copy(update={"notes": [*info.notes, warning]})})
 
 
-def _identity_record(endpoint, settings: ProbeSettings) -> dict[str, Any]:
-    found = endpoint.probe("identify", {"threads": settings.threads}, timeout=120)
+def accelerator_memory(identity: Identity) -> int | None:
+    """A CUDA device's memory for the probe's "would this batch fit" check (parse.memory_budget has
+    the budget the planner gets; unified memory counts there as min(GPU-visible, host))."""
+    gpu = identity.accelerator
+    return gpu.memory_bytes if gpu is not None and gpu.type == "cuda" else None
+
+
+def _identity_record(endpoint, settings: ProbeSettings, accelerator: str = "cpu") -> dict[str, Any]:
+    args: dict[str, Any] = {"threads": settings.threads}
+    if accelerator != "cpu":  # a CPU device's probe arguments as before
+        args["accelerator"] = accelerator
+    found = endpoint.probe("identify", args, timeout=120)
     record = parse.first(found, "identity")
     if record is None:
         raise DeviceFailure("the identify probe printed no identity")
@@ -354,7 +364,7 @@ def _run_train_probe(ctx: _Context, spec: DeviceSpec, endpoint, identity: Identi
             "batch_sizes": todo,
             "passes": {str(b): n for b, n in passes.items()}, "threads": identity.threads,
             "repeats": settings.repeats, "warmup": settings.warmup, "window_s": settings.window_s,
-            "memory_budget_bytes": budget}
+            "memory_budget_bytes": budget, **({"accelerator": spec.accelerator} if spec.accelerator != "cpu" else {})}
     try:
         endpoint.probe("train", args, on_record=on_record, timeout=settings.timeout_s)
     except DeviceFailure as e:

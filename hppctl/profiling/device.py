@@ -235,7 +235,17 @@ def _version(package: str) -> str | None:
         return None
 
 
-def identify(measure_quota: bool = True, threads: int | None = None) -> dict[str, object]:
+def accelerator_record(accelerator: str) -> dict[str, object]:
+    """The cluster file's `accelerator:` resolved here (runtime/accelerator.py), with the GPU's name
+    and memory. `cpu` does not import torch (identify stays quick)."""
+    if accelerator == "cpu":
+        return {"requested": "cpu", "type": "cpu", "name": None, "memory_bytes": None, "integrated": None}
+    from hppctl.runtime.accelerator import describe, resolve
+
+    return {"requested": accelerator, **describe(resolve(accelerator, device_name=socket.gethostname()))}
+
+
+def identify(measure_quota: bool = True, threads: int | None = None, accelerator: str = "cpu") -> dict[str, object]:
     """Everything the orchestrator needs to fingerprint the device and size the measurement."""
     from hppctl import __version__
 
@@ -264,6 +274,7 @@ def identify(measure_quota: bool = True, threads: int | None = None) -> dict[str
         "transformers": _version("transformers"),
         "hppctl": __version__,
         "kernel": platform.release(),
+        "accelerator": accelerator_record(accelerator),
     }
 
 

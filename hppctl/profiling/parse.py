@@ -22,7 +22,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from hppctl.models.profile import DeviceProfile, LinkProfile, MeasurementInfo
+from hppctl.models.profile import AcceleratorProfile, DeviceProfile, LinkProfile, MeasurementInfo
 from hppctl.profiling.records import Batch, Identity, Memory, Pass, Ping, Received, Setup, Skip, Step
 
 
@@ -101,6 +101,8 @@ def fingerprint(identity: Identity, host_key: str | None = None) -> str:
         "python": identity.python, "torch": identity.torch, "transformers": identity.transformers,
         "hppctl": identity.hppctl, "host_key": host_key,
     }
+    if identity.accelerator is not None and identity.accelerator.type != "cpu":  # a CPU's fingerprint as before
+        doc["accelerator"] = [identity.accelerator.type, identity.accelerator.name, identity.accelerator.memory_bytes]
     text = json.dumps(doc, sort_keys=True)
     return "dev-" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -109,7 +111,10 @@ def memory_budget(identity: Identity, runtime_bytes: int, inventory_bytes: int |
     """(budget for training tensors, where it came from, the measured limit).
 
     The inventory's `memory:` is the budget as given. Otherwise the cgroup limit (or
-    MemAvailable when there is none) minus what a worker process costs before any tensor.
+    MemAvailable when there is none) minus what a worker process costs before any tensor. On a
+    CUDA device the tensors live in GPU memory: the budget is the GPU's memory as CUDA reports it;
+    with unified memory (an integrated GPU, a Jetson) CPU and GPU draw on the same RAM, so it is the
+    smaller of the GPU-visible memory and the host budget above (the worker's runtime is host RAM too).
     """
     measured = identity.memory_limit_bytes or identity.memory_available_bytes or identity.memory_total_bytes
     if inventory_bytes is not None:
@@ -117,7 +122,14 @@ def memory_budget(identity: Identity, runtime_bytes: int, inventory_bytes: int |
     if not measured:
         raise ProbeOutputError("the device reported neither a memory limit nor MemAvailable")
     source = "cgroup limit" if identity.memory_limit_bytes else "MemAvailable"
-    return max(1, measured - runtime_bytes), f"{source} minus the worker's runtime", measured
+    host = max(1, measured - runtime_bytes)
+    gpu = identity.accelerator
+    if gpu is not None and gpu.type == "cuda" and gpu.memory_bytes:
+        if gpu.integrated:
+            return (min(gpu.memory_bytes, host), f"unified memory: min(GPU-visible {gpu.memory_bytes} B, "
+                    f"{source} minus the worker's runtime)", gpu.memory_bytes)
+        return gpu.memory_bytes, f"CUDA memory of {gpu.name}", gpu.memory_bytes
+    return host, f"{source} minus the worker's runtime", measured
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,8 +198,12 @@ def device_profile(name: str, identity: Identity, setup: Setup, batches: Sequenc
         fingerprint=device_fingerprint or fingerprint(identity),
         python=identity.python, torch=identity.torch, hppctl=identity.hppctl, notes=all_notes,
     )
+    gpu = identity.accelerator
+    accelerator = (AcceleratorProfile(type=gpu.type, name=gpu.name, memory_bytes=gpu.memory_bytes,
+                                      integrated=gpu.integrated)
+                   if gpu is not None and gpu.type != "cpu" else None)
     return DeviceProfile(
-        name=name, kind=f"measured:{identity.hostname}", memory_bytes=budget,
+        name=name, kind=f"measured:{identity.hostname}", memory_bytes=budget, accelerator=accelerator,
         batch_sizes=[b.batch_size for b in batches], forward_s=forward, backward_s=backward, source="measured",
         forward_spread=[[spread(b.forward[i]) for b in batches] for i in range(setup.layers)],
         backward_spread=[[spread(b.backward[i]) for b in batches] for i in range(setup.layers)],

@@ -31,7 +31,8 @@ from typing import Any
 from hppctl.allocator import steady_heap
 
 PROBE_VERSION = 4
-"""Bumped whenever a kind changes what or how it measures; part of every cache key."""
+"""Bumped whenever a kind changes what or how it measures; part of every cache key. (Accelerators
+did not bump it: a CPU measures as before, and a GPU device has another device fingerprint.)"""
 
 Kind = Callable[[dict[str, Any]], Iterator[dict[str, Any]]]
 KINDS: dict[str, Kind | str] = {
@@ -69,7 +70,8 @@ def resolve_kind(name: str) -> Kind:
 def _identify(args: dict[str, Any]) -> Iterator[dict[str, Any]]:
     from hppctl.profiling import device
 
-    yield device.identify(measure_quota=bool(args.get("measure_quota", True)), threads=args.get("threads"))
+    yield device.identify(measure_quota=bool(args.get("measure_quota", True)), threads=args.get("threads"),
+                          accelerator=str(args.get("accelerator", "cpu")))
 
 
 @register_kind("sleep")

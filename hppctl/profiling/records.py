@@ -18,6 +18,20 @@ NonNegInt = Annotated[int, Field(ge=0)]
 PosInt = Annotated[int, Field(gt=0)]
 
 
+class AcceleratorRecord(FrozenModel):
+    """`identify`: the cluster file's `accelerator:` as the device resolved it (runtime/accelerator.py)."""
+
+    requested: Literal["cpu", "cuda", "auto"]
+    type: str
+    """`cpu` or `cuda`: what `requested` resolved to on the device."""
+    name: str | None = None
+    """The GPU's name (CUDA)."""
+    memory_bytes: NonNegInt | None = None
+    """The GPU's memory as CUDA reports it (on a Jetson: the unified memory it can address)."""
+    integrated: bool | None = None
+    """The GPU shares the host's memory (Jetson)."""
+
+
 class Identity(FrozenModel):
     """`identify`: what the device is and offers (device.identify)."""
 
@@ -40,6 +54,8 @@ class Identity(FrozenModel):
     transformers: str | None
     hppctl: str
     kernel: str
+    accelerator: AcceleratorRecord | None = None
+    """None in records of probes older than accelerators (a CPU)."""
 
 
 class Setup(FrozenModel):

@@ -109,24 +109,34 @@ def share_machine_memory(devices: Sequence[DeviceProfile],
     `machine_of` maps a device name to a key naming its machine (devices absent from it are left
     alone). Only budgets the probe measured are shared: a device with `memory:` in the cluster file
     keeps it. Each of n devices gets the machine's memory / n minus its worker's runtime, so the
-    budgets sum to at most the machine's memory."""
-    groups: dict[str, list[DeviceProfile]] = defaultdict(list)
+    budgets sum to at most the machine's memory. Devices computing on the machine's GPU share the
+    GPU's memory among themselves (apart from its CPU devices); on a discrete GPU the worker's
+    runtime (host memory) is not taken off their share."""
+    groups: dict[tuple[str, str], list[DeviceProfile]] = defaultdict(list)
     for d in devices:
         if d.name in machine_of and _measured_budget(d):
-            groups[machine_of[d.name]].append(d)
+            groups[(machine_of[d.name], d.accelerator.type if d.accelerator else "cpu")].append(d)
     replaced: dict[str, DeviceProfile] = {}
     notes = []
-    for machine, members in groups.items():
+    for (machine, _), members in groups.items():
         if len(members) < 2:
             continue
         total = min(d.measurement.memory_measured_bytes for d in members)
         share = total // len(members)
         for d in members:
-            replaced[d.name] = _with_budget(d, max(1, share - (d.runtime_bytes or 0)), len(members))
+            replaced[d.name] = _with_budget(d, max(1, share - _runtime_in_budget(d)), len(members))
         notes.append(f"{', '.join(d.name for d in members)} share {machine}'s {format_bytes(total)} "
                      f"({members[0].measurement.memory_budget_source.split(' minus ')[0]}): {format_bytes(share)} each "
                      f"less the worker's runtime; give a device `memory:` in the cluster file to set its budget")
     return [replaced.get(d.name, d) for d in devices], notes
+
+
+def _runtime_in_budget(device: DeviceProfile) -> int:
+    """The worker's runtime counted against the device's budget: host memory, so not on a discrete GPU."""
+    gpu = device.accelerator
+    if gpu is not None and gpu.type != "cpu" and not gpu.integrated:
+        return 0
+    return device.runtime_bytes or 0
 
 
 def _measured_budget(device: DeviceProfile) -> bool:

@@ -28,6 +28,13 @@ device takes 1 ms or 76 ms (100 ms periods) depending on where the period bounda
 wall-time samples of short layers are bimodal and their median is not the layer's cost. CPU time
 does not count the stalls. The sustained step measurement (many periods long) then gives the
 device's wall/CPU ratio, by which parse.py scales every layer (`sustained_factor`).
+
+On an accelerator (`args["accelerator"]`: the cluster file's value, resolved here by
+runtime/accelerator.py as a worker resolves it) the model, the inputs and the labels live on the
+GPU, every clock reading waits for the queued CUDA work first (`synchronized_clock`: kernels run
+asynchronously, so a plain host clock would time their launch), the clock is wall time, and a
+step's peak memory is the CUDA allocator's (`torch.cuda.max_memory_allocated` above the model's
+allocation) instead of the process's RSS. On the CPU nothing of this changes a measurement.
 """
 
 from __future__ import annotations
@@ -54,19 +61,20 @@ def _loss(torch, out, labels):
     return out.float().square().mean()
 
 
-def _labels(torch, spec, model, batch: int):
+def _labels(torch, spec, model, batch: int, device=None):
     classes = 2
     for module in model.modules():  # the last Linear's width is the number of classes
         if isinstance(module, torch.nn.Linear):
             classes = module.out_features
     generator = torch.Generator().manual_seed(1)
-    return torch.randint(0, max(1, classes), (batch,), generator=generator)
+    labels = torch.randint(0, max(1, classes), (batch,), generator=generator)
+    return labels if device is None else labels.to(device)
 
 
 class Measurement:
     """One model on this device: the whole module, its one-layer stages, and how to time them."""
 
-    def __init__(self, model_name: str, granularity: str, threads: int, seed: int = 0) -> None:
+    def __init__(self, model_name: str, granularity: str, threads: int, seed: int = 0, accelerator: str = "cpu") -> None:
         import os
         import sys
 
@@ -76,10 +84,14 @@ class Measurement:
 
         torch.set_num_threads(threads)
         self.torch = torch
+        from hppctl.runtime import accelerator as acc
         from hppctl.zoo import build_stage, get_model, layer_costs
 
+        self.acc = acc
+        self.device = acc.resolve(accelerator)
+        """Where the layers are timed: the device a worker with this `accelerator:` computes on."""
         self.spec = get_model(model_name)
-        self.model = self.spec.build(seed=seed)
+        self.model = self.spec.build(seed=seed).to(self.device)  # the CPU: the same module
         self.model.train()
         costs = layer_costs(model_name, granularity)
         count = len(costs)
@@ -88,8 +100,9 @@ class Measurement:
         self.stages = [build_stage(self.model, granularity, i, i + 1) for i in range(count)]
         self._granularity = granularity
         self.threads = threads
-        self.clock = _clock(threads)
-        self.clock_name = "cpu" if threads == 1 else "wall"
+        on_cpu = self.device.type == "cpu"
+        self.clock = acc.synchronized_clock(self.device, _clock(threads) if on_cpu else time.perf_counter)
+        self.clock_name = "cpu" if threads == 1 and on_cpu else "wall"
         self.norms_in_eval = False
         self.eval_norms: dict[int, bool] = {}
         """Batch sizes at which BatchNorm must run in eval mode (first_step)."""
@@ -97,13 +110,18 @@ class Measurement:
         self.model_rss = device.rss_bytes()[0]
         tensors = list(self.model.parameters()) + list(self.model.buffers())
         self.model_bytes = sum(t.numel() * t.element_size() for t in tensors)
-        self.runtime_bytes = max(0, self.model_rss - self.model_bytes)
-        """Interpreter, torch, transformers and the traced stages: what a worker costs before any tensor."""
+        self.runtime_bytes = max(0, self.model_rss - self.model_bytes) if on_cpu else self.model_rss
+        """Interpreter, torch, transformers and the traced stages: what a worker costs before any tensor
+        (on a GPU device, host memory: the model's tensors are not in the RSS)."""
+        allocated = acc.allocated_bytes(self.device)
+        self.model_resident = self.model_rss if allocated is None else allocated
+        """What holds the model where the steps' memory is counted: the RSS, or the CUDA allocation."""
 
     # -- one whole step --------------------------------------------------------------------
 
     def batch(self, size: int):
-        return self.spec.example_input(size), _labels(self.torch, self.spec, self.model, size)
+        return (self.spec.example_input(size).to(self.device),
+                _labels(self.torch, self.spec, self.model, size, self.device))
 
     def step(self, x, labels) -> None:
         self.model.zero_grad(set_to_none=True)
@@ -133,8 +151,14 @@ class Measurement:
         return [f"BatchNorm layers in eval mode at batch {x.shape[0]}: training mode needs more than one value per channel"]
 
     def peak_step(self, x, labels) -> tuple[int, str]:
-        """Peak RSS of one training step above the RSS after building the model."""
+        """Peak RSS of one training step above the RSS after building the model (on a GPU: the CUDA
+        allocator's peak above the model's allocation)."""
         self.model.zero_grad(set_to_none=True)
+        if self.device.type != "cpu":
+            self.acc.reset_peak_memory(self.device)
+            self.step(x, labels)
+            self.acc.synchronize(self.device)
+            return max(0, self.acc.peak_memory_bytes(self.device) - self.model_resident), "torch.cuda.max_memory_allocated"
         device.release_free_memory()
         if device.reset_peak_rss():
             self.step(x, labels)
@@ -258,7 +282,8 @@ def measure(args: dict[str, Any]) -> Iterator[dict[str, Any]]:
         from hppctl.zoo.user import declare_input
 
         declare_input(args["model"], ModelInput.model_validate(args["model_input"]))
-    m = Measurement(args["model"], args["granularity"], threads, int(args.get("seed", 0)))
+    m = Measurement(args["model"], args["granularity"], threads, int(args.get("seed", 0)),
+                    accelerator=str(args.get("accelerator", "cpu")))
     stage_call_s = m.stage_call_cost()
     yield {"type": "setup", "layers": len(m.stages), "threads": threads, "clock": m.clock_name,
            "runtime_bytes": m.runtime_bytes, "model_bytes": m.model_bytes,
@@ -303,7 +328,7 @@ def _would_not_fit(m: Measurement, batch: int, budget: int | None, previous: tup
         return None
     kept = m.activation_bytes_per_sample * batch
     scaled = previous[1] * batch / previous[0] if previous else 0.0
-    predicted = m.model_rss + max(kept, scaled)
+    predicted = m.model_resident + max(kept, scaled)
     if predicted <= 0.9 * budget:
         return None
     basis = f"from batch {previous[0]}'s peak" if scaled >= kept else "at least, from the activations kept for the backward"

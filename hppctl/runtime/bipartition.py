@@ -35,8 +35,9 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from hppctl.models.schedule import Action
-from hppctl.runtime.executor import Executor, _Pending
-from hppctl.runtime.stage import TensorSpec, _spec, join
+from hppctl.runtime.accelerator import to_wire
+from hppctl.runtime.executor import Executor, _Pending, _unflatten_into
+from hppctl.runtime.stage import TensorSpec, assign_by_name, backward_into, cut_specs, host_copy, input_grads, join
 
 SPLIT_INPUT_TAG = 1 << 24
 """Tags of SX/RX messages (above every activation/gradient tag of `executor.tag`)."""
@@ -57,28 +58,29 @@ class BiStage:
     """The parts of one worker's layers, sharing one set of weights (see the module docstring)."""
 
     def __init__(self, model: str, granularity: str, forward: Sequence[int], backward: Sequence[int], *,
-                 num_layers: int, seed: int = 0, tensors: dict[str, torch.Tensor] | None = None) -> None:
+                 num_layers: int, seed: int = 0, tensors: dict[str, torch.Tensor] | None = None,
+                 device: torch.device | None = None) -> None:
         from hppctl.zoo import build_stage, get_model, trace
 
         (self.f0, self.f1), (self.b0, self.b1) = tuple(forward), tuple(backward)
         self.L = num_layers
         spec = get_model(model)
+        self.device = device or torch.device("cpu")
+        """Where the parts compute and the stepped parameters live (the parts share the tensors)."""
+        whole = (spec.build(seed=seed) if tensors is None else spec.build(device="meta")).train()
         if tensors is None:
-            whole = spec.build(seed=seed).train()
-        else:
-            whole = spec.build(device="meta").train()
-            _assign_by_name(whole, tensors)
+            whole.to(self.device)
+        else:  # the shipped tensors, on the device (the CPU: the same tensors), shared by every part
+            assign_by_name(whole, {k: v.to(self.device) for k, v in tensors.items()})
         self.start, self.end = union_layers(forward, backward)
         self.module = build_stage(whole, granularity, self.start, self.end, mode="train")
         cuts = sorted({self.f0, self.f1, self.b0, self.b1})
         self.parts = {(a, b): build_stage(whole, granularity, a, b, mode="train")
                       for a, b in zip(cuts, cuts[1:]) if b > a}
         traced = trace(model, "train")
-        by_name = {n.name: n for n in traced.nodes}
         self._specs: dict[int, list[TensorSpec]] = {}
         for (a, b), part in self.parts.items():
-            self._specs[a] = [_spec(n, traced.values1[by_name[n]], d) for n, d in zip(part.input_names, part.input_batch_dims)]
-            self._specs[b] = [_spec(n, traced.values1[by_name[n]], d) for n, d in zip(part.output_names, part.output_batch_dims)]
+            self._specs[a], self._specs[b] = cut_specs(traced, part)
         self.inputs, self.outputs = self.specs(self.f0), self.specs(self.f1)
         owned = {n for (a, b), part in self.parts.items() if self.b0 <= a and b <= self.b1
                  for n, _ in part.named_parameters()}
@@ -115,21 +117,8 @@ class BiStage:
         return [p for part in self.parts_in(lo, hi) for p in part.parameters()]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        state = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+        state = {k: host_copy(v) for k, v in self.module.state_dict().items()}
         return {k: v for k, v in state.items() if k in self._params or k in self._forward_buffers}
-
-
-def _assign_by_name(whole: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
-    """Put the shipped tensors into the meta model by their model names, so every part built from it
-    shares them."""
-    params = dict(whole.named_parameters())
-    for name, tensor in tensors.items():
-        owner_name, _, attr = name.rpartition(".")
-        owner = whole.get_submodule(owner_name)
-        if name in params:
-            setattr(owner, attr, torch.nn.Parameter(tensor, requires_grad=params[name].requires_grad))
-        else:
-            owner._buffers[attr] = tensor
 
 
 def _leaves(values: list[torch.Tensor], specs: list[TensorSpec]) -> list[torch.Tensor]:
@@ -139,15 +128,21 @@ def _leaves(values: list[torch.Tensor], specs: list[TensorSpec]) -> list[torch.T
 class BiExecutor(Executor):
     """`Executor` whose F and B run a Bi-Partition worker's ranges, plus the SX/RX/SW/RW actions."""
 
-    def __init__(self, device: str, actions, topology, stage: BiStage, optimizer, comm, feed, *, trace=False) -> None:
-        super().__init__(device, actions, topology, stage, optimizer, comm, feed, trace=trace)
+    def __init__(self, device: str, actions, topology, stage: BiStage, optimizer, comm, feed, *, trace=False,
+                 accelerator=None, precision=None) -> None:
+        super().__init__(device, actions, topology, stage, optimizer, comm, feed, trace=trace,
+                         accelerator=accelerator, precision=precision)
         self.bi = stage
         self.grad_inputs = [s for s in stage.specs(stage.b0) if s.carries_grad]
         self.grad_outputs = [s for s in stage.specs(stage.b1) if s.carries_grad]
 
     def more_handlers(self) -> dict:
+        st = self.stage  # the BiStage (`self.bi` is not set yet)
+        # transfers at cuts 0 and L carry nothing (every worker reads the data; the loss is local)
+        edges = {kind: lambda a: None for kind, cut in (("SA", st.f1), ("RA", st.f0), ("SG", st.b0), ("RG", st.b1))
+                 if cut in (0, st.L)}
         return {"SX": self._send_split_input, "RX": self._receive_split_input,
-                "SW": self._send_weights, "RW": self._receive_weights}
+                "SW": self._send_weights, "RW": self._receive_weights, **edges}
 
     def run_round(self, round_index: int):
         self._saved: dict[int, dict] = {}
@@ -164,7 +159,7 @@ class BiExecutor(Executor):
 
     # --- compute ------------------------------------------------------------------------------
     def _data(self, m: int) -> list[torch.Tensor]:
-        return [self.feed.inputs(self.round, m, self.lo, self.hi)]
+        return [super()._data(m)]
 
     def _forward(self, a: Action) -> None:
         m, st = a.micro_batch, self.bi
@@ -185,9 +180,10 @@ class BiExecutor(Executor):
             if both_lo <= lo and hi <= both_hi:
                 if lo == both_lo:
                     x = saved["both_in"] = _leaves(x, st.specs(lo))
-                x = list(part(*x))
+                with self.precision.autocast():
+                    x = list(part(*x))
             else:
-                with torch.no_grad():  # forward only: the backward owner recomputes what it needs
+                with torch.no_grad(), self.precision.autocast():  # forward only: the backward owner recomputes
                     x = list(part(*x))
             saved[hi] = x
         if both_hi > both_lo:
@@ -222,7 +218,8 @@ class BiExecutor(Executor):
     def _recompute_and_backprop(self, lo: int, hi: int, values, grads, m: int):
         st = self.bi
         inputs = _leaves(values, st.specs(lo))
-        outputs = st.recompute(lo, hi, inputs)
+        with self.precision.autocast():
+            outputs = st.recompute(lo, hi, inputs)
         return self._backprop(lo, inputs, outputs, hi, grads, m)
 
     def _backprop(self, lo: int, inputs, outputs, hi: int, grads, m: int) -> list[torch.Tensor]:
@@ -230,45 +227,22 @@ class BiExecutor(Executor):
         `grads` at cut hi; returns the gradients at cut lo."""
         st = self.bi
         if hi == st.L:
-            labels = self.feed.labels(self.round, m, self.lo, self.hi)
-            loss = F.cross_entropy(outputs[0], labels, reduction="sum") / self.topo.global_batch
+            labels = self._labels_of(m)
+            with self.precision.autocast():
+                loss = F.cross_entropy(outputs[0], labels, reduction="sum") / self.topo.global_batch
             self.stats.loss += float(loss.detach())
             self.stats.correct += int((outputs[0].detach().argmax(dim=1) == labels).sum())
             self.stats.samples += int(labels.shape[0])
-            loss.backward()
+            self.precision.scale(loss).backward()
         else:
-            carried = [o for o, s in zip(outputs, st.specs(hi)) if s.carries_grad]
-            pairs = [(o, g) for o, g in zip(carried, grads) if o.requires_grad]
-            if pairs:
-                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-        return [v.grad if v.grad is not None else torch.zeros_like(v)
-                for v, s in zip(inputs, st.specs(lo)) if s.carries_grad]
-
-    # --- transfers at cuts 0 and L carry nothing (every worker reads the data; the loss is local) --
-    def _edge(self, cut: int) -> bool:
-        return cut in (0, self.bi.L)
-
-    def _send_activations(self, a: Action) -> None:
-        if not self._edge(self.bi.f1):
-            super()._send_activations(a)
-
-    def _receive_activations(self, a: Action) -> None:
-        if not self._edge(self.bi.f0):
-            super()._receive_activations(a)
-
-    def _send_gradients(self, a: Action) -> None:
-        if not self._edge(self.bi.b0):
-            super()._send_gradients(a)
-
-    def _receive_gradients(self, a: Action) -> None:
-        if not self._edge(self.bi.b1):
-            super()._receive_gradients(a)
+            backward_into(outputs, st.specs(hi), grads)
+        return input_grads(inputs, st.specs(lo))
 
     # --- split layers -------------------------------------------------------------------------
     def _send_split_input(self, a: Action) -> None:
         st = self.bi
         values = self._saved[a.micro_batch][st.b1]  # the input of the next worker's prefix split
-        tensors = [s.rows_of(v.detach(), a.start - self.lo, a.end - self.lo).contiguous()
+        tensors = [to_wire(s.rows_of(v.detach(), a.start - self.lo, a.end - self.lo).contiguous(), s.dtype)
                    for v, s in zip(values, st.specs(st.b1))]
         for i, t in enumerate(tensors):
             self._sends.append((self.comm.isend(t, a.peer, SPLIT_INPUT_TAG + a.micro_batch * 64 + i), t))
@@ -279,7 +253,7 @@ class BiExecutor(Executor):
             return
         self._split_posted.add((a.micro_batch, a.start))
         specs = self.bi.specs(self.bi.b0)
-        tensors = [s.empty(a.end - a.start) for s in specs]
+        tensors = [s.empty(a.end - a.start, self.pinned) for s in specs]
         works = [self.comm.irecv(t, a.peer, SPLIT_INPUT_TAG + a.micro_batch * 64 + i) for i, t in enumerate(tensors)]
         self._recv_split.setdefault(a.micro_batch, []).append(
             _Pending(a.start, a.end - a.start, tensors, works, a.peer, time.perf_counter()))
@@ -294,7 +268,7 @@ class BiExecutor(Executor):
         weights = self.bi.weights_between(*self._split_block(self.topo.stage_of[a.peer]))
         if not weights:
             return
-        flat = torch.cat([w.detach().reshape(-1) for w in weights])
+        flat = to_wire(torch.cat([w.detach().reshape(-1) for w in weights]))
         self._sends.append((self.comm.isend(flat, a.peer, WEIGHTS_TAG), flat))
         self.stats.bytes_sent += flat.numel() * flat.element_size()
 
@@ -306,9 +280,5 @@ class BiExecutor(Executor):
         begin = time.perf_counter()
         self.comm.irecv(flat, a.peer, WEIGHTS_TAG).wait()  # the next round's forwards need them
         self.stats.wait_s += time.perf_counter() - begin
-        offset = 0
-        with torch.no_grad():
-            for w in weights:
-                w.copy_(flat[offset:offset + w.numel()].view_as(w))
-                offset += w.numel()
+        _unflatten_into(flat, weights)
 

@@ -24,6 +24,7 @@ Worker side, in pairs (style rule 15): `init_process_groups` ... `destroy_proces
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fcntl
 import hashlib
@@ -52,10 +53,6 @@ MAX_MESSAGE_BYTES = 64 * 2**10
 """A worker's error message (`failed/<device>`; a worker writes at most 2000 characters)."""
 MAX_BLOB_CHUNKS = 2**14
 """A blob of up to 64 GiB (16384 chunks of 4 MiB): more is not a state dict hppctl wrote."""
-
-
-def new_token() -> str:
-    return secrets.token_hex(32)
 
 
 def key_prefix(token: str) -> str:
@@ -158,7 +155,7 @@ class RunStore:
 
         sock = listen_socket(host, port)
         port = sock.getsockname()[1]
-        token = token or new_token()
+        token = token or secrets.token_hex(32)
         # The store takes the descriptor over (and closes it when it is destroyed).
         raw = dist.TCPStore(host, port, None, True, timeout=datetime.timedelta(seconds=timeout_s),
                             wait_for_workers=False, master_listen_fd=sock.detach())
@@ -222,15 +219,13 @@ def interface_for(address: str) -> str | None:
 def _ipv6_interface_for(address: str) -> str | None:
     """The interface holding IPv6 `address`, from /proc/net/if_inet6 (SIOCGIFADDR is IPv4-only):
     each line is the address as 32 hex digits, index, prefix length, scope, flags, name."""
-    try:
+    with contextlib.suppress(OSError, ValueError):
         wanted = socket.inet_pton(socket.AF_INET6, address.split("%")[0]).hex()
         with open("/proc/net/if_inet6") as table:
             for line in table:
                 words = line.split()
                 if len(words) == 6 and words[0] == wanted:
                     return words[5]
-    except (OSError, ValueError):
-        pass
     return None
 
 

@@ -22,6 +22,7 @@ to empty another file.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -31,12 +32,11 @@ import re
 import shutil
 import socket
 import stat
-import tempfile
 import time
 from pathlib import Path
 
 from hppctl.errors import BadInput, LockHeld
-from hppctl.store import write_text_atomic
+from hppctl.store import write_bytes_atomic, write_text_atomic
 
 KEEP = 2
 COMPLETE = "COMPLETE.json"
@@ -61,29 +61,6 @@ def stage_file_name(stage: int) -> str:
 
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write through a temporary file beside `path` and rename it over `path`. The temporary's name
-    comes from `mkstemp` (random, O_EXCL): a predictable name lets another user plant a link there."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_current_umask())  # mkstemp makes 0600; keep the permissions open() gave
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _current_umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
 
 
 def read_regular_file(path: Path, limit: int | None = None) -> bytes:
@@ -199,10 +176,8 @@ class CheckpointDir:
             return rounds
         for child in self.path.iterdir():
             if child.name.startswith("round-") and (child / COMPLETE).exists():
-                try:
+                with contextlib.suppress(ValueError):  # not a round's number: not a round
                     rounds.append(int(child.name.removeprefix("round-")))
-                except ValueError:
-                    continue
         return sorted(rounds)
 
     def newest_round_number(self) -> int:
@@ -218,11 +193,9 @@ class CheckpointDir:
         newest = complete[-1] if complete else -1
         for child in self.path.iterdir():  # leftovers of a run killed while writing
             if child.name.startswith("round-") and not (child / COMPLETE).exists():
-                try:
+                with contextlib.suppress(ValueError):
                     if int(child.name.removeprefix("round-")) < newest:
                         shutil.rmtree(child, ignore_errors=True)
-                except ValueError:
-                    continue
 
     def newest_meta(self) -> dict | None:
         """What the newest complete round records (COMPLETE.json), with its path as `_file`; None: no round."""

@@ -22,7 +22,8 @@ class TrainOptions(FrozenModel):
     """Training hyper-parameters and bookkeeping, identical on every worker."""
 
     dataset: str = "synthetic"
-    """`synthetic`, `digits` or `package.module:factory` (runtime/data.py)."""
+    """`synthetic`, `digits`, `package.module:factory` (runtime/data.py), or a path: a folder of images,
+    a .pt, .npz or .csv file, `PATH#label=NAME` for a CSV's label column (runtime/datasets.py)."""
     seed: int = 0
     """Model weights, sample order (with the epoch) and dropout masks (with the round and device)."""
     rounds: PosInt = 1
@@ -60,6 +61,9 @@ class TrainOptions(FrozenModel):
     progress_every_s: PosFloat = 0.5
     """How often a worker may report its progress within a round (runtime/progress.py): the
     launcher's log interval, at most 0.5 s."""
+    precision: Literal["fp32", "fp16", "bf16"] = "fp32"
+    """Autocast dtype of the forward passes (`--precision`; runtime/accelerator.py): fp32 runs
+    without autocast; fp16 with one loss scale shared by every stage; bf16 without a scale."""
 
     def learning_rate(self, round_index: int) -> float:
         """The rate of round `round_index` (0-based). A function of the round alone, so a resumed run
@@ -85,6 +89,8 @@ class WorkerConfig(FrozenModel):
     granularity: Literal["fine", "block"]
     schedule: Schedule
     options: TrainOptions
+    accelerator: Literal["cpu", "cuda", "auto"] = "cpu"
+    """The device's `accelerator:` from the cluster file, resolved by the worker on the device."""
     resume: bool = False
     """Load the checkpointed stage state (`resume/<stage>`) over the initial one (`init/<stage>`)."""
     recovery: "RecoveryConfig | None" = None

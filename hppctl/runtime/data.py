@@ -14,6 +14,9 @@
   20% (359 images, independent of `--seed`) is held out as the test split.
 - `package.module:factory`: `factory()` returns a torch `Dataset` of `(input, label)` pairs, or a
   `(train, test)` pair of them.
+- a path: a folder of images with one sub-folder per class, a `.pt` file holding `(inputs, labels)`, an
+  `.npz` file with `x` and `y`, or a `.csv` file (`PATH#label=NAME`: `--label-column NAME`); read,
+  checked and split (about 80/20, by a hash of each sample's key) by `runtime/datasets.py` (docs/runtime.md, "Your data").
 
 The order of the training samples is a permutation drawn from (seed, epoch). Round r covers
 positions [r·G, (r+1)·G) of its epoch's permutation (G the global batch; an epoch has
@@ -90,9 +93,36 @@ def load_data(dataset: str, model: str) -> Data:
     if dataset == "digits":
         train, test = _digits(shape, dtype, model)
         return Data("digits", train, test, classes)
+    from hppctl.runtime.datasets import is_file_dataset
+
+    if is_file_dataset(dataset):
+        return _file_dataset(dataset, shape, dtype, classes, model)
     if ":" in dataset:
         return _user(dataset, shape, classes)
-    raise BadInput(f"--dataset: unknown dataset {dataset!r} (synthetic, digits, or package.module:factory)")
+    raise BadInput(f"--dataset: unknown dataset {dataset!r} (synthetic, digits, a folder of images, a .pt, .npz or "
+                   f".csv file, or package.module:factory)")
+
+
+def _file_dataset(spec: str, shape: tuple[int, ...], dtype: torch.dtype, classes: int, model: str) -> Data:
+    """A folder of images or a .pt/.npz/.csv file (runtime/datasets.py), as in-memory splits."""
+    from hppctl.runtime.datasets import load_file_dataset
+
+    vocabulary = _vocabulary(model) if dtype == torch.long else None
+    loaded = load_file_dataset(spec, shape, dtype, classes, vocabulary)
+    test = Split(loaded.test_inputs, loaded.test_labels) if loaded.test_labels is not None else None
+    return Data(spec, Split(loaded.train_inputs, loaded.train_labels), test, classes)
+
+
+def _vocabulary(model: str) -> int | None:
+    """A token model's vocabulary size, to refuse ids its embedding would fail on; None when the zoo
+    does not describe the model (the workers' embedding then reports an id out of range)."""
+    from hppctl.zoo import get_model
+    from hppctl.zoo.build import vocab_size
+
+    try:
+        return int(vocab_size(get_model(model)))
+    except Exception:  # noqa: BLE001 - a model the zoo does not know
+        return None
 
 
 def _token_ids(model: str) -> int:

@@ -21,6 +21,11 @@ the split (notes/asteroid.md §4: weighting by y_d).
 
 Every message carries a tag from (micro-batch, channel, tensor index); the schedule guarantees that
 sends and receives between two devices come in the same order, and the tags check it.
+
+Accelerators (runtime/accelerator.py): the stage computes on `accelerator` (a `torch.device`); data,
+received pieces and AllReduce results come onto it through `from_wire`, and everything sent leaves
+it through `to_wire` (gloo moves host memory). On the CPU both are the identity. `precision` wraps
+the forward and the loss in its autocast, scales the tail's loss and unscales before `STEP`.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import torch.nn.functional as F
 from hppctl.errors import RuntimeFailure
 from hppctl.models.reports import Span
 from hppctl.models.schedule import Action
+from hppctl.runtime.accelerator import Precision, from_wire, pinned_for, to_wire
 from hppctl.runtime.stage import Stage, TensorSpec, join
 from hppctl.runtime.topology import Topology
 
@@ -110,9 +116,15 @@ class Executor:
     """Runs rounds of one device's action list on its stage."""
 
     def __init__(self, device: str, actions: Sequence[Action], topology: Topology, stage: Stage,
-                 optimizer: torch.optim.Optimizer, comm: Comm, feed: Feed, *, trace: bool = False) -> None:
+                 optimizer: torch.optim.Optimizer, comm: Comm, feed: Feed, *, trace: bool = False,
+                 accelerator: torch.device | None = None, precision: Precision | None = None) -> None:
         self.device, self.actions, self.topo, self.stage = device, list(actions), topology, stage
         self.optimizer, self.comm, self.feed, self.trace = optimizer, comm, feed, trace
+        self.accelerator = accelerator or getattr(stage, "device", None) or torch.device("cpu")
+        """Where the stage computes (`device` is the device's name in the plan)."""
+        self.precision = precision or Precision("fp32", self.accelerator.type)
+        self.pinned = pinned_for(self.accelerator)
+        """Receive buffers page-locked (CUDA), so their copies onto the device overlap compute."""
         self.lo, self.hi = topology.owned[device]
         self.head, self.tail = topology.is_head(device), topology.is_tail(device)
         self.grad_inputs = [s for s in stage.inputs if s.carries_grad]
@@ -194,7 +206,7 @@ class Executor:
         m = a.micro_batch
         self._check_range(a)
         if self.head:
-            values = [self.feed.inputs(self.round, m, self.lo, self.hi)]
+            values = [self._data(m)]
         else:
             pieces = self._collect(self._recv_act.pop(m, []), a, "activations")
             values = join(self.stage.inputs, pieces)
@@ -202,11 +214,13 @@ class Executor:
                 if spec.carries_grad:
                     v.requires_grad_(True)
         begin = time.perf_counter()
-        outputs = self.stage(*values)
+        with self.precision.autocast():
+            outputs = self.stage(*values)
+            if self.tail:
+                logits = outputs[0]
+                labels = self._labels_of(m)
+                self._losses[m] = F.cross_entropy(logits, labels, reduction="sum") / self.topo.global_batch
         if self.tail:
-            logits = outputs[0]
-            labels = self.feed.labels(self.round, m, self.lo, self.hi)
-            self._losses[m] = F.cross_entropy(logits, labels, reduction="sum") / self.topo.global_batch
             self.stats.loss += float(self._losses[m].detach())
             self.stats.correct += int((logits.detach().argmax(dim=1) == labels).sum())
             self.stats.samples += int(labels.shape[0])
@@ -220,12 +234,12 @@ class Executor:
         self._check_range(a)
         if self.tail:
             begin = time.perf_counter()
-            self._losses.pop(m).backward()
+            self.precision.scale(self._losses.pop(m)).backward()
         else:
             pieces = self._collect(self._recv_grad.pop(m, []), a, "gradients")
             grads = join(self.grad_outputs, pieces)
             outputs = [o for o, s in zip(self._outputs.pop(m), self.stage.outputs) if s.carries_grad]
-            pairs = [(o, g) for o, g in zip(outputs, grads) if o.requires_grad]
+            pairs = [(o, g.to(o.dtype)) for o, g in zip(outputs, grads) if o.requires_grad]  # autocast: o in half
             begin = time.perf_counter()
             if pairs:
                 torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
@@ -234,6 +248,13 @@ class Executor:
             self._input_grads[m] = [v.grad if v.grad is not None else torch.zeros_like(v)
                                     for v, s in zip(values, self.stage.inputs) if s.carries_grad]
         self._compute_span(a, begin)
+
+    def _data(self, m: int) -> torch.Tensor:
+        """The inputs of micro-batch `m`'s samples of this device, on its accelerator."""
+        return from_wire(self.feed.inputs(self.round, m, self.lo, self.hi), self.accelerator)
+
+    def _labels_of(self, m: int) -> torch.Tensor:
+        return from_wire(self.feed.labels(self.round, m, self.lo, self.hi), self.accelerator)
 
     def _check_range(self, a: Action) -> None:
         if (a.start, a.end) != (self.lo, self.hi):
@@ -248,13 +269,13 @@ class Executor:
     # --- transfers ----------------------------------------------------------------------------
     def _send_activations(self, a: Action) -> None:
         outputs = self._outputs[a.micro_batch]
-        tensors = [s.rows_of(o.detach(), a.start - self.lo, a.end - self.lo).contiguous()
+        tensors = [to_wire(s.rows_of(o.detach(), a.start - self.lo, a.end - self.lo).contiguous(), s.dtype)
                    for o, s in zip(outputs, self.stage.outputs)]
         self._send(a, tensors, ACTIVATIONS)
 
     def _send_gradients(self, a: Action) -> None:
         grads = self._input_grads[a.micro_batch]
-        tensors = [s.rows_of(g, a.start - self.lo, a.end - self.lo).contiguous()
+        tensors = [to_wire(s.rows_of(g, a.start - self.lo, a.end - self.lo).contiguous(), s.dtype)
                    for g, s in zip(grads, self.grad_inputs)]
         self._send(a, tensors, GRADIENTS)
 
@@ -272,7 +293,7 @@ class Executor:
         self._recv_grad.setdefault(a.micro_batch, []).append(self._receive(a, self.grad_outputs, GRADIENTS))
 
     def _receive(self, a: Action, specs: Sequence[TensorSpec], channel: int) -> _Pending:
-        tensors = [s.empty(a.end - a.start) for s in specs]
+        tensors = [s.empty(a.end - a.start, self.pinned) for s in specs]
         works = [self.comm.irecv(t, a.peer, tag(a.micro_batch, channel, i)) for i, t in enumerate(tensors)]
         return _Pending(a.start, a.end - a.start, tensors, works, a.peer, time.perf_counter())
 
@@ -297,7 +318,7 @@ class Executor:
         self.stats.wait_s += now - begin
         if now - begin > 1e-4:
             self._span(f"wait {a}", "wait", self.device, begin, now)
-        return [(p.first, p.tensors) for p in pending]
+        return [(p.first, [from_wire(t, self.accelerator) for t in p.tensors]) for p in pending]
 
     # --- group ----------------------------------------------------------------------------------
     def _wait_sends(self) -> None:
@@ -314,7 +335,7 @@ class Executor:
             if p.grad is None:  # a device with no samples (or a parameter its samples did not reach)
                 p.grad = torch.zeros_like(p)
         for bucket in _buckets([p.grad for p in self.stage.parameters()]):
-            flat = torch.cat([g.reshape(-1) for g in bucket])
+            flat = to_wire(torch.cat([g.reshape(-1) for g in bucket]))
             self.comm.allreduce_sum(flat)
             _unflatten_into(flat, bucket)
         self._average_buffers()
@@ -330,18 +351,19 @@ class Executor:
         ints = [b for b in buffers if not b.dtype.is_floating_point]
         weight = self.topo.samples[self.device] / self.topo.micro_batch
         if floats:
-            flat = torch.cat([b.reshape(-1) for b in floats]) * weight
+            flat = to_wire(torch.cat([b.reshape(-1) for b in floats]) * weight)
             self.comm.allreduce_sum(flat)
             _unflatten_into(flat, floats)
         if ints:
-            flat = torch.cat([b.reshape(-1) for b in ints])
+            flat = to_wire(torch.cat([b.reshape(-1) for b in ints]))
             self.comm.allreduce_max(flat)
             _unflatten_into(flat, ints)
 
     def _step(self, a: Action) -> None:
         self._wait_sends()
         begin = time.perf_counter()
-        self.optimizer.step()
+        if self.precision.unscale(self.stage.parameters()):  # fp16: False on an overflow, the step skipped
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         now = time.perf_counter()
         self.stats.step_s += now - begin
@@ -372,6 +394,7 @@ def _buckets(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
 
 
 def _unflatten_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    """Copy `flat`'s pieces into `tensors` (from host memory onto their device, if they live on one)."""
     offset = 0
     with torch.no_grad():
         for t in tensors:

@@ -20,6 +20,7 @@ links.
 from __future__ import annotations
 
 import collections
+import contextlib
 import io
 import os
 import shlex
@@ -275,12 +276,7 @@ class SshWorker:
             return
         pid = self._pid_of(self.device) if self._pid_of else None
         if pid:
-            try:
-                with connect(self.cluster, self.device) as c:
-                    c.run(_term_then_kill(int(pid)), hide=True, warn=True, in_stream=False)
-            except Exception:
-                pass
-        try:
+            with contextlib.suppress(Exception), connect(self.cluster, self.device) as c:
+                c.run(_term_then_kill(int(pid)), hide=True, warn=True, in_stream=False)
+        with contextlib.suppress(Exception):
             self.conn.close()
-        except Exception:
-            pass

@@ -18,6 +18,7 @@ figures are the maximum over the stage's devices (sums for bytes).
 from __future__ import annotations
 
 from hppctl.runtime.topology import Topology
+from hppctl.schedule.trace import span_event, trace_header
 
 DEVICE_FIELDS = ("duration_s", "cpu_s", "compute_s", "wait_s", "allreduce_s", "step_s", "bytes_sent", "rss_bytes", "peak_rss_bytes")
 
@@ -58,8 +59,6 @@ class TraceBuilder:
     (one thread per directed link: each transfer from the receive being posted to its arrival, as
     the receiver saw it). Times in microseconds from the first round's start."""
 
-    DEVICES_PID, LINKS_PID = 1, 2
-
     def __init__(self, topo: Topology, title: str) -> None:
         self.topo, self.title = topo, title
         self.origin: float | None = None
@@ -72,38 +71,10 @@ class TraceBuilder:
             self.spans.append((report["started_at"], span, report["device"]))
 
     def document(self, extra: dict | None = None) -> dict:
-        order = list(self.topo.devices)
-        tid = {d: i + 1 for i, d in enumerate(order)}
-        links = sorted({s["track"] for _, s, _ in self.spans if "->" in s["track"]},
-                       key=lambda t: (order.index(t.split("->")[0]), order.index(t.split("->")[1])))
-        tid.update({name: i + 1 for i, name in enumerate(links)})
-        events = [_meta("process_name", self.DEVICES_PID, None, "devices"),
-                  _meta("process_sort_index", self.DEVICES_PID, None, 0, key="sort_index"),
-                  _meta("process_name", self.LINKS_PID, None, "links"),
-                  _meta("process_sort_index", self.LINKS_PID, None, 1, key="sort_index")]
-        for d in order:
-            label = f"stage {self.topo.stage_of[d]}: {d} ({self.topo.samples[d]} samples)"
-            events += [_meta("thread_name", self.DEVICES_PID, tid[d], label),
-                       _meta("thread_sort_index", self.DEVICES_PID, tid[d], tid[d], key="sort_index")]
-        for name in links:
-            events += [_meta("thread_name", self.LINKS_PID, tid[name], name),
-                       _meta("thread_sort_index", self.LINKS_PID, tid[name], tid[name], key="sort_index")]
-        origin = self.origin or 0.0
+        topo, origin = self.topo, self.origin or 0.0
+        tid, events = trace_header(list(topo.devices), topo.stage_of, topo.samples, [s["track"] for _, s, _ in self.spans])
         for started_at, s, _ in self.spans:
-            pid = self.LINKS_PID if "->" in s["track"] else self.DEVICES_PID
-            events.append({"name": s["name"], "cat": s["category"], "ph": "X",
-                           "ts": _us(started_at - origin + s["start_s"]), "dur": _us(s["duration_s"]),
-                           "pid": pid, "tid": tid[s["track"]], "args": s.get("args", {})})
+            events.append(span_event(s["name"], s["category"], started_at - origin + s["start_s"], s["duration_s"],
+                                     tid, s["track"], s.get("args", {})))
         return {"traceEvents": events, "displayTimeUnit": "ms",
                 "otherData": {"title": self.title, "source": "hppctl run", **(extra or {})}}
-
-
-def _us(seconds: float) -> float:
-    return round(seconds * 1e6, 3)
-
-
-def _meta(name: str, pid: int, tid: int | None, value, *, key: str = "name") -> dict:
-    event = {"name": name, "ph": "M", "pid": pid, "args": {key: value}}
-    if tid is not None:
-        event["tid"] = tid
-    return event

@@ -19,22 +19,21 @@ from hppctl.runtime.checkpoint import (COMPLETE, DIGESTS, CheckpointDir, check_l
 
 
 def check_devices(plan: HppPlan, cluster: ClusterSpec, plan_source: str, cluster_source: str) -> None:
+    placed = [(f"stages.{p}.devices", d) for p, stage in enumerate(plan.stages) for d in stage.devices]
+    check_machines(placed, cluster, plan_source, cluster_source, "`hppctl run`")
+
+
+def check_machines(placed, cluster: ClusterSpec, plan_source: str, cluster_source: str, runner: str) -> None:
+    """Each (field, device) a plan (HPP or PSL) places is a machine of the cluster file, not a preset."""
     names = {d.name for d in cluster.devices}
-    for p, stage in enumerate(plan.stages):
-        for d in stage.devices:
-            if d not in names:
-                raise PlanMismatch(f"{plan_source}: stages.{p}.devices: device {d!r} is not in {cluster_source} "
-                                   f"(it lists {', '.join(sorted(names))})")
-            spec = cluster.device(d)
-            if spec.preset is not None:
-                raise PlanMismatch(f"{cluster_source}: device {d!r} is a preset ({spec.preset}), a modelled device "
-                                   f"with no machine behind it; `hppctl run` needs `local: true` or `host:` devices")
-
-
-def check_profile(plan: HppPlan, profile: Profile, plan_source: str, profile_source: str) -> None:
-    from hppctl.planner.explain import check_plan_matches
-
-    check_plan_matches(plan, profile, plan_source, f"the profile {profile_source}")
+    for where, d in placed:
+        if d not in names:
+            raise PlanMismatch(f"{plan_source}: {where}: device {d!r} is not in {cluster_source} "
+                               f"(it lists {', '.join(sorted(names))})")
+        spec = cluster.device(d)
+        if spec.preset is not None:
+            raise PlanMismatch(f"{cluster_source}: device {d!r} is a preset ({spec.preset}), a modelled device "
+                               f"with no machine behind it; {runner} needs `local: true` or `host:` devices")
 
 
 def check_model(plan: HppPlan, plan_source: str) -> None:
@@ -53,20 +52,25 @@ def check_model(plan: HppPlan, plan_source: str) -> None:
 
 def _check_cuts(plan: HppPlan, plan_source: str) -> None:
     from hppctl.zoo import trace
-    from hppctl.zoo.stages import batch_dim, stage_signature
 
     traced = trace(plan.model, "train")
     for p, stage in enumerate(plan.stages):
-        try:
-            inputs, outputs = stage_signature(traced, plan.granularity, *_held_layers(stage))
-        except BadInput as e:
-            raise PlanMismatch(f"{plan_source}: stages.{p}: {e}") from None
-        for node in (*inputs, *outputs):
-            value = traced.values1[node]
-            if batch_dim(traced, node) is None and value.dtype.is_floating_point:
-                raise PlanMismatch(f"{plan_source}: stages.{p}: tensor {node.name} crossing the cut has no batch "
-                                   f"dimension; the runtime cannot split it by sample")
+        check_part(traced, plan.granularity, _held_layers(stage), f"{plan_source}: stages.{p}", "the cut",
+                   "the runtime cannot split it by sample")
     _check_one_sample_shares(plan, plan_source, traced)
+
+
+def check_part(traced, granularity: str, layers: tuple[int, int], where: str, cut: str, advice: str) -> None:
+    """Layers [lo, hi) run as one part (HPP or PSL): they cut, and every float tensor crossing has a batch dimension."""
+    from hppctl.zoo.stages import batch_dim, stage_signature
+
+    try:
+        inputs, outputs = stage_signature(traced, granularity, *layers)
+    except BadInput as e:
+        raise PlanMismatch(f"{where}: {e}") from None
+    for node in (*inputs, *outputs):
+        if batch_dim(traced, node) is None and traced.values1[node].dtype.is_floating_point:
+            raise PlanMismatch(f"{where}: tensor {node.name} crossing {cut} has no batch dimension; {advice}")
 
 
 def _held_layers(stage) -> tuple[int, int]:
@@ -175,14 +179,6 @@ RUN_KINDS = {kind.name: kind for kind in (
 asynchronous window (`--schedule`), a Bi-Partition plan, a psl plan, an inference plan."""
 
 
-def run_kind(plan_kind: str, schedule: str | None) -> str:
-    """The `RUN_KINDS` row of a plan (hpp, bipartition, psl, inference) run under `schedule`; a
-    Bi-Partition plan stays itself under a schedule (which it refuses)."""
-    if plan_kind == "hpp":
-        return schedule or "synchronous"
-    return plan_kind
-
-
 def check_features(kind: str, what: str, requested: dict[str, str | None]) -> None:
     """Refuse the first requested feature (name -> the flag that asked, None: not asked) that a run of
     `kind` cannot honour: `FLAG: WHAT, WHY (DOC)`. `what` names the plan (and its schedule)."""
@@ -215,7 +211,7 @@ def plan_kind_text(plan: HppPlan, plan_source: str, schedule: str | None) -> tup
     p = bipartition_stage(plan)
     if p is not None:
         return "bipartition", _bipartition_text(plan, plan_source, p)
-    return run_kind("hpp", schedule), (f"{plan_source} trained with --schedule {schedule}" if schedule
+    return schedule or "synchronous", (f"{plan_source} trained with --schedule {schedule}" if schedule
                                        else f"{plan_source}")
 
 
@@ -272,7 +268,8 @@ def preflight(plan: HppPlan, cluster: ClusterSpec, dataset: str, *, profile: Pro
     check_bipartition_stages(plan, plan_source)
     check_devices(plan, cluster, plan_source, cluster_source)
     if profile is not None:
-        check_profile(plan, profile, plan_source, profile_source)
+        from hppctl.planner.explain import check_plan_matches
+        check_plan_matches(plan, profile, plan_source, f"the profile {profile_source}")
     check_schedule(plan, plan_source)
     check_model(plan, plan_source)
     return check_data(plan, dataset)

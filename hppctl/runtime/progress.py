@@ -57,10 +57,6 @@ class StepProgress:
         return self.round + (self.done / self.total if self.total else 0.0)
 
 
-def progress_key(device: str) -> str:
-    return wire.progress(device)
-
-
 class Throttle:
     """`due()` is True at most once per `every` seconds of `clock` (the first call always)."""
 
@@ -83,7 +79,7 @@ class StepReporter:
 
     def __init__(self, store, device: str, unit: str, every: float = REPORT_EVERY_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.store, self.key, self.unit = store, progress_key(device), unit
+        self.store, self.key, self.unit = store, wire.progress(device), unit
         self.throttle = Throttle(every, clock)
         self.throttle.last = clock()
 
@@ -96,7 +92,7 @@ def read_steps(store, devices: Iterable[str]) -> dict[str, StepProgress]:
     """The devices' latest step reports (those that wrote one)."""
     found = {}
     for device in devices:
-        key = progress_key(device)
+        key = wire.progress(device)
         if store.check([key]):
             found[device] = StepProgress.from_json(store.get(key))
     return found

@@ -47,7 +47,17 @@ def restore_optimizer(optimizer, stage, optim: dict) -> None:
         return
     for name, p in stage.module.named_parameters():
         if name in optim:
-            optimizer.state[p] = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in optim[name].items()}
+            optimizer.state[p] = {k: _state_on(p, k, v) for k, v in optim[name].items()}
+
+
+def _state_on(param, key: str, value):
+    """A copy of one optimizer state entry next to its parameter (a backup arrives in host memory
+    while the stage may compute on a GPU); `step` stays where torch keeps it, as load_state_dict does."""
+    if not torch.is_tensor(value):
+        return value
+    if key == "step" or value.device == param.device:
+        return value.clone()
+    return value.to(param.device, copy=True)
 
 
 def subset(state: dict, names: set[str]) -> dict:
@@ -84,7 +94,9 @@ def to_bytes(state: dict) -> bytes:
 
 
 def from_bytes(data: bytes) -> dict:
-    return torch.load(io.BytesIO(data), weights_only=True)
+    """Tensors land in host memory whatever device they were saved from (a worker's accelerator may
+    not exist where they are read: the launcher, another device)."""
+    return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
 
 
 @functools.lru_cache(maxsize=4)

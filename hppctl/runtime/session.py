@@ -199,7 +199,8 @@ class Session(Launcher):
         plan = self.request.plan
         return WorkerConfig(device=device, store_host=self.store.host, store_port=self.store.port, model=plan.model,
                             model_input=plan.model_input, granularity=plan.granularity, schedule=self.schedule,
-                            options=options, resume=resume)
+                            options=options, resume=resume,
+                            accelerator=self.request.cluster.device(device).accelerator)
 
     def _watch(self, options: TrainOptions, start_round: int, on_round) -> tuple[list[dict], dict | None, dict]:
         """The training loop, owned here once: liveness, the subclass's tick, reports into rows,

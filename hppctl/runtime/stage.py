@@ -39,10 +39,11 @@ class TensorSpec:
     def carries_grad(self) -> bool:
         return self.batched and self.dtype.is_floating_point
 
-    def empty(self, samples: int) -> torch.Tensor:
+    def empty(self, samples: int, pinned: bool = False) -> torch.Tensor:
+        """A host buffer for `samples` samples (page-locked with `pinned`: accelerator.pinned_for)."""
         if self.rows is None:
-            return torch.empty(self.shape, dtype=self.dtype)
-        return torch.empty((self.rows * samples, *self.shape), dtype=self.dtype)
+            return torch.empty(self.shape, dtype=self.dtype, pin_memory=pinned)
+        return torch.empty((self.rows * samples, *self.shape), dtype=self.dtype, pin_memory=pinned)
 
     def rows_of(self, tensor: torch.Tensor, first: int, last: int) -> torch.Tensor:
         """Samples [first, last) counted from the tensor's first sample (shared tensors whole)."""
@@ -63,6 +64,30 @@ def _spec(name: str, value: torch.Tensor, batch_dim: int | None) -> TensorSpec:
     if batch_dim is None:
         return TensorSpec(name, None, tuple(value.shape), value.dtype)
     return TensorSpec(name, int(value.shape[0]), tuple(value.shape[1:]), value.dtype)
+
+
+def cut_specs(traced, module) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The specs of the tensors entering and leaving `module`, cut out of the `traced` model by `build_stage`."""
+    by_name = {n.name: n for n in traced.nodes}
+
+    def specs(names, batch_dims) -> list[TensorSpec]:
+        return [_spec(n, traced.values1[by_name[n]], d) for n, d in zip(names, batch_dims)]
+
+    return specs(module.input_names, module.input_batch_dims), specs(module.output_names, module.output_batch_dims)
+
+
+def backward_into(outputs: Sequence[torch.Tensor], specs: Sequence[TensorSpec], grads: Sequence[torch.Tensor]) -> None:
+    """Back-propagate `grads`, one per output whose spec carries a gradient (outputs the graph does not
+    reach, which need none, are left out)."""
+    carried = [o for o, s in zip(outputs, specs) if s.carries_grad]
+    pairs = [(o, g.to(o.dtype)) for o, g in zip(carried, grads) if o.requires_grad]  # autocast: o may be in half
+    if pairs:
+        torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+
+
+def input_grads(values: Sequence[torch.Tensor], specs: Sequence[TensorSpec]) -> list[torch.Tensor]:
+    """The gradients that reached a part's inputs, for those whose spec carries one (zeros where none did)."""
+    return [v.grad if v.grad is not None else torch.zeros_like(v) for v, s in zip(values, specs) if s.carries_grad]
 
 
 def stage_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -94,26 +119,22 @@ class Stage:
     and cut (tests and references)."""
 
     def __init__(self, model: str, granularity: str, start: int, end: int, *, seed: int = 0,
-                 tensors: dict[str, torch.Tensor] | None = None) -> None:
+                 tensors: dict[str, torch.Tensor] | None = None, device: torch.device | None = None) -> None:
         from hppctl.zoo import build_stage, get_model, trace
 
         spec = get_model(model)
         if spec.task != "train":
             raise BadInput(f"model {model!r} is an inference model; `hppctl run` trains ({spec.task})")
-        if tensors is None:
-            whole = spec.build(seed=seed).train()
-            self.module = build_stage(whole, granularity, start, end, mode="train")
-            del whole
-        else:
-            whole = spec.build(device="meta").train()
-            self.module = build_stage(whole, granularity, start, end, mode="train")
+        whole = (spec.build(seed=seed) if tensors is None else spec.build(device="meta")).train()
+        self.module = build_stage(whole, granularity, start, end, mode="train")
+        del whole
+        if tensors is not None:
             _assign(self.module, tensors)
+        self.device = device or torch.device("cpu")
+        """Where the stage computes and its parameters (and so the optimizer's state) live."""
+        self.module.to(self.device)  # in place, same Parameter objects; no copy on the CPU
         self.start, self.end = start, end
-        traced = trace(model, "train")
-        by_name = {n.name: n for n in traced.nodes}
-        mod = self.module
-        self.inputs = [_spec(n, traced.values1[by_name[n]], d) for n, d in zip(mod.input_names, mod.input_batch_dims)]
-        self.outputs = [_spec(n, traced.values1[by_name[n]], d) for n, d in zip(mod.output_names, mod.output_batch_dims)]
+        self.inputs, self.outputs = cut_specs(trace(model, "train"), self.module)
         for s in (*self.inputs, *self.outputs):
             if not s.batched and s.dtype.is_floating_point:
                 # A float tensor shared by the batch would need its gradient summed over routes; no
@@ -128,7 +149,14 @@ class Stage:
         return list(self.module.parameters())
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+        """Host copies (a checkpoint or the final model is read where there may be no accelerator)."""
+        return {k: host_copy(v) for k, v in self.module.state_dict().items()}
+
+
+def host_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A detached copy in host memory: a clone on the CPU, the device-to-host copy elsewhere."""
+    tensor = tensor.detach()
+    return tensor.clone() if tensor.device.type == "cpu" else tensor.to("cpu")
 
 
 def join(specs: Sequence[TensorSpec], pieces: Sequence[tuple[int, Sequence[torch.Tensor]]]) -> list[torch.Tensor]:
@@ -150,11 +178,17 @@ def _assign(module: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
     missing = sorted(set(names) - set(tensors))
     if missing:
         raise ValueError(f"initial state lacks {missing[:5]}{' …' if len(missing) > 5 else ''}")
+    assign_by_name(module, {name: tensors[name] for name in names})
+
+
+def assign_by_name(module: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Put `tensors` into `module` (a meta one) by their names: a parameter stays a parameter (with its
+    `requires_grad`), a buffer a buffer. Every part built from a whole model so filled shares them."""
     params = dict(module.named_parameters())
-    for name in names:
+    for name, tensor in tensors.items():
         owner_name, _, attr = name.rpartition(".")
         owner = module.get_submodule(owner_name)
         if name in params:
-            setattr(owner, attr, torch.nn.Parameter(tensors[name], requires_grad=params[name].requires_grad))
+            setattr(owner, attr, torch.nn.Parameter(tensor, requires_grad=params[name].requires_grad))
         else:
-            owner._buffers[attr] = tensors[name]
+            owner._buffers[attr] = tensor

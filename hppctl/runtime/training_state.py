@@ -95,22 +95,37 @@ class TrainingState:
     optimizer: object
     feed: DataFeed | None
     executor_class: type
+    """Called as the executor class; bound to the device and precision below."""
+    device: object = None
+    """The `torch.device` the stage computes on (runtime/accelerator.py)."""
+    precision: object = None
+    """The run's `accelerator.Precision` on that device."""
 
 
 def build_training_state(config: WorkerConfig, schedule, stage_index: int, tensors: dict,
-                         feed: DataFeed | None = None) -> TrainingState:
-    """Stage `stage_index` of `schedule` holding `tensors`, a fresh optimizer over it, the device's
-    data feed (`feed` when the worker has one already), and the executor class for the schedule."""
+                         feed: DataFeed | None = None, *, device=None) -> TrainingState:
+    """Stage `stage_index` of `schedule` holding `tensors` on the worker's accelerator, a fresh
+    optimizer over it (its state follows the parameters onto the device), the device's data feed
+    (`feed` when the worker has one already), and the executor class for the schedule, bound to the
+    device and the run's precision. `device`: a `torch.device` to use instead of resolving the
+    config's `accelerator` here (tests: `meta` for shapes)."""
+    from functools import partial
+
+    from hppctl.runtime.accelerator import precision_for, resolve
     from hppctl.runtime.stage import Stage
 
+    if device is None:
+        device = resolve(config.accelerator, device_name=config.device)
+    precision = precision_for(config.options.precision, device)
     spec = schedule.stages[stage_index]
     if is_bipartition(schedule):
         from hppctl.runtime.bipartition import BiStage
 
         stage = BiStage(config.model, config.granularity, spec.layers, spec.backward_layers or spec.layers,
-                        num_layers=schedule.stages[-1].layers[1], tensors=tensors)
+                        num_layers=schedule.stages[-1].layers[1], tensors=tensors, device=device)
     else:
-        stage = Stage(config.model, config.granularity, spec.layers[0], spec.layers[1], tensors=tensors)
+        stage = Stage(config.model, config.granularity, spec.layers[0], spec.layers[1], tensors=tensors, device=device)
     if feed is None:
         feed = load_feed(config, schedule, config.device)
-    return TrainingState(stage, make_optimizer(stage.parameters(), config.options), feed, executor_class(schedule))
+    executor = partial(executor_class(schedule), accelerator=device, precision=precision)
+    return TrainingState(stage, make_optimizer(stage.parameters(), config.options), feed, executor, device, precision)

@@ -20,6 +20,7 @@ SIGTERM then (PR_SET_PDEATHSIG), as `python -m` workers do when their launcher d
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import io
 import json
@@ -41,13 +42,10 @@ HEADER = struct.Struct(">Q")
 def die_with_parent() -> None:
     """In a worker child (before exec, or once the zygote forked it): SIGTERM when the launcher
     dies (Linux), so a killed run leaves no workers."""
-    try:
-        import ctypes
-        import signal
+    import ctypes
 
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 # --- the zygote process ---------------------------------------------------------------------------
@@ -55,10 +53,8 @@ def die_with_parent() -> None:
 def serve(fd: int, preload: list[str]) -> None:
     """The zygote's main loop (`python -c "...serve(fd, preload)"`)."""
     for name in preload:
-        try:
+        with contextlib.suppress(Exception):  # a worker that needs it will report the error itself
             importlib.import_module(name)
-        except Exception:  # a worker that needs it will report the error itself
-            pass
     channel = socket.socket(fileno=fd)
     children: set[int] = set()
     while True:
@@ -87,18 +83,14 @@ def _receive_or_none(channel: socket.socket) -> tuple[dict, int] | None:
     with our replies still unread makes the kernel reset the socket instead of closing it: that
     ECONNRESET, or a request cut short, is the same end as EOF, not an error worth a traceback."""
     try:
-        return _receive(channel)
+        header, fds, _, _ = socket.recv_fds(channel, HEADER.size, 1)
+        if not header:
+            return None
+        while len(header) < HEADER.size:
+            header += _recv_exactly(channel, HEADER.size - len(header))
+        body = _recv_exactly(channel, HEADER.unpack(header)[0])
     except (ConnectionError, EOFError):
         return None
-
-
-def _receive(channel: socket.socket) -> tuple[dict, int] | None:
-    header, fds, _, _ = socket.recv_fds(channel, HEADER.size, 1)
-    if not header:
-        return None
-    while len(header) < HEADER.size:
-        header += _recv_exactly(channel, HEADER.size - len(header))
-    body = _recv_exactly(channel, HEADER.unpack(header)[0])
     return json.loads(body), fds[0]
 
 
@@ -114,10 +106,8 @@ def _recv_exactly(channel: socket.socket, n: int) -> bytes:
 
 
 def _send_line(channel: socket.socket, doc: dict) -> None:
-    try:
+    with contextlib.suppress(OSError):  # the launcher is gone; the loop ends at the next read
         channel.sendall((json.dumps(doc) + "\n").encode())
-    except OSError:  # the launcher is gone; the loop ends at the next read
-        pass
 
 
 def _become_worker(spec: dict, out_fd: int) -> None:
@@ -152,10 +142,8 @@ def _become_worker(spec: dict, out_fd: int) -> None:
         traceback.print_exc()
     finally:
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(Exception):  # the launcher closed its end: the exit code must still be reported
                 stream.flush()
-            except Exception:  # the launcher closed its end: the exit code must still be reported
-                pass
         os._exit(code)
 
 
@@ -178,10 +166,8 @@ class ForkedProcess:
 
     def send_signal(self, signum: int) -> None:
         if self.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):  # it ended between the poll and the signal
                 os.kill(self.pid, signum)
-            except ProcessLookupError:  # it ended between the poll and the signal
-                pass
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)

@@ -26,7 +26,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from hppctl.errors import HppctlError
+from hppctl.errors import BadInput, HppctlError
+from hppctl.models.plan import HppPlan
 from hppctl.models.schedule import Schedule
 from hppctl.schedule.async_check import versions_held
 from hppctl.schedule.routing import owned_ranges
@@ -341,3 +342,40 @@ def _key(a, device: str) -> tuple:
     if a.kind == "SG":
         return ("G", device, a.peer, a.micro_batch, a.start, a.end)
     return ("G", a.peer, device, a.micro_batch, a.start, a.end)
+
+
+def check_schedule_matches(schedule, plan: HppPlan, source: str) -> None:
+    """A schedule file must describe the plan's stages, devices, allocation and round."""
+    if (schedule.micro_batch, schedule.num_micro_batches) != (plan.micro_batch, plan.num_micro_batches):
+        raise BadInput(f"{source}: micro_batch x num_micro_batches: schedule is {schedule.micro_batch} x "
+                       f"{schedule.num_micro_batches}, plan is {plan.micro_batch} x {plan.num_micro_batches}")
+    mine = [(s.layers, s.devices, s.samples) for s in schedule.stages]
+    theirs = [(s.layers, s.devices, s.samples) for s in plan.stages]
+    if mine != theirs:
+        p = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
+        raise BadInput(f"{source}: stages.{p}: schedule's stages (layers, devices, samples) differ from the plan's")
+
+
+def result_document(plan: HppPlan, schedule, result, *, with_profile: bool) -> dict:
+    """`hppctl simulate --json`: the simulated round against the plan's estimate, per device and link."""
+    est = plan.prediction.round_latency_s
+    return {
+        "policy": schedule.policy,
+        "mode": result.mode,
+        "timings": "profile" if with_profile else "plan",
+        "round_latency_s": result.round_latency_s,
+        "throughput_samples_per_s": result.throughput_samples_per_s,
+        "estimate": {"round_latency_s": est, "throughput_samples_per_s": plan.prediction.throughput_samples_per_s,
+                     "error": (est - result.round_latency_s) / result.round_latency_s if result.round_latency_s else None},
+        "warmup": [s.warmup for s in schedule.stages],
+        "devices": [{
+            "device": d.device, "stage": d.stage, "samples": d.samples, "compute_s": d.compute_s,
+            "allreduce_s": d.allreduce_s, "finish_s": d.finish_s, "busy_fraction": result.busy_fraction(d),
+            "bubble_fraction": result.bubble_fraction(d), "peak_in_flight_micro_batches": d.peak_in_flight_micro_batches,
+            "peak_in_flight_samples": d.peak_in_flight_samples, "peak_activation_bytes": d.peak_activation_bytes,
+            "peak_memory_bytes": d.peak_memory_bytes, "budget_bytes": d.budget_bytes,
+            "weight_versions": d.weight_versions,
+        } for d in result.devices],
+        "links": [{"src": link.src, "dst": link.dst, "bytes": link.bytes, "busy_s": link.busy_s,
+                   "messages": link.messages} for link in result.links],
+    }

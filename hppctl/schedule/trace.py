@@ -16,28 +16,11 @@ DEVICES_PID, LINKS_PID = 1, 2
 def chrome_trace(result: SimResult, schedule: Schedule, *, title: str = "hppctl simulate") -> dict:
     """{"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}} for `result`."""
     order = [d for s in schedule.stages for d in s.devices]
-    tid = {d: i + 1 for i, d in enumerate(order)}
-    link_names = sorted({f"{link.src}->{link.dst}" for link in result.links},
-                        key=lambda name: (order.index(name.split("->")[0]), order.index(name.split("->")[1])))
-    tid.update({name: i + 1 for i, name in enumerate(link_names)})
-    events: list[dict] = [
-        _meta("process_name", DEVICES_PID, None, "devices"),
-        _meta("process_sort_index", DEVICES_PID, None, 0, key="sort_index"),
-        _meta("process_name", LINKS_PID, None, "links"),
-        _meta("process_sort_index", LINKS_PID, None, 1, key="sort_index"),
-    ]
     stage_of = {d: p for p, s in enumerate(schedule.stages) for d in s.devices}
-    for d in order:
-        samples = next(st.samples for st in result.devices if st.device == d)
-        events.append(_meta("thread_name", DEVICES_PID, tid[d], f"stage {stage_of[d]}: {d} ({samples} samples)"))
-        events.append(_meta("thread_sort_index", DEVICES_PID, tid[d], tid[d], key="sort_index"))
-    for name in link_names:
-        events.append(_meta("thread_name", LINKS_PID, tid[name], name))
-        events.append(_meta("thread_sort_index", LINKS_PID, tid[name], tid[name], key="sort_index"))
+    samples = {st.device: st.samples for st in result.devices}
+    tid, events = trace_header(order, stage_of, samples, [f"{link.src}->{link.dst}" for link in result.links])
     for span in result.spans:
-        pid = LINKS_PID if "->" in span.track else DEVICES_PID
-        events.append({"name": span.name, "cat": span.category, "ph": "X", "ts": _us(span.start_s),
-                       "dur": _us(span.duration_s), "pid": pid, "tid": tid[span.track], "args": span.args})
+        events.append(span_event(span.name, span.category, span.start_s, span.duration_s, tid, span.track, span.args))
     for st in result.devices:
         per = st.activation_bytes_per_sample
         unit = "bytes" if per is not None else "samples"
@@ -51,6 +34,38 @@ def chrome_trace(result: SimResult, schedule: Schedule, *, title: str = "hppctl 
                       "round_latency_s": result.round_latency_s,
                       "throughput_samples_per_s": result.throughput_samples_per_s},
     }
+
+
+def trace_header(order: list[str], stage_of: dict[str, int], samples: dict[str, int],
+                 tracks) -> tuple[dict[str, int], list[dict]]:
+    """(thread id of every track, the metadata events) of the two processes: "devices", one thread
+    per device in `order`, and "links", one per directed `src->dst` among `tracks`, in the devices'
+    order. `hppctl simulate --trace` and `hppctl run --trace` (runtime/metrics.py) share the layout."""
+    tid = {d: i + 1 for i, d in enumerate(order)}
+    links = sorted({t for t in tracks if "->" in t},
+                   key=lambda name: (order.index(name.split("->")[0]), order.index(name.split("->")[1])))
+    tid.update({name: i + 1 for i, name in enumerate(links)})
+    events: list[dict] = [
+        _meta("process_name", DEVICES_PID, None, "devices"),
+        _meta("process_sort_index", DEVICES_PID, None, 0, key="sort_index"),
+        _meta("process_name", LINKS_PID, None, "links"),
+        _meta("process_sort_index", LINKS_PID, None, 1, key="sort_index"),
+    ]
+    for d in order:
+        events.append(_meta("thread_name", DEVICES_PID, tid[d], f"stage {stage_of[d]}: {d} ({samples[d]} samples)"))
+        events.append(_meta("thread_sort_index", DEVICES_PID, tid[d], tid[d], key="sort_index"))
+    for name in links:
+        events.append(_meta("thread_name", LINKS_PID, tid[name], name))
+        events.append(_meta("thread_sort_index", LINKS_PID, tid[name], tid[name], key="sort_index"))
+    return tid, events
+
+
+def span_event(name: str, category: str, start_s: float, duration_s: float, tid: dict[str, int], track: str,
+               args: dict) -> dict:
+    """A complete ("X") event on `track`: a link's thread when it reads `src->dst`, else a device's."""
+    pid = LINKS_PID if "->" in track else DEVICES_PID
+    return {"name": name, "cat": category, "ph": "X", "ts": _us(start_s), "dur": _us(duration_s), "pid": pid,
+            "tid": tid[track], "args": args}
 
 
 def _us(seconds: float) -> float:

@@ -154,7 +154,7 @@ def _input_ids_cases(tmp_path):
 
 
 def test_input_ids_are_read_within_the_file_rules(tmp_path):
-    from hppctl.cli.galaxy import read_input_ids
+    from hppctl.driver import read_input_ids
 
     for path, needle in _input_ids_cases(tmp_path).items():
         with pytest.raises(BadInput) as caught:

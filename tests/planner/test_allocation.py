@@ -151,3 +151,20 @@ def test_vectorised_times_equal_the_scalar_interpolation_bit_for_bit(seed):
             fwd, bwd = tables.times(np.full(start.shape, d), start, end, np.full(start.shape, float(y)))
             assert list(fwd) == [cm.forward_time(d, int(i), int(j), y) for i, j in zip(start, end)]
             assert list(bwd) == [cm.backward_time(d, int(i), int(j), y) for i, j in zip(start, end)]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_times_at_one_batch_equal_times_bit_for_bit(seed):
+    # Algorithm 1's first look at B picks the grid case once for all columns (issue 28 item 4);
+    # grids that put y below, on, between and above their points
+    rng = random.Random(seed)
+    n, layers = rng.randint(1, 4), rng.randint(1, 12)
+    cm = CostModel(make_profile(layers=layers, speeds=[rng.uniform(0.3, 3) for _ in range(n)], seed=seed,
+                                grid=rng.choice([[1, 4, 16, 64], [2, 8, 32], [3, 7]])), micro_batch=8, num_micro_batches=2)
+    tables = LayerTables(cm)
+    start, end = np.triu_indices(layers + 1, k=1)
+    dev = np.array([rng.randrange(n) for _ in start])
+    for y in (0, 0.5, 1, 2, 3, 5, 7, 8, 16, 33, 64, 100):
+        expected = tables.times(dev, start, end, np.full(start.shape, float(y)))
+        got = tables.times_at(dev, start, end, float(y))
+        assert all(np.array_equal(a, b) for a, b in zip(got, expected)), y

@@ -8,9 +8,10 @@ from datetime import datetime, timezone
 import pytest
 from torch.distributed import HashStore
 
-from hppctl.runtime.progress import (ProgressLog, StepProgress, StepReporter, Throttle, log_line, progress_key,
+from hppctl.runtime.progress import (ProgressLog, StepProgress, StepReporter, Throttle, log_line,
                                      read_steps, report_every, slowest, utc_stamp)
 from hppctl.runtime.results import evaluation_batches
+from hppctl.runtime import wire
 
 
 class Clock:
@@ -106,7 +107,7 @@ def test_a_worker_overwrites_one_key_at_most_every_interval_and_at_a_rounds_end(
     for m in range(1, 23):  # 22 micro-batches, 1/8 s apart (exact in binary)
         clock.advance(0.125)
         reporter.report(3, m, 22)
-        key = progress_key("w0")
+        key = wire.progress("w0")
         written.append(StepProgress.from_json(store.get(key)).done if store.check([key]) else None)
     # every 0.5 s from the reporter's making (not at once), then the round's end; one key throughout
     assert written == [None] * 3 + [4] * 4 + [8] * 4 + [12] * 4 + [16] * 4 + [20, 20, 22]

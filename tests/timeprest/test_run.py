@@ -11,7 +11,7 @@ from hppctl.errors import BadInput
 from hppctl.runtime.async_exec.plans import epoch_schedule
 from hppctl.runtime.checkpoint import CheckpointDir
 from hppctl.runtime.config import TrainOptions
-from hppctl.runtime.plans import manual_plan
+from hppctl.planner.manual import manual_plan
 from hppctl.runtime.session import RunRequest, Session
 from tests.runtime.factories import local_cluster
 from tests.timeprest.reference import train_async_reference

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from hppctl.runtime.plans import manual_plan
+from hppctl.planner.manual import manual_plan
 from hppctl.store import save
 from tests.runtime.factories import local_cluster
 

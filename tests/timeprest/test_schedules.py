@@ -146,7 +146,7 @@ def test_async_modules_are_pure():
 def test_simulate_cli_replays_an_async_window(cli, tmp_path):
     import json
 
-    from hppctl.runtime.plans import manual_plan
+    from hppctl.planner.manual import manual_plan
     from hppctl.schedule.nf1b import SIMULATED_WINDOW
     from hppctl.store import save
 
@@ -169,9 +169,9 @@ def test_simulate_cli_replays_an_async_window(cli, tmp_path):
 
 
 def test_simulate_text_of_a_plan_without_timings(cli, tmp_path):
-    # A hand-written plan (runtime.plans.manual_plan) has zero timings: the simulated round takes
+    # A hand-written plan (planner.manual.manual_plan) has zero timings: the simulated round takes
     # 0 s, and the link table divided by it (ZeroDivisionError before the fix).
-    from hppctl.runtime.plans import manual_plan
+    from hppctl.planner.manual import manual_plan
     from hppctl.store import save
 
     plan = manual_plan("tiny-mlp", [((0, 2), ["a"], [4]), ((2, 5), ["b"], [4])], global_batch=8, micro_batch=4)

@@ -106,7 +106,8 @@ def second_order_plan(cm: CostModel, order: list[int], bound: float) -> list[Sta
         return result.stages if result else None
     coarse_profile, starts = coarsen(cm.profile, -(-cm.num_layers // COARSE_LAYERS))
     coarse = CostModel(coarse_profile, micro_batch=cm.B, num_micro_batches=cm.M)
-    result = AsteroidDP(coarse, order).best()
+    # pruned by the bound as the fine DP above: a plan above it loses to the best so far anyway
+    result = AsteroidDP(coarse, order, bound).best()
     if result is None:
         return None
     stages = refine_stages(cm, result.stages, starts)

@@ -18,20 +18,31 @@ from hppctl.planner.vector_alloc import tables_for
 
 
 def balanced_partition(cm: CostModel, devices: list[int]) -> list[StageChoice] | None:
-    """Min-max contiguous partition of the layers over `devices` in order, one device each."""
+    """Min-max contiguous partition of the layers over `devices` in order, one device each.
+
+    Kept per device list: `asteroid` asks for the memory order's chain (its pruning bound) and
+    `pp` for the same list as its deepest pipeline."""
+    cache = cm.__dict__.setdefault("pp_partitions", {})
+    if tuple(devices) not in cache:
+        cache[tuple(devices)] = _min_max_partition(cm, list(devices))
+    found = cache[tuple(devices)]
+    return None if found is None else list(found)
+
+
+def _min_max_partition(cm: CostModel, devices: list[int]) -> list[StageChoice] | None:
     L, P = cm.num_layers, len(devices)
     if P > L:
         return None
-    # cost[p][i, j]: time of layers [i, j) on stage p's device at B, inf if it does not fit memory
+    pairs = _pairs_by_end(cm)
     best = np.full(L + 1, np.inf)
     best[0] = 0.0
     back = np.zeros((P, L + 1), dtype=np.int64)
     for p, d in enumerate(devices):
-        warmup = asteroid_warmup(P, p, cm.M)
-        cost = _stage_costs(cm, d, warmup)
-        cand = np.maximum(best[:, None], cost)  # cand[i, j]
-        back[p] = cand.argmin(axis=0)
-        best = cand.min(axis=0)
+        # stage p ends at layer j: the best over its start i of max(best[i], cost[i, j]), first i on ties
+        cand = np.maximum(best[pairs.start], _stage_costs(cm, d, asteroid_warmup(P, p, cm.M)))
+        best = np.r_[np.inf, np.minimum.reduceat(cand, pairs.first)]
+        hits = np.flatnonzero(cand == best[1:][pairs.segment])
+        back[p, 1:] = pairs.start[hits[np.r_[True, pairs.segment[hits[1:]] != pairs.segment[hits[:-1]]]]]
     if not np.isfinite(best[L]):
         return None
     cuts, j = [L], L
@@ -42,19 +53,52 @@ def balanced_partition(cm: CostModel, devices: list[int]) -> list[StageChoice] |
     return [StageChoice(cuts[p], cuts[p + 1], (d,), (cm.B,)) for p, d in enumerate(devices)]
 
 
+class _Pairs:
+    """Every layer range [i, j), 0 <= i < j <= L, ordered by end j then start i: each end is one
+    segment (`first` its positions, `segment` each pair's), so a min over starts is a reduceat."""
+
+    def __init__(self, cm: CostModel):
+        L, tables = cm.num_layers, tables_for(cm)
+        j, i = np.tril_indices(L, k=0)
+        self.start, self.end = i, j + 1
+        self.first = (np.arange(L) * np.arange(1, L + 1)) // 2
+        self.segment = j
+        self.weights = cm.fixed_factor * (tables.param[self.end] - tables.param[self.start])
+        received = np.where(self.start > 0, tables.boundary[np.maximum(self.start - 1, 0)], 0.0)
+        self.activations = tables.act[self.end] - tables.act[self.start] + received
+
+
+def _pairs_by_end(cm: CostModel) -> _Pairs:
+    if "pp_pairs" not in cm.__dict__:
+        cm.__dict__["pp_pairs"] = _Pairs(cm)
+    return cm.__dict__["pp_pairs"]
+
+
 def _stage_costs(cm: CostModel, d: int, warmup: int) -> np.ndarray:
-    """cost[i, j] = forward + backward of layers [i, j) on device d at batch B; inf if it does not fit."""
-    L = cm.num_layers
-    tables = tables_for(cm)
-    i, j = np.triu_indices(L + 1, k=1)
+    """Per pair (end-major): forward + backward of layers [i, j) on device d at batch B; inf if
+    the whole micro-batch does not fit d's memory under `warmup` (`LayerTables.caps` >= B)."""
+    pairs, tables = _pairs_by_end(cm), tables_for(cm)
     key = ("pp_stage_time", d)
     if key not in cm.__dict__:  # pp tries many depths: the time of each device's ranges is reused
-        fwd, bwd = tables.times(np.full(i.shape, d), i, j, np.full(i.shape, float(cm.B)))
+        i = pairs.start
+        fwd, bwd = tables.times(np.full(i.shape, d), i, pairs.end, np.full(i.shape, float(cm.B)))
         cm.__dict__[key] = fwd + bwd
-    fits = tables.caps(np.array([d]), i, j, warmup)[0] >= cm.B
-    cost = np.full((L + 1, L + 1), np.inf)
-    cost[i, j] = np.where(fits, cm.__dict__[key], np.inf)
-    return cost
+    return np.where(_fits(cm, pairs, float(tables.budget[d]), warmup), cm.__dict__[key], np.inf)
+
+
+def _fits(cm: CostModel, pairs: _Pairs, budget: float, warmup: int) -> np.ndarray:
+    """Per pair: B samples fit a device of `budget` bytes under `warmup`; kept per (budget, warmup),
+    which repeat across pipeline depths and devices of the same memory."""
+    cache = cm.__dict__.setdefault("pp_fits", {})
+    if (budget, warmup) not in cache:
+        spare = budget - pairs.weights
+        per = warmup * pairs.activations
+        with np.errstate(divide="ignore", invalid="ignore"):
+            fits = (spare >= 0) & ((per == 0) | (np.floor_divide(spare, np.where(per == 0, 1.0, per)) >= cm.B))
+        if len(cache) * fits.size > 2**28:  # past 256 MB of masks, start over rather than grow
+            cache.clear()
+        cache[(budget, warmup)] = fits
+    return cache[(budget, warmup)]
 
 
 @strategy("pp", "pipeline parallel: one device per stage, GPipe compute-balanced partition, 1F1B")

@@ -33,7 +33,7 @@ from torch.func import functional_call
 
 from hppctl.models.schedule import Action
 from hppctl.runtime.executor import ExecutionError, Executor, RoundStats
-from hppctl.runtime.stage import join
+from hppctl.runtime.stage import backward_into, input_grads, join
 
 
 def version_lifetimes(actions: Sequence[Action]) -> tuple[dict[int, tuple[str, int]], set[int]]:
@@ -99,14 +99,15 @@ class AsyncExecutor(Executor):
         return None
 
     def _run_stage(self, params: dict | None, values: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        if params is None:
-            return self.stage(*values)
-        return functional_call(self.stage.module, params, tuple(values))
+        with self.precision.autocast():
+            if params is None:
+                return self.stage(*values)
+            return functional_call(self.stage.module, params, tuple(values))
 
     # --- compute ----------------------------------------------------------------------------------
     def _inputs_of(self, a: Action) -> list[torch.Tensor]:
         if self.head:
-            return [self.feed.inputs(self.round, a.micro_batch, self.lo, self.hi)]
+            return [self._data(a.micro_batch)]
         return join(self.stage.inputs, self._collect(self._recv_act.pop(a.micro_batch, []), a, "activations"))
 
     def _forward(self, a: Action) -> None:
@@ -124,7 +125,7 @@ class AsyncExecutor(Executor):
                     v.requires_grad_(True)
             outputs = self._run_stage(params, values)
         if self.tail:
-            labels = self.feed.labels(self.round, m, self.lo, self.hi)
+            labels = self._labels_of(m)
             loss = self._loss(outputs[0], labels)
             self.stats.loss += float(loss.detach()) * self.N / self.topo.num_micro_batches
             self.stats.correct += int((outputs[0].detach().argmax(dim=1) == labels).sum())
@@ -140,7 +141,8 @@ class AsyncExecutor(Executor):
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Summed cross-entropy over the mini-batch's N·B samples: N of these sum to its mean loss."""
-        return F.cross_entropy(logits, labels, reduction="sum") / (self.N * self.topo.micro_batch)
+        with self.precision.autocast():
+            return F.cross_entropy(logits, labels, reduction="sum") / (self.N * self.topo.micro_batch)
 
     def _backward(self, a: Action) -> None:
         m = a.micro_batch
@@ -156,28 +158,21 @@ class AsyncExecutor(Executor):
             outputs = self._run_stage(params, values)  # recompute with the latest weights
             self._outputs.pop(m, None)
             if self.tail:
-                self._loss(outputs[0], self._labels.pop(m)).backward()
+                self.precision.scale(self._loss(outputs[0], self._labels.pop(m))).backward()
             else:
-                self._backprop(outputs, grads)
+                backward_into(outputs, self.stage.outputs, grads)
         else:
             if self.tail:
                 self._labels.pop(m)
-                self._losses.pop(m).backward()
+                self.precision.scale(self._losses.pop(m)).backward()
             else:
-                self._backprop(self._outputs.pop(m), grads)
+                backward_into(self._outputs.pop(m), self.stage.outputs, grads)
             if params is not None:
                 self._add_stashed_grads(params)
         if not self.head:
-            self._input_grads[m] = [v.grad if v.grad is not None else torch.zeros_like(v)
-                                    for v, s in zip(values, self.stage.inputs) if s.carries_grad]
+            self._input_grads[m] = input_grads(values, self.stage.inputs)
         self._compute_span(a, begin)
         self._after(a)
-
-    def _backprop(self, outputs, grads) -> None:
-        outputs = [o for o, s in zip(outputs, self.stage.outputs) if s.carries_grad]
-        pairs = [(o, g) for o, g in zip(outputs, grads) if o.requires_grad]
-        if pairs:
-            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
 
     def _add_stashed_grads(self, params: dict[str, torch.Tensor]) -> None:
         """PipeDream: the gradient was computed on the stashed version; the update goes to the latest."""

@@ -33,3 +33,7 @@ class InferenceWorkerConfig(FrozenModel):
     timeout_s: Annotated[float, Field(gt=0)] = 300.0
     progress_every_s: Annotated[float, Field(gt=0)] = 0.5
     """How often the worker may report the passes it has run (runtime/progress.py)."""
+    accelerator: Literal["cpu", "cuda", "auto"] = "cpu"
+    """The device's `accelerator:` from the cluster file, resolved by the worker (runtime/accelerator.py)."""
+    precision: Literal["fp32", "fp16", "bf16"] = "fp32"
+    """Autocast dtype of the forward (`--precision`); fp32: no autocast."""

@@ -3,6 +3,10 @@
 `run_device` expects the default process group (gloo) to exist already (world = number of devices;
 rank = the device's index in the plan's shares) and returns the whole output (`[sequence, hidden]`)
 and one `PassTiming` per repeat. The first `warmup` passes are untimed.
+
+`device` (a `torch.device`, runtime/accelerator.py) is where the shard and the ids go and the
+forward computes; the ring stages what it sends in host memory (gloo). Clocks are read after
+`synchronize(device)`, so a pass's time includes its queued GPU work (nothing to wait for on the CPU).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from hppctl.runtime.accelerator import Precision, from_wire, synchronize
 from hppctl.runtime.galaxy.hmp import forward, gather_output
 from hppctl.runtime.galaxy.ring import Ring
 
@@ -38,19 +43,26 @@ class PassTiming:
 
 def run_device(strategy: str, shard: dict[str, Any], ids: torch.Tensor, rank: int, row_sizes: list[int], *,
                overlap: bool, repeats: int = 1, warmup: int = 0, wire_dtype: str = "float32",
+               device: torch.device | None = None, precision: Precision | None = None,
                on_pass: Callable[[int, int], None] | None = None) -> tuple[torch.Tensor, list[PassTiming]]:
-    """on_pass(passes done, passes in all, warm-up included): after each pass (progress reports)."""
-    ring = Ring(rank, row_sizes, wire_dtype=getattr(torch, wire_dtype))
+    """on_pass(passes done, passes in all, warm-up included): after each pass (progress reports).
+    The output is float32 whatever the precision (what an fp32 run returns)."""
+    device = device or torch.device("cpu")
+    shard, ids = on_device(shard, device), from_wire(ids, device)
+    ring = Ring(rank, row_sizes, wire_dtype=getattr(torch, wire_dtype), device=device)
     timings: list[PassTiming] = []
     output = None
     for n in range(warmup + repeats):
         if ring.world > 1:
             dist.barrier()
         ring.stats.reset()
+        synchronize(device)
         cpu, started = time.process_time(), time.perf_counter()
-        rows = forward(strategy, shard, ids, ring, overlap=overlap)
+        rows = forward(strategy, shard, ids, ring, overlap=overlap, precision=precision)
+        synchronize(device)
         layers_done = time.perf_counter()
-        output = gather_output(strategy, rows, ring)
+        output = gather_output(strategy, rows, ring).float()
+        synchronize(device)
         ended = time.perf_counter()
         if n >= warmup:
             timings.append(PassTiming(latency_s=ended - started, layers_s=layers_done - started,
@@ -60,3 +72,15 @@ def run_device(strategy: str, shard: dict[str, Any], ids: torch.Tensor, rank: in
         if on_pass is not None:
             on_pass(n + 1, warmup + repeats)
     return output, timings
+
+
+def on_device(tree: Any, device: torch.device) -> Any:
+    """A shard (nested dicts, lists and tuples of tensors and plain values) with its tensors on
+    `device`; on the CPU the same tensors."""
+    if isinstance(tree, torch.Tensor):
+        return from_wire(tree, device)
+    if isinstance(tree, dict):
+        return {k: on_device(v, device) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(on_device(v, device) for v in tree)
+    return tree

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from hppctl.runtime.accelerator import Precision
 from hppctl.runtime.galaxy.ring import Ring
 
 
@@ -29,7 +30,7 @@ def embed(shard: dict[str, Any], ids: torch.Tensor) -> torch.Tensor:
     """Token + position (+ BERT's token type 0) embeddings, then BERT/DistilBERT's LayerNorm: `[s, h]`.
     Every device computes them for the whole sequence: the ids are tiny and the lookup is cheap."""
     e, meta = shard["embed"], shard["meta"]
-    positions = torch.arange(ids.shape[0]) + e["position_offset"]
+    positions = torch.arange(ids.shape[0], device=ids.device) + e["position_offset"]
     x = e["word"][ids] + e["position"][positions]
     if "token_type" in e:
         x = x + e["token_type"]
@@ -62,7 +63,7 @@ def attention(meta: dict[str, Any], q: torch.Tensor, k: torch.Tensor, v: torch.T
     qh, kh, vh = (t.reshape(t.shape[0], a, d).transpose(0, 1) for t in (q, k, v))
     mask = None
     if meta["causal"]:
-        mask = torch.arange(sk)[None, :] <= (torch.arange(sq)[:, None] + q_offset)
+        mask = torch.arange(sk, device=q.device)[None, :] <= (torch.arange(sq, device=q.device)[:, None] + q_offset)
     out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask)
     return out.transpose(0, 1).reshape(sq, a * d)
 
@@ -157,9 +158,11 @@ def sp_forward(shard: dict[str, Any], ids: torch.Tensor, ring: Ring) -> torch.Te
     return block_in if meta["pre_ln"] else resid
 
 
-def forward(strategy: str, shard: dict[str, Any], ids: torch.Tensor, ring: Ring, *, overlap: bool) -> torch.Tensor:
-    """This device's output rows (megatron: all rows) for `strategy`."""
-    with torch.inference_mode():
+def forward(strategy: str, shard: dict[str, Any], ids: torch.Tensor, ring: Ring, *, overlap: bool,
+            precision: Precision | None = None) -> torch.Tensor:
+    """This device's output rows (megatron: all rows) for `strategy`, on the device of `shard` and
+    `ids`, under `precision`'s autocast (none in fp32)."""
+    with torch.inference_mode(), (precision or Precision()).autocast():
         if strategy in ("galaxy", "local"):
             return galaxy_forward(shard, ids, ring, overlap=overlap)
         if strategy == "megatron":

@@ -53,6 +53,8 @@ class InferenceRequest:
     env: dict = field(default_factory=dict)
     progress_every_s: float = REPORT_EVERY_S
     """How often workers report their passes, and the launcher reads them (runtime/progress.py)."""
+    precision: str = "fp32"
+    """fp32, fp16 or bf16: the forward's autocast on each device's accelerator (runtime/accelerator.py)."""
 
 
 @dataclass
@@ -102,7 +104,8 @@ def refuse_over_budget(plan: InferencePlan) -> None:
 
 def shards(plan: InferencePlan, seed: int) -> dict[str, dict]:
     """Every device's weights, cut from one model built here."""
-    from hppctl.runtime.galaxy.weights import build_base_model, device_shard, extract, ranges
+    from hppctl.runtime.galaxy.weights import build_base_model, device_shard, extract
+    from hppctl.schedule.routing import owned_ranges
 
     base, family = build_base_model(plan.model, plan.num_layers, seed=seed)
     weights = extract(base, family, plan.num_layers)
@@ -114,7 +117,7 @@ def shards(plan: InferencePlan, seed: int) -> dict[str, dict]:
     if plan.strategy in ("sp", "local"):
         whole = device_shard(weights, (0, plan.heads), (0, plan.intermediate))
         return {s.device: whole for s in plan.shares}
-    heads, columns = ranges([s.heads for s in plan.shares]), ranges([s.columns for s in plan.shares])
+    heads, columns = owned_ranges([s.heads for s in plan.shares]), owned_ranges([s.columns for s in plan.shares])
     return {s.device: device_shard(weights, heads[i], columns[i]) for i, s in enumerate(plan.shares)}
 
 
@@ -202,7 +205,8 @@ class InferenceSession(Launcher):
                 store_port=self.store.port, strategy=plan.strategy, row_sizes=rows, overlap=self._overlap(),
                 repeats=req.repeats, warmup=req.warmup, threads=req.threads,
                 budget_bytes=plan.shares[rank].memory_budget_bytes, wire_dtype=req.wire_dtype, timeout_s=req.timeout_s,
-                progress_every_s=req.progress_every_s)
+                progress_every_s=req.progress_every_s, precision=req.precision,
+                accelerator=req.cluster.device(device).accelerator)
         return config_of
 
     def _wait_reports(self) -> tuple[dict[str, dict], object]:

@@ -19,6 +19,9 @@ send; tiles are converted back on arrival and sums are taken in float32).
 With `overlap=False` the same ring runs with the GEMM done whole before (ReduceScatter) or after
 (AllGather) the communication: the ablation of the overlap alone, same bytes, same algorithm.
 `Stats` accumulates the time this device sat blocked on the network (exposed communication).
+
+On an accelerator (`device`), tiles leave through `accelerator.to_wire` (host memory: gloo) and
+arrive through `from_wire`; on the CPU both are the identity.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+
+from hppctl.runtime.accelerator import from_wire, pinned_for, to_wire
 
 
 @dataclass
@@ -47,9 +52,10 @@ class Ring:
     """One device's view of the ring: rank, world, the row partition, and its blocking time."""
 
     def __init__(self, rank: int, sizes: list[int], stats: Stats | None = None,
-                 wire_dtype: torch.dtype = torch.float32) -> None:
+                 wire_dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> None:
         self.rank, self.world, self.sizes = rank, len(sizes), list(sizes)
         self.wire_dtype = wire_dtype
+        self.device = device or torch.device("cpu")
         self.offsets = [sum(sizes[:i]) for i in range(len(sizes))]
         self.stats = stats or Stats()
 
@@ -67,8 +73,8 @@ class Ring:
     # --- point to point ------------------------------------------------------------------------
     def _post(self, send: torch.Tensor, rows: int) -> tuple[list, torch.Tensor]:
         """Start sending `send` to the successor and receiving `rows` rows from the predecessor."""
-        wire = send.to(self.wire_dtype).contiguous()
-        recv = torch.empty((rows, *send.shape[1:]), dtype=self.wire_dtype)
+        wire = to_wire(send.contiguous(), self.wire_dtype)
+        recv = torch.empty((rows, *send.shape[1:]), dtype=self.wire_dtype, pin_memory=pinned_for(self.device))
         self.stats.bytes_sent += wire.numel() * wire.element_size()
         self.stats.messages += 1
         return [dist.isend(wire, self.succ), dist.irecv(recv, self.pred)], recv
@@ -79,7 +85,7 @@ class Ring:
         for r in pending[0]:
             r.wait()
         self.stats.exposed_comm_s += time.perf_counter() - started
-        return pending[1].to(dtype)
+        return from_wire(pending[1], self.device).to(dtype)
 
     def blocking(self, fn: Callable[[], object]) -> object:
         """Run a blocking collective, counting its time as exposed communication."""
@@ -123,22 +129,13 @@ class Ring:
         return acc
 
     def allgather(self, x: torch.Tensor) -> torch.Tensor:
-        """Plain ring AllGather of uneven row tiles (D - 1 steps)."""
-        D, i = self.world, self.rank
-        if D == 1:
-            return x
-        out: list[torch.Tensor | None] = [None] * D
-        cur = x
-        for k in range(D):
-            out[(i - k) % D] = cur
-            if k < D - 1:
-                cur = self._wait(self._post(cur, self.sizes[(i - k - 1) % D]), x.dtype)
-        return torch.cat(out)
+        """Plain ring AllGather of uneven row tiles (D - 1 steps): the fused one with no GEMM."""
+        return x if self.world == 1 else self.allgather_gemm(x, lambda tile: tile, overlap=True)
 
     def allreduce(self, x: torch.Tensor) -> torch.Tensor:
         """Megatron's AllReduce (gloo's own), in place."""
         if self.world > 1:
-            wire = x.to(self.wire_dtype)
+            wire = to_wire(x, self.wire_dtype)
             self.stats.bytes_sent += 2 * (self.world - 1) * wire.numel() * wire.element_size() // self.world
             self.stats.messages += 1
             self.blocking(lambda: dist.all_reduce(wire))

@@ -166,15 +166,6 @@ def slice_layer(layer: dict[str, torch.Tensor], head_dim: int, heads: tuple[int,
     }
 
 
-def ranges(sizes: list[int]) -> list[tuple[int, int]]:
-    """Contiguous half-open ranges [start, end) of consecutive sizes."""
-    out, start = [], 0
-    for n in sizes:
-        out.append((start, start + n))
-        start += n
-    return out
-
-
 def device_shard(weights: dict[str, Any], heads: tuple[int, int], columns: tuple[int, int]) -> dict[str, Any]:
     """What one device holds: its slice of every layer, the embeddings and the final LayerNorm."""
     head_dim = weights["meta"]["head_dim"]

@@ -37,11 +37,14 @@ def serve(ctx: WorkerContext) -> None:
     import torch
 
     from hppctl.runtime import bootstrap
+    from hppctl.runtime.accelerator import precision_for, resolve, to_wire
     from hppctl.runtime.galaxy.device import run_device
     from hppctl.runtime.progress import StepReporter
     from hppctl.runtime.replication import to_bytes
 
     config, store = ctx.config, ctx.store
+    device = resolve(config.accelerator, device_name=config.device)  # here, on the device
+    precision = precision_for(config.precision, device)
     shard = load_blob(store, wire.shard(config.device))
     check_budget(config, shard)
     ids = load_blob(store, wire.ids())
@@ -50,14 +53,14 @@ def serve(ctx: WorkerContext) -> None:
     reporter = StepReporter(store, config.device, "passes", config.progress_every_s)
     output, timings = run_device(config.strategy, shard, ids, config.rank, config.row_sizes,
                                  overlap=config.overlap, repeats=config.repeats, warmup=config.warmup,
-                                 wire_dtype=config.wire_dtype,
+                                 wire_dtype=config.wire_dtype, device=device, precision=precision,
                                  on_pass=lambda done, total: reporter.report(0, done, total))
     bootstrap.destroy_process_groups()  # before the reports: the launcher may end the run once it has them
     report = {"device": config.device, **process_report(), "threads": torch.get_num_threads(),
               "passes": [t.as_json() for t in timings]}
     store.set(wire.timings(config.device), json.dumps(report))
     if config.rank == 0:
-        bootstrap.put_blob(store, wire.output(), to_bytes(output.contiguous()))
+        bootstrap.put_blob(store, wire.output(), to_bytes(to_wire(output.contiguous())))
 
 
 if __name__ == "__main__":

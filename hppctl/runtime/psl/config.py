@@ -9,10 +9,7 @@ from pydantic import Field
 from hppctl.models.base import FrozenModel
 from hppctl.models.cluster import DeviceName
 from hppctl.models.psl import PslPlan
-from hppctl.runtime.config import TrainOptions
-
-PosInt = Annotated[int, Field(gt=0)]
-PosFloat = Annotated[float, Field(gt=0)]
+from hppctl.runtime.config import PosFloat, PosInt, TrainOptions
 
 
 class PslOptions(FrozenModel):

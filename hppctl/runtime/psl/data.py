@@ -18,6 +18,7 @@ import torch
 
 from hppctl.errors import BadInput
 from hppctl.runtime.data import SampleOrder
+from hppctl.schedule.routing import owned_ranges
 
 _SHARD_SEED_OFFSET = 7_919
 """Keeps the shard permutation apart from the sample orders drawn from the same seed."""
@@ -37,11 +38,7 @@ def shards(num_samples: int, shares: list[float], seed: int) -> list[torch.Tenso
     """Dataset indices of every client's shard, in client order."""
     gen = torch.Generator().manual_seed(seed * 1_000_003 + _SHARD_SEED_OFFSET)
     perm = torch.randperm(num_samples, generator=gen)
-    out, first = [], 0
-    for size in shard_sizes(num_samples, shares):
-        out.append(perm[first:first + size])
-        first += size
-    return out
+    return [perm[first:end] for first, end in owned_ranges(shard_sizes(num_samples, shares))]
 
 
 def check_shards(num_samples: int, shares: list[float], batch: int, clients: list[str]) -> None:

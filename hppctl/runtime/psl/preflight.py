@@ -9,25 +9,18 @@ from __future__ import annotations
 from hppctl.errors import BadInput, PlanMismatch
 from hppctl.models.cluster import ClusterSpec
 from hppctl.models.psl import PslPlan
+from hppctl.runtime.preflight import check_machines, check_part
 
 
 def check_devices(plan: PslPlan, cluster: ClusterSpec, plan_source: str, cluster_source: str) -> None:
-    names = {d.name for d in cluster.devices}
-    for field, group in (("clients", plan.clients), ("helpers", plan.helpers)):
-        for k, device in enumerate(group):
-            if device not in names:
-                raise PlanMismatch(f"{plan_source}: {field}.{k}: device {device!r} is not in {cluster_source} "
-                                   f"(it lists {', '.join(sorted(names))})")
-            spec = cluster.device(device)
-            if spec.preset is not None:
-                raise PlanMismatch(f"{cluster_source}: device {device!r} is a preset ({spec.preset}), a modelled "
-                                   f"device with no machine behind it; a run needs `local: true` or `host:` devices")
+    placed = [(f"{field}.{k}", d) for field, group in (("clients", plan.clients), ("helpers", plan.helpers))
+              for k, d in enumerate(group)]
+    check_machines(placed, cluster, plan_source, cluster_source, "a run")
 
 
 def check_model(plan: PslPlan, plan_source: str) -> int:
     """The model trains, every cut lies inside it, and every part can be executed; returns L."""
     from hppctl.zoo import get_model, layer_costs, trace
-    from hppctl.zoo.stages import batch_dim, stage_signature
 
     spec = get_model(plan.model)
     if spec.task != "train":
@@ -39,14 +32,8 @@ def check_model(plan: PslPlan, plan_source: str) -> int:
             raise PlanMismatch(f"{plan_source}: cuts.{k}: client {client!r}: cut [{s1}, {s2}] must satisfy "
                                f"σ2 < {count}, the layer count of {plan.model} ({plan.granularity})")
         for a, b in ((0, s1), (s1, s2), (s2, count)):
-            try:
-                inputs, outputs = stage_signature(traced, plan.granularity, a, b)
-            except BadInput as e:
-                raise PlanMismatch(f"{plan_source}: cuts.{k}: {e}") from None
-            for node in (*inputs, *outputs):
-                if batch_dim(traced, node) is None and traced.values1[node].dtype.is_floating_point:
-                    raise PlanMismatch(f"{plan_source}: cuts.{k}: tensor {node.name} crossing cut [{a}, {b}) has "
-                                       f"no batch dimension; choose other cut layers")
+            check_part(traced, plan.granularity, (a, b), f"{plan_source}: cuts.{k}", f"cut [{a}, {b})",
+                       "choose other cut layers")
     return count
 
 

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from hppctl.errors import RuntimeFailure
 from hppctl.runtime.executor import ACTIVATIONS, GRADIENTS, tag
-from hppctl.runtime.stage import Stage, TensorSpec
+from hppctl.runtime.stage import Stage, TensorSpec, backward_into, input_grads
 
 
 def _post_receives(specs: list[TensorSpec], batch: int, peer: int, step: int, channel: int):
@@ -57,23 +57,8 @@ def _wait(works) -> None:
         w.wait()
 
 
-def _check_chain(upstream: Stage, downstream: Stage, what: str) -> None:
-    """The tensors leaving one part are those entering the next, in the same order."""
-    sent, taken = [s.name for s in upstream.outputs], [s.name for s in downstream.inputs]
-    if sent != taken:
-        raise RuntimeFailure(f"{what}: the cut's tensors differ between the parts ({sent} vs {taken})")
-
-
 def _input_grads(values: list[torch.Tensor], specs: list[TensorSpec]) -> list[torch.Tensor]:
-    return [(v.grad if v.grad is not None else torch.zeros_like(v)).contiguous()
-            for v, s in zip(values, specs) if s.carries_grad]
-
-
-def _backward(outputs, specs: list[TensorSpec], grads: list[torch.Tensor]) -> None:
-    carried = [o for o, s in zip(outputs, specs) if s.carries_grad]
-    pairs = [(o, g) for o, g in zip(carried, grads) if o.requires_grad]
-    if pairs:
-        torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+    return [g.contiguous() for g in input_grads(values, specs)]
 
 
 @dataclass
@@ -124,7 +109,7 @@ class Client:
         out.gradients_sent_s = time.perf_counter() - t0
         _wait(grads_work)
         out.gradients_s = time.perf_counter() - t0
-        _backward(outputs, self.part1.outputs, grads)
+        backward_into(outputs, self.part1.outputs, grads)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         out.completion_s = time.perf_counter() - t0
@@ -233,7 +218,7 @@ class Helper:
             self._sends += _send([o.detach().contiguous() for o in outputs], copy.rank, step, ACTIVATIONS)
         else:
             values, outputs = self._saved.pop(client)
-            _backward(outputs, copy.part2.outputs, tensors)
+            backward_into(outputs, copy.part2.outputs, tensors)
             self._sends += _send(_input_grads(values, copy.part2.inputs), copy.rank, step, GRADIENTS)
             copy.optimizer.step()
             copy.optimizer.zero_grad(set_to_none=True)

@@ -198,3 +198,17 @@ def test_zoo_profiles_and_plans_do_not_change(tmp_path):
 
     profile = make_profile(layers=5, speeds=(1.0,))
     assert "model_input" not in profile.model_dump(mode="json")
+
+
+def test_a_malformed_recorded_input_is_one_line_naming_the_field(cli, tmp_path, resnet):
+    """A plan file edited by hand: `model_input` is validated as the rest of the document."""
+    from hppctl.store import save
+    from tests.runtime.factories import local_cluster, make_plan
+
+    plan = make_plan("tiny-mlp", [((0, 5), ["a"], [4])], global_batch=8, micro_batch=4)
+    save(tmp_path / "cluster.yaml", local_cluster("a"))
+    doc = plan.model_dump(mode="json") | {"model": f"{resnet}:make", "model_input": {"shape": [3, 0, 8]}}
+    (tmp_path / "plan.json").write_text(json.dumps(doc))
+    code, out, err = cli("run", "--plan", "plan.json", "--cluster", "cluster.yaml", "--log", "w.log")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert "plan.json: model_input.shape.1:" in err and not (tmp_path / "w.log").exists()

@@ -212,3 +212,35 @@ def test_a_malformed_recorded_input_is_one_line_naming_the_field(cli, tmp_path, 
     code, out, err = cli("run", "--plan", "plan.json", "--cluster", "cluster.yaml", "--log", "w.log")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
     assert "plan.json: model_input.shape.1:" in err and not (tmp_path / "w.log").exists()
+
+
+TOKENS = '''
+import torch
+from torch import nn
+
+
+class Bag(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(100, 8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, ids):
+        return self.head(self.embed(ids).mean(dim=1))
+
+
+def make():
+    return Bag(), torch.randint(0, 100, (1, 16))
+'''
+
+
+def test_a_token_model_takes_int64_ids_within_its_vocabulary(tmp_path, monkeypatch):
+    from hppctl.runtime.data import load_data
+
+    monkeypatch.chdir(tmp_path)
+    name = write_module(tmp_path, TOKENS)
+    spec = get_model(f"{name}:make")
+    assert (spec.input_shape, spec.input_dtype, spec.input_kind, spec.vocab) == ((16,), "int64", "tokens", 100)
+    assert [c.name for c in layer_costs(spec.name, "block")] == ["embed", "head"]
+    data = load_data("synthetic", spec.name)  # ids drawn from the embedding's 100, labels over 3 classes
+    assert data.num_classes == 3 and int(data.train.inputs.max()) < 100

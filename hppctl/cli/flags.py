@@ -93,3 +93,9 @@ def divergence_factor(flag: str, value: float) -> float:
     if not (value == 0 or (math.isfinite(value) and 1 < value <= MAX_DIVERGENCE_FACTOR)):
         raise BadInput(f"{flag}: must be 0 (off) or above 1, at most {_bound(MAX_DIVERGENCE_FACTOR)} (got {_shown(value)})")
     return value
+
+
+WORKDIR_HELP = ("Your code: a directory shipped to every device of the run over SSH (cached there by content "
+                "hash: unchanged, it is not sent again), first on the workers' import path, for --dataset "
+                "module:fn. At most 64 MiB. Default: none.")
+"""`--workdir` of `run`, `psl run` and `coordinator` (runtime/workdir.py; docs/runtime.md "Your code: --workdir")."""

@@ -9,6 +9,7 @@ from pydantic import Field
 from hppctl.models.base import FrozenModel
 from hppctl.models.cluster import DeviceName
 from hppctl.models.inference import InferenceStrategy
+from hppctl.runtime.workdir import UserCode
 
 
 class InferenceWorkerConfig(FrozenModel):
@@ -33,3 +34,6 @@ class InferenceWorkerConfig(FrozenModel):
     timeout_s: Annotated[float, Field(gt=0)] = 300.0
     progress_every_s: Annotated[float, Field(gt=0)] = 0.5
     """How often the worker may report the passes it has run (runtime/progress.py)."""
+    user_code: UserCode | None = None
+    """The run's `--workdir` on this device and its user modules (runtime/workdir.py; the launcher
+    fills it, runtime/worker_entry.py reads it); None: neither."""

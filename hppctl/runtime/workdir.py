@@ -35,8 +35,10 @@ EXCLUDED = frozenset({"__pycache__", ".git"})
 """Directory names left out of the hash and the archive: the interpreter's caches and the repository."""
 DIGEST_CHARS = 24
 """Hex digits of the SHA-256 naming a workdir on the devices (96 bits)."""
-BAD_INPUT_PREFIX = "BadInput: "
-"""How a worker's `failed/<device>` report says the user's input is at fault (exit 2, not 1)."""
+BAD_INPUT_PREFIX = "user code does not import: "
+"""How a worker's `failed/<device>` report says a user module did not import there: the run's input
+is at fault (exit 2), not the worker. Not an exception's class name: a worker's own `BadInput`
+mid-run (`BadInput: …`, a sample it cannot read) stays a worker failure (exit 1)."""
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@
 `Launcher._run_workers` owns the order (store → `ship` → nonce → launch → admit → running phase →
 `collect` → stop and close, whatever happens) and the machinery: listen address, one worker per
 device (local subprocess or SSH), pids, join proofs, liveness and failure messages, step progress.
+Launching installs the run's `--workdir` on each SSH device over the connection that starts its
+worker and tells every worker where it is (`user_code`, runtime/workdir.py), whatever the run kind.
 A subclass says what differs: `_devices`, `worker_module`, and per run the `ship`, `config_of` and
 `collect` it passes (runtime/session.py: training; psl/session.py: PSL; galaxy/launch.py: inference).
 """

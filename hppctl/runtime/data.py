@@ -24,7 +24,6 @@ labels being shipped, and a resumed run continues with exactly the samples it wo
 
 from __future__ import annotations
 
-import importlib
 import os
 from dataclasses import dataclass
 from functools import lru_cache

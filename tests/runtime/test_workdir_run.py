@@ -98,3 +98,19 @@ def test_a_module_that_does_not_import_on_a_device_fails_before_training_naming_
     assert json.loads(done.stdout)["error"]["kind"] == "bad_input"
     assert not metrics.exists() or metrics.read_text() == ""  # no worker trained a round
     assert "training: done" not in done.stderr
+
+
+@pytest.mark.gloo
+@pytest.mark.timeout(300)
+def test_psl_run_takes_its_dataset_factory_from_the_workdir(tmp_path):
+    """The PSL launcher is the same skeleton: its clients and helpers get the workdir too."""
+    from tests.psl.test_runtime import CLIENTS, HELPERS, tiny_plan
+
+    _, _, workdir = files(tmp_path, "wdpsl_data")
+    save(tmp_path / "psl.yaml", tiny_plan("tiny-mlp", cuts=((1, 3), (2, 4), (1, 3))))
+    save(tmp_path / "psl-cluster.yaml", local_cluster(*CLIENTS, *HELPERS))
+    done = hppctl("psl", "run", "--plan", tmp_path / "psl.yaml", "--cluster", tmp_path / "psl-cluster.yaml",
+                  "--dataset", "wdpsl_data:features", "--workdir", workdir, "--threads", "1", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    shipped = json.loads(done.stdout)["workdir"]
+    assert set(shipped["sent_bytes"]) == {*CLIENTS, *HELPERS} and shipped["sent_total_bytes"] == 0

@@ -114,3 +114,15 @@ def test_psl_run_takes_its_dataset_factory_from_the_workdir(tmp_path):
     assert done.returncode == 0, done.stderr
     shipped = json.loads(done.stdout)["workdir"]
     assert set(shipped["sent_bytes"]) == {*CLIENTS, *HELPERS} and shipped["sent_total_bytes"] == 0
+
+
+@pytest.mark.gloo
+@pytest.mark.timeout(300)
+def test_an_inference_run_takes_a_workdir_too(tmp_path):
+    """Galaxy workers live the same worker life: their config carries the workdir (no user module yet)."""
+    _, _, workdir = files(tmp_path, "wdinf_unused")
+    done = hppctl("run", "--plan", REPO / "examples/galaxy-local.yaml", "--cluster", REPO / "examples/local.yaml",
+                  "--seq-len", "16", "--workdir", workdir, "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    shipped = json.loads(done.stdout)["workdir"]
+    assert shipped["path"] == str(workdir) and set(shipped["sent_bytes"]) == {"w0", "w1", "w2"}

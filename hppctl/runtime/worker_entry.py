@@ -38,9 +38,9 @@ class WorkerContext:
 
 def run_worker_process(config, token: str, body: Callable[[WorkerContext], "int | None"], *,
                        before_join: Callable[[WorkerContext], None] | None = None) -> int:
-    """Connect, say the pid, join, run `body`, report; returns the exit code. `config` is any worker
-    config (device, store_host, store_port, threads, timeout_s). `before_join` runs between the pid
-    and the join (a fault-tolerant worker starts its heartbeats there)."""
+    """Connect, say the pid, import the user's code, join, run `body`, report; returns the exit code.
+    `config` is any worker config (device, store_host, store_port, threads, timeout_s, user_code).
+    `before_join` runs between the pid and the join (a fault-tolerant worker starts its heartbeats there)."""
     import torch
 
     from hppctl.runtime import bootstrap

@@ -109,8 +109,13 @@ def install_cached(conn, directory: str, name: str, archive: bytes, python: str)
     temp = f".{name}.{secrets.token_hex(6)}"
     import io
 
-    sftp = conn.sftp()
-    sftp.putfo(io.BytesIO(archive), f"{absolute}/{temp}.tar.gz")
+    try:
+        conn.sftp().putfo(io.BytesIO(archive), f"{absolute}/{temp}.tar.gz")
+    except OSError as e:  # the device's disk is full, the directory not writable
+        raise InstallFailed(f"SFTP upload failed: {e.strerror or e}") from None
+    except Exception as e:  # noqa: BLE001 - paramiko.SSHException: e.g. an sshd without the sftp subsystem
+        raise InstallFailed(f"SFTP upload failed: {e or e.__class__.__name__} (does the device's sshd offer "
+                            f"the sftp subsystem?)") from None
     unpack = conn.run(shlex.join([python, "-c", _UNPACK, absolute, name, temp]), hide=True, warn=True, in_stream=False)
     if unpack.exited != 0:
         raise InstallFailed(_last_line(unpack.stderr) or f"{python} exited {unpack.exited}")

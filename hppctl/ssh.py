@@ -117,7 +117,9 @@ def install_cached(conn, directory: str, name: str, archive: bytes, python: str)
         raise InstallFailed(f"SFTP upload failed: {e or e.__class__.__name__} (does the device's sshd offer "
                             f"the sftp subsystem?)") from None
     unpack = conn.run(shlex.join([python, "-c", _UNPACK, absolute, name, temp]), hide=True, warn=True, in_stream=False)
-    if unpack.exited != 0:
+    if unpack.exited != 0:  # leave no partial upload behind (the unpacker removes its own when it runs)
+        conn.run(shlex.join(["rm", "-rf", f"{absolute}/{temp}.tar.gz", f"{absolute}/{temp}"]), hide=True, warn=True,
+                 in_stream=False)
         raise InstallFailed(_last_line(unpack.stderr) or f"{python} exited {unpack.exited}")
     return len(archive)
 

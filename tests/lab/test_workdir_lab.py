@@ -129,3 +129,29 @@ def test_a_module_that_does_not_import_on_one_host_fails_naming_it(lab, tmp_path
     assert errors == ["error: device 'wb': --dataset wdlab_picky:features: cannot import 'wdlab_picky' on that "
                       "device (ModuleNotFoundError: No module named 'wdlab_not_on_this_host')"], done.stderr
     assert "Traceback" not in done.stderr and "training: done" not in done.stderr
+
+
+def test_a_device_that_cannot_unpack_the_workdir_fails_the_run_naming_it(lab, tmp_path):
+    """wa's `python:` refuses `-c` programs (as a full disk would fail the unpack): one line, exit 1."""
+    cluster, plan = lab
+    broken = tmp_path / "python-wa"
+    broken.write_text(f'#!/bin/sh\nif [ "$1" = "-c" ]; then echo "OSError: [Errno 28] No space left on device" >&2; '
+                      f'exit 1; fi\nPYTHONPATH={ROOT} exec {sys.executable} "$@"\n')
+    broken.chmod(0o755)
+    doc = yaml.safe_load(cluster.read_text())
+    doc["devices"][0]["python"] = str(broken)
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(doc))
+    workdir = tmp_path / "code"
+    workdir.mkdir()
+    (workdir / "wdlab_data.py").write_text(DATASET.format(picky="()"))
+    (workdir / "wdlab_nonce.py").write_text(f"NONCE = {uuid.uuid4().hex!r}\n")
+    done = run((tmp_path / "cluster.yaml", plan), workdir, "wdlab_data:features", tmp_path)
+    assert done.returncode == 1, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: device 'wa': could not install --workdir "), done.stderr
+    assert errors[0].endswith("OSError: [Errno 28] No space left on device") and "Traceback" not in done.stderr
+    from hppctl.runtime.workdir import snapshot
+
+    digest = snapshot(workdir).digest
+    cache = Path.home() / ".cache/hppctl/workdirs"
+    assert not [p for p in cache.iterdir() if digest in p.name]  # neither the upload nor a partial copy is left

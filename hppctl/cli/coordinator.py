@@ -154,7 +154,7 @@ def coordinator_command(
     check_listen(listen)
     writable_path("--events", events)
     from hppctl.runtime.workdir import open_workdir, user_code
-    shipped = open_workdir(workdir) if workdir is not None else None  # first on the import path from here on
+    shipped = open_workdir(workdir)  # first on the import path from here on
     hpp, inventory, prof = load(plan, HppPlan), load(cluster, ClusterSpec), load(profile, Profile)
     check_bipartition_coordinator(hpp, str(plan))
     recovery = driver.recovery_options(prof, heartbeat=heartbeat, timeout=failure_timeout,

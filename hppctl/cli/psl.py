@@ -281,7 +281,7 @@ def run_psl(
         raise BadInput(f"--metrics: {metrics}: use a .jsonl file")
     check_listen(listen)
     from hppctl.runtime.workdir import Workdir, open_workdir, user_code
-    if workdir is not None and not isinstance(workdir, Workdir):  # (`hppctl run` passes the one it opened)
+    if not isinstance(workdir, Workdir):  # (`hppctl run` passes the one it opened)
         workdir = open_workdir(workdir)  # first on the import path: the pre-flight imports the dataset from it
     plan = load(plan_file, PslPlan)
     cluster = load(cluster_file, ClusterSpec)

@@ -107,7 +107,7 @@ def run_command(
                        ("--output", output)):
         writable_path(flag, path)
     from hppctl.runtime.workdir import open_workdir, user_code
-    shipped = open_workdir(workdir) if workdir is not None else None  # first on the import path from here on
+    shipped = open_workdir(workdir)  # first on the import path from here on
     if schedule is not None and schedule not in ASYNC_POLICIES:
         raise BadInput(f"--schedule: {schedule!r} is not an asynchronous schedule ({', '.join(ASYNC_POLICIES)})")
     requested = _requested_features(resume=resume, rejoin=rejoin, checkpoint_dir=checkpoint_dir,

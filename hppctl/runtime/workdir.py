@@ -69,9 +69,13 @@ class Workdir:
         return f"~/{CACHE_DIR}/{self.digest}"
 
 
-def open_workdir(path: str | os.PathLike, flag: str = "--workdir") -> Workdir:
+def open_workdir(path: str | os.PathLike | None, flag: str = "--workdir") -> Workdir | None:
     """Check and read `path`, and make it this process's import root (the launcher's: pre-flight
-    imports the dataset factory from it); `BadInput` naming `flag` if it cannot serve."""
+    imports the dataset factory from it); `BadInput` naming `flag` if it cannot serve. None: no
+    workdir, and none left from an earlier command of this process (`hppctl.cli.run` in bench/)."""
+    if path is None:
+        usercode.set_root(None)
+        return None
     workdir = snapshot(path, flag)
     usercode.set_root(str(workdir.root))
     return workdir

@@ -196,3 +196,13 @@ def test_a_worker_reports_a_module_that_does_not_import_in_one_line(tmp_path):
                     "(ModuleNotFoundError: No module named 'not_installed_here_xyz')")
     assert prepare(UserCode(path=str(tmp_path / "gone")), "nano1") == \
         f"device 'nano1': --workdir {tmp_path / 'gone'} is missing on this device"
+
+
+def test_a_command_without_workdir_leaves_no_earlier_root_on_the_path(tmp_path):
+    """`hppctl.cli.run` called twice in one process (bench/): the second run has no --workdir."""
+    from hppctl.runtime.workdir import open_workdir
+
+    write_tree(tmp_path, TREE)
+    assert open_workdir(tmp_path).root == tmp_path.resolve() and sys.path[0] == str(tmp_path.resolve())
+    assert open_workdir(None) is None
+    assert usercode.root() is None and str(tmp_path.resolve()) not in sys.path

@@ -136,7 +136,9 @@ class Launcher:
             config = self._worker_config(config_of(device))
             if code is not None:  # every worker kind's config has `user_code` (worker_entry reads it)
                 config = config.model_copy(update={"user_code": code.for_device(local=spec.host is None)})
-            payload = json.dumps({"token": self.store.token, "config": config.model_dump(mode="json")})
+            # without user code the field stays off the wire: the config a worker reads is the one it read before it
+            unused = {"user_code"} if code is None else None
+            payload = json.dumps({"token": self.store.token, "config": config.model_dump(mode="json", exclude=unused)})
             if spec.host is not None:
                 worker = SshWorker(spec, req.cluster, payload, pid_of=self._pid_of, log=req.log, env=req.env,
                                    module=self.worker_module, workdir=code.workdir if code is not None else None)

@@ -16,8 +16,11 @@ known_hosts file). Two lines fix that, and this helper applies them from the clu
 
 from __future__ import annotations
 
+import io
 import math
 import os
+import secrets
+import shlex
 
 from hppctl.errors import BadInput
 from hppctl.models.cluster import ClusterSpec, DeviceSpec
@@ -93,22 +96,17 @@ def install_cached(conn, directory: str, name: str, archive: bytes, python: str)
     One shell command asks whether it exists; if not, the archive goes over SFTP on the same SSH
     connection to a temporary name in the same directory, and the device's `python` unpacks and
     renames it (`_UNPACK`). `InstallFailed` when a remote step fails; connection errors propagate."""
-    import secrets
-    import shlex
-
     quoted = shlex.quote(name)
     probe = (f'mkdir -p "$HOME"/{shlex.quote(directory)} && cd "$HOME"/{shlex.quote(directory)} && pwd && '
              f'if [ -d {quoted} ]; then echo cached; else echo missing; fi')
     result = conn.run(probe, hide=True, warn=True, in_stream=False)
-    lines = result.stdout.split()
-    if result.exited != 0 or len(lines) < 2:
+    lines = [line.strip() for line in result.stdout.splitlines() if line.strip()]
+    if result.exited != 0 or len(lines) < 2 or lines[-1] not in ("cached", "missing"):
         raise InstallFailed(_last_line(result.stderr) or f"`{probe}` exited {result.exited}")
-    absolute, state = "\n".join(result.stdout.splitlines()[:-1]).strip(), lines[-1]
+    absolute, state = lines[-2], lines[-1]  # `pwd`: the cache directory's absolute path, for SFTP
     if state == "cached":
         return 0
     temp = f".{name}.{secrets.token_hex(6)}"
-    import io
-
     try:
         conn.sftp().putfo(io.BytesIO(archive), f"{absolute}/{temp}.tar.gz")
     except OSError as e:  # the device's disk is full, the directory not writable

@@ -103,3 +103,8 @@ def precision(flag: str, value: str) -> str:
     if value not in PRECISIONS:
         raise BadInput(f"{flag}: unknown value {_shown(value)!r} ({', '.join(PRECISIONS)})")
     return value
+
+WORKDIR_HELP = ("Your code: a directory shipped to every device of the run over SSH (cached there by content "
+                "hash: unchanged, it is not sent again), first on the workers' import path, for --dataset "
+                "module:fn. At most 64 MiB. Default: none.")
+"""`--workdir` of `run`, `psl run` and `coordinator` (runtime/workdir.py; docs/runtime.md "Your code: --workdir")."""

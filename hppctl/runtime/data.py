@@ -27,15 +27,14 @@ labels being shipped, and a resumed run continues with exactly the samples it wo
 
 from __future__ import annotations
 
-import importlib
 import os
-import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Sequence
 
 import torch
 
+from hppctl import usercode
 from hppctl.errors import BadInput
 
 SYNTHETIC_SAMPLES = 2048
@@ -253,10 +252,8 @@ def resize_images(images: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
 
 def _user(path: str, shape: tuple[int, ...], classes: int) -> Data:
     module_name, _, attr = path.partition(":")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())  # like `python -m`: modules next to where the user runs hppctl
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
+    try:  # from the run's --workdir first, then the current directory (hppctl/usercode.py: the one import root)
+        factory = getattr(usercode.import_module(module_name), attr)
     except (ImportError, AttributeError) as e:
         raise BadInput(f"--dataset: cannot import {path!r} ({e.__class__.__name__}: {e})") from None
     train, test = _call_factory(path, factory)

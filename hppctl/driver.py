@@ -62,7 +62,7 @@ class RunView:
 def train(plan, cluster, options, data, *, view: RunView | None = None, checkpoint_dir=None, resume=False,
           metrics=None, trace=None, save_model=None, listen=None, log=None, plan_source="plan", schedule=None,
           recovery=None, lineage=None, bn_recalibrate=0, initial_state=None, expected_start=None,
-          announce=None) -> dict:
+          announce=None, user_code=None) -> dict:
     """Run the session; write metrics, trace and model; return the summary.
 
     announce: a line for the view once the run holds its checkpoint lock (the optimizer chosen for
@@ -71,7 +71,8 @@ def train(plan, cluster, options, data, *, view: RunView | None = None, checkpoi
     recovery: `RecoveryOptions` for the embedded coordinator (docs/fault-tolerance.md), or None.
     bn_recalibrate: re-estimate BatchNorm statistics over this many training samples before saving
     and testing the model (0: keep the running averages the workers trained).
-    initial_state, expected_start: `RunRequest`'s (runtime/session.py)."""
+    initial_state, expected_start: `RunRequest`'s (runtime/session.py).
+    user_code: the run's `--workdir` and user modules (`runtime.workdir.user_code`), or None."""
     from hppctl.runtime.results import save_model as write_model
     from hppctl.runtime.session import RunRequest, Session
     from hppctl.store import open_output_stream, write_text_atomic
@@ -88,6 +89,7 @@ def train(plan, cluster, options, data, *, view: RunView | None = None, checkpoi
             session = FtSession(request, recovery)
         else:
             session = Session(request)
+        session.user_code = user_code
         session.lock_checkpoint()  # another run active: exit 75 before any output, --metrics untouched
         if announce:
             view.note(announce)
@@ -117,10 +119,19 @@ def train(plan, cluster, options, data, *, view: RunView | None = None, checkpoi
     summary = summarize(plan, options, result, test_accuracy, plan_source=plan_source, checkpoint_dir=checkpoint_dir,
                         metrics=metrics, trace=trace, save_model=save_model)
     summary["bn_recalibration"] = recalibration
+    summary["workdir"] = shipped_workdir(user_code, view)
     if recovery is not None:  # the plan the run ended with, and what happened on the way
         summary.update(events=session.events, final_stages=[{"layers": s.layers, "devices": s.devices,
                                                              "samples": s.samples} for s in session.plan.stages])
     return summary
+
+
+def shipped_workdir(user_code, view: RunView) -> dict | None:
+    """The summary's `workdir` (what each device was sent, runtime/workdir.py), told on `view` in one line."""
+    if user_code is None or user_code.workdir is None:
+        return None
+    view.note(user_code.line())
+    return user_code.summary()
 
 
 def _write_row(metrics_file, row: dict) -> None:
@@ -312,8 +323,9 @@ def spec_profile(spec, source: str):
 
 
 def train_psl(plan, cluster, options, data, *, view: RunView | None = None, metrics=None, save_model=None,
-              listen=None, log=None) -> dict:
-    """Run a PSL session (runtime/psl/), write metrics and the model; return the summary."""
+              listen=None, log=None, user_code=None) -> dict:
+    """Run a PSL session (runtime/psl/), write metrics and the model; return the summary.
+    user_code: as `train`'s."""
     from hppctl.runtime.psl.session import PslRunRequest, PslSession, summarize as summarize_psl
     from hppctl.runtime.results import save_model as write_model
     from hppctl.store import open_output_stream
@@ -334,6 +346,7 @@ def train_psl(plan, cluster, options, data, *, view: RunView | None = None, metr
             view.began(name, f"{len(session.topo.devices)} workers" if name == "workers" else f"{rounds} rounds")
 
         session = PslSession(PslRunRequest(plan, cluster, options, listen=listen, log=log_file))
+        session.user_code = user_code
         session.on_phase = on_phase
         result = session.run(on_round=on_round, on_event=view.event)
         view.ended()
@@ -348,6 +361,7 @@ def train_psl(plan, cluster, options, data, *, view: RunView | None = None, metr
         with view.phase("saving"):
             write_model(plan.model, state, save_model)
     summary.update(saved_model=str(save_model) if save_model else None, metrics=str(metrics) if metrics else None)
+    summary["workdir"] = shipped_workdir(user_code, view)
     return summary
 
 

@@ -75,3 +75,12 @@ MIN_PSL_SLOT_S = 1e-6
 MAX_BATCH_SAMPLES = 2**20
 """Samples of one batch in a PSL spec or plan. Edge devices train batches of tens to hundreds of
 samples; a batch is multiplied into float activation and memory sizes, and 10**400 overflowed them."""
+
+MAX_WORKDIR_BYTES = 64 * 2**20
+"""Bytes of the files of one `--workdir` (runtime/workdir.py): it is read whole, hashed and shipped
+to every SSH device of a run. Code is kilobytes to a few megabytes; 64 MiB takes about 5 s at
+100 Mbit/s. Datasets belong on the devices (or behind a dataset factory), not in the workdir."""
+
+MAX_WORKDIR_FILES = 10_000
+"""Files (and symbolic links) of one `--workdir`: a source tree of a few hundred modules, not a
+virtual environment or a dataset folder."""

@@ -14,6 +14,7 @@ from typing import Annotated, Optional
 import typer
 
 from hppctl.cli.flags import MIN_PERIOD_S, check_optimizer_flags, positive, seconds, seed as check_seed
+from hppctl.cli.flags import WORKDIR_HELP
 from hppctl.cli.output import emit_json, note, stdout, writable_path
 from hppctl.cli.view import TrainingView
 from hppctl import driver
@@ -122,6 +123,7 @@ def coordinator_command(
     replicate_every: Annotated[int, typer.Option("--replicate-every", help="Snapshot and back up stage state every K rounds.")] = 1,
     rounds: Annotated[int, typer.Option("--rounds", help="Rounds to train.")] = 100,
     dataset: Annotated[str, typer.Option("--dataset", help="synthetic, digits, or package.module:factory.")] = "synthetic",
+    workdir: Annotated[Optional[Path], typer.Option("--workdir", help=WORKDIR_HELP)] = None,
     seed: Annotated[int, typer.Option("--seed", help="Weights, sample order and dropout derive from it (0 to 2^32 - 1).")] = 0,
     optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="sgd (with --momentum) or adam. Default: per model family, printed (docs/runtime.md).")] = None,
     lr: Annotated[Optional[float], typer.Option("--lr", help="Learning rate. Default: the family's (adam), 0.05 for sgd.")] = None,
@@ -151,6 +153,8 @@ def coordinator_command(
     check_optimizer_flags(optimizer, lr, momentum, weight_decay)
     check_listen(listen)
     writable_path("--events", events)
+    from hppctl.runtime.workdir import open_workdir, user_code
+    shipped = open_workdir(workdir)  # first on the import path from here on
     hpp, inventory, prof = load(plan, HppPlan), load(cluster, ClusterSpec), load(profile, Profile)
     from hppctl.zoo.user import declare_input
     declare_input(hpp.model, hpp.model_input)  # a user model's input, as the plan recorded it
@@ -166,9 +170,11 @@ def coordinator_command(
     chosen = resolve(hpp.model, optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay)
     options = TrainOptions(dataset=dataset, seed=seed, rounds=rounds, **chosen.as_options(), threads=1 if local else 0)
     summary = driver.train(hpp, inventory, options, data, view=TrainingView(describe=describe), metrics=events,
-                           listen=listen, plan_source=str(plan), recovery=recovery, announce=chosen.line())
+                           listen=listen, plan_source=str(plan), recovery=recovery, announce=chosen.line(),
+                           user_code=user_code(shipped, dataset=dataset, model=hpp.model))
     if as_json:
-        emit_json({k: summary[k] for k in ("plan", "rounds_run", "samples_per_s", "events", "final_stages", "wall_s")})
+        emit_json({k: summary[k] for k in ("plan", "rounds_run", "samples_per_s", "events", "final_stages", "wall_s",
+                                           "workdir")})
     else:
         for event in summary["events"]:
             stdout.print(describe(event))

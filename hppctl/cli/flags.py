@@ -104,6 +104,10 @@ def precision(flag: str, value: str) -> str:
         raise BadInput(f"{flag}: unknown value {_shown(value)!r} ({', '.join(PRECISIONS)})")
     return value
 
+WORKDIR_HELP = ("Your code: a directory shipped to every device of the run over SSH (cached there by content "
+                "hash: unchanged, it is not sent again), first on the workers' import path, for --dataset "
+                "module:fn. At most 64 MiB. Default: none.")
+"""`--workdir` of `run`, `psl run` and `coordinator` (runtime/workdir.py; docs/runtime.md "Your code: --workdir")."""
 
 INPUT_SHAPE_HELP = ("A model of your own (--model package.module:factory) without an example input: the shape of "
                     "one sample, e.g. 3x224x224 (docs/zoo.md, \"Your own model\").")

@@ -157,7 +157,8 @@ def run_inference_command(plan_path: Path, cluster_path: Path, *, text: str | No
                           seq_len: int | None, repeat: int, warmup: int, overlap: bool, output: Path | None,
                           as_json: bool, threads: int | None, seed: int, listen: str | None, timeout: float,
                           log: Path | None, wire_dtype: str = "float32", log_every: float | None = None,
-                          precision: str = "fp32") -> None:
+                          precision: str = "fp32", user_code=None) -> None:
+    """`user_code`: the run's `--workdir` (runtime/workdir.py `user_code`), or None."""
     import os
 
     from hppctl.models.cluster import ClusterSpec
@@ -198,12 +199,15 @@ def run_inference_command(plan_path: Path, cluster_path: Path, *, text: str | No
                                    listen=listen, log=log_file, progress_every_s=report_every(log_every),
                                    precision=precision)
         try:
-            result = run_inference(request, on_phase=shown.on_phase, on_step=shown.on_step)
+            result = run_inference(request, on_phase=shown.on_phase, on_step=shown.on_step, user_code=user_code)
         except BaseException:
             shown.close(failed=True)
             raise
         shown.close()
     summary = {"plan": str(plan_path), **result.summary()}
+    if user_code is not None and user_code.workdir is not None:
+        summary["workdir"] = user_code.summary()
+        note(user_code.line())
     if output is not None:
         driver.save_tensor(output, result.output)
         summary["output"] = str(output)

@@ -15,6 +15,7 @@ import typer
 from rich.table import Table
 
 from hppctl.cli.flags import MIN_PERIOD_S, check_optimizer_flags, divergence_factor as check_divergence_factor, positive, seconds, seed as check_seed, threads as check_threads
+from hppctl.cli.flags import WORKDIR_HELP
 from hppctl.cli.output import LOG_EVERY_HELP, emit_json, note, progress_log, stdout, writable_path
 from hppctl.cli.view import PslView
 from hppctl import driver
@@ -240,6 +241,7 @@ def run_psl(
     shares: Annotated[Optional[str], typer.Option("--shares", help="Relative data shard sizes per client, e.g. 3,1,1 (default: equal).")] = None,
     order: Annotated[str, typer.Option("--order", help="plan: helpers serve the plan's order; ltf: online, the ready task with the most client work after it.")] = "plan",
     dataset: Annotated[str, typer.Option("--dataset", help="synthetic, digits, or package.module:factory.")] = "synthetic",
+    workdir: Annotated[Optional[Path], typer.Option("--workdir", help=WORKDIR_HELP)] = None,
     seed: Annotated[int, typer.Option("--seed", help="Initial model, shards and sample orders derive from it (0 to 2^32 - 1).")] = 0,
     optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="sgd (with --momentum) or adam. Default: per model family, printed (docs/runtime.md).")] = None,
     lr: Annotated[Optional[float], typer.Option("--lr", help="Learning rate. Default: the family's (adam), 0.05 for sgd.")] = None,
@@ -278,6 +280,9 @@ def run_psl(
     if metrics is not None and metrics.suffix.lower() not in (".jsonl", ".json"):
         raise BadInput(f"--metrics: {metrics}: use a .jsonl file")
     check_listen(listen)
+    from hppctl.runtime.workdir import Workdir, open_workdir, user_code
+    if not isinstance(workdir, Workdir):  # (`hppctl run` passes the one it opened)
+        workdir = open_workdir(workdir)  # first on the import path: the pre-flight imports the dataset from it
     plan = load(plan_file, PslPlan)
     cluster = load(cluster_file, ClusterSpec)
     from hppctl.runtime.accelerator import refuse_cuda
@@ -297,7 +302,8 @@ def run_psl(
     lines = progress_log(log_every)
     with lines or contextlib.nullcontext():
         summary = driver.train_psl(plan, cluster, options, data, view=PslView(lines), metrics=metrics,
-                                   save_model=save_model, listen=listen, log=log)
+                                   save_model=save_model, listen=listen, log=log,
+                                   user_code=user_code(workdir, dataset=dataset))
     summary["optimizer"] = {**chosen.as_options(), "source": chosen.source}
     emit_json(summary) if as_json else _render_run(summary)
 

@@ -11,6 +11,7 @@ import typer
 
 from hppctl.cli.flags import MIN_PERIOD_S, check_optimizer_flags, divergence_factor as check_divergence_factor, positive, seconds, seed as check_seed, threads as check_threads
 from hppctl.cli.flags import precision as check_precision
+from hppctl.cli.flags import WORKDIR_HELP
 from hppctl.cli.output import LOG_EVERY_HELP, emit_json, note, progress_log, stdout, writable_path
 from hppctl.cli.view import TrainingView
 from hppctl import driver
@@ -40,6 +41,7 @@ def run_command(
     epochs: Annotated[Optional[int], typer.Option("--epochs", help="Epochs to train (rounds = epochs x floor(samples / global batch)). Default 1.")] = None,
     dataset: Annotated[str, typer.Option("--dataset", help="synthetic, digits, package.module:factory, or a path: a folder of images (one sub-folder per class), a .pt or .npz tensor file, a .csv file (docs/runtime.md, Your data).")] = "synthetic",
     label_column: Annotated[Optional[str], typer.Option("--label-column", help="CSV datasets: the column holding the class index (default: the last one).")] = None,
+    workdir: Annotated[Optional[Path], typer.Option("--workdir", help=WORKDIR_HELP)] = None,
     seed: Annotated[int, typer.Option("--seed", help="Weights, sample order and dropout derive from it (0 to 2^32 - 1).")] = 0,
     optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="sgd (with --momentum) or adam. Default: per model family, printed (docs/runtime.md); on --resume, the checkpoint's.")] = None,
     lr: Annotated[Optional[float], typer.Option("--lr", help="Learning rate (the peak, under a schedule). Default: the family's (adam), 0.05 for sgd.")] = None,
@@ -110,6 +112,8 @@ def run_command(
     for flag, path in (("--metrics", metrics), ("--trace", trace), ("--save-model", save_model), ("--log", log),
                        ("--output", output)):
         writable_path(flag, path)
+    from hppctl.runtime.workdir import open_workdir, user_code
+    shipped = open_workdir(workdir)  # first on the import path from here on
     if schedule is not None and schedule not in ASYNC_POLICIES:
         raise BadInput(f"--schedule: {schedule!r} is not an asynchronous schedule ({', '.join(ASYNC_POLICIES)})")
     requested = _requested_features(resume=resume, rejoin=rejoin, checkpoint_dir=checkpoint_dir,
@@ -133,7 +137,7 @@ def run_command(
         return run_inference_command(plan, cluster, text=text, input_ids=input_ids, seq_len=seq_len, repeat=repeat,
                                      warmup=warmup, overlap=overlap, output=output, as_json=as_json, threads=threads,
                                      seed=seed, listen=listen, timeout=timeout, log=log, wire_dtype=wire_dtype,
-                                     log_every=log_every, precision=precision)
+                                     log_every=log_every, precision=precision, user_code=user_code(shipped))
     from hppctl.cli.psl import is_psl_file
     _refuse_inference_flags(plan, "psl" if is_psl_file(plan) else "hpp", {
         "--input": text, "--input-ids": input_ids, "--seq-len": seq_len, "--output": output,
@@ -153,7 +157,7 @@ def run_command(
         return run_psl(plan, cluster, rounds=rounds or 1, dataset=dataset, seed=seed, optimizer=optimizer, lr=lr,
                        momentum=momentum, weight_decay=weight_decay, metrics=metrics, save_model=save_model,
                        threads=threads, listen=listen, timeout=timeout, log=log, as_json=as_json,
-                       divergence_factor=divergence_factor, log_every=log_every)
+                       divergence_factor=divergence_factor, log_every=log_every, workdir=shipped)
     if rounds is not None and epochs is not None:
         raise BadInput("--rounds and --epochs: give one of them")
     _check_extension_flags(rounds=rounds, epochs=epochs, more_rounds=more_rounds, more_epochs=more_epochs,
@@ -239,7 +243,8 @@ def run_command(
                                save_model=save_model, listen=listen, log=log, plan_source=str(plan), schedule=window,
                                recovery=recovery, lineage=lineage, bn_recalibrate=bn_recalibrate,
                                initial_state=initial_state, expected_start=schedule_start if extending else None,
-                               announce=chosen.line())
+                               announce=chosen.line(),
+                               user_code=user_code(shipped, dataset=dataset, model=hpp.model))
     summary["init_from"] = str(init_from) if initial_state is not None else None
     summary["optimizer"] = {**chosen.as_options(), "source": chosen.source}
     if as_json:

@@ -11,6 +11,7 @@ from pydantic import Field
 from hppctl.models.base import FrozenModel
 from hppctl.models.profile import ModelInput
 from hppctl.models.schedule import Schedule
+from hppctl.runtime.workdir import UserCode
 
 PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -96,6 +97,9 @@ class WorkerConfig(FrozenModel):
     recovery: "RecoveryConfig | None" = None
     """Heartbeats to a coordinator and pipeline replay on failure (runtime/ft_worker.py); None:
     any failure ends the run."""
+    user_code: UserCode | None = None
+    """The run's `--workdir` on this device and its user modules (runtime/workdir.py; the launcher
+    fills it, runtime/worker_entry.py reads it); None: neither."""
     threads = property(lambda self: self.options.threads)  # what worker_entry reads of every worker config
     timeout_s = property(lambda self: self.options.timeout_s)
 

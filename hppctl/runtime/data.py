@@ -252,7 +252,7 @@ def resize_images(images: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
 def _user(path: str, shape: tuple[int, ...], classes: int) -> Data:
     from hppctl.zoo.user import import_factory
 
-    factory = import_factory(path, "--dataset")  # the one resolver of module:attribute (models too)
+    factory = import_factory(path, "--dataset")  # --workdir first, then the current directory (models too)
     train, test = _call_factory(path, factory)
     data = Data(path, Split(None, None, train), Split(None, None, test) if test is not None else None, classes)
     x, y = _first_sample(path, data.train)

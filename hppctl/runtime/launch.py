@@ -243,20 +243,40 @@ class SshWorker:
     signal the remote process over a second connection."""
 
     def __init__(self, device: DeviceSpec, cluster: ClusterSpec, payload: str, *, pid_of=None, log=None,
-                 env: dict[str, str] | None = None, module: str = WORKER_MODULE) -> None:
+                 env: dict[str, str] | None = None, module: str = WORKER_MODULE, workdir=None) -> None:
+        """`workdir`: a `runtime.workdir.Workdir` to install on the device (over this connection,
+        before the worker starts); `workdir_sent` is then the bytes that took (0: the device had it)."""
         self.device, self.spec, self.cluster, self._pid_of = device.name, device, cluster, pid_of
         self._tail = _Tail(device.name, log)
         self.conn = connect(cluster, device.name)
+        self.workdir_sent: int | None = None
         command = remote_command(device.python or "python3", module, env or {})
         try:
             self.conn.open()  # now, so that a failure to connect is told apart from the worker's own
+            if workdir is not None:
+                self.workdir_sent = self._install(workdir)
             self.promise = self.conn.run(command, in_stream=payload_stream(payload), asynchronous=True,
                                          hide=False, warn=True, out_stream=self._tail, err_stream=self._tail,
                                          pty=False)
+        except HppctlError:  # the workdir's install said what failed
+            self.conn.close()
+            raise
         except Exception as e:  # noqa: BLE001 - paramiko and fabric fail in many classes; each becomes one line
             self.conn.close()
             raise ssh_start_failure(e, device, cluster) from None
         self._code: int | None = None
+
+    def _install(self, workdir) -> int:
+        """Install `workdir` in the device's cache (runtime/workdir.py); a remote step that fails
+        (a full disk, no `python:`) is this device's failure, one line."""
+        from hppctl.runtime.workdir import install
+        from hppctl.ssh import InstallFailed
+
+        try:
+            return install(self.conn, workdir, self.spec.python or "python3")
+        except InstallFailed as e:
+            raise RuntimeFailure(f"device {self.device!r}: could not install --workdir {workdir.digest[:12]} in "
+                                 f"{workdir.remote_path}: {e}") from None
 
     def poll(self) -> int | None:
         if self._code is None and self.promise.runner.process_is_finished:

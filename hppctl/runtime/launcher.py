@@ -3,6 +3,8 @@
 `Launcher._run_workers` owns the order (store → `ship` → nonce → launch → admit → running phase →
 `collect` → stop and close, whatever happens) and the machinery: listen address, one worker per
 device (local subprocess or SSH), pids, join proofs, liveness and failure messages, step progress.
+Launching installs the run's `--workdir` on each SSH device over the connection that starts its
+worker and tells every worker where it is (`user_code`, runtime/workdir.py), whatever the run kind.
 A subclass says what differs: `_devices`, `worker_module`, and per run the `ship`, `config_of` and
 `collect` it passes (runtime/session.py: training; psl/session.py: PSL; galaxy/launch.py: inference).
 """
@@ -16,12 +18,13 @@ from typing import Callable, ClassVar, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from hppctl.errors import Infeasible, RuntimeFailure
+from hppctl.errors import BadInput, Infeasible, RuntimeFailure
 from hppctl.models.reports import RoundReport
 from hppctl.runtime import bootstrap, wire
 from hppctl.runtime.launch import (WORKER_MODULE, LocalWorker, SshWorker, WorkerProcess, prepare_local_workers,
                                    stop_workers)
 from hppctl.runtime.progress import StepProgress, Throttle, read_steps, slowest
+from hppctl.runtime.workdir import BAD_INPUT_PREFIX, RunUserCode
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -77,6 +80,10 @@ class Launcher:
         self.on_step: Callable[[StepProgress], None] | None = None
         """Called with the slowest device's progress within the running round, when the workers
         report one (long rounds: an nf1b or pipedream epoch, Galaxy's passes; runtime/progress.py)."""
+        self.user_code: RunUserCode | None = None
+        """The run's `--workdir` and user modules (runtime/workdir.py), set by the driver before `run`:
+        installed on each SSH device as its worker starts, told to every worker (`user_code` of its
+        config), and `user_code.sent` records the bytes each device was sent."""
 
     # --- hooks --------------------------------------------------------------------------------------
     def _devices(self) -> list[str]:
@@ -123,16 +130,25 @@ class Launcher:
         return bootstrap.RunStore.start(host, port, timeout_s=timeout_s)
 
     def _launch(self, config_of: Callable[[str], BaseModel]) -> None:
-        req = self.request
+        req, code = self.request, self.user_code
         for device in self._devices():
-            config = self._worker_config(config_of(device))
-            payload = json.dumps({"token": self.store.token, "config": config.model_dump(mode="json")})
             spec = req.cluster.device(device)
+            config = self._worker_config(config_of(device))
+            if code is not None:  # every worker kind's config has `user_code` (worker_entry reads it)
+                config = config.model_copy(update={"user_code": code.for_device(local=spec.host is None)})
+            # without user code the field stays off the wire: the config a worker reads is the one it read before it
+            unused = {"user_code"} if code is None else None
+            payload = json.dumps({"token": self.store.token, "config": config.model_dump(mode="json", exclude=unused)})
             if spec.host is not None:
-                self.workers[device] = SshWorker(spec, req.cluster, payload, pid_of=self._pid_of, log=req.log,
-                                                 env=req.env, module=self.worker_module)
+                worker = SshWorker(spec, req.cluster, payload, pid_of=self._pid_of, log=req.log, env=req.env,
+                                   module=self.worker_module, workdir=code.workdir if code is not None else None)
+                self.workers[device] = worker
+                if code is not None and code.workdir is not None:
+                    code.sent[device] = worker.workdir_sent
             else:
                 self.workers[device] = LocalWorker(device, payload, env=req.env, log=req.log, module=self.worker_module)
+                if code is not None and code.workdir is not None:
+                    code.sent[device] = None
 
     def _pid_of(self, device: str) -> int | None:
         key = wire.pid(device)
@@ -211,6 +227,8 @@ class Launcher:
         message = self._reported_failure(device)
         if message.startswith("Infeasible: "):
             raise Infeasible(message.removeprefix("Infeasible: "))
+        if message.startswith(BAD_INPUT_PREFIX):  # a user module that does not import there (runtime/workdir.py)
+            raise BadInput(message.removeprefix(BAD_INPUT_PREFIX))
         time.sleep(0.2)  # let the worker's traceback reach its tail
         lines = [line for line in self.workers[device].tail() if line.strip()][-12:]
         detail = "\n".join(f"    {line}" for line in lines)

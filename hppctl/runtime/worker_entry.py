@@ -1,7 +1,9 @@
 """The life of every worker process (training, fault-tolerant training, PSL, inference), owned once.
 
 `worker_main` reads the {token, config} line on stdin; `run_worker_process` sets torch's threads,
-connects to the launcher's store, writes `pid/<device>`, joins, runs the kind's `body(ctx)`, then
+connects to the launcher's store, writes `pid/<device>`, puts the run's `--workdir` first on the
+import path and imports its user modules (`config.user_code`, runtime/workdir.py: one that fails is
+`failed/<device>` as bad input, exit 2, before the join), joins, runs the kind's `body(ctx)`, then
 writes `done/<device>` (exit 0). An exception prints its traceback and becomes `failed/<device>`
 (exit 1). A body that returns an exit code instead of None ends without `done/` (a fault-tolerant
 worker dismissed by a re-plan, or orphaned by its coordinator).
@@ -21,6 +23,8 @@ from typing import Callable
 
 from hppctl.allocator import steady_heap
 from hppctl.runtime import wire
+from hppctl.runtime.workdir import BAD_INPUT_PREFIX
+from hppctl.runtime.workdir import prepare as prepare_user_code
 
 
 @dataclass(frozen=True)
@@ -34,9 +38,9 @@ class WorkerContext:
 
 def run_worker_process(config, token: str, body: Callable[[WorkerContext], "int | None"], *,
                        before_join: Callable[[WorkerContext], None] | None = None) -> int:
-    """Connect, say the pid, join, run `body`, report; returns the exit code. `config` is any worker
-    config (device, store_host, store_port, threads, timeout_s). `before_join` runs between the pid
-    and the join (a fault-tolerant worker starts its heartbeats there)."""
+    """Connect, say the pid, import the user's code, join, run `body`, report; returns the exit code.
+    `config` is any worker config (device, store_host, store_port, threads, timeout_s, user_code).
+    `before_join` runs between the pid and the join (a fault-tolerant worker starts its heartbeats there)."""
     import torch
 
     from hppctl.runtime import bootstrap
@@ -47,6 +51,11 @@ def run_worker_process(config, token: str, body: Callable[[WorkerContext], "int 
     declare_input(getattr(config, "model", ""), getattr(config, "model_input", None))  # a user model's input spec
     store = bootstrap.connect_store(config.store_host, config.store_port, token, timeout_s=config.timeout_s)
     store.set(wire.pid(config.device), f"{socket.gethostname()} {os.getpid()}")
+    problem = prepare_user_code(config.user_code, config.device)
+    if problem is not None:  # before the join: no worker of the run trains (the launcher exits 2)
+        print(f"error: {problem}", file=sys.stderr)
+        store.set(wire.failed(config.device), BAD_INPUT_PREFIX + problem)
+        return 2
     ctx = WorkerContext(config, token, store)
     try:
         if before_join is not None:

@@ -10,8 +10,8 @@ model. Its fingerprint covers the source of the factory's module and of the modu
 edited model is traced again rather than read from the layer-table cache.
 
 `import_factory` is the one place a `module:attribute` reference (a model's, or `--dataset`'s) is
-imported; `call_factory` the one place such a factory is called. The import root is the current
-directory, as for `python -m`.
+imported (through hppctl/usercode.py: the run's `--workdir` first, then the current directory, as
+for `python -m`); `call_factory` the one place such a factory is called.
 
 Torch is imported inside functions only: `get_model` (the catalog) stays torch-free for zoo names.
 """
@@ -19,18 +19,17 @@ Torch is imported inside functions only: `get_model` (the catalog) stays torch-f
 from __future__ import annotations
 
 import hashlib
-import importlib
 import inspect
 import json
 import os
 import re
-import sys
 import sysconfig
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from hppctl import usercode
 from hppctl.errors import BadInput, shorten
 from hppctl.models.profile import ModelInput
 from hppctl.zoo.spec import USER_BLOCK_PATTERN as BLOCK_PATTERN, USER_FAMILY, ZOO_VERSION, InputKind, ModelDescription
@@ -52,13 +51,12 @@ def is_user_ref(name: str) -> bool:
 # --- the one resolver of `module:attribute` references (models and datasets) ---------------------------
 
 def import_factory(ref: str, flag: str) -> Any:
-    """The object `ref` (`package.module:attribute`) names, imported from the current directory (like
-    `python -m`); anything that goes wrong is one `BadInput` line naming `flag` and `ref`."""
+    """The object `ref` (`package.module:attribute`) names, imported from the run's `--workdir` first,
+    then the current directory (hppctl/usercode.py, the one import root); anything that goes wrong is
+    one `BadInput` line naming `flag` and `ref`."""
     module_name, _, attribute = ref.partition(":")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())  # modules next to where the user runs hppctl
     try:
-        target: Any = importlib.import_module(module_name)
+        target: Any = usercode.import_module(module_name)
         for part in attribute.split("."):
             target = getattr(target, part)
     except Exception as e:  # noqa: BLE001 - the user's module: a SyntaxError or a failing import line too

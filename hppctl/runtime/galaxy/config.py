@@ -9,6 +9,7 @@ from pydantic import Field
 from hppctl.models.base import FrozenModel
 from hppctl.models.cluster import DeviceName
 from hppctl.models.inference import InferenceStrategy
+from hppctl.runtime.workdir import UserCode
 
 
 class InferenceWorkerConfig(FrozenModel):
@@ -37,3 +38,6 @@ class InferenceWorkerConfig(FrozenModel):
     """The device's `accelerator:` from the cluster file, resolved by the worker (runtime/accelerator.py)."""
     precision: Literal["fp32", "fp16", "bf16"] = "fp32"
     """Autocast dtype of the forward (`--precision`); fp32: no autocast."""
+    user_code: UserCode | None = None
+    """The run's `--workdir` on this device and its user modules (runtime/workdir.py; the launcher
+    fills it, runtime/worker_entry.py reads it); None: neither."""

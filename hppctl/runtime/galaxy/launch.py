@@ -222,9 +222,11 @@ class InferenceSession(Launcher):
 
 
 def run_inference(request: InferenceRequest, *, on_phase: Callable[[str], None] | None = None,
-                  on_step: Callable[[StepProgress], None] | None = None) -> InferenceResult:
-    """Run the request; on_phase and on_step: `InferenceSession`'s progress hooks."""
+                  on_step: Callable[[StepProgress], None] | None = None, user_code=None) -> InferenceResult:
+    """Run the request; on_phase and on_step: `InferenceSession`'s progress hooks; user_code: the
+    run's `--workdir` (runtime/workdir.py; `Launcher.user_code`)."""
     session = InferenceSession(request)
+    session.user_code = user_code
     if on_phase is not None:
         session.on_phase = on_phase
     session.on_step = on_step

@@ -10,6 +10,7 @@ from hppctl.models.base import FrozenModel
 from hppctl.models.cluster import DeviceName
 from hppctl.models.psl import PslPlan
 from hppctl.runtime.config import PosFloat, PosInt, TrainOptions
+from hppctl.runtime.workdir import UserCode
 
 
 class PslOptions(FrozenModel):
@@ -34,5 +35,8 @@ class PslWorkerConfig(FrozenModel):
     options: PslOptions
     fedavg_weights: list[Annotated[float, Field(ge=0, le=1)]]
     """w_j = n_j / Σ n per client (plan order), from the shard sizes; helpers need them and never load data."""
+    user_code: UserCode | None = None
+    """The run's `--workdir` on this device and its user modules (runtime/workdir.py; the launcher
+    fills it, runtime/worker_entry.py reads it); None: neither."""
     threads = property(lambda self: self.options.train.threads)  # what worker_entry reads of every worker config
     timeout_s = property(lambda self: self.options.train.timeout_s)

@@ -295,7 +295,10 @@ def model_layers(model: str, granularity: str):
     layers = layer_costs(model, granularity)
     if granularity == "fine":
         return layers, None
-    return layers, group_layers(layers, layer_costs(model, "fine"))
+    from hppctl.zoo import nested_fine_layers
+
+    fine = nested_fine_layers(model)  # None: a user model traced to its blocks only
+    return layers, group_layers(layers, fine) if fine is not None else None
 
 
 # --- parallel split learning --------------------------------------------------------------------------

@@ -156,6 +156,8 @@ def coordinator_command(
     from hppctl.runtime.workdir import open_workdir, user_code
     shipped = open_workdir(workdir)  # first on the import path from here on
     hpp, inventory, prof = load(plan, HppPlan), load(cluster, ClusterSpec), load(profile, Profile)
+    from hppctl.zoo.user import declare_input
+    declare_input(hpp.model, hpp.model_input)  # a user model's input, as the plan recorded it
     check_bipartition_coordinator(hpp, str(plan))
     recovery = driver.recovery_options(prof, heartbeat=heartbeat, timeout=failure_timeout,
                                        probe_timeout=probe_timeout, replan=replan, replicate_every=replicate_every)
@@ -169,7 +171,7 @@ def coordinator_command(
     options = TrainOptions(dataset=dataset, seed=seed, rounds=rounds, **chosen.as_options(), threads=1 if local else 0)
     summary = driver.train(hpp, inventory, options, data, view=TrainingView(describe=describe), metrics=events,
                            listen=listen, plan_source=str(plan), recovery=recovery, announce=chosen.line(),
-                           user_code=user_code(shipped, dataset=dataset))
+                           user_code=user_code(shipped, dataset=dataset, model=hpp.model))
     if as_json:
         emit_json({k: summary[k] for k in ("plan", "rounds_run", "samples_per_s", "events", "final_stages", "wall_s",
                                            "workdir")})

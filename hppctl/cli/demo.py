@@ -11,7 +11,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from hppctl.cli.flags import MIN_PERIOD_S, positive, seconds, seed as check_seed
+from hppctl.cli.flags import INPUT_DTYPE_HELP, INPUT_SHAPE_HELP, MIN_PERIOD_S, positive, seconds, seed as check_seed
+from hppctl.cli.flags import model_input as check_model_input
 from hppctl.cli.output import LOG_EVERY_HELP, emit_json, note, phase, progress_log, stderr, stdout, writable_path
 from hppctl.errors import BadInput, RuntimeFailure
 
@@ -40,7 +41,7 @@ WORKDIR_FILES = ("cluster.yaml", "profile.json", "plan.yaml", "metrics.jsonl", "
 
 def demo_command(
     workdir: Annotated[Optional[Path], typer.Option("--workdir", help="Where to write cluster, profile, plan, metrics and model (default: a temporary directory).")] = None,
-    model: Annotated[str, typer.Option("--model", help="A built-in training model.")] = "mobilenetv2",
+    model: Annotated[str, typer.Option("--model", help="A built-in training model, or package.module:factory (your own).")] = "mobilenetv2",
     granularity: Annotated[str, typer.Option("--granularity", help="fine or block layers.")] = "block",
     global_batch: Annotated[int, typer.Option("--global-batch", help="Samples per round.")] = 64,
     micro_batch: Annotated[int, typer.Option("--micro-batch", help="Samples per micro-batch.")] = 16,
@@ -50,6 +51,8 @@ def demo_command(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON summary on stdout.")] = False,
     min_accuracy: Annotated[Optional[float], typer.Option("--min-accuracy", help="Percent (0-100): exit 1 after the report when the test accuracy is below it, for CI smoke runs.")] = None,
     log_every: Annotated[Optional[float], typer.Option("--log-every", metavar="SECONDS", help=LOG_EVERY_HELP)] = None,
+    input_shape: Annotated[Optional[str], typer.Option("--input-shape", help=INPUT_SHAPE_HELP)] = None,
+    input_dtype: Annotated[Optional[str], typer.Option("--input-dtype", help=INPUT_DTYPE_HELP)] = None,
 ) -> None:
     """Three local worker processes: profile them, plan with asteroid, train on digits, print plan, throughput and accuracy."""
     from hppctl.models.cluster import ClusterSpec, DeviceSpec
@@ -61,6 +64,7 @@ def demo_command(
     check_seed("--seed", seed)
     _check_percent("--min-accuracy", min_accuracy)
     seconds("--log-every", log_every, low=MIN_PERIOD_S)
+    check_model_input(model, input_shape, input_dtype)
     from hppctl.cli.plan import make_request
     request = make_request(global_batch, micro_batch)  # before the profile: these were tracebacks after it
     started = time.perf_counter()
@@ -99,6 +103,8 @@ def _profile_plan_train(where: Path, cluster, model: str, granularity: str, requ
     t0 = time.perf_counter()
     with phase(lines, "profile"):
         profile, how = _profile(cluster, model, granularity, micro_batch, threads, profiler)
+    from hppctl.zoo.user import recorded_input
+    profile = profile.model_copy(update={"model_input": recorded_input(model)})  # a user model's input spec
     save(where / "profile.json", profile)
     profile_s = time.perf_counter() - t0
     note(f"[2/4] profile ({how}, {profile_s:.0f} s): {len(profile.layers)} {granularity} layers of {model} "

@@ -108,3 +108,21 @@ WORKDIR_HELP = ("Your code: a directory shipped to every device of the run over 
                 "hash: unchanged, it is not sent again), first on the workers' import path, for --dataset "
                 "module:fn. At most 64 MiB. Default: none.")
 """`--workdir` of `run`, `psl run` and `coordinator` (runtime/workdir.py; docs/runtime.md "Your code: --workdir")."""
+
+INPUT_SHAPE_HELP = ("A model of your own (--model package.module:factory) without an example input: the shape of "
+                    "one sample, e.g. 3x224x224 (docs/zoo.md, \"Your own model\").")
+INPUT_DTYPE_HELP = "With --input-shape: float32 (default) or int64 (token ids)."
+
+
+def model_input(model: str | None, shape: str | None, dtype: str | None):
+    """`--input-shape`/`--input-dtype`: checked, refused on a built-in model, and declared for this
+    process (zoo/user.py), so that resolving `model` uses them. The parsed ModelInput or None."""
+    from hppctl.zoo.user import check_no_input_flags, declare_input, parse_input
+
+    parsed = parse_input(shape, dtype)
+    if model is None and parsed is not None:
+        raise BadInput("--input-shape: says what one sample of a model of your own is; name the model too")
+    if model is not None:
+        check_no_input_flags(model, parsed)
+        declare_input(model, parsed)
+    return parsed

@@ -6,12 +6,14 @@ from typing import Optional
 
 import typer
 
+from hppctl.cli.flags import INPUT_DTYPE_HELP, INPUT_SHAPE_HELP, model_input as check_model_input
 from hppctl.cli.output import emit_json, stdout
 
 HELP = """List the built-in models: name, task, parameters, layer counts, per-sample input.
 
-With a MODEL (a built-in name or hf:PATH of a local Hugging Face checkpoint), print its layer
-sequence instead: per-sample boundary and activation bytes, parameter bytes and forward FLOPs.
+With a MODEL (a built-in name, hf:PATH of a local Hugging Face checkpoint, or package.module:factory
+of your own, imported from the current directory), print its layer sequence instead: per-sample
+boundary and activation bytes, parameter bytes and forward FLOPs.
 
 Examples:
 
@@ -20,6 +22,7 @@ Examples:
   hppctl models --json
   hppctl models resnet50 --granularity block
   hppctl models hf:./my-bert --json             # a Hugging Face checkpoint directory of your own
+  hppctl models examples.mynet:make --input-shape 3x32x32 -g block   # your own torch module (docs/zoo.md)
 """
 
 
@@ -95,7 +98,10 @@ def register(app: typer.Typer) -> None:
         model: Optional[str] = typer.Argument(None, help="Show this model's layer sequence (name or hf:PATH)."),  # noqa: UP007
         granularity: str = typer.Option("fine", "--granularity", "-g", help="Layer granularity: fine or block."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+        input_shape: Optional[str] = typer.Option(None, "--input-shape", help=INPUT_SHAPE_HELP),  # noqa: UP007
+        input_dtype: Optional[str] = typer.Option(None, "--input-dtype", help=INPUT_DTYPE_HELP),  # noqa: UP007
     ) -> None:
+        check_model_input(model, input_shape, input_dtype)
         if model is None:
             _list(as_json)
         else:

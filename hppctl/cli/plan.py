@@ -71,6 +71,8 @@ def plan_command(
     if seq_len is not None:
         raise BadInput(f"--seq-len: {profile} is a training profile; profile with `hppctl profile --seq-len N` to plan inference")
     prof = load(profile, Profile)
+    from hppctl.zoo.user import declare_input
+    declare_input(prof.model, prof.model_input)  # a user model's input, as the profile recorded it
     for missing in prof.missing_devices:  # a profile a failed `hppctl profile` run wrote
         note(f"note: {profile} has no measurement of {missing.name} ({missing.reason}); planning on the "
              f"{len(prof.devices)} devices it has")

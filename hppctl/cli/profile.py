@@ -20,7 +20,8 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from hppctl.cli.flags import positive, seconds, threads as check_threads
+from hppctl.cli.flags import INPUT_DTYPE_HELP, INPUT_SHAPE_HELP, positive, seconds, threads as check_threads
+from hppctl.cli.flags import model_input as check_model_input
 from hppctl.cli.output import emit_json, note, stderr, stdout, writable_path
 from hppctl import driver
 from hppctl.profiling.summary import failure_line, summarize
@@ -41,6 +42,7 @@ Examples:
   hppctl profile --cluster profiles/env-b.yaml --model resnet50 --batch-sizes 1,2,4,8,16,32 --out out/b-r50.yaml
   hppctl profile --cluster profiles/example.yaml --model bert-small --granularity block --optimizer adam --json   # the profile on stdout
   hppctl profile --cluster profiles/example.yaml --model hf:./my-checkpoint --out out/mine.json
+  hppctl profile --cluster examples/local.yaml --model examples.mynet:make --input-shape 3x32x32 --out out/mine.json
 
 Without --out, --json prints the profile itself on stdout; give one of the two.
 Measured devices are cached per batch size ($HPPCTL_CACHE_DIR or ~/.cache/hppctl): a rerun
@@ -95,7 +97,7 @@ def _check_probe_flags(repeats: int, warmup: int, threads: int | None, timeout: 
 
 def profile_command(
     cluster: Annotated[Optional[Path], typer.Option("--cluster", help="Cluster inventory (.yaml/.json). Required.")] = None,
-    model: Annotated[Optional[str], typer.Option("--model", help="Built-in model (see `hppctl models`) or hf:PATH. Required.")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="Built-in model (see `hppctl models`), hf:PATH, or package.module:factory (your own). Required.")] = None,
     granularity: Annotated[str, typer.Option("--granularity", help="Layer sequence: fine (modules) or block (residual/transformer blocks).")] = "fine",
     batch_sizes: Annotated[Optional[str], typer.Option("--batch-sizes", help="Comma-separated batch grid (default 1,2,4,...,256; measured devices stop at the largest that fits).")] = None,
     optimizer: Annotated[str, typer.Option("--optimizer", help="Sizes the optimizer state: sgd (0x params), momentum (1x), adam (2x).")] = "momentum",
@@ -111,6 +113,8 @@ def profile_command(
     link_seconds: Annotated[float, typer.Option("--link-seconds", help="Seconds of each one-way link transfer (0.1 to 3600).")] = 2.0,
     seq_len: Annotated[Optional[str], typer.Option("--seq-len", help="Collaborative inference (Galaxy): profile attention by heads, MLP by columns and connective blocks by rows at these sequence lengths (e.g. 284 or 128,284); docs/galaxy.md.")] = None,
     num_layers: Annotated[Optional[int], typer.Option("--layers", help="With --seq-len: plan and run only the first K layers (a layer stack).")] = None,
+    input_shape: Annotated[Optional[str], typer.Option("--input-shape", help=INPUT_SHAPE_HELP)] = None,
+    input_dtype: Annotated[Optional[str], typer.Option("--input-dtype", help=INPUT_DTYPE_HELP)] = None,
 ) -> None:
     """Profile every device of a cluster for a model: per-layer forward/backward time on a batch grid, memory budgets and link bandwidths. Presets are modelled (docs/presets.md); host: and local: devices are measured (docs/profiling.md)."""
     from hppctl.profiling.from_presets import (DEFAULT_BATCH_SIZES, OPTIMIZER_STATE_FACTORS, build_preset_profile,
@@ -122,9 +126,12 @@ def profile_command(
     if model is None:
         raise BadInput("--model: required (a built-in model from `hppctl models`, or hf:PATH)")
     _check_probe_flags(repeats, warmup, threads, timeout, link_seconds, num_layers)
+    check_model_input(model, input_shape, input_dtype)
     if out is not None:  # before the cluster is read and any device measured, inference profiles too
         _check_out(out)
     if seq_len is not None:  # collaborative inference (issue 8): its own profile kind
+        from hppctl.zoo.user import refuse_inference
+        refuse_inference(model)
         from hppctl.cli.galaxy import profile_inference
         return profile_inference(cluster, model, seq_len, layers=num_layers, out=out, as_json=as_json,
                                  repeats=repeats, warmup=warmup, threads=threads, timeout=timeout)
@@ -170,6 +177,8 @@ def profile_command(
                 f"{n} batch {','.join(map(str, b))}" for n, b in reused.items()))
         if profile is None:
             raise RuntimeFailure("no device could be profiled: " + "; ".join(f"{k}: {v}" for k, v in failures.items()))
+    from hppctl.zoo.user import recorded_input
+    profile = profile.model_copy(update={"model_input": recorded_input(model)})  # plan and run need no flags again
     warn_implausible_times(profile)
     if out is None:
         emit_json(profile.model_dump(mode="json"))

@@ -183,6 +183,8 @@ def run_command(
             raise BadInput(f"{flag}: {path}: use a {' or '.join(suffixes)} file")
 
     hpp = load(plan, HppPlan)
+    from hppctl.zoo.user import declare_input
+    declare_input(hpp.model, hpp.model_input)  # a user model's input, as the plan recorded it
     inventory = load(cluster, ClusterSpec)
     prof = load(profile, Profile) if profile is not None else None
     kind, what = plan_kind_text(hpp, str(plan), schedule)
@@ -241,7 +243,8 @@ def run_command(
                                save_model=save_model, listen=listen, log=log, plan_source=str(plan), schedule=window,
                                recovery=recovery, lineage=lineage, bn_recalibrate=bn_recalibrate,
                                initial_state=initial_state, expected_start=schedule_start if extending else None,
-                               announce=chosen.line(), user_code=user_code(shipped, dataset=dataset))
+                               announce=chosen.line(),
+                               user_code=user_code(shipped, dataset=dataset, model=hpp.model))
     summary["init_from"] = str(init_from) if initial_state is not None else None
     summary["optimizer"] = {**chosen.as_options(), "source": chosen.source}
     if as_json:

@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 from hppctl.limits import MAX_DEVICES, MAX_LAYERS, MAX_MICRO_BATCHES
 from hppctl.models.base import FrozenModel, duplicates, listed
 from hppctl.models.cluster import DeviceName
-from hppctl.models.profile import Granularity, NonNegFloat, TimeS, _OmitsUnset
+from hppctl.models.profile import Granularity, ModelInput, NonNegFloat, TimeS, _OmitsUnset
 
 PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -105,13 +105,17 @@ class MemoryViolation(FrozenModel):
     budget_bytes: NonNegInt
 
 
-class HppPlan(FrozenModel):
+class HppPlan(_OmitsUnset):
     """A training plan (hybrid pipeline parallelism). See docs/formats.md."""
+
+    _omit_when_default = ("model_input",)
 
     format_version: Literal[1] = 1
     kind: Literal["hpp"] = "hpp"
     strategy: Strategy
     model: str
+    model_input: ModelInput | None = None
+    """A user model's input spec, copied from the profile (models/profile.py ModelInput)."""
     granularity: Granularity
     profile_digest: str
     global_batch: PosInt

@@ -30,6 +30,17 @@ TimeS = Annotated[float, Field(ge=0, le=MAX_DURATION, allow_inf_nan=False)]
 ByteCount = Annotated[int, Field(ge=0, le=MAX_BYTES)]
 """Bytes of a layer or a device: at most 1 PiB, like sizes in cluster files (models/units.py)."""
 Source = Literal["preset", "measured", "synthetic"]
+MAX_INPUT_DIMS = 8
+
+
+class ModelInput(FrozenModel):
+    """One sample of a user model's input (`--model package.module:factory`, hppctl/zoo/user.py):
+    recorded in the profile, the plan and every worker's config beside `model`, so that later
+    commands and the workers rebuild the same model without the flags again."""
+
+    shape: Annotated[list[PosInt], Field(min_length=1, max_length=MAX_INPUT_DIMS)]
+    """Per sample, without the batch dimension: [3, 224, 224] for an image."""
+    dtype: Literal["float32", "int64"] = "float32"
 
 
 class _OmitsUnset(FrozenModel):
@@ -190,12 +201,14 @@ class MissingDevice(FrozenModel):
 class Profile(_OmitsUnset):
     """Everything the planner needs; see docs/formats.md."""
 
-    _omit_when_default = ("missing_devices",)
+    _omit_when_default = ("missing_devices", "model_input")
 
     format_version: Literal[1] = 1
     source: Source
     cluster: str
     model: str
+    model_input: ModelInput | None = None
+    """A user model's input spec (None: a zoo model, whose name says it)."""
     granularity: Granularity
     dtype_bytes: PosInt = 4
     optimizer_state_factor: NonNegFloat = 1.0

@@ -186,9 +186,18 @@ def profile_cluster(cluster: ClusterSpec, model: str, *, granularity: str = "fin
 
 def _block_parts(model: str, layers: list[LayerCost]) -> list[list[LayerCost]] | None:
     from hppctl.profiling.from_presets import group_layers
-    from hppctl.zoo import layer_costs
+    from hppctl.zoo import nested_fine_layers
 
-    return group_layers(layers, layer_costs(model, "fine"))
+    fine = nested_fine_layers(model)  # None: a user model traced to its blocks only
+    return group_layers(layers, fine) if fine is not None else None
+
+
+def _model_input(model: str) -> dict[str, Any] | None:
+    """A user model's input spec for the probe (zoo/user.py); None for a zoo model."""
+    from hppctl.zoo.user import recorded_input
+
+    found = recorded_input(model)
+    return found.model_dump(mode="json") if found is not None else None
 
 
 def _model_fingerprint(model: str) -> str | None:
@@ -351,7 +360,8 @@ def _run_train_probe(ctx: _Context, spec: DeviceSpec, endpoint, identity: Identi
             advance(b, f"batch {b}: {record['phase']}")
 
     observer.device_phase(name, f"starting the probe ({len(todo)} batch sizes)", 0, total)
-    args = {"model": ctx.model, "granularity": ctx.granularity, "batch_sizes": todo,
+    args = {"model": ctx.model, "model_input": _model_input(ctx.model), "granularity": ctx.granularity,
+            "batch_sizes": todo,
             "passes": {str(b): n for b, n in passes.items()}, "threads": identity.threads,
             "repeats": settings.repeats, "warmup": settings.warmup, "window_s": settings.window_s,
             "memory_budget_bytes": budget, **({"accelerator": spec.accelerator} if spec.accelerator != "cpu" else {})}
@@ -392,8 +402,11 @@ def _device_from_cache(ctx: _Context, spec: DeviceSpec, identity: Identity, cach
         raise DeviceFailure(f"the device cuts {ctx.model} into {setup.layers} layers, this machine into "
                             f"{len(ctx.layers)} (different torch/transformers versions?)")
     if setup.model_fingerprint and ctx.model_fingerprint and setup.model_fingerprint != ctx.model_fingerprint:
+        from hppctl.zoo.user import is_user_ref
+        why = ("its source differs there (edited during the run, or another copy on the device's import path)"
+               if is_user_ref(ctx.model) else "different transformers versions?")
         raise DeviceFailure(f"the device builds a different {ctx.model} (model fingerprint {setup.model_fingerprint}, "
-                            f"here {ctx.model_fingerprint}): different transformers versions?")
+                            f"here {ctx.model_fingerprint}): {why}")
     repeats = ctx.settings.repeats
     batches = [parse.assemble_batch(setup, parse.typed(cache.memory(b), Memory),
                                     [parse.typed(p, Pass) for p in cache.passes(b)[:repeats]])

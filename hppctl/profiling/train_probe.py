@@ -267,7 +267,8 @@ class Measurement:
 
 def measure(args: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """The `train` probe kind (module docstring). `args`: model, granularity, batch_sizes, threads,
-    repeats, warmup, window_s, memory_budget_bytes, and `passes` {batch size: timed passes still
+    repeats, warmup, window_s, memory_budget_bytes, model_input (a user model's), and
+    `passes` {batch size: timed passes still
     needed} when resuming (default: `repeats` for every batch size)."""
     threads = int(args["threads"])
     repeats, warmup = int(args.get("repeats", 7)), int(args.get("warmup", 2))
@@ -276,6 +277,11 @@ def measure(args: dict[str, Any]) -> Iterator[dict[str, Any]]:
     sizes = sorted(int(b) for b in args["batch_sizes"])
     needed = {b: int(args.get("passes", {}).get(str(b), repeats)) for b in sizes}
     started = time.perf_counter()
+    if args.get("model_input"):  # a user model's input spec (zoo/user.py), as the orchestrator resolved it
+        from hppctl.models.profile import ModelInput
+        from hppctl.zoo.user import declare_input
+
+        declare_input(args["model"], ModelInput.model_validate(args["model_input"]))
     m = Measurement(args["model"], args["granularity"], threads, int(args.get("seed", 0)),
                     accelerator=str(args.get("accelerator", "cpu")))
     stage_call_s = m.stage_call_cost()

@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from hppctl.models.base import FrozenModel
+from hppctl.models.profile import ModelInput
 from hppctl.models.schedule import Schedule
 from hppctl.runtime.workdir import UserCode
 
@@ -84,6 +85,8 @@ class WorkerConfig(FrozenModel):
     store_host: str
     store_port: Annotated[int, Field(ge=1, le=65535)]
     model: str
+    model_input: ModelInput | None = None
+    """A user model's input spec (the plan's); the worker declares it before building the model."""
     granularity: Literal["fine", "block"]
     schedule: Schedule
     options: TrainOptions

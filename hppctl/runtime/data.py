@@ -34,7 +34,6 @@ from typing import Any, Sequence
 
 import torch
 
-from hppctl import usercode
 from hppctl.errors import BadInput
 
 SYNTHETIC_SAMPLES = 2048
@@ -251,11 +250,9 @@ def resize_images(images: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
 
 
 def _user(path: str, shape: tuple[int, ...], classes: int) -> Data:
-    module_name, _, attr = path.partition(":")
-    try:  # from the run's --workdir first, then the current directory (hppctl/usercode.py: the one import root)
-        factory = getattr(usercode.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise BadInput(f"--dataset: cannot import {path!r} ({e.__class__.__name__}: {e})") from None
+    from hppctl.zoo.user import import_factory
+
+    factory = import_factory(path, "--dataset")  # --workdir first, then the current directory (models too)
     train, test = _call_factory(path, factory)
     data = Data(path, Split(None, None, train), Split(None, None, test) if test is not None else None, classes)
     x, y = _first_sample(path, data.train)
@@ -270,20 +267,9 @@ def _call_factory(path: str, factory) -> tuple[Any, Any]:
     """(train, test or None) from a `module:factory` the user named. `os:system` was a TypeError
     traceback and `os:getcwd` a string taken for a dataset: a factory is a Python function or class
     called with no arguments that returns dataset-like objects; anything it raises is one line."""
-    import inspect
+    from hppctl.zoo.user import call_factory
 
-    if not callable(factory) or inspect.isbuiltin(factory):
-        raise BadInput(f"--dataset {path}: not a dataset factory (a Python function or class returning a Dataset)")
-    try:
-        inspect.signature(factory).bind()
-    except TypeError:
-        raise BadInput(f"--dataset {path}: a dataset factory is called with no arguments; this one needs some") from None
-    except ValueError:
-        pass  # no signature to read (some classes): calling it tells
-    try:
-        made = factory()
-    except Exception as e:  # noqa: BLE001 - the user's code: any failure is their dataset's
-        raise BadInput(f"--dataset {path}: the factory failed: {e.__class__.__name__}: {str(e)[:200]}") from None
+    made = call_factory(path, factory, "--dataset", "dataset", "a Dataset")
     train, test = made if isinstance(made, tuple) and len(made) == 2 else (made, None)
     for split in (train, test):
         if split is not None and not _dataset_like(split):

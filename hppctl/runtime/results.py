@@ -1,12 +1,13 @@
 """After a run: the whole trained model as one state dict, and its accuracy on the test split.
 
 `save_model` writes the state dict under the model's own names — those of the `transformers`
-module (or the tiny model) inside hppctl's wrapper, without the wrapper's `model.` prefix — so
-users load it without hppctl:
+module (or the tiny model, or the module a user's `--model package.module:factory` returns) inside
+hppctl's wrapper, without the wrapper's `model.` prefix — so users load it without hppctl:
 
     from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
     net = MobileNetV2ForImageClassification(config)      # the config `hppctl models mobilenetv2` describes
     net.load_state_dict(torch.load("model.pt"))
+    net = mynet.make(); net.load_state_dict(torch.load("model.pt"))   # a model of your own
 
 Only the model's own state is kept: its parameters and persistent buffers, the names of its
 `state_dict()`. The run's stages are `torch.fx` modules that hold every buffer as persistent, so

@@ -198,7 +198,8 @@ class Session(Launcher):
     def _config(self, device: str, options: TrainOptions, resume: bool) -> WorkerConfig:
         plan = self.request.plan
         return WorkerConfig(device=device, store_host=self.store.host, store_port=self.store.port, model=plan.model,
-                            granularity=plan.granularity, schedule=self.schedule, options=options, resume=resume,
+                            model_input=plan.model_input, granularity=plan.granularity, schedule=self.schedule,
+                            options=options, resume=resume,
                             accelerator=self.request.cluster.device(device).accelerator)
 
     def _watch(self, options: TrainOptions, start_round: int, on_round) -> tuple[list[dict], dict | None, dict]:

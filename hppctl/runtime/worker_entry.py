@@ -47,6 +47,8 @@ def run_worker_process(config, token: str, body: Callable[[WorkerContext], "int 
 
     if config.threads:
         torch.set_num_threads(config.threads)
+    from hppctl.zoo.user import declare_input
+    declare_input(getattr(config, "model", ""), getattr(config, "model_input", None))  # a user model's input spec
     store = bootstrap.connect_store(config.store_host, config.store_port, token, timeout_s=config.timeout_s)
     store.set(wire.pid(config.device), f"{socket.gethostname()} {os.getpid()}")
     problem = prepare_user_code(config.user_code, config.device)

@@ -39,6 +39,7 @@ __all__ = [
     "layer_costs",
     "list_models",
     "model_info",
+    "nested_fine_layers",
     "stage_io",
     "trace",
 ]
@@ -86,14 +87,40 @@ _TRACES: dict[tuple[str, str, str], Any] = {}
 def trace(name: str, mode: str | None = None) -> TracedModel:
     """The model traced on the meta device (cached per process). `mode` is `train` or `eval`; it
     defaults to the model's task (training models keep dropout active in the graph)."""
-    from hppctl.zoo.layers import TracedModel
-
     spec = get_model(name)
     mode = mode or spec.trace_mode
     key = (spec.name, spec.fingerprint(), mode)
     if key not in _TRACES:
-        _TRACES[key] = TracedModel(spec, mode)
+        _TRACES[key] = _traced(spec, mode)
     return _TRACES[key]
+
+
+def _traced(spec: ModelSpec, mode: str) -> TracedModel:
+    """A zoo model always traces (tests check each); a user model's failure is one `BadInput` line."""
+    from hppctl.zoo.layers import TracedModel
+    from hppctl.zoo.user import is_user_ref, user_model_failure
+
+    if not is_user_ref(spec.name):
+        return TracedModel(spec, mode)
+    try:
+        return TracedModel(spec, mode)
+    except BadInput:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's module, run on the meta device
+        raise BadInput(user_model_failure(spec, e)) from None
+
+
+def nested_fine_layers(name: str) -> list[LayerCost] | None:
+    """The fine layers, or None for a user model that traced to its blocks only (its block table is all
+    there is): what a profile times a block with, when fine layers nest in blocks."""
+    from hppctl.zoo.user import is_user_ref
+
+    if is_user_ref(name):
+        from hppctl.zoo.cache import refused_granularities
+
+        if "fine" in refused_granularities(_entry(get_model(name))):
+            return None
+    return layer_costs(name, "fine")
 
 
 def _module_and_spec(model: Any, mode: str | None) -> tuple[Any, ModelSpec, str]:

@@ -18,7 +18,7 @@ from torch import nn  # noqa: E402
 
 from hppctl.errors import BadInput  # noqa: E402
 from hppctl.zoo.init import reinitialise  # noqa: E402
-from hppctl.zoo.spec import ModelDescription  # noqa: E402
+from hppctl.zoo.spec import USER_FAMILY, ModelDescription  # noqa: E402
 
 
 class ZooModule(nn.Module):
@@ -29,9 +29,10 @@ class ZooModule(nn.Module):
         super().__init__()
         self.model = model
         self.zoo_name = spec.name
-        # Hugging Face models take a keyword argument; the tiny models take the tensor positionally.
+        # Hugging Face models take a keyword argument; the tiny and the user's models take the tensor positionally.
         keywords = {"image": "pixel_values", "tokens": "input_ids"}
-        self.keyword = None if spec.family.startswith("tiny-") else keywords[spec.input_kind]
+        positional = spec.family.startswith("tiny-") or spec.family == USER_FAMILY
+        self.keyword = None if positional else keywords[spec.input_kind]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.keyword is None:
@@ -102,6 +103,8 @@ def example_input(spec: ModelDescription, batch_size: int, *, device: str = "cpu
 
 def vocab_size(spec: ModelDescription) -> int:
     """How many token ids the model's embedding takes (token models only)."""
+    if spec.family == USER_FAMILY:
+        return int(getattr(spec, "vocab", 0))  # zoo/user.py read it from the module
     if spec.hf_path is not None:
         import json
         from pathlib import Path

@@ -124,5 +124,16 @@ def info_from_entry(entry: dict[str, Any]) -> ModelInfo:
     return ModelInfo.model_validate(entry["info"])
 
 
+def refused_granularities(entry: dict[str, Any]) -> dict[str, str]:
+    """Granularity -> why a user model has no layers at it (it traced to its blocks only)."""
+    refused = entry.get("refused")
+    return {str(k): str(v) for k, v in refused.items()} if isinstance(refused, dict) else {}
+
+
 def layers_from_entry(entry: dict[str, Any], granularity: str) -> list[LayerCost]:
+    refused = refused_granularities(entry)
+    if granularity in refused:  # a user model that traced to its blocks only (zoo/user.py)
+        from hppctl.errors import BadInput
+
+        raise BadInput(str(refused[granularity]))
     return [LayerCost.model_validate(row) for row in entry["layers"][granularity]]

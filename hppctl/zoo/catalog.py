@@ -207,14 +207,21 @@ def builtin_names() -> list[str]:
 
 
 def get_model(name: str) -> ModelSpec:
-    """The spec of a built-in model, or of `hf:PATH` (a local Hugging Face checkpoint directory)."""
+    """The spec of a built-in model, of `hf:PATH` (a local Hugging Face checkpoint directory), or of
+    `package.module:factory`, a model of the user's own (zoo/user.py: a `UserModelSpec`, which
+    builds and gives example inputs as a `ModelSpec` does)."""
     if name.startswith("hf:"):
         return hf_spec(name[3:])
+    from hppctl.zoo.user import is_user_ref, user_spec
+
+    if is_user_ref(name):
+        return user_spec(name)  # type: ignore[return-value]
     try:
         return BUILTINS[name]
     except KeyError:
         known = ", ".join(BUILTINS)
-        raise UnknownModel(f"unknown model {shorten(repr(name))} (known: {known}, or hf:PATH)") from None
+        raise UnknownModel(f"unknown model {shorten(repr(name))} (known: {known}, hf:PATH, or "
+                           "package.module:factory for a model of your own)") from None
 
 
 def hf_spec(path_text: str) -> ModelSpec:

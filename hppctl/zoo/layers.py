@@ -23,9 +23,11 @@ from typing import Any
 import torch
 import torch.fx
 
+from hppctl.errors import BadInput
 from hppctl.models.profile import LayerCost
 from hppctl.zoo import flops as flops_rules
 from hppctl.zoo.catalog import ModelSpec
+from hppctl.zoo.spec import USER_FAMILY
 from hppctl.zoo.tracing import META_KEY, trace_module
 
 GRANULARITIES = ("fine", "block")
@@ -48,6 +50,25 @@ class _Segment:
     nodes: list[torch.fx.Node] = field(default_factory=list)
 
 
+def _leaf_flops(module: torch.nn.Module, args: tuple, kwargs: dict) -> int:
+    """A block kept whole (its values are real, on the CPU): the FLOPs of the leaf modules it calls,
+    counted by running it once with hooks (functional ops inside it are not counted)."""
+    total = [0]
+
+    def count(m: torch.nn.Module, inputs: tuple, output: Any) -> None:
+        total[0] += flops_rules.module_flops(m, inputs, output)
+
+    leaves = [m for m in module.modules() if not any(True for _ in m.children())]
+    handles = [m.register_forward_hook(count) for m in leaves]
+    try:
+        with torch.no_grad():
+            module(*args, **kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return total[0]
+
+
 def _short(qualname: str) -> str:
     return qualname[len("model.") :] if qualname.startswith("model.") else qualname
 
@@ -62,13 +83,40 @@ class TracedModel:
         self.mode = mode
         self.root = spec.build(device="meta")
         self.root.train(mode == "train")
-        self.graph = trace_module(self.root, spec.example_input(2, device="meta"))
+        self.fine_refusal: str | None = None
+        """Why a user model has no fine layers (its blocks traced, their insides did not); None: it has."""
+        self.device = "meta"
+        """Where the trace's values live: meta, or cpu for a user model's block trace (its blocks run for real)."""
+        self.graph = self._trace(spec.example_input(2, device="meta"))
         self.nodes = list(self.graph.nodes)
         self.position = {node: i for i, node in enumerate(self.nodes)}
         self.values2 = {node: node.meta.get(META_KEY) for node in self.nodes}
-        self.values1 = self._propagate(spec.example_input(1, device="meta"))
+        self.values1 = self._propagate(spec.example_input(1, device=self.device))
         self._block_pattern = re.compile(spec.family_info.block_pattern)
         self._lifetimes_of: dict[str, list[tuple[torch.fx.Node, int, int]]] = {}
+
+    def _trace(self, example: torch.Tensor) -> torch.fx.Graph:
+        """The graph down to leaf modules; for a user model whose leaves cannot all be traced, down to
+        its blocks (top-level children) only, with `fine_refusal` saying why (zoo/user.py)."""
+        if self.spec.family != USER_FAMILY:
+            return trace_module(self.root, example)
+        from hppctl.zoo.user import block_leaves, untraceable
+
+        try:
+            return trace_module(self.root, example)
+        except Exception as e:  # noqa: BLE001 - the user's forward: any failure is where tracing stopped
+            fine_error = e
+        # Blocks as single calls, run on real CPU values (a block may branch on its data, which meta
+        # tensors do not hold); only the user's top-level forward is traced.
+        self.device = "cpu"
+        self.root = self.spec.build(device="cpu")
+        self.root.train(self.mode == "train")
+        try:
+            graph = trace_module(self.root, self.spec.example_input(2, device="cpu"), block_leaves)
+        except Exception as e:  # noqa: BLE001
+            raise BadInput(untraceable(self.spec, e, blocks_traced=False)) from None
+        self.fine_refusal = untraceable(self.spec, fine_error, blocks_traced=True)
+        return graph
 
     # --- shape propagation -------------------------------------------------------------------
     def _propagate(self, example: torch.Tensor) -> dict[torch.fx.Node, Any]:
@@ -165,6 +213,8 @@ class TracedModel:
 
     def layers(self, granularity: str) -> list[Layer]:
         if granularity == "fine":
+            if self.fine_refusal is not None:
+                raise BadInput(self.fine_refusal)
             return self._fine_layers
         if granularity == "block":
             return self._block_layers
@@ -229,7 +279,10 @@ class TracedModel:
 
         args, kwargs, out = value(node.args), value(node.kwargs), self.values1[node]
         if node.op == "call_module":
-            return flops_rules.module_flops(self.root.get_submodule(str(node.target)), args, out)
+            module = self.root.get_submodule(str(node.target))
+            if any(True for _ in module.children()):  # a user model's block kept whole (block trace)
+                return _leaf_flops(module, args, kwargs)
+            return flops_rules.module_flops(module, args, out)
         if node.op == "call_function":
             return flops_rules.function_flops(node.target, args, kwargs, out)
         if node.op == "call_method":

@@ -17,6 +17,13 @@ from typing import Any, Literal
 Task = Literal["train", "inference"]
 InputKind = Literal["image", "tokens", "features"]
 
+USER_FAMILY = "user"
+USER_BLOCK_PATTERN = r"model\.[^.]+(?:\.[^.]+)?"
+"""A user model's block: a top-level child of the user's module (`model.<child>` inside hppctl's
+wrapper), or an element of a top-level `ModuleList`/`ModuleDict` (`model.<child>.<n>`: a container is
+never called itself). The fx module stack lists outer modules first, so a called child wins over its
+own children."""
+
 ZOO_VERSION = 1
 """Bump when tracing, grouping or cost rules change: it invalidates every cached layer table."""
 
@@ -98,6 +105,8 @@ FAMILIES: dict[str, Family] = {
         Family("tiny-mlp", "", "TinyMLP", ("TinyMLP",), r"model\.blocks\.\d+", "features"),
         Family("tiny-cnn", "", "TinyCNN", ("TinyCNN",), r"model\.blocks\.\d+", "image"),
         Family("tiny-vgg", "", "TinyVGG", ("TinyVGG",), r"model\.blocks\.\d+", "image"),
+        # `--model package.module:factory` (zoo/user.py); its spec says the input kind
+        Family(USER_FAMILY, "", "", (), USER_BLOCK_PATTERN, "features"),
     )
 }
 

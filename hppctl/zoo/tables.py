@@ -17,7 +17,9 @@ from hppctl.zoo.layers import GRANULARITIES, TracedModel
 def compute_entry(spec: ModelSpec, traced: TracedModel | None = None) -> dict[str, Any]:
     """Trace `spec` on the meta device (no weights are allocated) and cost both granularities."""
     traced = traced or TracedModel(spec, spec.trace_mode)
-    layers = {g: [c.model_dump(mode="json") for c in traced.layer_costs(g)] for g in GRANULARITIES}
+    refused = {"fine": traced.fine_refusal} if traced.fine_refusal is not None else {}
+    layers = {g: [] if g in refused else [c.model_dump(mode="json") for c in traced.layer_costs(g)]
+              for g in GRANULARITIES}
     info = {
         "name": spec.name,
         "task": spec.task,
@@ -28,7 +30,10 @@ def compute_entry(spec: ModelSpec, traced: TracedModel | None = None) -> dict[st
         "input_dtype": spec.input_dtype,
         "description": spec.description,
     }
-    return {"fingerprint": spec.fingerprint(), "info": info, "layers": layers}
+    entry = {"fingerprint": spec.fingerprint(), "info": info, "layers": layers}
+    if refused:  # a user model traced to its blocks only: why each refused granularity is refused
+        entry["refused"] = refused
+    return entry
 
 
 def versions() -> dict[str, str]:

@@ -14,7 +14,7 @@ Leaf modules are modules without children: each becomes one `call_module` node.
 from __future__ import annotations
 
 import operator
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.fx
@@ -73,10 +73,10 @@ class _MetaValueMixin:
         return self.node.meta[META_KEY]
 
     def __bool__(self) -> bool:
-        value = self._meta
-        if isinstance(value, torch.Tensor) and value.device.type == "meta":
+        # any device: a user model's block trace carries real CPU values, which must not be baked either
+        if isinstance(self._meta, torch.Tensor):
             raise TraceError(f"control flow depends on tensor data ({self.node.format_node()})")
-        return bool(value)
+        return bool(self._meta)
 
     def __len__(self) -> int:
         return len(self._meta)
@@ -88,10 +88,16 @@ class _MetaValueMixin:
         return iter([self[i] for i in range(len(value))])  # type: ignore[index]
 
     def __int__(self) -> int:
+        self._refuse_tensor_value("int")
         return int(self._meta)
 
     def __float__(self) -> float:
+        self._refuse_tensor_value("float")
         return float(self._meta)
+
+    def _refuse_tensor_value(self, what: str) -> None:
+        if isinstance(self._meta, torch.Tensor):
+            raise TraceError(f"{what}() of tensor data ({self.node.format_node()})")
 
     def __contains__(self, key: Any) -> bool:
         return key in self._meta
@@ -116,13 +122,17 @@ class MetaAttribute(_MetaValueMixin, Attribute):
 class MetaTracer(torch.fx.Tracer):
     """fx tracer that keeps a meta value on every node (`node.meta["hpp_meta"]`)."""
 
-    def __init__(self, inputs: dict[str, torch.Tensor]) -> None:
+    def __init__(self, inputs: dict[str, torch.Tensor],
+                 leaves: Callable[[torch.nn.Module, str], bool] | None = None) -> None:
         super().__init__(autowrap_modules=(), param_shapes_constant=False)
         self.inputs = inputs
+        self.leaves = leaves
         self.proxy_buffer_attributes = True
         self._executing = False
 
     def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+        if self.leaves is not None and self.leaves(m, module_qualified_name):
+            return True  # a whole block as one call (a user model's block trace)
         return all(child is None for child in m._modules.values())
 
     def call_module(self, m: torch.nn.Module, forward: Any, args: Any, kwargs: Any) -> Any:
@@ -210,9 +220,11 @@ def eliminate_dead_code(graph: torch.fx.Graph) -> None:
             changed = True
 
 
-def trace_module(module: torch.nn.Module, example: torch.Tensor) -> torch.fx.Graph:
-    """Trace `module(x)` with `example` (a meta tensor) into a graph whose nodes carry meta values."""
-    tracer = MetaTracer({"x": example})
+def trace_module(module: torch.nn.Module, example: torch.Tensor,
+                 leaves: Callable[[torch.nn.Module, str], bool] | None = None) -> torch.fx.Graph:
+    """Trace `module(x)` with `example` (a meta tensor) into a graph whose nodes carry meta values.
+    `leaves(module, qualified name)` marks further modules to keep as single calls."""
+    tracer = MetaTracer({"x": example}, leaves)
     graph = tracer.trace(module)
     eliminate_dead_code(graph)
     for node in graph.nodes:

@@ -114,7 +114,7 @@ def build_plan(cm: CostModel, workers: list[int], result: BiResult, request: Pla
                  for w in range(len(workers) - 1)]
     dominant = max(range(len(steps)), key=lambda s: steps[s].forward_s + steps[s].backward_s)
     return HppPlan(
-        strategy=name, model=cm.profile.model, granularity=cm.profile.granularity,
+        strategy=name, model=cm.profile.model, model_input=cm.profile.model_input, granularity=cm.profile.granularity,
         profile_digest=cm.profile.digest(), global_batch=request.global_batch, micro_batch=request.micro_batch,
         num_micro_batches=request.num_micro_batches, schedule=SCHEDULE, stages=stages, transfers=transfers,
         prediction=Prediction(

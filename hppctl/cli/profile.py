@@ -171,7 +171,8 @@ def profile_command(
                       force=force, install=install, links=links, source=str(cluster), user_code=driver.probe_code(code))
         profile, failures = run.profile, run.failures
         if code is not None:
-            code.sent = dict(run.workdir)  # bytes each device was sent: the summary's and run's line
+            # bytes each device was sent (the summary's and run's line), in the cluster file's order
+            code.sent = {d.name: run.workdir[d.name] for d in spec.devices if d.name in run.workdir}
             workdir_summary = code.summary()
             note(code.line())
         cache_use = {"measured": run.measured, "cached": run.cached}

@@ -267,7 +267,7 @@ def _profile_device(ctx: _Context, spec: DeviceSpec, endpoint) -> DeviceProfile:
         with ctx.lock:
             ctx.run.workdir[name] = sent
     observer.device_phase(name, "identifying")
-    identity = parse.typed(_identity_record(endpoint, ctx.settings), Identity)
+    identity = parse.typed(_identity_record(endpoint, ctx.settings, _user_modules(ctx)), Identity)
     host_key = endpoint.host_key() if hasattr(endpoint, "host_key") else None
     device_fingerprint = parse.fingerprint(identity, host_key)
     cache = MeasurementCache(ctx.cache_root, {
@@ -311,8 +311,13 @@ def _marked_if_implausible(profile: DeviceProfile) -> DeviceProfile:
     return profile.model_copy(update={"measurement": info.model_copy(update={"notes": [*info.notes, warning]})})
 
 
-def _identity_record(endpoint, settings: ProbeSettings) -> dict[str, Any]:
-    found = endpoint.probe("identify", {"threads": settings.threads}, timeout=120)
+def _user_modules(ctx: _Context) -> tuple[str, ...]:
+    """The user modules the identify and train probes import first (a model of the workdir)."""
+    return ctx.code.modules if ctx.code is not None else ()
+
+
+def _identity_record(endpoint, settings: ProbeSettings, imports: Sequence[str] = ()) -> dict[str, Any]:
+    found = endpoint.probe("identify", {"threads": settings.threads}, timeout=120, imports=imports)
     record = parse.first(found, "identity")
     if record is None:
         raise DeviceFailure("the identify probe printed no identity")
@@ -358,7 +363,7 @@ def _run_train_probe(ctx: _Context, spec: DeviceSpec, endpoint, identity: Identi
             "repeats": settings.repeats, "warmup": settings.warmup, "window_s": settings.window_s,
             "memory_budget_bytes": budget}
     try:
-        endpoint.probe("train", args, on_record=on_record, timeout=settings.timeout_s)
+        endpoint.probe("train", args, on_record=on_record, timeout=settings.timeout_s, imports=_user_modules(ctx))
     except DeviceFailure as e:
         killed_at = _killed_in_memory_phase(e)
         if killed_at is None or killed_at == min(todo) and not any(cache.memory(b) for b in ctx.grid):

@@ -46,8 +46,9 @@ class ProbeCode:
     connection and returns the bytes it sent (0: the device already held it); `remote_path` is
     where it then is (`~` is the device user's home); a `local:` device uses `local_path` as it is.
     Every probe started after `use_code` gets the path with `--path` (probe.py puts it first on
-    `sys.path`) and imports `modules` first (`--import`), so a user module that does not import on a
-    device fails that device's first probe, with the import error, before anything is measured."""
+    `sys.path`); the probes that build the model (cluster.py: identify, train) also import `modules`
+    first (`--import`), so a user module that does not import on a device fails that device's first
+    probe, with the import error, before anything is measured. The link probes do not import them."""
 
     local_path: str
     remote_path: str
@@ -109,13 +110,12 @@ def probe_command(python: str, kind: str, args: dict[str, Any], imports: Sequenc
 
 
 class CodeUse:
-    """What `use_code` leaves on an endpoint: the user's code path on the device and its modules."""
+    """What `use_code` leaves on an endpoint: the user's code path on the device (None: no workdir)."""
 
     code_path: str | None = None
-    code_modules: tuple[str, ...] = ()
 
     def probe_argv(self, python: str, kind: str, args: dict[str, Any], imports: Sequence[str] = ()) -> list[str]:
-        return probe_command(python, kind, args, [*self.code_modules, *imports], self.code_path)
+        return probe_command(python, kind, args, imports, self.code_path)
 
 
 def _check(kind: str, exit_code: int, stderr: str, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -240,7 +240,7 @@ class SshEndpoint(CodeUse):
             raise DeviceFailure(f"could not install --workdir in {code.remote_path}: {e}") from None
         except Exception as e:  # noqa: BLE001 - the connection's failures become its reason
             raise DeviceFailure(f"could not install --workdir in {code.remote_path}: {self.failure(e)}") from None
-        self.code_path, self.code_modules = code.remote_path, tuple(code.modules)
+        self.code_path = code.remote_path
         return sent
 
     def address_for(self, peer) -> str:
@@ -345,7 +345,7 @@ class LocalEndpoint(CodeUse):
 
     def use_code(self, code: ProbeCode) -> None:
         """This machine's devices use the workdir where it is: nothing is sent (None)."""
-        self.code_path, self.code_modules = code.local_path, tuple(code.modules)
+        self.code_path = code.local_path
         return None
 
     def address_for(self, peer) -> str:

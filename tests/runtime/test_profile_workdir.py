@@ -73,8 +73,8 @@ def local_cluster(*names: str) -> ClusterSpec:
 
 def test_a_probe_kind_defined_in_the_workdir_runs_with_the_workdir_first_on_its_path(workdir):
     endpoint = LocalEndpoint(local_cluster("a").devices[0])
-    assert endpoint.use_code(probe_code(workdir, "wdkind")) is None  # a local device: used in place, 0 bytes
-    found = endpoint.probe("wd-where", {"echo": 7}, timeout=120)
+    assert endpoint.use_code(probe_code(workdir)) is None  # a local device: used in place, nothing sent
+    found = endpoint.probe("wd-where", {"echo": 7}, timeout=120, imports=["wdkind"])
     record = next(r for r in found if r.get("type") == "where")
     assert record["first"] == str(workdir.resolve()) and record["echo"] == 7
     assert record["helper"] == str(workdir.resolve() / "wdhelper.py")
@@ -82,21 +82,22 @@ def test_a_probe_kind_defined_in_the_workdir_runs_with_the_workdir_first_on_its_
 
 def test_a_workdir_missing_on_the_device_is_that_devices_one_line(workdir, tmp_path):
     endpoint = LocalEndpoint(local_cluster("a").devices[0])
-    code = dataclasses.replace(probe_code(workdir, "wdkind"), local_path=str(tmp_path / "gone"))
+    code = dataclasses.replace(probe_code(workdir), local_path=str(tmp_path / "gone"))
     endpoint.use_code(code)
     with pytest.raises(DeviceFailure) as failed:
-        endpoint.probe("wd-where", {"echo": 1}, timeout=120)
+        endpoint.probe("wd-where", {"echo": 1}, timeout=120, imports=["wdkind"])
     assert failed.value.reason == f"FileNotFoundError: --workdir {tmp_path / 'gone'} is missing on this device"
 
 
-def test_a_module_of_the_workdir_that_does_not_import_names_the_module(workdir):
+def test_a_user_module_that_does_not_import_fails_the_device_before_it_is_measured(workdir, tmp_path):
+    from hppctl.profiling.cluster import profile_cluster
+
     (workdir / "wdbroken.py").write_text("import wd_not_installed_anywhere\n")
-    endpoint = LocalEndpoint(local_cluster("a").devices[0])
-    endpoint.use_code(probe_code(workdir, "wdbroken"))
-    with pytest.raises(DeviceFailure) as failed:
-        endpoint.probe("identify", {}, timeout=120)
-    assert failed.value.reason == ("ImportFailed: cannot import 'wdbroken' on this device (ModuleNotFoundError: "
-                                   "No module named 'wd_not_installed_anywhere')")
+    run = profile_cluster(local_cluster("a"), "tiny-mlp", batch_sizes=[1], measure_links=False,
+                          cache_root=tmp_path / "cache", user_code=probe_code(workdir, "wdbroken"))
+    assert run.profile is None and run.measured == {} and run.workdir == {"a": None}
+    assert run.failures == {"a": "ImportFailed: cannot import 'wdbroken' on this device (ModuleNotFoundError: "
+                                 "No module named 'wd_not_installed_anywhere')"}
 
 
 def test_a_model_defined_only_in_the_workdir_is_profiled_from_another_directory(workdir, tmp_path):

@@ -150,3 +150,11 @@ def test_a_bad_workdir_is_one_line_exit_2_before_any_device_is_measured(cli, tmp
     word = "no such directory" if kind == "missing" else "not a directory"
     assert code == 2 and stderr.strip() == f"error: --workdir: {bad}: {word}"
     assert not out.exists() and stdout == ""
+
+
+def test_workdir_is_refused_with_seq_len(cli, workdir, tmp_path):
+    """Inference profiles (Galaxy) measure built-in and hf: models: a workdir there would be ignored."""
+    code, stdout, stderr = cli("profile", "--cluster", "examples/galaxy-local.yaml", "--model", "tiny-bert",
+                               "--seq-len", "16", "--workdir", workdir)
+    assert code == 2 and stdout == ""
+    assert stderr.strip() == "error: --workdir: not taken with --seq-len (inference profiles measure built-in and hf: models)"

@@ -111,3 +111,34 @@ def test_a_workdir_model_is_profiled_on_two_hosts_and_not_sent_again(cluster, wo
     line = next(line for line in again.stderr.splitlines() if line.startswith(f"workdir {shipped.digest[:12]} "))
     assert line.startswith(f"workdir {shipped.digest[:12]} (2 files, ") and "cached on " in line
     assert "pa" in line and "pb" in line and "sent to" not in line
+
+
+def test_a_model_of_your_own_in_the_workdir_is_profiled_on_two_hosts(cluster, tmp_path):
+    """The issue's acceptance, profiling part: `--model package.module:factory` (zoo/user.py, branch
+    usermodel; skipped until it is merged) for a module only in the workdir, on both hosts, then 0 bytes."""
+    pytest.importorskip("hppctl.zoo.user", reason="--model package.module:factory is not in this branch")
+    from tests.runtime.test_profile_workdir import CNN
+
+    code = tmp_path / "mycode"
+    code.mkdir()
+    (code / "wdcnn.py").write_text(CNN)
+    (code / "wdnonce.py").write_text(f"NONCE = {uuid.uuid4().hex!r}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    def profile() -> dict:
+        done = subprocess.run([sys.executable, "-m", "hppctl", "profile", "--cluster", str(cluster), "--model",
+                               "wdcnn:make", "--input-shape", "3x8x8", "--workdir", str(code), "--batch-sizes", "1,2",
+                               "--repeats", "1", "--warmup", "0", "--threads", "1", "--no-links",
+                               "--out", str(tmp_path / "mine.json"), "--json"],
+                              capture_output=True, text=True, timeout=600, cwd=elsewhere,
+                              env={**os.environ, "PYTHONPATH": str(ROOT), "HPPCTL_CACHE_DIR": str(tmp_path / "cache")})
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    first = profile()
+    assert first["failures"] == {} and [d["name"] for d in first["devices"]] == ["pa", "pb"]
+    archive = first["workdir"]["archive_bytes"]
+    assert set(first["workdir"]["sent_bytes"].values()) <= {0, archive} and first["workdir"]["sent_total_bytes"] > 0
+    second = profile()
+    assert second["workdir"]["sent_bytes"] == {"pa": 0, "pb": 0} and second["layers"] == first["layers"]

@@ -158,3 +158,43 @@ def test_workdir_is_refused_with_seq_len(cli, workdir, tmp_path):
                                "--seq-len", "16", "--workdir", workdir)
     assert code == 2 and stdout == ""
     assert stderr.strip() == "error: --workdir: not taken with --seq-len (inference profiles measure built-in and hf: models)"
+
+
+CNN = '''\
+"""A model of your own: a small CNN with a residual branch, only in this workdir."""
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.branch = nn.Conv2d(8, 8, 3, padding=1)
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        x = x + torch.relu(self.branch(x))
+        return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+def make():
+    return Net()
+'''
+
+
+def test_a_model_of_your_own_in_the_workdir_is_profiled_from_another_directory(cli, workdir, tmp_path):
+    """`--model package.module:factory` (zoo/user.py, branch usermodel): skipped until it is merged."""
+    pytest.importorskip("hppctl.zoo.user", reason="--model package.module:factory is not in this branch")
+    (workdir / "wdcnn.py").write_text(CNN)
+    cluster = tmp_path / "one.yaml"
+    cluster.write_text("name: one\ndevices:\n  - {name: a, local: true}\n")
+    out = tmp_path / "p.json"
+    code, stdout, stderr = cli("profile", "--cluster", cluster, "--model", "wdcnn:make", "--input-shape", "3x8x8",
+                               "--batch-sizes", "1,2", "--repeats", "1", "--warmup", "0", "--threads", "1",
+                               "--workdir", workdir, "--out", out, "--json")
+    assert code == 0, stderr
+    summary = json.loads(stdout)
+    assert summary["model"] == "wdcnn:make" and summary["failures"] == {} and summary["measured"] == {"a": [1, 2]}
+    assert summary["workdir"]["sent_bytes"] == {"a": None}

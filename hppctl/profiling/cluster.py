@@ -267,7 +267,7 @@ def _profile_device(ctx: _Context, spec: DeviceSpec, endpoint) -> DeviceProfile:
         with ctx.lock:
             ctx.run.workdir[name] = sent
     observer.device_phase(name, "identifying")
-    identity = parse.typed(_identity_record(endpoint, ctx.settings, _user_modules(ctx)), Identity)
+    identity = parse.typed(_identity_record(endpoint, ctx.settings), Identity)
     host_key = endpoint.host_key() if hasattr(endpoint, "host_key") else None
     device_fingerprint = parse.fingerprint(identity, host_key)
     cache = MeasurementCache(ctx.cache_root, {
@@ -312,12 +312,12 @@ def _marked_if_implausible(profile: DeviceProfile) -> DeviceProfile:
 
 
 def _user_modules(ctx: _Context) -> tuple[str, ...]:
-    """The user modules the identify and train probes import first (a model of the workdir)."""
+    """The user modules the train probe imports first (a model of the workdir)."""
     return ctx.code.modules if ctx.code is not None else ()
 
 
-def _identity_record(endpoint, settings: ProbeSettings, imports: Sequence[str] = ()) -> dict[str, Any]:
-    found = endpoint.probe("identify", {"threads": settings.threads}, timeout=120, imports=imports)
+def _identity_record(endpoint, settings: ProbeSettings) -> dict[str, Any]:
+    found = endpoint.probe("identify", {"threads": settings.threads}, timeout=120)
     record = parse.first(found, "identity")
     if record is None:
         raise DeviceFailure("the identify probe printed no identity")

@@ -46,9 +46,9 @@ class ProbeCode:
     connection and returns the bytes it sent (0: the device already held it); `remote_path` is
     where it then is (`~` is the device user's home); a `local:` device uses `local_path` as it is.
     Every probe started after `use_code` gets the path with `--path` (probe.py puts it first on
-    `sys.path`); the probes that build the model (cluster.py: identify, train) also import `modules`
-    first (`--import`), so a user module that does not import on a device fails that device's first
-    probe, with the import error, before anything is measured. The link probes do not import them."""
+    `sys.path`); the probe that builds the model (cluster.py: train) also imports `modules` first
+    (`--import`), so a user module that does not import on a device fails that device, with the
+    import error, before anything is measured. The identify and link probes do not import them."""
 
     local_path: str
     remote_path: str

@@ -95,7 +95,7 @@ def test_a_user_module_that_does_not_import_fails_the_device_before_it_is_measur
     (workdir / "wdbroken.py").write_text("import wd_not_installed_anywhere\n")
     run = profile_cluster(local_cluster("a"), "tiny-mlp", batch_sizes=[1], measure_links=False,
                           cache_root=tmp_path / "cache", user_code=probe_code(workdir, "wdbroken"))
-    assert run.profile is None and run.measured == {} and run.workdir == {"a": None}
+    assert run.profile is None and run.measured == {"a": []} and run.workdir == {"a": None}
     assert run.failures == {"a": "ImportFailed: cannot import 'wdbroken' on this device (ModuleNotFoundError: "
                                  "No module named 'wd_not_installed_anywhere')"}
 

@@ -298,8 +298,6 @@ def model_layers(model: str, granularity: str):
     return layers, group_layers(layers, layer_costs(model, "fine"))
 
 
-# --- parallel split learning --------------------------------------------------------------------------
-
 def probe_code(user_code):
     """What `profile_cluster` needs of a run's user code (`runtime.workdir.user_code`, with a workdir):
     a `profiling.remote.ProbeCode` whose install ships the workdir with `runtime.workdir.install`
@@ -314,6 +312,8 @@ def probe_code(user_code):
                      install=lambda conn, python: install(conn, workdir, python),
                      modules=tuple(m.module for m in user_code.modules))
 
+
+# --- parallel split learning --------------------------------------------------------------------------
 
 def spec_profile(spec, source: str):
     """A preset profile of a PSL spec's clients and helpers at the spec's batch size."""

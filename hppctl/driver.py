@@ -301,6 +301,21 @@ def model_layers(model: str, granularity: str):
     return layers, group_layers(layers, fine) if fine is not None else None
 
 
+def probe_code(user_code):
+    """What `profile_cluster` needs of a run's user code (`runtime.workdir.user_code`, with a workdir):
+    a `profiling.remote.ProbeCode` whose install ships the workdir with `runtime.workdir.install`
+    (profiling sits below the runtime and is handed this). None without a workdir."""
+    if user_code is None or user_code.workdir is None:
+        return None
+    from hppctl.profiling.remote import ProbeCode
+    from hppctl.runtime.workdir import install
+
+    workdir = user_code.workdir
+    return ProbeCode(local_path=str(workdir.root), remote_path=workdir.remote_path,
+                     install=lambda conn, python: install(conn, workdir, python),
+                     modules=tuple(m.module for m in user_code.modules))
+
+
 # --- parallel split learning --------------------------------------------------------------------------
 
 def spec_profile(spec, source: str):

@@ -50,6 +50,9 @@ measures only what is missing (--force: everything), and an interrupted run resu
 """
 
 GRANULARITIES = ("fine", "block")
+WORKDIR_PROFILE_HELP = ("Your code: a directory installed on every measured device over SSH (cached there by content "
+                        "hash: unchanged, it is not sent again) and first on the probes' import path, for a model "
+                        "of your own. Checked as `hppctl run --workdir` checks it. Default: none.")
 
 
 def parse_batch_sizes(text: str) -> list[int]:
@@ -115,6 +118,7 @@ def profile_command(
     num_layers: Annotated[Optional[int], typer.Option("--layers", help="With --seq-len: plan and run only the first K layers (a layer stack).")] = None,
     input_shape: Annotated[Optional[str], typer.Option("--input-shape", help=INPUT_SHAPE_HELP)] = None,
     input_dtype: Annotated[Optional[str], typer.Option("--input-dtype", help=INPUT_DTYPE_HELP)] = None,
+    workdir: Annotated[Optional[Path], typer.Option("--workdir", help=WORKDIR_PROFILE_HELP)] = None,
 ) -> None:
     """Profile every device of a cluster for a model: per-layer forward/backward time on a batch grid, memory budgets and link bandwidths. Presets are modelled (docs/presets.md); host: and local: devices are measured (docs/profiling.md)."""
     from hppctl.profiling.from_presets import (DEFAULT_BATCH_SIZES, OPTIMIZER_STATE_FACTORS, build_preset_profile,
@@ -129,6 +133,11 @@ def profile_command(
     check_model_input(model, input_shape, input_dtype)
     if out is not None:  # before the cluster is read and any device measured, inference profiles too
         _check_out(out)
+    from hppctl.runtime.workdir import open_workdir, user_code
+
+    shipped = open_workdir(workdir)  # checked as `run` checks it; first on this process's import path
+    if shipped is not None and seq_len is not None:
+        raise BadInput("--workdir: not taken with --seq-len (inference profiles measure built-in and hf: models)")
     if seq_len is not None:  # collaborative inference (issue 8): its own profile kind
         from hppctl.zoo.user import refuse_inference
         refuse_inference(model)
@@ -157,6 +166,7 @@ def profile_command(
     measured = [d for d in spec.devices if d.preset is None]
     failures: dict[str, str] = {}
     cache_use: dict[str, dict[str, list[int]]] = {}
+    workdir_summary = None
     if not measured:
         note(f"{model} ({granularity}): {len(layers)} layers x {len(spec.devices)} preset devices x {len(grid)} batch sizes")
         profile = build_preset_profile(spec, layers, model=model, granularity=granularity, batch_sizes=grid,
@@ -165,9 +175,15 @@ def profile_command(
     else:
         note(f"{model} ({granularity}): {len(layers)} layers; measuring {len(measured)} of {len(spec.devices)} "
              f"devices at batch sizes {','.join(map(str, grid))}")
+        code = user_code(shipped, model=model)
         run = measure(spec, model, granularity, grid, layers, settings, OPTIMIZER_STATE_FACTORS[optimizer],
-                      force=force, install=install, links=links, source=str(cluster))
+                      force=force, install=install, links=links, source=str(cluster), user_code=driver.probe_code(code))
         profile, failures = run.profile, run.failures
+        if code is not None:
+            # bytes each device was sent (the summary's and run's line), in the cluster file's order
+            code.sent = {d.name: run.workdir[d.name] for d in spec.devices if d.name in run.workdir}
+            workdir_summary = code.summary()
+            note(code.line())
         cache_use = {"measured": run.measured, "cached": run.cached}
         for text in run.notes:
             note(f"note: {text}")
@@ -188,6 +204,8 @@ def profile_command(
         summary = summarize(profile, out)
         summary["failures"] = failures
         summary.update(cache_use)
+        if shipped is not None:
+            summary["workdir"] = workdir_summary
         emit_json(summary) if as_json else _render(profile, summary)
     if failures:
         raise RuntimeFailure(failure_line(failures, out if profile.missing_devices else None))
@@ -202,15 +220,16 @@ def warn_implausible_times(profile: Profile) -> None:
 
 
 def measure(spec: ClusterSpec, model: str, granularity: str, grid: list[int], layers, settings, optimizer_state_factor: float,
-            *, force: bool, install: bool, links: bool, source: str):
-    """`profile_cluster` with a rich progress bar per device on stderr."""
+            *, force: bool, install: bool, links: bool, source: str, user_code=None):
+    """`profile_cluster` with a rich progress bar per device on stderr; `user_code`: a `ProbeCode` (--workdir)."""
     from hppctl.profiling.cluster import profile_cluster
 
     try:
         with ProgressObserver([d.name for d in spec.devices if d.preset is None]) as observer:
             return profile_cluster(spec, model, granularity=granularity, batch_sizes=grid, layers=layers,
                                    optimizer_state_factor=optimizer_state_factor, settings=settings, force=force,
-                                   install=install, measure_links=links, observer=observer, source=source)
+                                   install=install, measure_links=links, observer=observer, source=source,
+                                   user_code=user_code)
     except KeyboardInterrupt:
         raise Interrupted("interrupted: the measurements made so far are cached; run the same command again "
                           "to resume") from None

@@ -41,7 +41,7 @@ from hppctl.profiling.probe import PROBE_VERSION
 from hppctl.profiling.records import Identity, Memory, Pass
 from hppctl.profiling.fleet import prepare, run_lanes
 from hppctl.profiling.links import link_text, measure_link, merge_links
-from hppctl.profiling.remote import DeviceFailure, endpoint_for
+from hppctl.profiling.remote import DeviceFailure, ProbeCode, endpoint_for
 from hppctl.profiling.sanity import implausible_batch_sizes, implausible_steps, share_machine_memory, timing_warning
 
 
@@ -106,6 +106,8 @@ class ProfileRun:
     """Batch sizes taken from the cache, per device."""
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    workdir: dict[str, int | None] = field(default_factory=dict)
+    """With `user_code`: bytes of the workdir sent to each device (0: it held it; None: local, used in place)."""
 
 
 EndpointFactory = Callable[[DeviceSpec, ClusterSpec], Any]
@@ -128,6 +130,8 @@ class _Context:
     interrupted: bool = False
     parts: list[list[LayerCost]] | None = None
     """For presets at block granularity: the fine layers of each block (a block is timed as their sum)."""
+    code: ProbeCode | None = None
+    """The user's `--workdir` the probes run with (remote.ProbeCode), or None."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -136,9 +140,11 @@ def profile_cluster(cluster: ClusterSpec, model: str, *, granularity: str = "fin
                     settings: ProbeSettings | None = None, force: bool = False, install: bool = False,
                     measure_links: bool = True, cache_root: Path | None = None, observer: Observer | None = None,
                     layers: list[LayerCost] | None = None, endpoint_factory: EndpointFactory = endpoint_for,
-                    source: str | None = None) -> ProfileRun:
+                    source: str | None = None, user_code: ProbeCode | None = None) -> ProfileRun:
     """Profile every device and link of `cluster` for `model` (module docstring). Raises `BadInput` for
-    a bad cluster or model before connecting anywhere; device failures are collected, not raised."""
+    a bad cluster or model before connecting anywhere; device failures are collected, not raised.
+    `user_code`: the `--workdir` every measured device's probes run with, installed on each SSH
+    device over its own connection once it is open (`run.workdir`: the bytes each was sent)."""
     started = time.perf_counter()
     settings = settings or ProbeSettings()
     grid = validate_batch_sizes(list(DEFAULT_BATCH_SIZES) if batch_sizes is None else list(batch_sizes))
@@ -160,6 +166,7 @@ def profile_cluster(cluster: ClusterSpec, model: str, *, granularity: str = "fin
         wheel = build_wheel((cache_root or default_root()).parent / "wheels")
     ctx = _Context(cluster, model, granularity, list(layers), grid, settings, force, cache_root or default_root(),
                    observer, wheel, _model_fingerprint(model), run)
+    ctx.code = user_code
     if presets and granularity == "block":
         ctx.parts = _block_parts(model, ctx.layers)
     endpoints: dict[str, Any] = {}
@@ -263,6 +270,11 @@ def _fail(ctx: _Context, name: str, reason: str) -> None:
 def _profile_device(ctx: _Context, spec: DeviceSpec, endpoint) -> DeviceProfile:
     name, observer = spec.name, ctx.observer
     prepare(spec, endpoint, wheel=ctx.wheel, phase=observer.device_phase)
+    if ctx.code is not None:
+        observer.device_phase(name, "installing --workdir")
+        sent = endpoint.use_code(ctx.code)
+        with ctx.lock:
+            ctx.run.workdir[name] = sent
     observer.device_phase(name, "identifying")
     identity = parse.typed(_identity_record(endpoint, ctx.settings, spec.accelerator), Identity)
     host_key = endpoint.host_key() if hasattr(endpoint, "host_key") else None
@@ -306,6 +318,11 @@ def _marked_if_implausible(profile: DeviceProfile) -> DeviceProfile:
         return profile
     info = profile.measurement
     return profile.model_copy(update={"measurement": info.model_copy(update={"notes": [*info.notes, warning]})})
+
+
+def _user_modules(ctx: _Context) -> tuple[str, ...]:
+    """The user modules the train probe imports first (a model of the workdir)."""
+    return ctx.code.modules if ctx.code is not None else ()
 
 
 def accelerator_memory(identity: Identity) -> int | None:
@@ -366,7 +383,7 @@ def _run_train_probe(ctx: _Context, spec: DeviceSpec, endpoint, identity: Identi
             "repeats": settings.repeats, "warmup": settings.warmup, "window_s": settings.window_s,
             "memory_budget_bytes": budget, **({"accelerator": spec.accelerator} if spec.accelerator != "cpu" else {})}
     try:
-        endpoint.probe("train", args, on_record=on_record, timeout=settings.timeout_s)
+        endpoint.probe("train", args, on_record=on_record, timeout=settings.timeout_s, imports=_user_modules(ctx))
     except DeviceFailure as e:
         killed_at = _killed_in_memory_phase(e)
         if killed_at is None or killed_at == min(todo) and not any(cache.memory(b) for b in ctx.grid):

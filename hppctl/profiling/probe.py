@@ -1,4 +1,8 @@
-"""The on-device probe: `python -m hppctl.profiling.probe KIND --args JSON [--import MODULE]`.
+"""The on-device probe: `python -m hppctl.profiling.probe KIND --args JSON [--path DIR] [--import MODULE]`.
+
+`--path DIR` (the user's `--workdir` as the device holds it; `~` is expanded) goes first on the
+import path before anything is imported (hppctl/usercode.py, the root worker processes use too),
+so `--import` modules and a user model resolve from it, ahead of the current directory.
 
 Prints one JSON record per line on stdout (parse.py reads them), ending with
 `{"type": "done", "seconds": …}`; on a failure it prints `{"type": "error", "error": …}` and
@@ -23,11 +27,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from hppctl import usercode
 from hppctl.allocator import steady_heap
 
 PROBE_VERSION = 4
@@ -82,6 +88,24 @@ def _sleep(args: dict[str, Any]) -> Iterator[dict[str, Any]]:
     yield {"type": "slept", "seconds": float(args.get("seconds", 1.0))}
 
 
+def use_path(path: str) -> None:
+    """`path` first on the import path; a missing one is the device's error (a workdir not installed)."""
+    if not os.path.isdir(os.path.expanduser(path)):
+        raise FileNotFoundError(f"--workdir {path} is missing on this device")
+    usercode.set_root(path)
+
+
+class ImportFailed(Exception):
+    """An `--import` module raised at import: the device's error names the module and what it raised."""
+
+
+def import_first(module: str) -> None:
+    try:
+        importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 - the user's module may raise anything at import
+        raise ImportFailed(f"cannot import {module!r} on this device ({e.__class__.__name__}: {e})") from None
+
+
 def emit(record: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(record, separators=(",", ":")) + "\n")
     sys.stdout.flush()
@@ -93,12 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--args", default="{}", help="JSON object of the kind's arguments")
     parser.add_argument("--import", dest="imports", action="append", default=[],
                         help="module to import first (it registers more kinds)")
+    parser.add_argument("--path", default=None, help="a directory (the user's --workdir) first on the import path")
     a = parser.parse_args(argv)
     started = time.perf_counter()
     steady_heap()  # the allocator the workers run with (hppctl/allocator.py)
     try:
+        if a.path is not None:
+            use_path(a.path)
         for module in a.imports:
-            importlib.import_module(module)
+            import_first(module)
         kind = resolve_kind(a.kind)
         for record in kind(json.loads(a.args)):
             emit(record)

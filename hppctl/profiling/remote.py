@@ -8,6 +8,7 @@ cluster.py. Both endpoints offer the same calls:
     ep.probe(kind, args, on_record=…)          run a probe to completion, streaming its records
     ep.start_probe(kind, args)                 run one in the background (link servers); .wait()
     ep.address_for(peer)                       the address `peer` reaches this device at
+    ep.use_code(code)                          every later probe runs with the user's code (`ProbeCode`)
     ep.close()
 
 Host keys are always checked: the cluster file's `ssh.known_hosts` (else ~/.ssh/known_hosts) is
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from hppctl.errors import RuntimeFailure
@@ -33,6 +35,25 @@ from hppctl.ssh import connection  # the one place that builds a host-key-checke
 
 OnRecord = Callable[[dict[str, Any]], None]
 PROBE_MODULE = "hppctl.profiling.probe"
+
+
+@dataclass(frozen=True)
+class ProbeCode:
+    """The user's code (`--workdir`) the probes run with, as the layer above hands it down: profiling
+    sits below the runtime and never reads or ships a workdir itself.
+
+    `install(conn, python)` makes it present on an SSH device over that device's open fabric
+    connection and returns the bytes it sent (0: the device already held it); `remote_path` is
+    where it then is (`~` is the device user's home); a `local:` device uses `local_path` as it is.
+    Every probe started after `use_code` gets the path with `--path` (probe.py puts it first on
+    `sys.path`); the probe that builds the model (cluster.py: train) also imports `modules` first
+    (`--import`), so a user module that does not import on a device fails that device, with the
+    import error, before anything is measured. The identify and link probes do not import them."""
+
+    local_path: str
+    remote_path: str
+    install: Callable[[Any, str], int]
+    modules: tuple[str, ...] = ()
 
 
 class DeviceFailure(RuntimeFailure):
@@ -77,11 +98,24 @@ class LineSink:
         return "".join(self.text)
 
 
-def probe_command(python: str, kind: str, args: dict[str, Any], imports: Sequence[str] = ()) -> list[str]:
+def probe_command(python: str, kind: str, args: dict[str, Any], imports: Sequence[str] = (),
+                  path: str | None = None) -> list[str]:
+    """The probe's argv; `path`: a directory (the user's `--workdir` on the device) first on its import path."""
     argv = [python, "-m", PROBE_MODULE, kind, "--args", json.dumps(args, separators=(",", ":"))]
+    if path is not None:
+        argv += ["--path", path]
     for module in imports:
         argv += ["--import", module]
     return argv
+
+
+class CodeUse:
+    """What `use_code` leaves on an endpoint: the user's code path on the device (None: no workdir)."""
+
+    code_path: str | None = None
+
+    def probe_argv(self, python: str, kind: str, args: dict[str, Any], imports: Sequence[str] = ()) -> list[str]:
+        return probe_command(python, kind, args, imports, self.code_path)
 
 
 def _check(kind: str, exit_code: int, stderr: str, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -135,7 +169,7 @@ class SshRunning:
         return _check(self.kind, result.exited, self.err.getvalue(), self.sink.records)
 
 
-class SshEndpoint:
+class SshEndpoint(CodeUse):
     """A `host:` device reached with fabric."""
 
     def __init__(self, device: DeviceSpec, cluster: ClusterSpec, connection=None) -> None:
@@ -181,20 +215,33 @@ class SshEndpoint:
     def probe(self, kind: str, args: dict[str, Any], *, on_record: OnRecord | None = None,
               timeout: float | None = None, imports: Sequence[str] = ()) -> list[dict[str, Any]]:
         out, err = LineSink(on_record), LineSink()
-        command = shlex.join(probe_command(self.python, kind, args, imports))
+        command = shlex.join(self.probe_argv(self.python, kind, args, imports))
         result = self.run(command, timeout=timeout, out=out, err=err)
         out.close()
         return _check(kind, result.exited, err.getvalue(), out.records)
 
     def start_probe(self, kind: str, args: dict[str, Any], *, timeout: float | None = None) -> SshRunning:
         out, err = LineSink(), LineSink()
-        command = shlex.join(probe_command(self.python, kind, args))
+        command = shlex.join(self.probe_argv(self.python, kind, args))
         try:
             promise = self.conn.run(command, hide=False, out_stream=out, err_stream=err, warn=True, in_stream=False,
                                     timeout=timeout, asynchronous=True)
         except Exception as e:  # noqa: BLE001
             raise DeviceFailure(self.failure(e)) from None
         return SshRunning(self, kind, promise, out, err)
+
+    def use_code(self, code: ProbeCode) -> int:
+        """Install the user's code on the device over this connection (after `open`); the bytes sent."""
+        from hppctl.ssh import InstallFailed
+
+        try:
+            sent = code.install(self.conn, self.python)
+        except InstallFailed as e:  # a remote step's own line (full disk, no sftp subsystem)
+            raise DeviceFailure(f"could not install --workdir in {code.remote_path}: {e}") from None
+        except Exception as e:  # noqa: BLE001 - the connection's failures become its reason
+            raise DeviceFailure(f"could not install --workdir in {code.remote_path}: {self.failure(e)}") from None
+        self.code_path = code.remote_path
+        return sent
 
     def address_for(self, peer) -> str:
         """The device's address as this machine resolves it (peers use the same network)."""
@@ -264,7 +311,7 @@ class LocalRunning:
             self.process.kill()
 
 
-class LocalEndpoint:
+class LocalEndpoint(CodeUse):
     """A `local:` device: probes run as subprocesses of this interpreter."""
 
     def __init__(self, device: DeviceSpec, python: str | None = None) -> None:
@@ -286,7 +333,7 @@ class LocalEndpoint:
 
     def start_probe(self, kind: str, args: dict[str, Any], *, timeout: float | None = None,
                     on_record: OnRecord | None = None, imports: Sequence[str] = ()) -> LocalRunning:
-        process = subprocess.Popen(probe_command(self.python, kind, args, imports), stdout=subprocess.PIPE,
+        process = subprocess.Popen(self.probe_argv(self.python, kind, args, imports), stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, bufsize=1)
         running = LocalRunning(kind, process, LineSink(on_record), timeout)
         self._running.append(running)
@@ -295,6 +342,11 @@ class LocalEndpoint:
     def probe(self, kind: str, args: dict[str, Any], *, on_record: OnRecord | None = None,
               timeout: float | None = None, imports: Sequence[str] = ()) -> list[dict[str, Any]]:
         return self.start_probe(kind, args, timeout=timeout, on_record=on_record, imports=imports).wait()
+
+    def use_code(self, code: ProbeCode) -> None:
+        """This machine's devices use the workdir where it is: nothing is sent (None)."""
+        self.code_path = code.local_path
+        return None
 
     def address_for(self, peer) -> str:
         """Loopback for another local device; else the source address this machine uses towards the peer."""

@@ -252,21 +252,23 @@ def _vocabulary(ref: str, module: Any) -> int:
 
 
 def _source_digest(factory: Any, module: Any) -> str:
-    """sha256 over the source files of the factory's module and of the module's class."""
-    files = set()
+    """sha256 over the source files of the factory's module and of the module's class, each named by
+    its dotted module name, not its path: a device imports the same file from its copy of the
+    `--workdir` (another directory), and must find the same fingerprint as the launcher."""
+    files: dict[str, str] = {}
     for obj in (factory, type(module)):
         try:
             path = inspect.getsourcefile(obj)
         except TypeError:
             path = None
         if path:
-            files.add(str(Path(path).resolve()))
+            files[obj.__module__] = str(Path(path).resolve())
     digest = hashlib.sha256()
-    for path in sorted(files):
+    for name, path in sorted(files.items()):
         try:
-            digest.update(path.encode() + b"\0" + Path(path).read_bytes())
+            digest.update(name.encode() + b"\0" + Path(path).read_bytes())
         except OSError:
-            digest.update(path.encode())
+            digest.update(name.encode())
     return digest.hexdigest()[:16]
 
 

@@ -95,6 +95,22 @@ def test_an_edited_module_is_traced_again(resnet, tmp_path):
     assert len(tables) == 2 and all(t.startswith(f"{resnet}_make-") for t in tables), tables
 
 
+def test_the_same_module_in_another_directory_has_the_same_fingerprint(resnet, tmp_path):
+    """A device imports the module from its copy of the `--workdir` (`~/.cache/hppctl/workdirs/<digest>/`),
+    the launcher from DIR: the fingerprint covers what the source says, not where it lies, or every SSH
+    device of a profile "builds a different model" (seen on a 2-host lab: each host failed)."""
+    fingerprint = user_spec(f"{resnet}:make").fingerprint()
+    elsewhere = tmp_path / "copy" / "of" / "workdir"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / f"{resnet}.py").write_text((tmp_path / f"{resnet}.py").read_text())
+    code = (f"import sys; sys.path.insert(0, {str(elsewhere)!r}); from hppctl.zoo import get_model; "
+            f"s = get_model('{resnet}:make'); print(s.fingerprint(), sys.modules['{resnet}'].__file__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=elsewhere, check=True,
+                         env=os.environ).stdout.split()
+    assert out[1].startswith(str(elsewhere))  # imported from the copy
+    assert out[0] == fingerprint
+
+
 def test_a_block_that_branches_on_its_data_is_refused_at_fine_and_kept_whole_at_block(broken):
     with pytest.raises(BadInput) as refused:
         layer_costs(f"{broken}:gated", "fine")

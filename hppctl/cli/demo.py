@@ -22,7 +22,7 @@ Examples:
 \b
   hppctl demo                                  # 3 local workers, mobilenetv2 on digits, about a minute
   hppctl demo --profiler measured              # profile with `hppctl profile`'s measurement (slower)
-  hppctl demo --epochs 3 --workdir out/demo    # keep the files; train shorter (90.3% test accuracy on 2026-11-25)
+  hppctl demo --epochs 3 --out-dir out/demo    # keep the files; train shorter (90.3% test accuracy on 2026-11-25)
   hppctl demo --json
   hppctl demo --min-accuracy 90                # a CI smoke run: exit 1 below 90% test accuracy
 
@@ -36,11 +36,12 @@ Then run the same steps by hand on the files it wrote:
 
 DEVICES = ("demo0", "demo1", "demo2")
 WORKDIR_FILES = ("cluster.yaml", "profile.json", "plan.yaml", "metrics.jsonl", "model.pt")
-"""What the demo writes into --workdir (below), each checked before it starts."""
+"""What the demo writes into --out-dir (below), each checked before it starts."""
 
 
 def demo_command(
-    workdir: Annotated[Optional[Path], typer.Option("--workdir", help="Where to write cluster, profile, plan, metrics and model (default: a temporary directory).")] = None,
+    out_dir: Annotated[Optional[Path], typer.Option("--out-dir", help="Where to write cluster, profile, plan, metrics and model (default: a temporary directory).")] = None,
+    old_out_dir: Annotated[Optional[Path], typer.Option("--workdir", hidden=True, help="Deprecated name of --out-dir.")] = None,
     model: Annotated[str, typer.Option("--model", help="A built-in training model, or package.module:factory (your own).")] = "mobilenetv2",
     granularity: Annotated[str, typer.Option("--granularity", help="fine or block layers.")] = "block",
     global_batch: Annotated[int, typer.Option("--global-batch", help="Samples per round.")] = 64,
@@ -68,10 +69,11 @@ def demo_command(
     from hppctl.cli.plan import make_request
     request = make_request(global_batch, micro_batch)  # before the profile: these were tracebacks after it
     started = time.perf_counter()
-    where = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="hppctl-demo-"))
-    writable_path("--workdir", where, directory=True)
+    out_dir, flag = output_directory(out_dir, old_out_dir)
+    where = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="hppctl-demo-"))
+    writable_path(flag, where, directory=True)
     for name in WORKDIR_FILES:  # before profiling: a symlink or a device among them is refused now, not after training
-        writable_path("--workdir", where / name)
+        writable_path(flag, where / name)
     cluster = ClusterSpec(name="demo", devices=[DeviceSpec(name=d, local=True) for d in DEVICES])
     save(where / "cluster.yaml", cluster)
     note(f"[1/4] cluster: {len(DEVICES)} local worker processes ({', '.join(DEVICES)}) -> {where / 'cluster.yaml'}")
@@ -132,8 +134,20 @@ def _profile_plan_train(where: Path, cluster, model: str, granularity: str, requ
     note(f"[4/4] training on digits: {epochs} epochs = {rounds} rounds of {plan.global_batch} samples")
     summary = train(plan, cluster, options, data, view=TrainingView(lines), metrics=where / "metrics.jsonl",
                     save_model=where / "model.pt", plan_source=str(where / "plan.yaml"), bn_recalibrate=len(data.train))
-    summary.update(workdir=str(where), profiler=how, profile_s=profile_s, baselines_predicted_samples_per_s=baselines)
+    summary.update(out_dir=str(where), profiler=how, profile_s=profile_s, baselines_predicted_samples_per_s=baselines)
     return summary, plan
+
+
+def output_directory(out_dir: Path | None, deprecated: Path | None) -> tuple[Path | None, str]:
+    """(the directory, the flag that gave it). `--workdir` was the demo's name for its output directory
+    until issue 27 gave `--workdir` its meaning everywhere else (your code, shipped to the devices);
+    the old spelling still works, hidden, with a note, so scripts written for it keep running."""
+    if deprecated is None:
+        return out_dir, "--out-dir"
+    if out_dir is not None:
+        raise BadInput("--workdir: deprecated name of `hppctl demo --out-dir`; give only --out-dir")
+    note("--workdir is deprecated in `hppctl demo`: use --out-dir (--workdir ships your code in `hppctl run`)")
+    return deprecated, "--workdir"
 
 
 def _check_percent(flag: str, value: float | None) -> None:

@@ -20,7 +20,7 @@ from tests.cli.test_file_rules import hppctl
 
 MISSING = "missing"  # placeholder for an input file that does not exist
 
-# (command line with missing inputs, output flag): every command's output flags (demo's are its --workdir files)
+# (command line with missing inputs, output flag): every command's output flags (demo's are its --out-dir files)
 COMMANDS = [
     (("plan", "--profile", MISSING, "--global-batch", 8, "--micro-batch", 2), "--out"),
     (("simulate", "--plan", MISSING), "--trace"),
@@ -97,8 +97,8 @@ def test_demo_refuses_a_symlink_in_its_workdir_before_profiling(cli, tmp_path, n
     work = tmp_path / "work"
     work.mkdir()
     (work / name).symlink_to(victim)
-    code, _, err = cli("demo", "--workdir", work, "--epochs", 1)
-    _assert_refused_naming(code, err, "--workdir", work / name)
+    code, _, err = cli("demo", "--out-dir", work, "--epochs", 1)
+    _assert_refused_naming(code, err, "--out-dir", work / name)
     assert victim.read_text() == "keep me\n" and sorted(p.name for p in work.iterdir()) == [name]
 
 

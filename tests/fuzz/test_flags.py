@@ -67,7 +67,7 @@ def coordinator(tmp):
 
 
 def demo(tmp):
-    return ["demo", "--workdir", tmp / "demo", "--model", "tiny-cnn"], ()
+    return ["demo", "--out-dir", tmp / "demo", "--model", "tiny-cnn"], ()
 
 
 def psl_plan_spec(tmp):

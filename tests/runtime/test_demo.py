@@ -13,7 +13,7 @@ def test_demo_profiles_plans_trains_and_reports(cli, tmp_path):
     """With --min-accuracy 100 the report comes first, then exit 1 naming the accuracy (a demo that
     learned nothing exited 0: CI could not use it as a smoke test)."""
     code, out, err = cli("demo", "--model", "tiny-cnn", "--epochs", "1", "--profiler", "quick",
-                         "--workdir", tmp_path, "--json", "--min-accuracy", "100")
+                         "--out-dir", tmp_path, "--json", "--min-accuracy", "100")
     summary = json.loads(out)  # one document: the summary, not an error document after it
     assert summary["test_accuracy"] < 1.0
     assert code == 1 and err.strip().splitlines()[-1] == (
@@ -35,7 +35,21 @@ def test_demo_profiles_plans_trains_and_reports(cli, tmp_path):
 ])
 def test_bad_flags_are_one_line_before_any_work(cli, tmp_path, args, message):
     # each was a pydantic traceback (exit 1) after the ~10 s profile, or torch's "negative dimension"
-    code, out, err = cli("demo", "--workdir", tmp_path / "w", *args)
+    code, out, err = cli("demo", "--out-dir", tmp_path / "w", *args)
     assert code == 2 and out == ""
     assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
     assert message in err and not (tmp_path / "w").exists()  # nothing written
+
+
+def test_demo_out_dir_has_one_name_and_the_old_one_is_a_deprecated_alias(cli, tmp_path):
+    """`--workdir` means "your code, shipped" in `run`, `profile`, `psl run` and `coordinator` (issue
+    27); the demo's output directory is `--out-dir`. The old spelling still works with a note; both
+    at once are one line, exit 2, before anything runs."""
+    from hppctl.cli.demo import output_directory
+
+    code, out, err = cli("demo", "--out-dir", tmp_path / "a", "--workdir", tmp_path / "b")
+    assert code == 2 and out == "" and err.strip().splitlines() == [
+        "error: --workdir: deprecated name of `hppctl demo --out-dir`; give only --out-dir"], err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    assert output_directory(tmp_path, None) == (tmp_path, "--out-dir")
+    assert output_directory(None, tmp_path) == (tmp_path, "--workdir")

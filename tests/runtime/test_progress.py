@@ -155,7 +155,7 @@ def test_log_every_refuses_what_is_not_an_interval_in_one_line(cli, files, tmp_p
     argv = {"run": ["run", "--plan", files / "train.yaml", "--cluster", files / "c.yaml"],
             "run on a psl plan": ["run", "--plan", files / "psl.yaml", "--cluster", files / "c.yaml"],
             "psl run": ["psl", "run", "--plan", files / "psl.yaml", "--cluster", files / "c.yaml"],
-            "demo": ["demo", "--workdir", tmp_path / "demo"]}[command]
+            "demo": ["demo", "--out-dir", tmp_path / "demo"]}[command]
     code, out, err = cli(*argv, "--log-every", value)
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
     assert err.startswith("error: --log-every: must be a number of seconds from 0.01 to 2592000"), err

@@ -150,7 +150,7 @@ def test_demo_takes_a_user_model(cli, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     name = write_module(tmp_path, RESNET)
     code, out, err = cli("demo", "--model", f"{name}:bare", "--input-shape", "3x8x8", "--epochs", "1",
-                         "--workdir", "demo", "--json")
+                         "--out-dir", "demo", "--json")
     assert code == 0, err
     summary = json.loads(out)
     assert summary["model"] == f"{name}:bare" and summary["rounds_run"] > 0

@@ -77,3 +77,22 @@ def built_lab(tmp_path_factory, name: str, spec_template: str) -> Iterator[Built
         yield lab
     finally:
         run(down)
+
+
+def checkout_cluster(lab: BuiltLab) -> Path:
+    """A copy of `lab`'s cluster file whose hosts' `python:` runs this checkout's hppctl (the lab's
+    hosts run the machine's installed one otherwise, which a worktree or another clone may not be)."""
+    import sys
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    wrapper = lab.root / "python"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={root} exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    doc = yaml.safe_load(lab.cluster_file.read_text())
+    for device in doc["devices"]:
+        device["python"] = str(wrapper)
+    path = lab.root / "cluster-here.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path

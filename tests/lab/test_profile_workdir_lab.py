@@ -18,7 +18,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.runtime.test_profile_workdir import MODEL
 
@@ -39,17 +38,10 @@ hosts:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """The lab's cluster file with each host's `python:` running this checkout's hppctl."""
-    from tests.lab.conftest import built_lab
+    from tests.lab.conftest import built_lab, checkout_cluster
 
     with built_lab(tmp_path_factory, NAME, SPEC) as built:
-        wrapper = built.root / "python"
-        wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={ROOT} exec {sys.executable} "$@"\n')
-        wrapper.chmod(0o755)
-        doc = yaml.safe_load(built.cluster_file.read_text())
-        for device in doc["devices"]:
-            device["python"] = str(wrapper)
-        path = built.root / "cluster-here.yaml"
-        path.write_text(yaml.safe_dump(doc))
+        path = checkout_cluster(built)
         yield path
 
 

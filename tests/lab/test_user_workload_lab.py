@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import yaml
 
 from tests.runtime.datasets_files import features, image_folder, write_csv
 
@@ -99,17 +98,10 @@ TRAINING = ["--rounds", "4", "--seed", "3", "--optimizer", "sgd", "--lr", "0.05"
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """The lab's cluster file, with each host's `python:` running this checkout's hppctl."""
-    from tests.lab.conftest import built_lab
+    from tests.lab.conftest import built_lab, checkout_cluster
 
     with built_lab(tmp_path_factory, NAME, SPEC) as built:
-        wrapper = built.root / "python"
-        wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={ROOT} exec {sys.executable} "$@"\n')
-        wrapper.chmod(0o755)
-        doc = yaml.safe_load(built.cluster_file.read_text())
-        for device in doc["devices"]:
-            device["python"] = str(wrapper)
-        cluster = built.root / "cluster-here.yaml"
-        cluster.write_text(yaml.safe_dump(doc))
+        cluster = checkout_cluster(built)
         yield cluster
 
 

@@ -60,17 +60,10 @@ def features():
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """The lab, its cluster file with each host's `python:` running this checkout's hppctl, and a plan."""
-    from tests.lab.conftest import built_lab
+    from tests.lab.conftest import built_lab, checkout_cluster
 
     with built_lab(tmp_path_factory, NAME, SPEC) as built:
-        wrapper = built.root / "python"
-        wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={ROOT} exec {sys.executable} "$@"\n')
-        wrapper.chmod(0o755)
-        doc = yaml.safe_load(built.cluster_file.read_text())
-        for device in doc["devices"]:
-            device["python"] = str(wrapper)
-        cluster = built.root / "cluster-here.yaml"
-        cluster.write_text(yaml.safe_dump(doc))
+        cluster = checkout_cluster(built)
         plan = built.root / "plan.yaml"
         save(plan, make_plan("tiny-mlp", [((0, 2), ["wa"], [4]), ((2, 5), ["wb"], [4])], global_batch=16,
                              micro_batch=4))

@@ -33,6 +33,7 @@ This module does not import `runtime/data.py` (which dispatches here): it return
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import math
@@ -43,7 +44,7 @@ from typing import Sequence
 
 import torch
 
-from hppctl.errors import BadInput
+from hppctl.errors import BadInput, HppctlError
 
 TEST_ONE_IN = 5
 """A sample is in the test split when the SHA-256 of its key is 0 modulo this (about 20 %)."""
@@ -561,12 +562,11 @@ def _cached_pixels(entry: dict | None, n: int, shape: tuple[int, ...]) -> tuple[
 
 
 def _write_cache(cache: Path, entry: dict) -> None:
-    """Written to a temporary name and renamed, so a worker never reads half of it; a cache that cannot
-    be written (read-only home) only costs decoding again."""
-    try:
+    """Written through `store.atomic_output` (a temporary name, renamed; removed if writing fails), so a
+    worker never reads half of it; a cache that cannot be written (read-only home) only costs decoding again."""
+    from hppctl.store import atomic_output
+
+    with contextlib.suppress(OSError, HppctlError):
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
-        torch.save(entry, tmp)
-        os.replace(tmp, cache)
-    except OSError:
-        pass
+        with atomic_output(cache) as f:
+            torch.save(entry, f)

@@ -20,6 +20,7 @@ import yaml
 
 from hppctl.store import save
 from tests.runtime.factories import make_plan
+from tests.runtime.test_workdir_run import DATASET
 
 pytestmark = [pytest.mark.lab, pytest.mark.gloo, pytest.mark.timeout(600)]
 
@@ -34,27 +35,16 @@ hosts:
   - {{name: wb, cpu: 0.5, memory: 1GB}}
 """
 
-DATASET = '''\
+PICKY = """\
 import os
-
-import torch
-from torch.utils.data import Dataset
-
-if os.environ.get("HPPCTL_LAB_HOST") in {picky}:  # a dependency one host lacks
+if os.environ.get("HPPCTL_LAB_HOST") in {hosts}:  # a dependency one host lacks
     import wdlab_not_on_this_host  # noqa: F401
+"""
+"""The workdir dataset's guard (tests/runtime/test_workdir_run.py DATASET): fails to import on `hosts`."""
 
 
-class Features(Dataset):
-    def __len__(self):
-        return 64
-
-    def __getitem__(self, i):
-        return torch.full((32,), float(i) / 64), i % 10
-
-
-def features():
-    return Features(), Features()
-'''
+def dataset(hosts: str = "()") -> str:
+    return DATASET.format(guard=PICKY.format(hosts=hosts))
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +74,7 @@ def run(lab, workdir: Path, dataset: str, cwd: Path) -> subprocess.CompletedProc
 def test_an_unchanged_workdir_is_not_sent_again(lab, tmp_path):
     workdir = tmp_path / "code"
     workdir.mkdir()
-    (workdir / "wdlab_data.py").write_text(DATASET.format(picky="()"))
+    (workdir / "wdlab_data.py").write_text(dataset())
     (workdir / "wdlab_nonce.py").write_text(f"NONCE = {uuid.uuid4().hex!r}\n")  # a digest no earlier run cached
 
     first = run(lab, workdir, "wdlab_data:features", tmp_path)
@@ -115,7 +105,7 @@ def test_an_unchanged_workdir_is_not_sent_again(lab, tmp_path):
 def test_a_module_that_does_not_import_on_one_host_fails_naming_it(lab, tmp_path):
     workdir = tmp_path / "code"
     workdir.mkdir()
-    (workdir / "wdlab_picky.py").write_text(DATASET.format(picky="('wb',)"))
+    (workdir / "wdlab_picky.py").write_text(dataset("('wb',)"))
     done = run(lab, workdir, "wdlab_picky:features", tmp_path)
     assert done.returncode == 2, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
@@ -136,7 +126,7 @@ def test_a_device_that_cannot_unpack_the_workdir_fails_the_run_naming_it(lab, tm
     (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(doc))
     workdir = tmp_path / "code"
     workdir.mkdir()
-    (workdir / "wdlab_data.py").write_text(DATASET.format(picky="()"))
+    (workdir / "wdlab_data.py").write_text(dataset())
     (workdir / "wdlab_nonce.py").write_text(f"NONCE = {uuid.uuid4().hex!r}\n")
     done = run((tmp_path / "cluster.yaml", plan), workdir, "wdlab_data:features", tmp_path)
     assert done.returncode == 1, done.stderr

@@ -106,9 +106,8 @@ def test_a_workdir_model_is_profiled_on_two_hosts_and_not_sent_again(cluster, wo
 
 
 def test_a_model_of_your_own_in_the_workdir_is_profiled_on_two_hosts(cluster, tmp_path):
-    """The issue's acceptance, profiling part: `--model package.module:factory` (zoo/user.py, branch
-    usermodel; skipped until it is merged) for a module only in the workdir, on both hosts, then 0 bytes."""
-    pytest.importorskip("hppctl.zoo.user", reason="--model package.module:factory is not in this branch")
+    """The issue's acceptance, profiling part: `--model package.module:factory` (zoo/user.py) for a module
+    only in the workdir, on both hosts, then 0 bytes."""
     from tests.runtime.test_profile_workdir import CNN
 
     code = tmp_path / "mycode"

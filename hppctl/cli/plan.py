@@ -23,6 +23,8 @@ Examples (from the repository root; files in examples/ and profiles/, outputs un
 \b
   hppctl plan --profile profiles/example-tiny.json --global-batch 64 --micro-batch 16 --out out/plan.yaml
   hppctl plan --profile profiles/example-tiny.json --global-batch 64 --micro-batch 16 --compare
+  hppctl plan --profile profiles/example-tiny.json --global-batch 64 --compare       # each strategy's best micro-batch
+  hppctl plan --profile profiles/example-tiny.json --global-batch 64 --micro-batch auto --strategy dp
   hppctl plan --profile profiles/example-tiny.json --global-batch 64 --micro-batch 16 --strategy asteroid-paper --explain
   hppctl plan --profile profiles/example-tiny.json --plan out/plan.yaml --explain     # re-score a plan
   hppctl plan --profile examples/local-distilbert-284.json --seq-len 284 --compare    # inference (Galaxy)
@@ -43,10 +45,29 @@ def make_request(global_batch: int, micro_batch: int) -> PlanRequest:
         raise BadInput(f"--micro-batch: {micro_batch} does not divide --global-batch {global_batch}") from None
 
 
+def micro_batch_flag(text: str | None) -> int | str | None:
+    """`--micro-batch`: a whole number of samples or `auto` (None: not given)."""
+    from hppctl.planner.micro_batch import AUTO
+
+    if text is None or text == AUTO:
+        return text
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise BadInput(f"--micro-batch: must be a positive number of samples or {AUTO} (got {text[:40]!r})") from None
+
+
+def check_global_batch(global_batch: int) -> int:
+    """--global-batch alone (with --micro-batch auto, which `make_request` does not see)."""
+    if global_batch <= 0:
+        raise BadInput(f"--global-batch: must be a positive number of samples (got {global_batch})")
+    return positive("--global-batch", global_batch)
+
+
 def plan_command(
     profile: Annotated[Path, typer.Option("--profile", help="Profile file (.json/.yaml) from `hppctl profile`.")],
     global_batch: Annotated[Optional[int], typer.Option("--global-batch", help="Samples per training round.")] = None,
-    micro_batch: Annotated[Optional[int], typer.Option("--micro-batch", help="Samples per micro-batch (divides the global batch).")] = None,
+    micro_batch: Annotated[Optional[str], typer.Option("--micro-batch", metavar="N|auto", help="Samples per micro-batch (divides the global batch), or auto: each strategy's best from the divisors of the global batch the profile covers (docs/planner.md, \"Choosing the micro-batch\"; the default of --compare).")] = None,
     strategy: Annotated[Optional[str], typer.Option("--strategy", help="asteroid (default), asteroid-paper, dp, pp, pipedream, dapple, bipartition, bipartition-bsa, bipartition-paper, layerwise; on an inference profile galaxy, megatron, sp, local (default: the fastest predicted that fits).")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="Write the plan here (.json or .yaml).")] = None,
     compare: Annotated[bool, typer.Option("--compare", help="Evaluate every strategy on the same request.")] = False,
@@ -60,6 +81,7 @@ def plan_command(
     from hppctl.planner.explain import check_plan_matches, explain
 
     writable_path("--out", out)  # before reading the profile and planning
+    micro_batch = micro_batch_flag(micro_batch)
     from hppctl.cli.galaxy import is_inference_file
     if is_inference_file(profile):  # collaborative inference (issue 8)
         from hppctl.cli.galaxy import plan_inference
@@ -84,15 +106,25 @@ def plan_command(
         check_plan_matches(plan, prof, str(existing), str(profile))
         _show_rescored(plan, prof, explain_, as_json, explain, existing)
         return
+    if compare and micro_batch is None:
+        micro_batch = "auto"
     if global_batch is None or micro_batch is None:
-        raise BadInput("--global-batch and --micro-batch are required (or --plan FILE to re-score a plan)")
-    request = make_request(global_batch, micro_batch)
+        raise BadInput("--global-batch and --micro-batch (a number or auto) are required "
+                       "(or --plan FILE to re-score a plan)")
+    request = None if micro_batch == "auto" else make_request(global_batch, micro_batch)
     if compare:
+        from hppctl.planner.micro_batch import compare_auto
         from hppctl.schedule import simulated_round_latency
-        rows = planner.compare(prof, request, simulate=simulated_round_latency(prof))
-        emit_json([r.as_json() for r in rows]) if as_json else _render_compare(rows, request, explain_)
+        simulate = simulated_round_latency(prof)
+        rows = (planner.compare(prof, request, simulate=simulate) if request is not None
+                else compare_auto(prof, check_global_batch(global_batch), simulate=simulate))
+        emit_json([r.as_json() for r in rows]) if as_json else _render_compare(rows, global_batch, request, explain_)
         return
-    plan = planner.make_plan(prof, request, strategy or "asteroid")
+    if request is None:
+        from hppctl.planner.micro_batch import make_auto_plan
+        plan = make_auto_plan(prof, check_global_batch(global_batch), strategy or "asteroid")
+    else:
+        plan = planner.make_plan(prof, request, strategy or "asteroid")
     if out is not None:
         save(out, plan)
         note(f"wrote {out}")
@@ -213,8 +245,36 @@ def _render_plan(plan: HppPlan, explain_: bool = False) -> None:
     for v in plan.memory_violations:
         stdout.print(f"memory violation: {v.device} (stage {v.stage}) needs {format_bytes(v.needed_bytes)}, "
                      f"has {format_bytes(v.budget_bytes)}")
+    if plan.micro_batch_choice is not None:
+        stdout.print(describe_choice(plan.micro_batch_choice), soft_wrap=True)
     if explain_:
         _render_nf1b_what_if(plan)
+
+
+def _distinct(a: float, b: float) -> tuple[str, str]:
+    """Two throughputs with one decimal, or more where one decimal would print them alike."""
+    for digits in (1, 2, 3, 4):
+        if f"{a:.{digits}f}" != f"{b:.{digits}f}":
+            break
+    return f"{a:.{digits}f}", f"{b:.{digits}f}"
+
+
+def describe_choice(choice) -> str:
+    """One line: the micro-batch `auto` chose, the candidates, and the runner-up's figure."""
+    scored = [c for c in choice.candidates if c.throughput_samples_per_s is not None]
+    won = next(c for c in scored if c.micro_batch == choice.chosen)
+    others = sorted((c for c in scored if c is not won), key=lambda c: (-c.throughput_samples_per_s, c.micro_batch))
+    sizes = "/".join(str(c.micro_batch) for c in choice.candidates)
+    if others:
+        first, second = _distinct(won.throughput_samples_per_s, others[0].throughput_samples_per_s)
+        versus = f"{first} vs {second} samples/s at {others[0].micro_batch}, the next best"
+    else:
+        versus = f"{won.throughput_samples_per_s:.1f} samples/s, the only one"
+    skipped = [c for c in choice.candidates if c.skipped is not None]
+    skipped_text = (f"; skipped {'/'.join(str(c.micro_batch) for c in skipped)} ({skipped[0].skipped}"
+                    f"{', …' if len(skipped) > 1 else ''})" if skipped else "")
+    return (f"micro-batch {choice.chosen} (auto: best predicted of {sizes}: {versus}{skipped_text}; "
+            "rule: docs/planner.md, \"Choosing the micro-batch\")")
 
 
 def _render_nf1b_what_if(plan: HppPlan) -> None:
@@ -256,23 +316,32 @@ def _render_explain(rows) -> None:
                  "backward (T_e); ends at: waits + runs + all-reduce", soft_wrap=True)
 
 
-def _render_compare(rows, request: PlanRequest, explain_: bool = False) -> None:
-    table = Table(box=None, pad_edge=False,
-                  title=f"global batch {request.global_batch} = {request.num_micro_batches} micro-batches x "
-                        f"{request.micro_batch} samples")
-    for col in ("strategy", "feasible", "simulated samples/s", "estimate samples/s", "round latency s (sim / est)",
-                "peak memory", "stages", "plan time s"):
+def _render_compare(rows, global_batch: int, request: PlanRequest | None, explain_: bool = False) -> None:
+    """`request` None: --micro-batch auto, each row at its strategy's own micro-batch (its own column)."""
+    title = (f"global batch {global_batch} = {request.num_micro_batches} micro-batches x {request.micro_batch} samples"
+             if request is not None else f"global batch {global_batch}, micro-batch auto (each strategy's best)")
+    table = Table(box=None, pad_edge=False, title=title)
+    columns = ["strategy", "feasible", "simulated samples/s", "estimate samples/s", "round latency s (sim / est)",
+               "peak memory", "stages", "plan time s"]
+    if request is None:
+        columns.insert(2, "micro-batch")
+    for col in columns:
         table.add_column(col)
     for r in rows:
         sim = r.simulated_round_latency_s
-        table.add_row(r.strategy, "yes" if r.feasible else ("no plan" if r.plan is None else "NO (memory)"),
-                      f"{r.simulated_throughput:.1f}" if sim is not None else "-", f"{r.throughput:.1f}",
-                      f"{sim:.3f} / {r.round_latency_s:.3f}" if sim is not None else "-",
-                      f"{r.peak_memory_ratio:.0%}" if r.plan else "-", r.shape, f"{r.planning_time_s:.2f}")
+        cells = [r.strategy, "yes" if r.feasible else ("no plan" if r.plan is None else "NO (memory)"),
+                 f"{r.simulated_throughput:.1f}" if sim is not None else "-", f"{r.throughput:.1f}",
+                 f"{sim:.3f} / {r.round_latency_s:.3f}" if sim is not None else "-",
+                 f"{r.peak_memory_ratio:.0%}" if r.plan else "-", r.shape, f"{r.planning_time_s:.2f}"]
+        if request is None:
+            cells.insert(2, str(r.plan.micro_batch) if r.plan else "-")
+        table.add_row(*cells)
     stdout.print(table)
     formula = " (Asteroid's closed form, Eqs. 4-6)" if explain_ else ""
+    chosen = ("; micro-batch: the one of highest estimate per strategy (docs/planner.md, \"Choosing the "
+              "micro-batch\"), plan time: all its candidates" if request is None else "")
     stdout.print("ranked by the simulated figure (hppctl simulate: the plan's schedule replayed on the profile); "
-                 f"the estimate is the planner's own formula{formula}; stages: devices per stage", soft_wrap=True)
+                 f"the estimate is the planner's own formula{formula}; stages: devices per stage{chosen}", soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

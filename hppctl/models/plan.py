@@ -105,10 +105,53 @@ class MemoryViolation(FrozenModel):
     budget_bytes: NonNegInt
 
 
+MicroBatchNote = Annotated[str, Field(min_length=1, max_length=1_000)]
+
+
+class MicroBatchCandidate(_OmitsUnset):
+    """One micro-batch `--micro-batch auto` tried: its plan's predicted throughput, or why it was skipped."""
+
+    _omit_when_default = ("throughput_samples_per_s", "skipped")
+
+    micro_batch: PosInt
+    throughput_samples_per_s: NonNegFloat | None = None
+    """The predicted throughput (the planner's estimate) of the strategy's plan at this micro-batch."""
+    skipped: MicroBatchNote | None = None
+    """Why this micro-batch could not be chosen: no plan fits memory, or a device would run more samples
+    per micro-batch than the profile measured it at (docs/planner.md, "Choosing the micro-batch")."""
+
+    @model_validator(mode="after")
+    def _one_outcome(self) -> "MicroBatchCandidate":
+        if (self.throughput_samples_per_s is None) == (self.skipped is None):
+            raise ValueError("a candidate has either throughput_samples_per_s or skipped, not both or neither")
+        return self
+
+
+class MicroBatchChoice(FrozenModel):
+    """How `--micro-batch auto` chose the plan's micro-batch: the rule, the winner, every candidate."""
+
+    rule: MicroBatchNote
+    chosen: PosInt
+    candidates: Annotated[list[MicroBatchCandidate], Field(min_length=1, max_length=MAX_MICRO_BATCHES)]
+    """Ascending micro-batch; the chosen one has the highest throughput (ties: the smaller)."""
+
+    @model_validator(mode="after")
+    def _chosen_is_the_best(self) -> "MicroBatchChoice":
+        sizes = [c.micro_batch for c in self.candidates]
+        if sizes != sorted(set(sizes)):
+            raise ValueError("candidates must list distinct micro-batches in ascending order")
+        scored = [c for c in self.candidates if c.throughput_samples_per_s is not None]
+        best = max(scored, key=lambda c: (c.throughput_samples_per_s, -c.micro_batch), default=None)
+        if best is None or best.micro_batch != self.chosen:
+            raise ValueError(f"chosen {self.chosen} is not the candidate with the highest throughput"
+                             f" ({best.micro_batch if best else 'none has one'})")
+        return self
+
+
 class HppPlan(_OmitsUnset):
     """A training plan (hybrid pipeline parallelism). See docs/formats.md."""
 
-    _omit_when_default = ("model_input",)
+    _omit_when_default = ("model_input", "micro_batch_choice")
 
     format_version: Literal[1] = 1
     kind: Literal["hpp"] = "hpp"
@@ -128,12 +171,17 @@ class HppPlan(_OmitsUnset):
     memory_violations: list[MemoryViolation] = []
     """Filled only by strategies that ignore memory budgets (pipedream, dapple); never by asteroid."""
     planning_time_s: NonNegFloat = 0.0
+    micro_batch_choice: MicroBatchChoice | None = None
+    """Set when `--micro-batch auto` chose `micro_batch` (omitted otherwise, so older files load as before)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> "HppPlan":
         if self.micro_batch * self.num_micro_batches != self.global_batch:
             raise ValueError(f"micro_batch {self.micro_batch} x num_micro_batches {self.num_micro_batches} "
                              f"!= global_batch {self.global_batch}")
+        if self.micro_batch_choice is not None and self.micro_batch_choice.chosen != self.micro_batch:
+            raise ValueError(f"micro_batch_choice.chosen {self.micro_batch_choice.chosen} is not micro_batch "
+                             f"{self.micro_batch}")
         expected, expected_back = 0, 0
         seen: set[str] = set()
         for i, stage in enumerate(self.stages):

@@ -95,7 +95,7 @@ def violations(cm: CostModel, stages: list[StageChoice], ev: Evaluation) -> list
             for d, mem in zip(s.devices, row) if mem > cm.budget[d]]
 
 
-def explain_infeasible(profile: Profile, request: PlanRequest) -> str:
+def explain_infeasible(profile: Profile, request: PlanRequest, hint: str = "try a smaller --micro-batch") -> str:
     """Name the device and the bytes missing in the least-short layout we know of.
 
     Candidates are the memory-blind planners' layouts (pipedream, dapple) and the whole model on
@@ -117,7 +117,7 @@ def explain_infeasible(profile: Profile, request: PlanRequest) -> str:
     missing, device, need = min(s for s in shortfalls if s[0] > 0) if any(s[0] > 0 for s in shortfalls) else max(shortfalls)
     return (f"no plan fits the memory budgets (global batch {request.global_batch}, micro-batch "
             f"{request.micro_batch}): at best device {device} needs {format_bytes(need)} and has "
-            f"{format_bytes(need - missing)} ({format_bytes(max(missing, 0))} missing); try a smaller --micro-batch")
+            f"{format_bytes(need - missing)} ({format_bytes(max(missing, 0))} missing); {hint}")
 
 
 def strategy_names() -> list[str]:
@@ -166,6 +166,9 @@ class CompareRow:
     def as_json(self) -> dict:
         return {
             "strategy": self.strategy, "feasible": self.feasible, "throughput": self.throughput,
+            "micro_batch": self.plan.micro_batch if self.plan else None,
+            "micro_batch_choice": self.plan.micro_batch_choice.model_dump(mode="json")
+            if self.plan and self.plan.micro_batch_choice else None,
             "round_latency_s": self.round_latency_s if self.plan else None,
             "simulated_throughput": self.simulated_throughput,
             "simulated_round_latency_s": self.simulated_round_latency_s,
@@ -188,6 +191,11 @@ def compare(profile: Profile, request: PlanRequest,
         candidate, cm, elapsed = run_strategy(profile, request, name)
         plan = to_plan(cm, profile, request, name, candidate, elapsed) if candidate else None
         rows.append(CompareRow(name, plan, elapsed, simulate(plan) if simulate and plan else None))
+    return rank_rows(rows, simulate is not None)
+
+
+def rank_rows(rows: list[CompareRow], simulated: bool) -> list[CompareRow]:
+    """Feasible first, then the fastest (by the simulated figure when there is one), then a fixed order."""
     preference = {name: i for i, name in enumerate(("asteroid", "asteroid-paper", "dp", "pp", "pipedream", "dapple"))}
-    speed = (lambda r: r.simulated_throughput or 0.0) if simulate else (lambda r: r.throughput)
+    speed = (lambda r: r.simulated_throughput or 0.0) if simulated else (lambda r: r.throughput)
     return sorted(rows, key=lambda r: (not r.feasible, -speed(r), preference.get(r.strategy, 99)))

@@ -1,0 +1,175 @@
+"""`--micro-batch auto`: the micro-batch as a planning decision (issue 28). Pure, like all of the planner.
+
+Which micro-batch B is best depends on the strategy: a pipeline wants several micro-batches in flight,
+data parallelism wants as few as possible (one per round: each device runs one forward and one backward
+of its share instead of M small ones). The paper's Table 4 takes each strategy's best B; so does this.
+
+The rule (AUTO_RULE, also stored in every plan it chooses):
+
+- candidates: the divisors B of the global batch with at most MAX_MICRO_BATCHES micro-batches per
+  round and B at most the sum of the devices' largest profiled batch sizes (no plan of a larger B can
+  keep every device within what it was measured at);
+- the strategy plans each candidate through `make_plan`-equivalent public entry points (so it picks up
+  whatever the cost model says), and a candidate is skipped when no plan fits the memory budgets
+  (Eq. 3; memory-blind strategies' plans with violations count as not fitting), or when its plan
+  gives some device more samples per micro-batch than the largest batch size the profile measured
+  that device at: above it the cost model could only scale times proportionally, and a measured
+  profile stops at the largest batch that fits the device, so such a plan is not covered by the profile;
+- the winner: the highest predicted throughput (the planner's estimate), ties to the smaller B (less
+  activation memory per micro-batch).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from hppctl.errors import BadInput, Infeasible
+from hppctl.limits import MAX_MICRO_BATCHES
+from hppctl.models.plan import HppPlan, MicroBatchCandidate, MicroBatchChoice, PlanRequest
+from hppctl.models.profile import Profile
+from hppctl.models.units import format_bytes
+from hppctl.planner import CompareRow, STRATEGIES, explain_infeasible, rank_rows, run_strategy, to_plan
+
+AUTO = "auto"
+"""The value of `--micro-batch` that asks for this choice."""
+
+AUTO_RULE = (f"divisors of the global batch (at most {MAX_MICRO_BATCHES} micro-batches per round) whose plan gives "
+             "no device more samples per micro-batch than the largest batch size the profile measured it at and "
+             "fits every memory budget (Eq. 3); the highest predicted throughput wins, ties to the smaller micro-batch")
+
+
+@dataclass(frozen=True)
+class Tried:
+    """One candidate micro-batch: its plan (None if the strategy found none) and why it cannot be chosen."""
+
+    micro_batch: int
+    plan: HppPlan | None
+    skipped: str | None
+    planning_time_s: float
+
+    @property
+    def throughput(self) -> float | None:
+        return None if self.skipped is not None else self.plan.prediction.throughput_samples_per_s
+
+
+def divisors(n: int) -> list[int]:
+    """Every divisor of n, ascending (O(sqrt n))."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
+
+
+def largest_profiled_batch(profile: Profile) -> dict[str, int]:
+    """Per device, the largest batch size the profile measured it at."""
+    return {d.name: max(d.batch_sizes) for d in profile.devices}
+
+
+def candidate_micro_batches(profile: Profile, global_batch: int) -> list[int]:
+    """The micro-batches `auto` tries for `global_batch` on `profile`, ascending."""
+    ceiling = sum(largest_profiled_batch(profile).values())
+    return [b for b in divisors(global_batch) if global_batch // b <= MAX_MICRO_BATCHES and b <= ceiling]
+
+
+def beyond_profile(plan: HppPlan, largest: dict[str, int]) -> str | None:
+    """Why `plan` is not covered by the profile (a device runs more samples per micro-batch than it was
+    measured at), or None."""
+    for p, stage in enumerate(plan.stages):
+        for device, y in zip(stage.devices, stage.samples):
+            if y > largest[device]:
+                return (f"beyond the profile: {device} would run {y} samples per micro-batch (stage {p}), "
+                        f"it was profiled up to {largest[device]}")
+    return None
+
+
+def over_memory(plan: HppPlan) -> str | None:
+    worst = max(plan.memory_violations, key=lambda v: v.needed_bytes - v.budget_bytes, default=None)
+    if worst is None:
+        return None
+    return (f"does not fit: {worst.device} needs {format_bytes(worst.needed_bytes)} and has "
+            f"{format_bytes(worst.budget_bytes)}")
+
+
+def try_micro_batch(profile: Profile, global_batch: int, micro_batch: int, strategy: str,
+                    largest: dict[str, int]) -> Tried:
+    request = PlanRequest(global_batch=global_batch, micro_batch=micro_batch)
+    candidate, cm, elapsed = run_strategy(profile, request, strategy)
+    if candidate is None:
+        return Tried(micro_batch, None, "no plan fits the memory budgets", elapsed)
+    plan = to_plan(cm, profile, request, strategy, candidate, elapsed)
+    return Tried(micro_batch, plan, over_memory(plan) or beyond_profile(plan, largest), elapsed)
+
+
+def try_micro_batches(profile: Profile, global_batch: int, strategy: str) -> list[Tried]:
+    """`strategy` planned at every candidate micro-batch, ascending; BadInput if there is none."""
+    if strategy not in STRATEGIES:
+        raise BadInput(f"--strategy: unknown strategy {strategy!r} (known: {', '.join(sorted(STRATEGIES))})")
+    largest = largest_profiled_batch(profile)
+    sizes = candidate_micro_batches(profile, global_batch)
+    if not sizes:
+        raise BadInput(f"--micro-batch auto: no divisor of --global-batch {global_batch} gives at most "
+                       f"{MAX_MICRO_BATCHES} micro-batches per round within the profile's batch sizes (at most "
+                       f"{sum(largest.values())} samples per micro-batch over all its devices)")
+    return [try_micro_batch(profile, global_batch, b, strategy, largest) for b in sizes]
+
+
+def best(tried: list[Tried]) -> Tried | None:
+    """The highest predicted throughput among the candidates that can be chosen; ties: the smaller B."""
+    usable = [t for t in tried if t.skipped is None]
+    return max(usable, key=lambda t: (t.throughput, -t.micro_batch), default=None)
+
+
+def choice_record(tried: list[Tried], chosen: Tried) -> MicroBatchChoice:
+    return MicroBatchChoice(rule=AUTO_RULE, chosen=chosen.micro_batch, candidates=[
+        MicroBatchCandidate(micro_batch=t.micro_batch, skipped=t.skipped) if t.skipped is not None
+        else MicroBatchCandidate(micro_batch=t.micro_batch, throughput_samples_per_s=t.throughput) for t in tried])
+
+
+def with_choice(tried: list[Tried]) -> HppPlan | None:
+    """The best candidate's plan carrying the record of the choice (planning time: all candidates'),
+    or None when no candidate can be chosen."""
+    chosen = best(tried)
+    if chosen is None:
+        return None
+    return chosen.plan.model_copy(update={
+        "micro_batch_choice": choice_record(tried, chosen),
+        "planning_time_s": sum(t.planning_time_s for t in tried)})
+
+
+def make_auto_plan(profile: Profile, global_batch: int, strategy: str) -> HppPlan:
+    """`strategy`'s plan at its best micro-batch; Infeasible (naming the device and bytes missing at the
+    smallest micro-batch tried) when no candidate fits, BadInput when there is no candidate at all."""
+    tried = try_micro_batches(profile, global_batch, strategy)
+    plan = with_choice(tried)
+    if plan is None:
+        raise Infeasible(nothing_fits(profile, global_batch, tried))
+    return plan
+
+
+def nothing_fits(profile: Profile, global_batch: int, tried: list[Tried]) -> str:
+    sizes = [t.micro_batch for t in tried]
+    smallest = PlanRequest(global_batch=global_batch, micro_batch=sizes[0])
+    return explain_infeasible(profile, smallest,
+                              hint=f"--micro-batch auto tried {'/'.join(map(str, sizes))}: {tried[0].skipped}")
+
+
+def compare_auto(profile: Profile, global_batch: int,
+                 simulate: Callable[[HppPlan], float] | None = None) -> list[CompareRow]:
+    """`compare` with each strategy at its own best micro-batch. A memory-blind strategy none of whose
+    candidates fits shows its plan at the smallest micro-batch (with its memory violations, as `compare`
+    shows it at a given micro-batch); any other strategy without a choosable candidate shows none."""
+    rows = []
+    for name in STRATEGIES:
+        started = time.perf_counter()
+        tried = try_micro_batches(profile, global_batch, name)
+        plan = with_choice(tried) or next((t.plan for t in tried if t.plan is not None and t.plan.memory_violations),
+                                          None)
+        rows.append(CompareRow(name, plan, time.perf_counter() - started, simulate(plan) if simulate and plan else None))
+    return rank_rows(rows, simulate is not None)

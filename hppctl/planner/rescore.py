@@ -23,8 +23,9 @@ from hppctl.planner.registry import Candidate
 REL_TOL = 1e-6
 """Stored and recomputed agree within this relative tolerance (a YAML round trip keeps ~15 digits)."""
 
-NOT_RECOMPUTED = ("strategy", "planning_time_s")
-"""Facts about how the plan was made, not predictions: kept from the file, never compared."""
+NOT_RECOMPUTED = ("strategy", "planning_time_s", "micro_batch_choice")
+"""Facts about how the plan was made, not predictions: kept from the file, never compared (the
+alternatives `--micro-batch auto` weighed are other plans, which re-scoring this one cannot redo)."""
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,8 @@ def recompute(plan: HppPlan, profile: Profile) -> HppPlan:
         scored = to_plan(cm, profile, request, plan.strategy, candidate, plan.planning_time_s)
     # Bi-Partition's builder leaves violations to its planner (which only returns plans that fit):
     # a foreign plan gets them from its recomputed memory, alike for both kinds.
-    return scored.model_copy(update={"memory_violations": memory_violations(scored)})
+    return scored.model_copy(update={"memory_violations": memory_violations(scored),
+                                     "micro_batch_choice": plan.micro_batch_choice})
 
 
 def build_bipartition_plan(cm, workers: list[int], forward: list[int], backward: list[int], request: PlanRequest,

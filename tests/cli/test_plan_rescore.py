@@ -110,3 +110,17 @@ def test_a_plan_as_planned_re_scores_without_differences(cli, profile, tmp_path,
     code, out, err = cli("plan", "--profile", tmp_path / "p.json", "--plan", tmp_path / "plan.yaml", "--json")
     assert code == 0, err
     assert json.loads(out)["differences"] == []
+
+
+@pytest.mark.parametrize("strategy", ["asteroid", "dp"])
+def test_a_plan_of_micro_batch_auto_re_scores_without_differences_and_keeps_its_choice(cli, profile, tmp_path, strategy):
+    # the choice is a record of how the plan was made (like planning_time_s), not a number the profile
+    # gives: re-scoring reported `micro_batch_choice: stored {...}, recomputed None`
+    code, _, err = cli("plan", "--profile", tmp_path / "p.json", "--global-batch", 256, "--micro-batch", "auto",
+                       "--strategy", strategy, "--out", tmp_path / "plan.yaml")
+    assert code == 0, err
+    code, out, err = cli("plan", "--profile", tmp_path / "p.json", "--plan", tmp_path / "plan.yaml", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["differences"] == []
+    assert data["plan"]["micro_batch_choice"]["chosen"] == data["plan"]["micro_batch"]

@@ -24,7 +24,8 @@ def random_groups(rng: random.Random, P: int, B: int, max_group: int = 4) -> lis
 # (P, group sizes <= 4, M, B, seed): the acceptance envelope P <= 8, groups <= 4, M <= 64, uneven.
 CASES = [(1, 1, 1, 4, 0), (1, 4, 7, 16, 1), (2, 1, 1, 8, 2), (2, 4, 64, 16, 3), (3, 2, 5, 8, 4),
          (4, 4, 16, 32, 5), (5, 3, 9, 12, 6), (6, 4, 3, 7, 7), (7, 2, 33, 10, 8), (8, 1, 8, 8, 9),
-         (8, 4, 64, 64, 10), (8, 4, 64, 13, 11), (8, 3, 2, 24, 12)]
+         (8, 4, 64, 64, 10), (8, 4, 64, 13, 11), (8, 3, 2, 24, 12),
+         (3, 4, 1, 16, 13)]  # M = 1 with replicated stages: what --micro-batch auto gives dp
 
 
 @pytest.mark.parametrize("policy", POLICIES)

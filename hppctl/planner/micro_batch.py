@@ -12,9 +12,10 @@ The rule (AUTO_RULE, also stored in every plan it chooses):
 - the strategy plans each candidate through `make_plan`-equivalent public entry points (so it picks up
   whatever the cost model says), and a candidate is skipped when no plan fits the memory budgets
   (Eq. 3; memory-blind strategies' plans with violations count as not fitting), or when its plan
-  gives some device more samples per micro-batch than the largest batch size the profile measured
-  that device at: above it the cost model could only scale times proportionally, and a measured
-  profile stops at the largest batch that fits the device, so such a plan is not covered by the profile;
+  gives some device a number of samples per micro-batch outside the batch sizes the profile measured
+  that device at (0 is fine: the device idles in that stage): outside, the cost model could only
+  scale times proportionally (optimistic below the grid, where per-sample time grows; a guess above
+  it, and a measured profile stops at the largest batch that fits the device);
 - the winner: the highest predicted throughput (the planner's estimate), ties to the smaller B (less
   activation memory per micro-batch).
 """
@@ -36,8 +37,9 @@ AUTO = "auto"
 """The value of `--micro-batch` that asks for this choice."""
 
 AUTO_RULE = (f"divisors of the global batch (at most {MAX_MICRO_BATCHES} micro-batches per round) whose plan gives "
-             "no device more samples per micro-batch than the largest batch size the profile measured it at and "
-             "fits every memory budget (Eq. 3); the highest predicted throughput wins, ties to the smaller micro-batch")
+             "every device a number of samples per micro-batch within the batch sizes the profile measured it at "
+             "(or none) and fits every memory budget (Eq. 3); the highest predicted throughput wins, ties to the "
+             "smaller micro-batch")
 
 
 @dataclass(frozen=True)
@@ -72,20 +74,29 @@ def largest_profiled_batch(profile: Profile) -> dict[str, int]:
     return {d.name: max(d.batch_sizes) for d in profile.devices}
 
 
+def profiled_range(profile: Profile) -> dict[str, tuple[int, int]]:
+    """Per device, the smallest and the largest batch size the profile measured it at."""
+    return {d.name: (min(d.batch_sizes), max(d.batch_sizes)) for d in profile.devices}
+
+
 def candidate_micro_batches(profile: Profile, global_batch: int) -> list[int]:
     """The micro-batches `auto` tries for `global_batch` on `profile`, ascending."""
     ceiling = sum(largest_profiled_batch(profile).values())
     return [b for b in divisors(global_batch) if global_batch // b <= MAX_MICRO_BATCHES and b <= ceiling]
 
 
-def beyond_profile(plan: HppPlan, largest: dict[str, int]) -> str | None:
-    """Why `plan` is not covered by the profile (a device runs more samples per micro-batch than it was
-    measured at), or None."""
+def outside_profile(plan: HppPlan, measured: dict[str, tuple[int, int]]) -> str | None:
+    """Why `plan` is not covered by the profile (a device runs a number of samples per micro-batch
+    outside the batch sizes it was measured at; none at all is fine), or None."""
     for p, stage in enumerate(plan.stages):
         for device, y in zip(stage.devices, stage.samples):
-            if y > largest[device]:
+            low, high = measured[device]
+            if y > high:
                 return (f"beyond the profile: {device} would run {y} samples per micro-batch (stage {p}), "
-                        f"it was profiled up to {largest[device]}")
+                        f"it was profiled up to {high}")
+            if 0 < y < low:
+                return (f"below the profile: {device} would run {y} samples per micro-batch (stage {p}), "
+                        f"it was profiled from {low}")
     return None
 
 
@@ -98,26 +109,26 @@ def over_memory(plan: HppPlan) -> str | None:
 
 
 def try_micro_batch(profile: Profile, global_batch: int, micro_batch: int, strategy: str,
-                    largest: dict[str, int]) -> Tried:
+                    measured: dict[str, tuple[int, int]]) -> Tried:
     request = PlanRequest(global_batch=global_batch, micro_batch=micro_batch)
     candidate, cm, elapsed = run_strategy(profile, request, strategy)
     if candidate is None:
         return Tried(micro_batch, None, "no plan fits the memory budgets", elapsed)
     plan = to_plan(cm, profile, request, strategy, candidate, elapsed)
-    return Tried(micro_batch, plan, over_memory(plan) or beyond_profile(plan, largest), elapsed)
+    return Tried(micro_batch, plan, over_memory(plan) or outside_profile(plan, measured), elapsed)
 
 
 def try_micro_batches(profile: Profile, global_batch: int, strategy: str) -> list[Tried]:
     """`strategy` planned at every candidate micro-batch, ascending; BadInput if there is none."""
     if strategy not in STRATEGIES:
         raise BadInput(f"--strategy: unknown strategy {strategy!r} (known: {', '.join(sorted(STRATEGIES))})")
-    largest = largest_profiled_batch(profile)
+    measured = profiled_range(profile)
     sizes = candidate_micro_batches(profile, global_batch)
     if not sizes:
         raise BadInput(f"--micro-batch auto: no divisor of --global-batch {global_batch} gives at most "
                        f"{MAX_MICRO_BATCHES} micro-batches per round within the profile's batch sizes (at most "
-                       f"{sum(largest.values())} samples per micro-batch over all its devices)")
-    return [try_micro_batch(profile, global_batch, b, strategy, largest) for b in sizes]
+                       f"{sum(high for _, high in measured.values())} samples per micro-batch over all its devices)")
+    return [try_micro_batch(profile, global_batch, b, strategy, measured) for b in sizes]
 
 
 def best(tried: list[Tried]) -> Tried | None:

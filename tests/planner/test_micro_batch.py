@@ -23,6 +23,7 @@ from tests.conftest import make_profile
 def brute_force(profile, global_batch: int, strategy: str) -> tuple[int, HppPlan] | None:
     """The rule, literally: (B, plan) of the best choosable candidate, or None."""
     largest = {d.name: max(d.batch_sizes) for d in profile.devices}
+    smallest = {d.name: min(d.batch_sizes) for d in profile.devices}
     best = None
     for b in range(1, global_batch + 1):
         if global_batch % b or global_batch // b > 16384 or b > sum(largest.values()):
@@ -33,7 +34,7 @@ def brute_force(profile, global_batch: int, strategy: str) -> tuple[int, HppPlan
             continue
         if plan.memory_violations:
             continue
-        if any(y > largest[d] for s in plan.stages for d, y in zip(s.devices, s.samples)):
+        if any(y > largest[d] or 0 < y < smallest[d] for s in plan.stages for d, y in zip(s.devices, s.samples)):
             continue
         score = (plan.prediction.throughput_samples_per_s, -b)
         if best is None or score > best[0]:
@@ -94,6 +95,16 @@ def test_a_plan_beyond_the_profiled_batch_sizes_is_skipped():
     assert plan.micro_batch <= 8
 
 
+def test_a_plan_below_the_profiled_batch_sizes_is_skipped():
+    # measured from 4 samples up: one sample on a device would be scaled down proportionally from 4,
+    # which flatters small micro-batches (per-sample time grows as the batch shrinks)
+    profile = make_profile(layers=6, speeds=(1, 2), grid=[4, 8, 16])
+    plan = make_auto_plan(profile, 64, "pp")
+    skipped = {c.micro_batch: c.skipped for c in plan.micro_batch_choice.candidates if c.skipped}
+    assert skipped[1].startswith("below the profile: dev") and skipped[1].endswith("would run 1 samples per micro-batch (stage 0), it was profiled from 4")
+    assert {1, 2} <= set(skipped) and plan.micro_batch >= 4
+
+
 def test_micro_batches_that_do_not_fit_memory_are_skipped_and_none_fitting_is_infeasible():
     # activations of 64x the usual size: large micro-batches do not fit a 60 MB device
     profile = make_profile(layers=6, speeds=(1, 2), memory_gb=(0.06, 0.06), activation_scale=64.0)
@@ -111,11 +122,19 @@ def test_micro_batches_that_do_not_fit_memory_are_skipped_and_none_fitting_is_in
         make_auto_plan(tiny, 64, "asteroid")
 
 
+def linear_profile(grid: list[int]):
+    """One device whose times are exactly proportional to the batch size on a power-of-two grid."""
+    profile = make_profile(layers=4, speeds=(1,), grid=grid)
+    device = profile.devices[0]
+    rows = [[2.0**-(10 + layer) * b for b in grid] for layer in range(len(profile.layers))]
+    return profile.model_copy(update={"devices": [device.model_copy(update={
+        "forward_s": rows, "backward_s": [[2 * t for t in row] for row in rows]})]})
+
+
 def test_ties_go_to_the_smaller_micro_batch():
-    # one device, times measured at 4 samples only: proportional scaling makes every micro-batch's round
-    # exactly G x the time per sample (powers of two scale without rounding), so all candidates tie
-    profile = make_profile(layers=4, speeds=(1,), grid=[4])
-    plan = make_auto_plan(profile, 16, "dp")
+    # times proportional to the batch size, and powers of two scale without rounding: every micro-batch's
+    # round is exactly G x the time per sample, so all candidates tie
+    plan = make_auto_plan(linear_profile([1, 2, 4]), 16, "dp")
     throughputs = {c.throughput_samples_per_s for c in plan.micro_batch_choice.candidates}
     assert [c.micro_batch for c in plan.micro_batch_choice.candidates] == [1, 2, 4]
     assert len(throughputs) == 1 and plan.micro_batch == 1

@@ -25,6 +25,7 @@ Examples:
   hppctl demo --epochs 3 --out-dir out/demo    # keep the files; train shorter (90.3% test accuracy on 2026-11-25)
   hppctl demo --json
   hppctl demo --min-accuracy 90                # a CI smoke run: exit 1 below 90% test accuracy
+  hppctl demo --micro-batch auto               # the plan chooses the micro-batch too
 
 Then run the same steps by hand on the files it wrote:
 
@@ -45,7 +46,7 @@ def demo_command(
     model: Annotated[str, typer.Option("--model", help="A built-in training model, or package.module:factory (your own).")] = "mobilenetv2",
     granularity: Annotated[str, typer.Option("--granularity", help="fine or block layers.")] = "block",
     global_batch: Annotated[int, typer.Option("--global-batch", help="Samples per round.")] = 64,
-    micro_batch: Annotated[int, typer.Option("--micro-batch", help="Samples per micro-batch.")] = 16,
+    micro_batch: Annotated[str, typer.Option("--micro-batch", metavar="N|auto", help="Samples per micro-batch, or auto: the plan's best from the divisors of the global batch (the profile then also measures the global batch).")] = "16",
     epochs: Annotated[int, typer.Option("--epochs", help="Epochs of digits to train.")] = 8,
     profiler: Annotated[str, typer.Option("--profiler", help="quick (one in-process measurement of this machine, ~10 s) or measured (`hppctl profile`'s full per-device measurement, minutes).")] = "quick",
     seed: Annotated[int, typer.Option("--seed", help="Weights and sample order (0 to 2^32 - 1).")] = 0,
@@ -66,8 +67,11 @@ def demo_command(
     _check_percent("--min-accuracy", min_accuracy)
     seconds("--log-every", log_every, low=MIN_PERIOD_S)
     check_model_input(model, input_shape, input_dtype)
-    from hppctl.cli.plan import make_request
-    request = make_request(global_batch, micro_batch)  # before the profile: these were tracebacks after it
+    from hppctl.cli.plan import check_global_batch, make_request, micro_batch_flag
+    micro_batch = micro_batch_flag(micro_batch)
+    # before the profile: these were tracebacks after it; None: --micro-batch auto
+    request = None if micro_batch == "auto" else make_request(global_batch, micro_batch)
+    check_global_batch(global_batch)
     started = time.perf_counter()
     out_dir, flag = output_directory(out_dir, old_out_dir)
     where = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="hppctl-demo-"))
@@ -81,7 +85,7 @@ def demo_command(
     threads = max(1, (os.cpu_count() or 1) // len(DEVICES))
     lines = progress_log(log_every)
     with lines or contextlib.nullcontext():
-        summary, plan = _profile_plan_train(where, cluster, model, granularity, request, micro_batch, epochs, seed,
+        summary, plan = _profile_plan_train(where, cluster, model, granularity, global_batch, request, epochs, seed,
                                             threads, profiler, as_json, lines, log_every)
     summary["demo_wall_s"] = time.perf_counter() - started
     if as_json:
@@ -91,9 +95,9 @@ def demo_command(
     _require_accuracy(summary["test_accuracy"], min_accuracy)
 
 
-def _profile_plan_train(where: Path, cluster, model: str, granularity: str, request, micro_batch: int, epochs: int,
+def _profile_plan_train(where: Path, cluster, model: str, granularity: str, global_batch: int, request, epochs: int,
                         seed: int, threads: int, profiler: str, as_json: bool, lines, log_every: float | None):
-    """Steps 2 to 4 of the demo: (the training run's summary, the plan)."""
+    """Steps 2 to 4 of the demo: (the training run's summary, the plan). `request` None: --micro-batch auto."""
     from hppctl.cli.view import TrainingView
     from hppctl.driver import train
     from hppctl.planner import make_plan
@@ -104,7 +108,8 @@ def _profile_plan_train(where: Path, cluster, model: str, granularity: str, requ
 
     t0 = time.perf_counter()
     with phase(lines, "profile"):
-        profile, how = _profile(cluster, model, granularity, micro_batch, threads, profiler)
+        largest = global_batch if request is None else request.micro_batch  # auto: every candidate covered
+        profile, how = _profile(cluster, model, granularity, largest, threads, profiler)
     from hppctl.zoo.user import recorded_input
     profile = profile.model_copy(update={"model_input": recorded_input(model)})  # a user model's input spec
     save(where / "profile.json", profile)
@@ -112,12 +117,18 @@ def _profile_plan_train(where: Path, cluster, model: str, granularity: str, requ
     note(f"[2/4] profile ({how}, {profile_s:.0f} s): {len(profile.layers)} {granularity} layers of {model} "
          f"-> {where / 'profile.json'}")
 
-    plan = make_plan(profile, request, "asteroid")
+    def plan_with(strategy: str):
+        if request is None:
+            from hppctl.planner.micro_batch import make_auto_plan
+            return make_auto_plan(profile, global_batch, strategy)
+        return make_plan(profile, request, strategy)
+
+    plan = plan_with("asteroid")
     save(where / "plan.yaml", plan)
     baselines = {}
     for strategy in ("dp", "pp"):
         try:
-            baselines[strategy] = make_plan(profile, request, strategy).prediction.throughput_samples_per_s
+            baselines[strategy] = plan_with(strategy).prediction.throughput_samples_per_s
         except Exception as e:  # a baseline that cannot plan is only missing from the comparison
             note(f"  ({strategy}: {e})")
     note(f"[3/4] plan (asteroid) -> {where / 'plan.yaml'}")
@@ -202,6 +213,9 @@ def _print_plan(plan, baselines: dict, console) -> None:
     others = ", ".join(f"{k} {v:.1f}" for k, v in baselines.items())
     console.print(f"predicted: {plan.prediction.throughput_samples_per_s:.1f} samples/s (asteroid)"
                  + (f"; {others} for the baselines" if others else ""))
+    if plan.micro_batch_choice is not None:
+        from hppctl.cli.plan import describe_choice
+        console.print(describe_choice(plan.micro_batch_choice), soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

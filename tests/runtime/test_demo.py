@@ -11,8 +11,10 @@ pytestmark = [pytest.mark.gloo, pytest.mark.timeout(300)]
 
 def test_demo_profiles_plans_trains_and_reports(cli, tmp_path):
     """With --min-accuracy 100 the report comes first, then exit 1 naming the accuracy (a demo that
-    learned nothing exited 0: CI could not use it as a smoke test)."""
-    code, out, err = cli("demo", "--model", "tiny-cnn", "--epochs", "1", "--profiler", "quick",
+    learned nothing exited 0: CI could not use it as a smoke test). With --micro-batch auto the plan
+    chooses the micro-batch on a profile measured up to the global batch (issue 28 item 2); the demo's
+    default micro-batch runs in tests/zoo/test_user_model_run.py and tests/runtime/test_progress.py."""
+    code, out, err = cli("demo", "--model", "tiny-cnn", "--epochs", "1", "--profiler", "quick", "--micro-batch", "auto",
                          "--out-dir", tmp_path, "--json", "--min-accuracy", "100")
     summary = json.loads(out)  # one document: the summary, not an error document after it
     assert summary["test_accuracy"] < 1.0
@@ -24,11 +26,21 @@ def test_demo_profiles_plans_trains_and_reports(cli, tmp_path):
     for name in ("cluster.yaml", "profile.json", "plan.yaml", "metrics.jsonl", "model.pt"):
         assert (tmp_path / name).exists()
     assert "[3/4] plan (asteroid)" in err
+    from hppctl.models.plan import HppPlan
+    from hppctl.models.profile import Profile
+    from hppctl.store import load
+    plan = load(tmp_path / "plan.yaml", HppPlan)
+    assert plan.micro_batch_choice.chosen == plan.micro_batch and plan.global_batch == 64
+    assert [c.micro_batch for c in plan.micro_batch_choice.candidates][-1] == 64
+    assert max(load(tmp_path / "profile.json", Profile).devices[0].batch_sizes) == 64
+    assert f"micro-batch {plan.micro_batch} (auto: best predicted of" in err
 
 
 @pytest.mark.parametrize("args, message", [
     (["--global-batch", "0"], "--global-batch: must be a positive number of samples (got 0)"),
     (["--micro-batch", "-1"], "--micro-batch: must be a positive number of samples (got -1)"),
+    (["--micro-batch", "many"], "--micro-batch: must be a positive number of samples or auto (got 'many')"),
+    (["--global-batch", "0", "--micro-batch", "auto"], "--global-batch: must be a positive number of samples (got 0)"),
     (["--global-batch", "10", "--micro-batch", "4"], "--micro-batch: 4 does not divide --global-batch 10"),
     (["--min-accuracy", "101"], "--min-accuracy: must be a percentage from 0 to 100 (got 101.0)"),
     (["--min-accuracy", "nan"], "--min-accuracy: must be a percentage from 0 to 100 (got nan)"),

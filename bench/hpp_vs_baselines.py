@@ -41,6 +41,7 @@ from hppctl.models.cluster import ClusterSpec  # noqa: E402
 from hppctl.models.plan import PlanRequest  # noqa: E402
 from hppctl.models.profile import Profile  # noqa: E402
 from hppctl.planner import make_plan  # noqa: E402
+from hppctl.planner.micro_batch import make_auto_plan  # noqa: E402
 from hppctl.runtime.config import TrainOptions  # noqa: E402
 from hppctl.runtime.session import RunRequest, Session  # noqa: E402
 from hppctl.schedule import simulate_plan  # noqa: E402
@@ -84,8 +85,10 @@ def lab_and_profile(args, work: Path) -> tuple[Path, Path, bool]:
 
 
 def run_strategy(name: str, profile: Profile, cluster: ClusterSpec, args) -> dict:
-    request = PlanRequest(global_batch=args.global_batch, micro_batch=args.micro_batch)
-    plan = make_plan(profile, request, name)
+    if args.micro_batch == "auto":  # each strategy at its own best micro-batch (docs/planner.md)
+        plan = make_auto_plan(profile, args.global_batch, name)
+    else:
+        plan = make_plan(profile, PlanRequest(global_batch=args.global_batch, micro_batch=int(args.micro_batch)), name)
     _, sim = simulate_plan(plan, profile)
     options = TrainOptions(dataset="digits", seed=0, rounds=args.rounds, optimizer="sgd", lr=0.01,
                            timeout_s=args.timeout)
@@ -107,7 +110,7 @@ def run_strategy(name: str, profile: Profile, cluster: ClusterSpec, args) -> dic
                            "rss_vs_prediction": m["peak_rss_bytes"] / with_runtime - 1,
                            "growth_vs_eq3": (m["peak_rss_bytes"] - m["baseline_rss_bytes"]) / predicted - 1})
     return {
-        "strategy": name,
+        "strategy": name, "micro_batch": plan.micro_batch,
         "stages": [{"layers": s.layers, "devices": s.devices, "samples": s.samples} for s in plan.stages],
         "shape": "+".join(str(len(s.devices)) for s in plan.stages),
         "estimate_samples_per_s": plan.prediction.throughput_samples_per_s,
@@ -160,7 +163,7 @@ def main() -> None:
     parser.add_argument("--granularity", default="fine")
     parser.add_argument("--batch-sizes", default="2,4,8,16,32,64")
     parser.add_argument("--global-batch", type=int, default=256)
-    parser.add_argument("--micro-batch", type=int, default=32)
+    parser.add_argument("--micro-batch", default="32", help="samples per micro-batch, or auto: each strategy's best")
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=1, help="runs per strategy; the best is reported")

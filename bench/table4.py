@@ -1,11 +1,13 @@
 """The acceptance matrix: Asteroid's Table 4 environments x models, every strategy side by side.
 
-    python bench/table4.py [--granularity fine|block] [--json out.json]
+    python bench/table4.py [--granularity fine|block] [--json out.json] [--micro-batch auto]
 
 For each environment of Table 6 (A, B, B at 1000 Mbps, C, D) and each training model
 (mobilenetv2, efficientnet-b1, resnet50, bert-small) at the paper's global batch (2048;
 256 for resnet50) it builds a preset profile, runs `--compare` for several micro-batch sizes
-and keeps, per strategy, the best feasible micro-batch (the paper does not state B). It prints
+and keeps, per strategy, the best feasible micro-batch (the paper does not state B); with
+`--micro-batch auto` each strategy chooses its own from every divisor of the global batch the profile
+covers (`hppctl plan --micro-batch auto`, docs/planner.md "Choosing the micro-batch"). It prints
 throughput per strategy, Asteroid's speedup over Device / DP / PP next to the paper's Table 4,
 and the shape of Asteroid's plan. Figures are recorded in docs/planner.md.
 """
@@ -63,22 +65,40 @@ def shape(plan) -> str:
     return " | ".join(f"[{s.start},{s.end}) {'+'.join(s.devices)}" for s in plan.stages)
 
 
-def run(granularity: str) -> list[dict]:
+def best_of_grid(profile, global_batch: int) -> tuple[dict, float]:
+    """Per strategy, its best feasible row over the fixed micro-batches MICRO; and the Device baseline."""
+    best: dict[str, object] = {}
+    device = 0.0
+    for micro in MICRO[global_batch]:
+        request = PlanRequest(global_batch=global_batch, micro_batch=micro)
+        device = max(device, device_baseline(profile, request))
+        for row in planner.compare(profile, request):
+            current = best.get(row.strategy)
+            if row.feasible and (current is None or row.throughput > current.throughput):
+                best[row.strategy] = row
+    return best, device
+
+
+def best_auto(profile, global_batch: int) -> tuple[dict, float]:
+    """Per strategy, the row `--micro-batch auto` chooses; the Device baseline over the same candidates
+    that one device's profile covers."""
+    from hppctl.planner.micro_batch import candidate_micro_batches, compare_auto
+
+    best = {row.strategy: row for row in compare_auto(profile, global_batch) if row.feasible}
+    covered = min(max(d.batch_sizes) for d in profile.devices)
+    device = max(device_baseline(profile, PlanRequest(global_batch=global_batch, micro_batch=b))
+                 for b in candidate_micro_batches(profile, global_batch) if b <= covered)
+    return best, device
+
+
+def run(granularity: str, auto: bool = False) -> list[dict]:
     results = []
     for model, global_batch in MODELS.items():
         layers = zoo.layer_costs(model, granularity)
         for env_label, env in ENVS.items():
             cluster = load(ROOT / "profiles" / f"{env}.yaml", ClusterSpec)
             profile = build_preset_profile(cluster, layers, model=model, granularity=granularity)
-            best: dict[str, object] = {}
-            device = 0.0
-            for micro in MICRO[global_batch]:
-                request = PlanRequest(global_batch=global_batch, micro_batch=micro)
-                device = max(device, device_baseline(profile, request))
-                for row in planner.compare(profile, request):
-                    current = best.get(row.strategy)
-                    if row.feasible and (current is None or row.throughput > current.throughput):
-                        best[row.strategy] = row
+            best, device = best_auto(profile, global_batch) if auto else best_of_grid(profile, global_batch)
             results.append({"model": model, "env": env, "env_label": env_label, "device": device, "best": best})
     return results
 
@@ -87,9 +107,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--granularity", default="fine")
     parser.add_argument("--json")
+    parser.add_argument("--micro-batch", choices=("grid", "auto"), default="grid",
+                        help="grid: the best of MICRO per strategy (default); auto: each strategy's own choice")
     args = parser.parse_args()
     started = time.perf_counter()
-    results = run(args.granularity)
+    results = run(args.granularity, auto=args.micro_batch == "auto")
     names = ["asteroid", "asteroid-paper", "dp", "pp", "pipedream", "dapple"]
     print(f"granularity {args.granularity}; throughput in samples/s (best micro-batch per strategy); "
           f"x = infeasible (memory)\n")

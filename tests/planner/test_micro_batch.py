@@ -165,3 +165,12 @@ def test_compare_auto_gives_every_strategy_its_own_best():
         if expected is not None:
             assert row.plan.micro_batch == expected[0] and row.plan.micro_batch_choice is not None
             assert row.as_json()["micro_batch"] == expected[0]
+
+
+def test_the_chooser_imports_neither_torch_nor_fabric():
+    import subprocess
+    import sys
+
+    code = ("import hppctl.planner.micro_batch, sys; "
+            "assert 'torch' not in sys.modules and 'fabric' not in sys.modules, sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -165,10 +165,14 @@ def make_auto_plan(profile: Profile, global_batch: int, strategy: str) -> HppPla
 
 
 def nothing_fits(profile: Profile, global_batch: int, tried: list[Tried]) -> str:
-    sizes = [t.micro_batch for t in tried]
-    smallest = PlanRequest(global_batch=global_batch, micro_batch=sizes[0])
-    return explain_infeasible(profile, smallest,
-                              hint=f"--micro-batch auto tried {'/'.join(map(str, sizes))}: {tried[0].skipped}")
+    """The usual infeasible line about the smallest micro-batch memory ruled out, and what auto tried; or,
+    when every candidate left the profile's batch sizes instead, the smallest one's reason."""
+    sizes = "/".join(str(t.micro_batch) for t in tried)
+    by_memory = [t for t in tried if t.plan is None or t.plan.memory_violations]
+    if not by_memory:
+        return f"--micro-batch auto tried {sizes}: no plan stays within the profile's batch sizes ({tried[0].skipped})"
+    smallest = PlanRequest(global_batch=global_batch, micro_batch=by_memory[0].micro_batch)
+    return explain_infeasible(profile, smallest, hint=f"--micro-batch auto tried {sizes}: {by_memory[0].skipped}")
 
 
 def compare_auto(profile: Profile, global_batch: int,

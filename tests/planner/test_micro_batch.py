@@ -140,6 +140,14 @@ def test_ties_go_to_the_smaller_micro_batch():
     assert len(throughputs) == 1 and plan.micro_batch == 1
 
 
+def test_every_candidate_outside_the_profile_is_infeasible_saying_so():
+    # measured at 4 samples only; the divisors of 6 up to 4 are 1, 2 and 3: every plan runs fewer
+    profile = make_profile(layers=4, speeds=(1,), grid=[4])
+    with pytest.raises(Infeasible, match=r"^--micro-batch auto tried 1/2/3: no plan stays within the profile's batch "
+                                         r"sizes \(below the profile: dev0 would run 1 samples"):
+        make_auto_plan(profile, 6, "dp")
+
+
 def test_no_candidate_at_all_is_bad_input():
     profile = make_profile(layers=4, speeds=(1,), grid=[1, 2])
     with pytest.raises(BadInput, match="no divisor of --global-batch 65536"):

@@ -11,6 +11,13 @@ from hppctl.models.schedule import Schedule
 from hppctl.schedule.simulate import SimResult
 
 DEVICES_PID, LINKS_PID = 1, 2
+LANE_SUFFIX = " allreduce"
+
+
+def allreduce_lane(device: str) -> str:
+    """The track of a device's gradient buckets in flight (`hppctl run --trace`): a thread of its
+    own under the device's, since the buckets overlap the device's last backward."""
+    return device + LANE_SUFFIX
 
 
 def chrome_trace(result: SimResult, schedule: Schedule, *, title: str = "hppctl simulate") -> dict:
@@ -45,6 +52,8 @@ def trace_header(order: list[str], stage_of: dict[str, int], samples: dict[str, 
     links = sorted({t for t in tracks if "->" in t},
                    key=lambda name: (order.index(name.split("->")[0]), order.index(name.split("->")[1])))
     tid.update({name: i + 1 for i, name in enumerate(links)})
+    lanes = [allreduce_lane(d) for d in order if allreduce_lane(d) in set(tracks)]
+    tid.update({name: len(order) + i + 1 for i, name in enumerate(lanes)})
     events: list[dict] = [
         _meta("process_name", DEVICES_PID, None, "devices"),
         _meta("process_sort_index", DEVICES_PID, None, 0, key="sort_index"),
@@ -54,6 +63,10 @@ def trace_header(order: list[str], stage_of: dict[str, int], samples: dict[str, 
     for d in order:
         events.append(_meta("thread_name", DEVICES_PID, tid[d], f"stage {stage_of[d]}: {d} ({samples[d]} samples)"))
         events.append(_meta("thread_sort_index", DEVICES_PID, tid[d], tid[d], key="sort_index"))
+    for name in lanes:  # sorted just under its device
+        events.append(_meta("thread_name", DEVICES_PID, tid[name], f"{name.removesuffix(LANE_SUFFIX)}: AllReduce buckets"))
+        events.append(_meta("thread_sort_index", DEVICES_PID, tid[name], tid[name.removesuffix(LANE_SUFFIX)],
+                            key="sort_index"))
     for name in links:
         events.append(_meta("thread_name", LINKS_PID, tid[name], name))
         events.append(_meta("thread_sort_index", LINKS_PID, tid[name], tid[name], key="sort_index"))

@@ -44,13 +44,12 @@ import torch
 import torch.nn.functional as F
 
 from hppctl.errors import RuntimeFailure
-from hppctl.models.reports import Span
+from hppctl.models.reports import Span, allreduce_lane
 from hppctl.models.schedule import Action
 from hppctl.runtime.accelerator import Precision, from_wire, pinned_for, to_wire
 from hppctl.runtime.reducer import BUCKET_BYTES, GradientReducer, unflatten_into
 from hppctl.runtime.stage import Stage, TensorSpec, join
 from hppctl.runtime.topology import Topology
-from hppctl.schedule.trace import allreduce_lane
 
 ACTIVATIONS, GRADIENTS = 0, 1
 MAX_TENSORS_PER_CUT = 64

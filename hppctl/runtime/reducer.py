@@ -28,12 +28,12 @@ from typing import Callable, Iterator, Protocol
 
 import torch
 
+from hppctl.planner.cost import ALLREDUCE_BUCKET_BYTES as BUCKET_BYTES
 from hppctl.runtime.accelerator import to_wire
 
-BUCKET_BYTES = 4 * 2**20
-"""AllReduce granularity: big enough to keep gloo's per-call cost small, small enough that the
-flattened copy adds little to a stage's peak memory, and that a stage's first bucket is ready
-early in its last backward."""
+# BUCKET_BYTES, the AllReduce granularity: big enough to keep gloo's per-call cost small, small enough
+# that the flattened copy adds little to a stage's peak memory and the first bucket is ready early in
+# the last backward. The planner's cost model counts buckets of the same size (planner/cost.py).
 
 
 class Work(Protocol):

@@ -7,17 +7,11 @@ has one thread per directed link `src->dst` carrying its transfers. Times are mi
 
 from __future__ import annotations
 
+from hppctl.models.reports import LANE_SUFFIX, allreduce_lane
 from hppctl.models.schedule import Schedule
 from hppctl.schedule.simulate import SimResult
 
 DEVICES_PID, LINKS_PID = 1, 2
-LANE_SUFFIX = " allreduce"
-
-
-def allreduce_lane(device: str) -> str:
-    """The track of a device's gradient buckets in flight (`hppctl run --trace`): a thread of its
-    own under the device's, since the buckets overlap the device's last backward."""
-    return device + LANE_SUFFIX
 
 
 def chrome_trace(result: SimResult, schedule: Schedule, *, title: str = "hppctl simulate") -> dict:
@@ -25,7 +19,8 @@ def chrome_trace(result: SimResult, schedule: Schedule, *, title: str = "hppctl 
     order = [d for s in schedule.stages for d in s.devices]
     stage_of = {d: p for p, s in enumerate(schedule.stages) for d in s.devices}
     samples = {st.device: st.samples for st in result.devices}
-    tid, events = trace_header(order, stage_of, samples, [f"{link.src}->{link.dst}" for link in result.links])
+    tid, events = trace_header(order, stage_of, samples, [f"{link.src}->{link.dst}" for link in result.links]
+                               + [span.track for span in result.spans])
     for span in result.spans:
         events.append(span_event(span.name, span.category, span.start_s, span.duration_s, tid, span.track, span.args))
     for st in result.devices:

@@ -8,7 +8,7 @@
 2. overlap on: each changed strategy plan has a replicated stage (old or new plan), and its round
    latency is no higher than before (the new term only lowers T_a).
 Run against the file as it was before the re-recording, step 1 passed and step 2 listed 148 plans;
-against the re-recorded file step 1 lists every instance with a replicated stage, as it should."""
+against the re-recorded file step 1 lists the instances the overlap moved, as it should."""
 import json, math, sys
 import hppctl.planner.cost as cost
 import hppctl.planner.vector_alloc as va

@@ -313,7 +313,8 @@ def _render_explain(rows) -> None:
                       f"{r.wait_s:.3f}", f"{r.execute_s:.3f}", f"{r.allreduce_s:.3f}", f"{r.end_s:.3f}", memory)
     stdout.print(table)
     stdout.print("waits: the forwards upstream of the step (T_w); runs: from its first forward to its last "
-                 "backward (T_e); ends at: waits + runs + all-reduce", soft_wrap=True)
+                 "backward (T_e); ends at: waits + runs + all-reduce, the part of it the stage's last backward does not "
+                 "hide (the stage table's all-reduce s is all of it)", soft_wrap=True)
 
 
 def _render_compare(rows, global_batch: int, request: PlanRequest | None, explain_: bool = False) -> None:

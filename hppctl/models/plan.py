@@ -28,7 +28,7 @@ Strategy = str
 
 
 class StagePlan(_OmitsUnset):
-    _omit_when_default = ("backward_layers",)
+    _omit_when_default = ("backward_layers", "allreduce_exposed_s", "allreduce_buckets")
 
     layers: Annotated[list[LayerIndex], Field(min_length=2, max_length=2)]
     """Half-open layer range [start, end) (of the forward pass when `backward_layers` is set)."""
@@ -41,6 +41,14 @@ class StagePlan(_OmitsUnset):
     """E_f: one micro-batch's forward on this stage (slowest device)."""
     backward_s: TimeS
     allreduce_s: TimeS
+    """T_a: the whole AllReduce of the stage's gradients over its group (Eq. 5)."""
+    allreduce_exposed_s: TimeS | None = None
+    """The part of T_a the stage's last backward does not hide (docs/planner.md, "AllReduce
+    overlap"), what the round latency counts; None (left out of the file): a stage on one device,
+    or a plan from before the overlap, whose latency counted all of T_a."""
+    allreduce_buckets: PosInt | None = None
+    """How many buckets T_a is summed in (what `allreduce_exposed_s` assumed; `hppctl simulate --plan`
+    replays it). None: as for `allreduce_exposed_s`."""
     memory_bytes: list[NonNegInt]
     """Predicted peak memory per device (Eq. 3), aligned with `devices`."""
     memory_budget_bytes: list[NonNegInt]

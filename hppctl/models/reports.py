@@ -47,10 +47,19 @@ class Span(FrozenModel):
     name: str
     category: str
     track: str
-    """A device, or a link `src->dst`."""
+    """A device, a link `src->dst`, or a device's `allreduce_lane`."""
     start_s: float
     duration_s: NonNegFloat
     args: dict[str, Any] = {}
+
+
+LANE_SUFFIX = " allreduce"
+
+
+def allreduce_lane(device: str) -> str:
+    """The track of a device's gradient buckets in flight: a thread of its own under the device's
+    in a trace, since the buckets overlap the device's last backward (runtime/reducer.py)."""
+    return device + LANE_SUFFIX
 
 
 class RoundReport(ProcessFigures):

@@ -59,6 +59,8 @@ def to_plan(cm: CostModel, profile: Profile, request: PlanRequest, strategy: str
             forward_s=ev.steps[2 * p].forward_s,
             backward_s=ev.steps[2 * p].backward_s,
             allreduce_s=ev.steps[2 * p].allreduce_s,
+            allreduce_exposed_s=ev.steps[2 * p].exposed_allreduce_s if len(s.devices) > 1 else None,
+            allreduce_buckets=ev.steps[2 * p].buckets if len(s.devices) > 1 else None,
             memory_bytes=list(ev.memory_bytes[p]),
             memory_budget_bytes=[cm.budget[d] for d in s.devices],
         )

@@ -11,7 +11,8 @@ heuristic, not an exact optimiser (notes §3.5).
 Each stored sub-pipeline is summarised by two numbers so that prepending is O(1) (this is
 Eq. 11's incremental dominant step, in closed form):
   A = max_s [M (E_f+E_b)_s + sum_{i<s} (E_f+E_b)_i]     (the head's execution end, C)
-  Z = max_s [T_a^s - sum_{i<s} E_b^i]                    (AllReduce slack)
+  Z = max_s [T_a^s - sum_{i<s} E_b^i]                    (AllReduce slack; T_a^s the exposed
+                                                          part, `cost.exposed_allreduce`)
   latency = A + Z                                        (Eq. 4)
 All (i, j) candidates of one (p, n, n') are evaluated at once with numpy.
 """
@@ -143,10 +144,11 @@ class AsteroidDP:
         alloc = self._allocator(self.N - n, self.N, tail=True)
         res = alloc.for_warmup(min(1, cm.M))
         busy = cm.M * (res.forward_s + res.backward_s)
-        latency = np.where(res.feasible, busy + alloc.allreduce, np.inf)
+        exposed = alloc.exposed(np.arange(L), res.backward_s)
+        latency = np.where(res.feasible, busy + exposed, np.inf)
         none = np.full(L + 1, -1)
         pad = lambda x, fill: np.append(x, fill)  # noqa: E731 — index L means "no layers left"
-        return _Table(pad(latency, np.inf), pad(busy, np.inf), pad(alloc.allreduce, np.inf),
+        return _Table(pad(latency, np.inf), pad(busy, np.inf), pad(exposed, np.inf),
                       pad(np.full(L, n), 0), none, none)
 
     def _prepend_head(self, n: int, n_sub: int, p: int, alloc: GroupAllocator, floor) -> tuple | None:
@@ -168,13 +170,14 @@ class AsteroidDP:
             if floor is None:  # at the group's first p, whose rows are a superset of the later ones'
                 heads = self._useful_heads(n, 2)
                 head = self._balanced_head_bound(alloc, heads)
-                head_floor = cm.M * head + alloc.allreduce[:heads]
+                exposed_floor = alloc.exposed_floor(heads)  # the head's exposed AllReduce, whatever its E_b
+                head_floor = cm.M * head + exposed_floor
                 keep = np.flatnonzero(head_floor * (1 - 1e-9) <= self.bound)
-                floor = (keep, i_all[keep], j_all[keep], head_floor[keep], (head + alloc.allreduce[:heads])[keep])
+                floor = (keep, i_all[keep], j_all[keep], head_floor[keep], (head + exposed_floor)[keep])
             last = np.searchsorted(floor[0], self._useful_heads(n, p))
             cols, i, j, head_floor, once = (x[:last] for x in floor)
             # lower bounds on the new pipeline's latency A + Z (see the formulas below; E_f + E_b
-            # of the head >= its balanced bound, Z >= the head's AllReduce):
+            # of the head >= its balanced bound, Z >= the head's exposed AllReduce >= T_a / n):
             #   the sub-pipeline's own latency plus the transfer (prepending never shortens);
             #   A >= the sub-pipeline's A (or the transfer's M micro-batches) plus one head micro-batch
             tail_line = sub.latency[:self.L] + comm_line
@@ -191,7 +194,7 @@ class AsteroidDP:
         j, c = j_all[cols], comm_line[j_all[cols]]
         head = res.forward_s + res.backward_s
         a = np.maximum(np.maximum(cm.M * head, cm.M * 2 * c + head), sub.a[j] + head + 2 * c)
-        z = np.maximum(np.maximum(alloc.allreduce[cols], -res.backward_s), sub.z[j] - res.backward_s - c)
+        z = np.maximum(np.maximum(alloc.exposed(cols, res.backward_s), -res.backward_s), sub.z[j] - res.backward_s - c)
         latency = np.where(res.feasible, a + z, np.inf)
         self._keep_best(out, latency, a, z, i_all[cols], j, n - n_sub, n_sub)
         return floor

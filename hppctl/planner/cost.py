@@ -16,13 +16,42 @@ from dataclasses import dataclass
 from hppctl.models.profile import Profile
 
 
+ALLREDUCE_BUCKET_BYTES = 4 * 2**20
+"""The runtime's gradient bucket (runtime/reducer.py): the cost model's unit of AllReduce overlap."""
+
+
+def allreduce_buckets(param_bytes: float) -> int:
+    """How many buckets a stage's gradients make (at least one)."""
+    return max(1, math.ceil(param_bytes / ALLREDUCE_BUCKET_BYTES))
+
+
+def exposed_allreduce(total_s: float, backward_s: float, buckets: int) -> float:
+    """The part of an AllReduce of `total_s` in `buckets` equal buckets left after the last backward.
+
+    The last micro-batch's backward (`backward_s`) produces bucket k (1..n) at k/n of its length
+    and the link sums one bucket at a time, so the last sum ends at max_k [k/n E_b + (n-k+1) T_a/n];
+    that is linear in k, so its maximum is at k = 1 or k = n: after the backward's end,
+    max(T_a/n, T_a - E_b (1 - 1/n)). One bucket: T_a, all of it exposed (docs/planner.md).
+    The same arithmetic as `vector_alloc.exposed_allreduce_many`, so both agree bit for bit.
+    """
+    return max(total_s / buckets, total_s - backward_s * (1 - 1 / buckets))
+
+
 @dataclass(frozen=True)
 class Step:
-    """One step's per-micro-batch forward and backward time, and its AllReduce time."""
+    """One step's per-micro-batch forward and backward time, and its AllReduce time (the whole of
+    it, in `buckets` buckets: `exposed_allreduce_s` is what the round waits for)."""
 
     forward_s: float
     backward_s: float
     allreduce_s: float = 0.0
+    buckets: int = 1
+
+    @property
+    def exposed_allreduce_s(self) -> float:
+        if self.allreduce_s == 0.0:
+            return 0.0
+        return exposed_allreduce(self.allreduce_s, self.backward_s, self.buckets)
 
 
 @dataclass(frozen=True)
@@ -76,14 +105,15 @@ def dominant_step(steps: list[Step] | tuple[Step, ...], m: int) -> int:
 
 
 def round_latency(steps: list[Step] | tuple[Step, ...], m: int) -> float:
-    """Eq. (4) in closed form: max_s [C - sum_{i<s} E_b^i + T_a^s], C = T_e^0 (notes §3.3)."""
+    """Eq. (4) in closed form: max_s [C - sum_{i<s} E_b^i + T_a^s], C = T_e^0 (notes §3.3), with
+    T_a^s the part of the AllReduce the stage's last backward does not hide (`exposed_allreduce`)."""
     c, prefix = -math.inf, 0.0
     for step in steps:
         c = max(c, m * (step.forward_s + step.backward_s) + prefix)
         prefix += step.forward_s + step.backward_s
     latency, backward_prefix = -math.inf, 0.0
     for step in steps:
-        latency = max(latency, c - backward_prefix + step.allreduce_s)
+        latency = max(latency, c - backward_prefix + step.exposed_allreduce_s)
         backward_prefix += step.backward_s
     return latency
 
@@ -116,7 +146,7 @@ def round_latency_eq456(steps: list[Step] | tuple[Step, ...], m: int) -> tuple[f
             t_e = e_dm + sum(steps[i].forward_s + steps[i].backward_s for i in range(s, dm))
         else:
             t_e = e_dm - sum(steps[i].forward_s + steps[i].backward_s for i in range(dm, s))
-        latency = max(latency, t_w + t_e + step.allreduce_s)
+        latency = max(latency, t_w + t_e + step.exposed_allreduce_s)
     return latency, dm
 
 
@@ -198,7 +228,10 @@ class CostModel:
         """Eq. (8): the group waits for its slowest device, separately in forward and backward."""
         fwd = max(self.forward_time(d, stage.start, stage.end, y) for d, y in zip(stage.devices, stage.samples))
         bwd = max(self.backward_time(d, stage.start, stage.end, y) for d, y in zip(stage.devices, stage.samples))
-        return Step(fwd, bwd, self.allreduce_time(stage.devices, stage.start, stage.end))
+        if len(stage.devices) <= 1:
+            return Step(fwd, bwd)
+        return Step(fwd, bwd, self.allreduce_time(stage.devices, stage.start, stage.end),
+                    allreduce_buckets(self.param_bytes(stage.start, stage.end)))
 
     def steps(self, stages: list[StageChoice]) -> list[Step]:
         steps: list[Step] = []

@@ -19,7 +19,7 @@ class StepRow:
     backward_s: float  # E_b
     wait_s: float  # T_w
     execute_s: float  # T_e
-    allreduce_s: float  # T_a
+    allreduce_s: float  # T_a, the part the last backward does not hide (what the round waits for)
     end_s: float  # T_w + T_e + T_a
     memory: tuple[tuple[str, int, int], ...]  # (device, predicted bytes, budget bytes)
     dominant: bool
@@ -72,7 +72,7 @@ def explain(plan: HppPlan, profile: Profile) -> list[StepRow]:
         # from Bi-Partition's model (planner/bipartition.py), so the steps are read from the plan.
         steps = []
         for p, stage in enumerate(plan.stages):
-            steps.append(Step(stage.forward_s, stage.backward_s, stage.allreduce_s))
+            steps.append(Step(stage.forward_s, stage.backward_s, stage.allreduce_s))  # Bi-Partition: one device
             if p < len(plan.transfers):
                 steps.append(Step(plan.transfers[p].forward_s, plan.transfers[p].backward_s))
         return step_rows(tuple(steps), plan.num_micro_batches, plan, [s.memory_bytes for s in plan.stages])
@@ -99,7 +99,7 @@ def step_rows(steps: tuple[Step, ...], m: int, plan: HppPlan, memory) -> list[St
         else:
             label = f"transfer {s // 2} -> {s // 2 + 1}"
             mem, kind = (), "transfer"
-        rows.append(StepRow(s, kind, label, step.forward_s, step.backward_s, wait, execute, step.allreduce_s,
-                            wait + execute + step.allreduce_s, mem, s == dm))
+        rows.append(StepRow(s, kind, label, step.forward_s, step.backward_s, wait, execute, step.exposed_allreduce_s,
+                            wait + execute + step.exposed_allreduce_s, mem, s == dm))
         wait += step.forward_s  # Eq. (5): T_w is the sum of upstream forward times
     return rows

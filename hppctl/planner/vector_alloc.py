@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hppctl.planner.allocation import DROP_OUT_TOLERANCE, block_size
-from hppctl.planner.cost import CostModel
+from hppctl.planner.cost import ALLREDUCE_BUCKET_BYTES, CostModel
 
 
 @dataclass
@@ -240,6 +240,11 @@ def _offload_stragglers(tables, dev, start, end, caps, y, fwd, bwd, peak, feasib
         live = keep
 
 
+def exposed_allreduce_many(total_s: np.ndarray, backward_s: np.ndarray, buckets: np.ndarray) -> np.ndarray:
+    """`cost.exposed_allreduce` elementwise, with the same operations (bit for bit)."""
+    return np.maximum(total_s / buckets, total_s - backward_s * (1 - 1 / buckets))
+
+
 class GroupAllocator:
     """Algorithm 1 for one contiguous device group over a fixed list of layer pairs, computed lazily.
 
@@ -258,6 +263,16 @@ class GroupAllocator:
         self.safe_warmup = np.zeros(n)
         self.weights_fit = np.zeros(n, dtype=bool)
         self.allreduce = self._allreduce()
+        """T_a of every pair: the whole AllReduce (`exposed` is the part a round waits for)."""
+        self.buckets = np.maximum(1.0, np.ceil(tables.range_param_bytes(start, end) / ALLREDUCE_BUCKET_BYTES))
+
+    def exposed(self, cols: np.ndarray, backward_s: np.ndarray) -> np.ndarray:
+        """`cost.exposed_allreduce` of columns `cols` after a last backward of `backward_s`."""
+        return exposed_allreduce_many(self.allreduce[cols], backward_s, self.buckets[cols])
+
+    def exposed_floor(self, cols: int) -> np.ndarray:
+        """A lower bound of `exposed` for the first `cols` columns whatever the backward: T_a / n."""
+        return self.allreduce[:cols] / self.buckets[:cols]
 
     def _allreduce(self) -> np.ndarray:
         cm, g = self.tables.cm, len(self.devices)

@@ -36,7 +36,8 @@ from torch.func import functional_call
 
 from hppctl.models.schedule import Action
 from hppctl.runtime.accelerator import to_wire
-from hppctl.runtime.executor import Executor, _Pending, _unflatten_into
+from hppctl.runtime.executor import Executor, _Pending
+from hppctl.runtime.reducer import unflatten_into
 from hppctl.runtime.stage import TensorSpec, assign_by_name, backward_into, cut_specs, host_copy, input_grads, join
 
 SPLIT_INPUT_TAG = 1 << 24
@@ -129,9 +130,9 @@ class BiExecutor(Executor):
     """`Executor` whose F and B run a Bi-Partition worker's ranges, plus the SX/RX/SW/RW actions."""
 
     def __init__(self, device: str, actions, topology, stage: BiStage, optimizer, comm, feed, *, trace=False,
-                 accelerator=None, precision=None) -> None:
+                 accelerator=None, precision=None, **reduce_options) -> None:
         super().__init__(device, actions, topology, stage, optimizer, comm, feed, trace=trace,
-                         accelerator=accelerator, precision=precision)
+                         accelerator=accelerator, precision=precision, **reduce_options)
         self.bi = stage
         self.grad_inputs = [s for s in stage.specs(stage.b0) if s.carries_grad]
         self.grad_outputs = [s for s in stage.specs(stage.b1) if s.carries_grad]
@@ -280,5 +281,5 @@ class BiExecutor(Executor):
         begin = time.perf_counter()
         self.comm.irecv(flat, a.peer, WEIGHTS_TAG).wait()  # the next round's forwards need them
         self.stats.wait_s += time.perf_counter() - begin
-        _unflatten_into(flat, weights)
+        unflatten_into(flat, weights)
 

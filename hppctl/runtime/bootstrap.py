@@ -334,6 +334,12 @@ class DistComm:
 
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.groups.stage_group)
 
+    def allreduce_sum_async(self, tensor):
+        """gloo runs it on the group's own threads; its work's wait (or future) says when the sum is in."""
+        import torch.distributed as dist
+
+        return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.groups.stage_group, async_op=True)
+
     def allreduce_max(self, tensor) -> None:
         import torch.distributed as dist
 

@@ -11,6 +11,7 @@ from pydantic import Field
 from hppctl.models.base import FrozenModel
 from hppctl.models.profile import ModelInput
 from hppctl.models.schedule import Schedule
+from hppctl.planner.cost import ALLREDUCE_BUCKET_BYTES
 from hppctl.runtime.workdir import UserCode
 
 PosInt = Annotated[int, Field(gt=0)]
@@ -62,6 +63,11 @@ class TrainOptions(FrozenModel):
     progress_every_s: PosFloat = 0.5
     """How often a worker may report its progress within a round (runtime/progress.py): the
     launcher's log interval, at most 0.5 s."""
+    allreduce_bucket_bytes: PosInt = ALLREDUCE_BUCKET_BYTES
+    """Gradient AllReduce granularity of a replicated stage (runtime/reducer.py's BUCKET_BYTES)."""
+    allreduce_overlap: bool = True
+    """Start each bucket's AllReduce from the round's last backward (False: all after it, the path
+    before issue 28; kept for bench/allreduce_overlap.py's comparison)."""
     precision: Literal["fp32", "fp16", "bf16"] = "fp32"
     """Autocast dtype of the forward passes (`--precision`; runtime/accelerator.py): fp32 runs
     without autocast; fp16 with one loss scale shared by every stage; bf16 without a scale."""

@@ -11,13 +11,18 @@ the device's list action by action:
 | `RA`   | post a non-blocking receive; the `F` of that micro-batch waits for it |
 | `SG`   | post a non-blocking send of the input gradients of the named samples back to the peer |
 | `RG`   | post a non-blocking receive; the `B` of that micro-batch waits for it |
-| `AR`   | wait for this device's sends, sum the stage's weight gradients over its group, and average its BatchNorm statistics |
+| `AR`   | wait for this device's sends and for the gradient AllReduces the last `B` started, start the rest, and average the stage's BatchNorm statistics |
 | `STEP` | wait for this device's sends, optimizer step, clear the gradients |
 
 Gradients: the tail's loss for its samples is the summed cross-entropy divided by the *global*
 batch G = M·B, so the gradients every device accumulates over its micro-batches, summed over the
 stage's group by `AR`, are exactly the gradient of the mean loss over the global batch, whatever
 the split (notes/asteroid.md §4: weighting by y_d).
+
+Overlap (runtime/reducer.py): on a replicated stage, the device's last `B` of the round runs with
+gradient hooks that start each 4 MiB bucket's AllReduce as soon as backward has produced it, so
+the sum of the late layers travels while the early layers back-propagate; `AR` only waits for what
+is still in flight. `RoundStats.allreduce_s` is that exposed wait (the buckets are spans of their own).
 
 Every message carries a tag from (micro-batch, channel, tensor index); the schedule guarantees that
 sends and receives between two devices come in the same order, and the tags check it.
@@ -31,6 +36,7 @@ the forward and the loss in its autocast, scales the tail's loss and unscales be
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
@@ -38,9 +44,10 @@ import torch
 import torch.nn.functional as F
 
 from hppctl.errors import RuntimeFailure
-from hppctl.models.reports import Span
+from hppctl.models.reports import Span, allreduce_lane
 from hppctl.models.schedule import Action
 from hppctl.runtime.accelerator import Precision, from_wire, pinned_for, to_wire
+from hppctl.runtime.reducer import BUCKET_BYTES, GradientReducer, unflatten_into
 from hppctl.runtime.stage import Stage, TensorSpec, join
 from hppctl.runtime.topology import Topology
 
@@ -63,6 +70,9 @@ class Comm(Protocol):
     def isend(self, tensor: torch.Tensor, peer: str, tag: int) -> Work: ...
     def irecv(self, tensor: torch.Tensor, peer: str, tag: int) -> Work: ...
     def allreduce_sum(self, tensor: torch.Tensor) -> None: ...
+    def allreduce_sum_async(self, tensor: torch.Tensor) -> Work:
+        """Start a sum over the stage group; the result is in `tensor` once the work's wait returns.
+        Every member must start its collectives in the same order (gloo pairs them by order)."""
     def allreduce_max(self, tensor: torch.Tensor) -> None: ...
 
 
@@ -117,7 +127,8 @@ class Executor:
 
     def __init__(self, device: str, actions: Sequence[Action], topology: Topology, stage: Stage,
                  optimizer: torch.optim.Optimizer, comm: Comm, feed: Feed, *, trace: bool = False,
-                 accelerator: torch.device | None = None, precision: Precision | None = None) -> None:
+                 accelerator: torch.device | None = None, precision: Precision | None = None,
+                 bucket_bytes: int = BUCKET_BYTES, overlap_allreduce: bool = True) -> None:
         self.device, self.actions, self.topo, self.stage = device, list(actions), topology, stage
         self.optimizer, self.comm, self.feed, self.trace = optimizer, comm, feed, trace
         self.accelerator = accelerator or getattr(stage, "device", None) or torch.device("cpu")
@@ -137,12 +148,29 @@ class Executor:
         }
         self.handlers.update(self.more_handlers())
         self.backwards_per_round = sum(a.kind == "B" for a in self.actions)
+        self.reducer = GradientReducer(stage.parameters(), comm, bucket_bytes=bucket_bytes,
+                                       overlap=overlap_allreduce and self.overlaps_allreduce)
+        self.last_backward = self._last_backward_before_allreduce()
         self.on_step: Callable[[int, int, int], None] | None = None
         """Called after each backward with (round, backwards done, backwards per round): the
         worker's progress report (runtime/progress.py), for rounds long enough to need one."""
         unknown = sorted({a.kind for a in self.actions} - set(self.handlers))
         if unknown:
             raise ExecutionError(f"{device}: the schedule has actions of unknown kind {unknown}")
+
+    overlaps_allreduce = True
+    """Whether the last backward may start the AllReduce (a subclass whose backward does not
+    accumulate into the live parameters' gradients turns it off)."""
+
+    def _last_backward_before_allreduce(self) -> Action | None:
+        """The `B` whose gradient hooks start the AllReduce: the device's last before its `AR`."""
+        last = None
+        for a in self.actions:
+            if a.kind == "B":
+                last = a
+            elif a.kind == "AR":
+                return last
+        return None
 
     def more_handlers(self) -> dict[str, Callable[[Action], None]]:
         """Handlers of further action kinds (runtime/bipartition.py's BiExecutor: SX, RX, SW, RW)."""
@@ -232,9 +260,11 @@ class Executor:
     def _backward(self, a: Action) -> None:
         m = a.micro_batch
         self._check_range(a)
+        hooks = self.reducer.hooked() if a is self.last_backward else nullcontext()
         if self.tail:
             begin = time.perf_counter()
-            self.precision.scale(self._losses.pop(m)).backward()
+            with hooks:
+                self.precision.scale(self._losses.pop(m)).backward()
         else:
             pieces = self._collect(self._recv_grad.pop(m, []), a, "gradients")
             grads = join(self.grad_outputs, pieces)
@@ -242,7 +272,8 @@ class Executor:
             pairs = [(o, g.to(o.dtype)) for o, g in zip(outputs, grads) if o.requires_grad]  # autocast: o in half
             begin = time.perf_counter()
             if pairs:
-                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+                with hooks:
+                    torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         values = self._inputs.pop(m)
         if not self.head:
             self._input_grads[m] = [v.grad if v.grad is not None else torch.zeros_like(v)
@@ -329,19 +360,17 @@ class Executor:
         self.stats.wait_s += time.perf_counter() - begin
 
     def _allreduce(self, a: Action) -> None:
+        """The exposed part of the AllReduce: what the last backward's buckets left to wait for."""
         self._wait_sends()
         begin = time.perf_counter()
-        for p in self.stage.parameters():
-            if p.grad is None:  # a device with no samples (or a parameter its samples did not reach)
-                p.grad = torch.zeros_like(p)
-        for bucket in _buckets([p.grad for p in self.stage.parameters()]):
-            flat = to_wire(torch.cat([g.reshape(-1) for g in bucket]))
-            self.comm.allreduce_sum(flat)
-            _unflatten_into(flat, bucket)
+        buckets = self.reducer.finish()
         self._average_buffers()
         now = time.perf_counter()
         self.stats.allreduce_s += now - begin
-        self._span(str(a), "allreduce", self.device, begin, now)
+        self._span(str(a), "allreduce", self.device, begin, now, {"buckets": len(buckets)})
+        for b in buckets:  # each bucket from its start (maybe within the last backward) to its sum
+            self._span(f"{a} bucket {b.bucket}", "allreduce", allreduce_lane(self.device), b.started, min(b.ended),
+                       {"bucket": b.bucket, "bytes": b.flat.numel() * b.flat.element_size()})
 
     def _average_buffers(self) -> None:
         """BatchNorm running statistics: each replica saw only its own samples; after the round the
@@ -353,11 +382,11 @@ class Executor:
         if floats:
             flat = to_wire(torch.cat([b.reshape(-1) for b in floats]) * weight)
             self.comm.allreduce_sum(flat)
-            _unflatten_into(flat, floats)
+            unflatten_into(flat, floats)
         if ints:
             flat = to_wire(torch.cat([b.reshape(-1) for b in ints]))
             self.comm.allreduce_max(flat)
-            _unflatten_into(flat, ints)
+            unflatten_into(flat, ints)
 
     def _step(self, a: Action) -> None:
         self._wait_sends()
@@ -374,30 +403,3 @@ class Executor:
             self.stats.spans.append(Span(name=name, category=category, track=track, start_s=begin - self._t0,
                                          duration_s=end - begin, args=args or {}))
 
-
-BUCKET_BYTES = 4 * 2**20
-"""AllReduce granularity: big enough to keep gloo's per-call cost small, small enough that the
-flattened copy adds little to a stage's peak memory."""
-
-
-def _buckets(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
-    out, current, size = [], [], 0
-    for t in tensors:
-        current.append(t)
-        size += t.numel() * t.element_size()
-        if size >= BUCKET_BYTES:
-            out.append(current)
-            current, size = [], 0
-    if current:
-        out.append(current)
-    return out
-
-
-def _unflatten_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
-    """Copy `flat`'s pieces into `tensors` (from host memory onto their device, if they live on one)."""
-    offset = 0
-    with torch.no_grad():
-        for t in tensors:
-            n = t.numel()
-            t.copy_(flat[offset:offset + n].view_as(t))
-            offset += n

@@ -70,6 +70,9 @@ class AbortableWork:
     def wait(self) -> None:
         self.waiters.wait(self.work, self.abort)
 
+    def get_future(self):
+        return self.work.get_future()
+
 
 class AbortableComm(bootstrap.DistComm):
     def __init__(self, ranks: dict[str, int], groups: bootstrap.Groups, abort: threading.Event,
@@ -100,6 +103,14 @@ class AbortableComm(bootstrap.DistComm):
         import torch.distributed as dist
 
         self._allreduce(tensor, dist.ReduceOp.MAX)
+
+    def allreduce_sum_async(self, tensor) -> AbortableWork:
+        """Started from a gradient hook; its wait, at the AR action, gives up like every other."""
+        import torch.distributed as dist
+
+        work = posted(lambda: dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.groups.stage_group,
+                                              async_op=True))
+        return AbortableWork(work, self.abort, self.waiters)
 
 
 def posted(post):

@@ -59,7 +59,9 @@ class Worker:
 
     def new_executor(self, comm):
         return self.executor_class(self.device, self.config.schedule.actions[self.device], self.topo, self.stage,
-                                   self.optimizer, comm, self.feed, trace=self.config.options.trace)
+                                   self.optimizer, comm, self.feed, trace=self.config.options.trace,
+                                   bucket_bytes=self.config.options.allreduce_bucket_bytes,
+                                   overlap_allreduce=self.config.options.allreduce_overlap)
 
     def state_blob(self, completed_rounds: int) -> bytes:
         from hppctl.runtime.replication import to_bytes

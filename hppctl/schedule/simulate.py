@@ -10,8 +10,12 @@ Model (docs/simulator.md):
   the transfer starts as soon as the uplink is free; a receive is posted early (irecv) and the
   compute that consumes it waits for the data; `mode="blocking"`: send and receive are rendezvous,
   both devices wait from the later of their two posts until the transfer ends;
-- AllReduce is a ring over the group: it starts when every member has posted it and its uplink is
-  idle, and takes 2(n-1)/n x gradient bytes over the slowest link of the group (Eq. 5); members wait;
+- AllReduce is a ring over the group taking 2(n-1)/n x gradient bytes over the slowest link of the
+  group (Eq. 5), in `allreduce_buckets` equal buckets summed one after another: a member's last
+  backward produces bucket k at k/n of its length (a member without samples, at its AR), bucket k
+  starts once every member has it and bucket k-1 is summed, and each member's AR waits for the
+  last bucket (what the runtime's gradient hooks do, runtime/reducer.py); the buckets do not queue
+  behind the member's sends;
 - activation memory on a device: samples forwarded and not yet backwarded x per-sample activation
   bytes of its stage (Eq. 3 with the observed number of micro-batches in flight).
 
@@ -22,12 +26,14 @@ once, in dependency order, with no global event queue: O(actions).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from hppctl.errors import BadInput, HppctlError
 from hppctl.models.plan import HppPlan
+from hppctl.models.reports import allreduce_lane
 from hppctl.models.schedule import Schedule
 from hppctl.schedule.async_check import versions_held
 from hppctl.schedule.routing import owned_ranges
@@ -41,6 +47,7 @@ class Timings(Protocol):
     def transfer_s(self, src: str, dst: str, cut: int, samples: int) -> float: ...
     def allreduce_s(self, stage: int) -> float: ...
     def allreduce_bytes(self, stage: int) -> int: ...
+    def allreduce_buckets(self, stage: int) -> int: ...
     def step_s(self, device: str, stage: int) -> float: ...
     def activation_bytes_per_sample(self, stage: int) -> int | None: ...
     def fixed_bytes(self, stage: int) -> int | None: ...
@@ -71,6 +78,7 @@ class DeviceStats:
     compute_s: float = 0.0
     """Forward + backward + optimizer step."""
     allreduce_s: float = 0.0
+    """The AllReduce's exposed part: from the member's AR until the last bucket is summed."""
     finish_s: float = 0.0
     peak_in_flight_micro_batches: int = 0
     peak_in_flight_samples: int = 0
@@ -147,6 +155,8 @@ class _Replay:
         self.waiters: dict[tuple, list[str]] = defaultdict(list)
         self.posted: dict[tuple, float] = {}  # blocking mode: key + side -> post time
         self.ar_posted: dict[int, dict[str, float]] = defaultdict(dict)
+        self.last_backward: dict[str, tuple[float, float]] = {}
+        """(start, end) of each device's latest B: at its AR, the one whose hooks start the buckets."""
         self.in_flight = {d: [0, 0] for d in self.programs}  # micro-batches, samples
         self.needs = {d: self._needs(d) for d in self.programs}
         self.spans: list[Span] = []
@@ -249,6 +259,7 @@ class _Replay:
         if a.kind == "B":
             flight[0] -= 1
             flight[1] -= y
+            self.last_backward[d] = (begin, end)
             if self.trace:
                 stats.memory_samples.append((end, flight[1]))
         self.clock[d] = end
@@ -314,16 +325,40 @@ class _Replay:
         members = self.groups[a.stage]
         if len(posted) < len(members):
             return False
-        begin = max(posted.values())
-        dur = self.tm.allreduce_s(a.stage)
+        buckets = self._buckets(a.stage, members, posted)
+        finish = buckets[-1][1]
         for e in members:
-            self.clock[e] = self.uplink[e] = begin + dur
-            self.stats[e].allreduce_s += dur
+            done = max(finish, posted[e])
+            self.stats[e].allreduce_s += done - posted[e]
+            self.clock[e] = self.uplink[e] = done
             self.pc[e] += 1
             if e != d:
                 woken.append(e)
-            self._span(e, f"AR{a.stage}", "allreduce", begin, dur, {"bytes": self.tm.allreduce_bytes(a.stage)})
+            self._span(e, f"AR{a.stage}", "allreduce", posted[e], done - posted[e],
+                       {"bytes": self.tm.allreduce_bytes(a.stage), "buckets": len(buckets)})
+            if len(buckets) > 1:
+                for k, (start, end) in enumerate(buckets):
+                    self._span(allreduce_lane(e), f"AR{a.stage} bucket {k}", "allreduce", start, end - start)
         return True
+
+    def _buckets(self, stage: int, members, posted: dict[str, float]) -> list[tuple[float, float]]:
+        """(start, end) of each bucket's sum: bucket k (1..n) ready on a member at k/n of its last
+        backward (at its AR without one), started when ready everywhere and bucket k-1 is done."""
+        n = getattr(self.tm, "allreduce_buckets", lambda _stage: 1)(stage)
+        piece = self.tm.allreduce_s(stage) / n
+        out, previous = [], -math.inf
+        for k in range(1, n + 1):
+            ready = max(self._bucket_ready(e, k, n, posted[e]) for e in members)
+            start = max(ready, previous)
+            previous = start + piece
+            out.append((start, previous))
+        return out
+
+    def _bucket_ready(self, e: str, k: int, n: int, posted: float) -> float:
+        if e not in self.last_backward:  # no samples: every bucket starts at its AR
+            return posted
+        begin, end = self.last_backward[e]
+        return end if k == n else begin + (end - begin) * k / n
 
     def _span(self, track: str, name: str, category: str, start: float, dur: float, args: dict | None = None) -> None:
         if self.trace:

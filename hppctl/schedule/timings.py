@@ -10,7 +10,7 @@ from __future__ import annotations
 from hppctl.models.plan import HppPlan
 from hppctl.models.profile import Profile
 from hppctl.models.schedule import Schedule
-from hppctl.planner.cost import CostModel
+from hppctl.planner.cost import CostModel, allreduce_buckets
 from hppctl.schedule.bipartition import message_bytes, recompute_s, stage_memory
 
 
@@ -60,6 +60,10 @@ class ProfileTimings:
         start, end = self.layers[stage]
         return self.cm.param_bytes(start, end)
 
+    def allreduce_buckets(self, stage: int) -> int:
+        """The planner's count (`cost.allreduce_buckets`), so both overlap the same way."""
+        return allreduce_buckets(self.allreduce_bytes(stage)) if len(self.groups[stage]) > 1 else 1
+
     def step_s(self, device: str, stage: int) -> float:
         return self._step_s
 
@@ -106,6 +110,10 @@ class PlanTimings:
 
     def allreduce_bytes(self, stage: int) -> int:
         return 0
+
+    def allreduce_buckets(self, stage: int) -> int:
+        """The plan's count; 1 (no overlap) for a plan from before it was recorded."""
+        return self.plan.stages[stage].allreduce_buckets or 1
 
     def step_s(self, device: str, stage: int) -> float:
         return self._step_s

@@ -7,6 +7,7 @@ has one thread per directed link `src->dst` carrying its transfers. Times are mi
 
 from __future__ import annotations
 
+from hppctl.models.reports import LANE_SUFFIX, allreduce_lane
 from hppctl.models.schedule import Schedule
 from hppctl.schedule.simulate import SimResult
 
@@ -18,7 +19,8 @@ def chrome_trace(result: SimResult, schedule: Schedule, *, title: str = "hppctl 
     order = [d for s in schedule.stages for d in s.devices]
     stage_of = {d: p for p, s in enumerate(schedule.stages) for d in s.devices}
     samples = {st.device: st.samples for st in result.devices}
-    tid, events = trace_header(order, stage_of, samples, [f"{link.src}->{link.dst}" for link in result.links])
+    tid, events = trace_header(order, stage_of, samples, [f"{link.src}->{link.dst}" for link in result.links]
+                               + [span.track for span in result.spans])
     for span in result.spans:
         events.append(span_event(span.name, span.category, span.start_s, span.duration_s, tid, span.track, span.args))
     for st in result.devices:
@@ -45,6 +47,8 @@ def trace_header(order: list[str], stage_of: dict[str, int], samples: dict[str, 
     links = sorted({t for t in tracks if "->" in t},
                    key=lambda name: (order.index(name.split("->")[0]), order.index(name.split("->")[1])))
     tid.update({name: i + 1 for i, name in enumerate(links)})
+    lanes = [allreduce_lane(d) for d in order if allreduce_lane(d) in set(tracks)]
+    tid.update({name: len(order) + i + 1 for i, name in enumerate(lanes)})
     events: list[dict] = [
         _meta("process_name", DEVICES_PID, None, "devices"),
         _meta("process_sort_index", DEVICES_PID, None, 0, key="sort_index"),
@@ -54,6 +58,10 @@ def trace_header(order: list[str], stage_of: dict[str, int], samples: dict[str, 
     for d in order:
         events.append(_meta("thread_name", DEVICES_PID, tid[d], f"stage {stage_of[d]}: {d} ({samples[d]} samples)"))
         events.append(_meta("thread_sort_index", DEVICES_PID, tid[d], tid[d], key="sort_index"))
+    for name in lanes:  # sorted just under its device
+        events.append(_meta("thread_name", DEVICES_PID, tid[name], f"{name.removesuffix(LANE_SUFFIX)}: AllReduce buckets"))
+        events.append(_meta("thread_sort_index", DEVICES_PID, tid[name], tid[name.removesuffix(LANE_SUFFIX)],
+                            key="sort_index"))
     for name in links:
         events.append(_meta("thread_name", LINKS_PID, tid[name], name))
         events.append(_meta("thread_sort_index", LINKS_PID, tid[name], tid[name], key="sort_index"))

@@ -8,7 +8,8 @@ plus two above `FINE_SECOND_ORDER_LAYERS` so the coarse second device order is e
 samples), the round latency as `float.hex` (equal to the last bit) and the dominant step; for the
 test_asteroid DP cases also the paper DP's own `best(devices=N)`.
 
-Recorded once, on the code before the change, with:
+Recorded on the code before the change, and again with the AllReduce overlap in the cost model
+(see test_plans_unchanged.py for what was checked first), with:
 
     PYTHONPATH=. python -m tests.planner.plan_fixture    # writes tests/planner/plans_before_scale.json
 """

@@ -80,3 +80,33 @@ def test_time_is_nonlinear_in_batch():
     per_sample_64 = cm.forward_time(0, 0, 2, 64) / 64
     assert per_sample_1 > 2 * per_sample_64
     assert math.isfinite(per_sample_64)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_exposed_allreduce_is_the_end_of_a_bucket_chain_fed_by_the_last_backward(seed):
+    """n buckets ready at k/n of the last backward, summed one after another on the link: the last
+    ends max(T_a/n, T_a - E_b (1 - 1/n)) after the backward; the vectorised twin agrees bit for bit."""
+    import numpy as np
+
+    from hppctl.planner.cost import exposed_allreduce
+    from hppctl.planner.vector_alloc import exposed_allreduce_many
+
+    rng = random.Random(seed)
+    total, backward, n = rng.uniform(0, 5), rng.uniform(0, 5), rng.randint(1, 40)
+    end = -math.inf
+    for k in range(1, n + 1):
+        end = max(end, backward * k / n) + total / n
+    assert exposed_allreduce(total, backward, n) == pytest.approx(end - backward, rel=1e-12, abs=1e-12)
+    assert exposed_allreduce(total, backward, 1) == total
+    many = exposed_allreduce_many(np.array([total]), np.array([backward]), np.array([float(n)]))
+    assert many[0] == exposed_allreduce(total, backward, n)
+
+
+def test_replicated_stage_step_counts_buckets_and_the_latency_only_the_exposed_part():
+    profile = make_profile(layers=6, speeds=(1.0, 1.0), param_scale=20)
+    cm = CostModel(profile, micro_batch=16, num_micro_batches=4)
+    step = cm.stage_step(StageChoice(0, 6, (0, 1), (8, 8)))
+    assert step.buckets == math.ceil(cm.param_bytes(0, 6) / 2**22) > 1
+    assert 0 < step.exposed_allreduce_s < step.allreduce_s
+    assert round_latency([step], 4) == 4 * (step.forward_s + step.backward_s) + step.exposed_allreduce_s
+    assert cm.stage_step(StageChoice(0, 6, (0,), (16,))).buckets == 1  # one device: nothing to sum

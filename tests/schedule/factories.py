@@ -27,9 +27,10 @@ class FixedTimings:
     """Per-stage forward/backward seconds (whatever the samples), per-cut seconds per micro-batch of B samples."""
 
     def __init__(self, forward, backward, transfer=(), *, B: int = 8, allreduce=None, step_s: float = 0.0,
-                 activation_bytes: int = 100, bandwidth=None):
+                 activation_bytes: int = 100, bandwidth=None, buckets=None):
         self.f, self.b, self.c, self.B = list(forward), list(backward), list(transfer), B
         self.ar = list(allreduce or [0.0] * len(self.f))
+        self.buckets = list(buckets or [1] * len(self.f))
         self._step, self.act, self.bandwidth = step_s, activation_bytes, bandwidth or {}
 
     def compute_s(self, device, stage, kind, samples):
@@ -48,6 +49,9 @@ class FixedTimings:
 
     def allreduce_bytes(self, stage):
         return 0
+
+    def allreduce_buckets(self, stage):
+        return self.buckets[stage]
 
     def step_s(self, device, stage):
         return self._step

@@ -32,6 +32,31 @@ def test_data_parallel_stage_adds_one_allreduce(devices, M, ar):
     assert all(d.allreduce_s == ar for d in r.devices)
 
 
+@pytest.mark.parametrize("buckets, exposed", [(1, 3.0), (2, 2.0), (4, 1.5), (16, 1.125)])
+def test_replicated_stage_hides_its_allreduce_behind_the_last_backward_as_the_estimate_does(buckets, exposed):
+    # T_a = 3 in n buckets, last backward 2 s: max(T_a / n, T_a - E_b (1 - 1/n)) is left after it
+    r = run([[4, 4]], 4, FixedTimings([1.0], [2.0], allreduce=[3.0], buckets=[buckets]), trace=True)
+    assert r.round_latency_s == pytest.approx(4 * 3.0 + exposed, rel=1e-12)
+    assert round_latency([Step(1.0, 2.0, 3.0, buckets)], 4) == pytest.approx(r.round_latency_s, rel=1e-12)
+    assert all(d.allreduce_s == pytest.approx(exposed, rel=1e-12) for d in r.devices)
+    lanes = [s for s in r.spans if s.track.endswith(" allreduce")]
+    assert len(lanes) == (2 * buckets if buckets > 1 else 0)
+    if buckets > 1:  # the first bucket is summed while the last backward runs
+        last_backward_end = max(s.start_s + s.duration_s for s in r.spans if s.category == "backward")
+        assert min(s.start_s for s in lanes) < last_backward_end
+
+
+def test_profile_timings_replicated_stage_reproduce_the_plans_estimate_with_overlap():
+    # two equal devices sharing one stage whose gradients make 4 buckets: the plan counts them, the replay too
+    profile = make_profile(layers=6, speeds=(1.0, 1.0), memory_gb=(8, 8), param_scale=20)
+    plan = make_plan(profile, PlanRequest(global_batch=256, micro_batch=16), "dp")
+    stage = plan.stages[0]
+    assert len(stage.devices) == 2 and stage.allreduce_buckets > 1
+    assert stage.allreduce_exposed_s < stage.allreduce_s
+    _, r = simulate_plan(plan, profile)
+    assert r.round_latency_s == pytest.approx(plan.prediction.round_latency_s, rel=1e-12)
+
+
 # Two single-device stages, Asteroid K = (3, 1). c is the cut's one-way time per micro-batch.
 TWO_STAGE = [
     # stage 1 dominant: f0 + c + M (f1 + b1) + c + b0

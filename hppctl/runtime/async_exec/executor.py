@@ -56,6 +56,9 @@ def version_lifetimes(actions: Sequence[Action]) -> tuple[dict[int, tuple[str, i
 class AsyncExecutor(Executor):
     """Runs windows of an asynchronous schedule; `policy` and N come from the schedule."""
 
+    overlaps_allreduce = False
+    """PipeDream adds a stashed version's gradients by hand (`_add_stashed_grads`), after the hooks."""
+
     def __init__(self, *args, policy: str, micro_batches_per_update: int, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if policy not in ("nf1b", "pipedream"):

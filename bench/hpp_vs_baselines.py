@@ -44,7 +44,7 @@ from hppctl.planner import make_plan  # noqa: E402
 from hppctl.planner.micro_batch import make_auto_plan  # noqa: E402
 from hppctl.runtime.config import TrainOptions  # noqa: E402
 from hppctl.runtime.session import RunRequest, Session  # noqa: E402
-from hppctl.schedule import simulate_plan  # noqa: E402
+from hppctl.schedule import simulate_plan, simulated_round_latency  # noqa: E402
 from hppctl.store import load  # noqa: E402
 
 HPPCTL = [sys.executable, "-m", "hppctl"]
@@ -86,7 +86,7 @@ def lab_and_profile(args, work: Path) -> tuple[Path, Path, bool]:
 
 def run_strategy(name: str, profile: Profile, cluster: ClusterSpec, args) -> dict:
     if args.micro_batch == "auto":  # each strategy at its own best micro-batch (docs/planner.md)
-        plan = make_auto_plan(profile, args.global_batch, name)
+        plan = make_auto_plan(profile, args.global_batch, name, simulated_round_latency(profile))
     else:
         plan = make_plan(profile, PlanRequest(global_batch=args.global_batch, micro_batch=int(args.micro_batch)), name)
     _, sim = simulate_plan(plan, profile)

@@ -120,7 +120,8 @@ def _profile_plan_train(where: Path, cluster, model: str, granularity: str, glob
     def plan_with(strategy: str):
         if request is None:
             from hppctl.planner.micro_batch import make_auto_plan
-            return make_auto_plan(profile, global_batch, strategy)
+            from hppctl.schedule import simulated_round_latency
+            return make_auto_plan(profile, global_batch, strategy, simulated_round_latency(profile))
         return make_plan(profile, request, strategy)
 
     plan = plan_with("asteroid")

@@ -122,7 +122,9 @@ def plan_command(
         return
     if request is None:
         from hppctl.planner.micro_batch import make_auto_plan
-        plan = make_auto_plan(prof, check_global_batch(global_batch), strategy or "asteroid")
+        from hppctl.schedule import simulated_round_latency
+        plan = make_auto_plan(prof, check_global_batch(global_batch), strategy or "asteroid",
+                              simulated_round_latency(prof))
     else:
         plan = planner.make_plan(prof, request, strategy or "asteroid")
     if out is not None:
@@ -261,19 +263,20 @@ def _distinct(a: float, b: float) -> tuple[str, str]:
 
 def describe_choice(choice) -> str:
     """One line: the micro-batch `auto` chose, the candidates, and the runner-up's figure."""
-    scored = [c for c in choice.candidates if c.throughput_samples_per_s is not None]
+    scored = [c for c in choice.candidates if c.score(choice.ranked_by) is not None]
     won = next(c for c in scored if c.micro_batch == choice.chosen)
-    others = sorted((c for c in scored if c is not won), key=lambda c: (-c.throughput_samples_per_s, c.micro_batch))
+    others = sorted((c for c in scored if c is not won), key=lambda c: (-c.score(choice.ranked_by), c.micro_batch))
     sizes = "/".join(str(c.micro_batch) for c in choice.candidates)
+    figure = "simulated" if choice.ranked_by == "simulated" else "predicted"
     if others:
-        first, second = _distinct(won.throughput_samples_per_s, others[0].throughput_samples_per_s)
+        first, second = _distinct(won.score(choice.ranked_by), others[0].score(choice.ranked_by))
         versus = f"{first} vs {second} samples/s at {others[0].micro_batch}, the next best"
     else:
-        versus = f"{won.throughput_samples_per_s:.1f} samples/s, the only one"
+        versus = f"{won.score(choice.ranked_by):.1f} samples/s, the only one"
     skipped = [c for c in choice.candidates if c.skipped is not None]
     skipped_text = (f"; skipped {'/'.join(str(c.micro_batch) for c in skipped)} ({skipped[0].skipped}"
                     f"{', …' if len(skipped) > 1 else ''})" if skipped else "")
-    return (f"micro-batch {choice.chosen} (auto: best predicted of {sizes}: {versus}{skipped_text}; "
+    return (f"micro-batch {choice.chosen} (auto: best {figure} of {sizes}: {versus}{skipped_text}; "
             "rule: docs/planner.md, \"Choosing the micro-batch\")")
 
 
@@ -339,7 +342,7 @@ def _render_compare(rows, global_batch: int, request: PlanRequest | None, explai
         table.add_row(*cells)
     stdout.print(table)
     formula = " (Asteroid's closed form, Eqs. 4-6)" if explain_ else ""
-    chosen = ("; micro-batch: the one of highest estimate per strategy (docs/planner.md, \"Choosing the "
+    chosen = ("; micro-batch: the one of highest simulated throughput per strategy (docs/planner.md, \"Choosing the "
               "micro-batch\"), plan time: all its candidates" if request is None else "")
     stdout.print("ranked by the simulated figure (hppctl simulate: the plan's schedule replayed on the profile); "
                  f"the estimate is the planner's own formula{formula}; stages: devices per stage{chosen}", soft_wrap=True)

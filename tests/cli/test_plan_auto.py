@@ -29,10 +29,12 @@ def test_plan_auto_says_which_micro_batch_and_why(cli, profile_file, tmp_path):
     choice = plan.micro_batch_choice
     assert plan.micro_batch == choice.chosen == 256 and plan.num_micro_batches == 1
     line = next(x for x in out.splitlines() if x.startswith("micro-batch "))
-    runner_up = max((c for c in choice.candidates if c.micro_batch != 256), key=lambda c: c.throughput_samples_per_s)
-    assert line.startswith(f"micro-batch 256 (auto: best predicted of 1/2/4/8/16/32/64/128/256: "
-                           f"{plan.prediction.throughput_samples_per_s:.1f} vs "
-                           f"{runner_up.throughput_samples_per_s:.1f} samples/s at {runner_up.micro_batch}")
+    assert choice.ranked_by == "simulated"  # `hppctl plan` ranks by the simulator's replay of each candidate
+    won = next(c for c in choice.candidates if c.micro_batch == 256)
+    runner_up = max((c for c in choice.candidates if c.micro_batch != 256), key=lambda c: c.simulated_samples_per_s)
+    assert line.startswith(f"micro-batch 256 (auto: best simulated of 1/2/4/8/16/32/64/128/256: "
+                           f"{won.simulated_samples_per_s:.1f} vs "
+                           f"{runner_up.simulated_samples_per_s:.1f} samples/s at {runner_up.micro_batch}")
     assert "Choosing the micro-batch" in line
 
 
@@ -43,8 +45,9 @@ def test_plan_auto_json_carries_the_choice(cli, profile_file):
     choice = doc["micro_batch_choice"]
     assert choice["chosen"] == doc["micro_batch"] and choice["rule"].startswith("divisors of the global batch")
     assert [c["micro_batch"] for c in choice["candidates"]] == [1, 2, 4, 8, 16, 32, 64]
-    assert all(set(c) in ({"micro_batch", "throughput_samples_per_s"}, {"micro_batch", "skipped"})
-               for c in choice["candidates"])
+    assert choice["ranked_by"] == "simulated"
+    assert all(set(c) in ({"micro_batch", "throughput_samples_per_s", "simulated_samples_per_s"},
+                          {"micro_batch", "skipped"}) for c in choice["candidates"])
 
 
 def test_compare_without_micro_batch_is_auto_per_strategy(cli, profile_file):
@@ -108,7 +111,7 @@ def test_an_edited_choice_that_is_not_the_best_is_refused(cli, profile_file, tmp
     assert cli("plan", "--profile", profile_file, "--global-batch", 64, "--micro-batch", "auto", "--strategy", "dp",
                "--out", tmp_path / "p.json")[0] == 0
     doc = json.loads((tmp_path / "p.json").read_text())
-    doc["micro_batch_choice"]["candidates"][0]["throughput_samples_per_s"] = 1e12
+    doc["micro_batch_choice"]["candidates"][0]["simulated_samples_per_s"] = 1e12  # ranked_by: simulated
     (tmp_path / "p.json").write_text(json.dumps(doc))
     code, _, err = cli("simulate", "--plan", tmp_path / "p.json")
     assert code == 2 and "micro_batch_choice" in err and len(err.strip().splitlines()) == 1, err

@@ -8,6 +8,7 @@ memory or leave the profile's measured batch sizes dropped, the best predicted t
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -182,3 +183,59 @@ def test_the_chooser_imports_neither_torch_nor_fabric():
     code = ("import hppctl.planner.micro_batch, sys; "
             "assert 'torch' not in sys.modules and 'fabric' not in sys.modules, sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def brute_force_simulated(profile, global_batch: int, strategy: str) -> int | None:
+    """The rule ranked by the simulator: B of the choosable candidate whose replayed plan is fastest."""
+    from hppctl.schedule import simulated_round_latency
+    simulate = simulated_round_latency(profile)
+    largest = {d.name: max(d.batch_sizes) for d in profile.devices}
+    smallest = {d.name: min(d.batch_sizes) for d in profile.devices}
+    best = None
+    for b in range(1, global_batch + 1):
+        if global_batch % b or b > sum(largest.values()):
+            continue
+        try:
+            plan = make_plan(profile, PlanRequest(global_batch=global_batch, micro_batch=b), strategy)
+        except Infeasible:
+            continue
+        if plan.memory_violations or any(y > largest[d] or 0 < y < smallest[d]
+                                         for s in plan.stages for d, y in zip(s.devices, s.samples)):
+            continue
+        score = (global_batch / simulate(plan), -b)
+        if best is None or score > best[0]:
+            best = (score, b)
+    return None if best is None else best[1]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_with_the_simulator_auto_picks_the_fastest_replayed_plan(seed):
+    from hppctl.schedule import simulated_round_latency
+    profile = random_profile(seed)
+    global_batch = random.Random(seed).choice([24, 32, 48, 64])
+    for strategy in ("asteroid", "dp", "dapple", "pp"):
+        expected = brute_force_simulated(profile, global_batch, strategy)
+        if expected is None:
+            continue
+        plan = make_auto_plan(profile, global_batch, strategy, simulated_round_latency(profile))
+        choice = plan.micro_batch_choice
+        assert plan.micro_batch == expected and choice.ranked_by == "simulated", strategy
+        assert all((c.skipped is None) == (c.simulated_samples_per_s is not None) for c in choice.candidates)
+
+
+def test_the_simulator_overrules_the_estimate_where_they_disagree():
+    """Env B presets, mobilenetv2, global batch 256: asteroid's estimate prefers a deep pipeline at B = 64
+    that the simulator replays slower than a plan at another B; with the simulator auto takes the latter."""
+    from hppctl.models.cluster import ClusterSpec
+    from hppctl.profiling.from_presets import build_preset_profile
+    from hppctl.schedule import simulated_round_latency
+    from hppctl.store import load
+    from hppctl.zoo import layer_costs
+    profile = build_preset_profile(load(Path(__file__).resolve().parents[2] / "profiles/env-b.yaml", ClusterSpec), layer_costs("mobilenetv2", "fine"),
+                                   model="mobilenetv2", granularity="fine")
+    simulate = simulated_round_latency(profile)
+    by_estimate = make_auto_plan(profile, 256, "asteroid")
+    by_simulation = make_auto_plan(profile, 256, "asteroid", simulate)
+    assert by_estimate.micro_batch != by_simulation.micro_batch
+    assert 256 / simulate(by_simulation) > 256 / simulate(by_estimate)
+    assert by_estimate.micro_batch_choice.ranked_by == "estimate"

@@ -33,7 +33,7 @@ def test_demo_profiles_plans_trains_and_reports(cli, tmp_path):
     assert plan.micro_batch_choice.chosen == plan.micro_batch and plan.global_batch == 64
     assert [c.micro_batch for c in plan.micro_batch_choice.candidates][-1] == 64
     assert max(load(tmp_path / "profile.json", Profile).devices[0].batch_sizes) == 64
-    assert f"micro-batch {plan.micro_batch} (auto: best predicted of" in err
+    assert f"micro-batch {plan.micro_batch} (auto: best simulated of" in err
 
 
 @pytest.mark.parametrize("args, message", [

@@ -165,13 +165,16 @@ def pipe_step(whole, data, order, args, rank: int, world: int):
     import torch
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-    from hppctl.zoo import build_stage
+    from hppctl.zoo import build_stage, layer_costs
 
     stages = parse_stages(args.stages)
     if len(stages) != world:
         raise SystemExit(f"--stages names {len(stages)} stages for {world} ranks")
     if args.global_batch % args.micro_batch:
         raise SystemExit(f"--micro-batch {args.micro_batch} does not divide --global-batch {args.global_batch}")
+    layers = len(layer_costs(args.model, args.granularity))
+    if stages[0][0] != 0 or stages[-1][1] != layers or any(a[1] != b[0] for a, b in zip(stages, stages[1:])):
+        raise SystemExit(f"--stages {args.stages} does not cut the model's {layers} layers into consecutive ranges")
     start, end = stages[rank]
     module = build_stage(whole, args.granularity, start, end, mode="train")
     del whole  # the stage shares the parameters it uses; the rest of the model can go

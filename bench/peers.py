@@ -238,8 +238,9 @@ def reference_loss(model: str, chunks: list[int], global_batch: int, seed: int =
 def ssh_command(cluster, device, remote: str) -> list[str]:
     """ssh to a cluster host with the cluster's key and known_hosts, host keys checked; `-tt` so that
     the remote job gets a hang-up when this end goes away."""
-    argv = ["ssh", "-tt", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "LogLevel=ERROR",
-            "-p", str(device.port)]
+    argv = ["ssh", "-tt", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "LogLevel=ERROR"]
+    if device.port:
+        argv += ["-p", str(device.port)]
     if cluster.ssh.identity_file:
         argv += ["-i", cluster.ssh.identity_file]
     if cluster.ssh.known_hosts:
@@ -255,11 +256,10 @@ def peer_hosts(mode: str, cluster, plans: dict) -> tuple[list[str], str | None]:
     return [s.devices[0] for s in pp.stages], ",".join(f"{s.layers[0]}:{s.layers[1]}" for s in pp.stages)
 
 
-def run_peer(mode: str, cluster, plans: dict, args, port: int) -> dict:
-    """Start bench/peer_worker.py on every host of `mode` under torch.distributed.run; its figures."""
-    names, stages = peer_hosts(mode, cluster, plans)
+def run_peer(mode: str, cluster, names: list[str], stages: str | None, micro: int, args, port: int) -> dict:
+    """Start bench/peer_worker.py on hosts `names` (rank order) under torch.distributed.run; its figures.
+    `stages`: the pipelines' layer ranges (`a:b,b:c`), `micro`: their micro-batch."""
     master = cluster.device(names[0]).host
-    micro = plans["pp"].micro_batch if "pp" in plans else 32
     worker = [str(BENCH / "peer_worker.py"), "--mode", mode, "--model", args.model, "--granularity", args.granularity,
               "--global-batch", str(args.global_batch), "--micro-batch", str(micro), "--rounds", str(args.rounds)]
     if stages:
@@ -301,7 +301,9 @@ def run_peer(mode: str, cluster, plans: dict, args, port: int) -> dict:
 
 def run_one(name: str, cluster, profile, plans: dict, args, port: int) -> dict:
     if name in PEERS:
-        return run_peer(name, cluster, plans, args, port)
+        names, stages = peer_hosts(name, cluster, plans)
+        micro = plans["pp"].micro_batch if "pp" in plans else args.global_batch
+        return run_peer(name, cluster, names, stages, micro, args, port)
     r = hvb.run_strategy(name, profile, cluster, args, plan=plans[name])
     r["micro_batch"] = plans[name].micro_batch
     return r

@@ -17,8 +17,9 @@ from the same seed (`get_model(m).build(seed=...)`, as `runtime/stage.py` does);
 step r are round r's of hppctl's `SampleOrder` (digits, 32x32, same permutation); SGD with the
 same lr and momentum (0.9, hppctl's default); one thread. The loss is cross-entropy, averaged over
 the global batch (hppctl: sum per micro-batch / global batch; pipelining: mean per micro-batch with
-`scale_grads`; DDP: mean per rank, gradients averaged), so step 0's loss is hppctl's round 0 loss
-up to BatchNorm statistics, which are per micro-batch in hppctl and the pipelines, per rank in DDP.
+`scale_grads`; DDP: mean per rank, gradients averaged). Each rank seeds torch before step r as
+hppctl's workers do before round r (`seed * 1000003 + r * 1009 + rank`), so its dropout masks can
+be reproduced: bench/peers.py checks step 0's loss against a reference computed that way.
 
 Prints one line `PEER_RESULT {json}`: this rank's per-step wall times (from the end of one step to
 the end of the next; step 0 from just before it starts) and, on the rank that sees it, the loss of
@@ -102,6 +103,7 @@ def train(args, rank: int, world: int) -> dict:
     step_s, losses = [], []
     last = time.perf_counter()
     for r in range(args.rounds):
+        torch.manual_seed(args.seed * 1_000_003 + r * 1_009 + rank)  # dropout masks: hppctl's workers' rule
         optimizer.zero_grad(set_to_none=True)
         loss = step(r)
         optimizer.step()

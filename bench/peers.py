@@ -29,10 +29,12 @@ real peer, dp / ddp, every hppctl strategy / every peer) are taken within each c
 machine's other load hits all alike, and the median over cycles is reported.
 
 Correctness, cheaply: every strategy's first-step loss (hppctl's round 0, the peers' step 0) is
-checked against a reference computed here on the same weights and samples, with BatchNorm batches
-as that strategy forms them: micro-batches of the pp plan for the pipelines (and hppctl's `pp`),
-the ranks' equal shares for `ddp`, the devices' shares of each micro-batch for hppctl's `dp`.
-Asteroid's stages split micro-batches differently per stage, so its loss is printed, not checked.
+checked (relative 1e-3) against a reference computed here on the same initial weights and samples,
+forwarding as that strategy does (`reference_loss`): stage by stage, each rank's share of each
+micro-batch a forward of its own (BatchNorm's batch), each rank's dropout masks drawn from the seed
+hppctl's workers set per round and rank (the peer worker sets the same). A wrong split, wrong
+samples, other weights or a stage that skips layers would show; the same loss also says the peers
+train the same network as hppctl.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(BENCH))
 
 import hpp_vs_baselines as hvb  # noqa: E402
+from hppctl.zoo import layer_costs  # noqa: E402
 from peer_worker import MODES as PEERS, RESULT_PREFIX, equal_share  # noqa: E402
 
 HOMOGENEOUS_SPEC = """name: {name}
@@ -202,36 +205,68 @@ def plan_for(name: str, profile, args):
     return make_plan(profile, PlanRequest(global_batch=args.global_batch, micro_batch=args.micro_batch), name)
 
 
-def bn_chunks(strategy: str, plans: dict, args, world: int) -> list[int] | None:
-    """The consecutive sample groups a strategy's BatchNorm layers see in step 0 (None: not one list)."""
-    if strategy == "ddp":
-        return [b - a for a, b in (equal_share(args.global_batch, world, r) for r in range(world))]
-    if strategy in ("pipe-1f1b", "pipe-gpipe", "pp"):
-        mb = plans["pp"].micro_batch
-        return [mb] * (args.global_batch // mb)
-    plan = plans.get(strategy)
-    if plan is not None and len(plan.stages) == 1:  # dp: each device's share of every micro-batch
-        return [n for _ in range(plan.num_micro_batches) for n in plan.stages[0].samples if n]
-    return None
+Layout = list[tuple[int, int, list[tuple[int, int]]]]
+"""A forward pass as a strategy runs it: per stage, its layer range and its (rank, samples) shares of
+every micro-batch, in order (the ranks' dropout seeds; the shares are BatchNorm's batches)."""
 
 
-def reference_loss(model: str, chunks: list[int], global_batch: int, seed: int = 0) -> float:
-    """Round 0's mean cross-entropy on the initial weights, BatchNorm statistics per chunk."""
+def plan_layout(plan) -> Layout:
+    """hppctl's plan: ranks in `HppPlan.devices()` order (runtime/topology.py)."""
+    rank = {d: i for i, d in enumerate(plan.devices())}
+    return [(s.layers[0], s.layers[1], [(rank[d], n) for d, n in zip(s.devices, s.samples) if n]) for s in plan.stages]
+
+
+def peer_layout(mode: str, pp, layers: int, global_batch: int, world: int) -> tuple[Layout, int]:
+    """A peer's layout and micro-batch: DDP one stage of every rank's equal share of one micro-batch
+    (the global batch); the pipelines the pp plan's stages, one rank each, at its micro-batch."""
+    if mode == "ddp":
+        shares = [(r, b - a) for r, (a, b) in enumerate(equal_share(global_batch, world, r) for r in range(world))]
+        return [(0, layers, shares)], global_batch
+    return [(s.layers[0], s.layers[1], [(i, pp.micro_batch)]) for i, s in enumerate(pp.stages)], pp.micro_batch
+
+
+def dropout_seed(seed: int, round_index: int, rank: int) -> int:
+    """The seed a worker sets before round `round_index` (hppctl/runtime/worker.py's rule; the peer
+    worker sets the same), so dropout masks can be reproduced here."""
+    return seed * 1_000_003 + round_index * 1_009 + rank
+
+
+def reference_loss(model: str, granularity: str, layout: Layout, micro_batch: int, global_batch: int,
+                   seed: int = 0) -> float:
+    """Round 0's loss (mean cross-entropy over the global batch) on the initial weights, computed
+    here as `layout` computes it: each stage's module cut by the zoo, each rank's share of a
+    micro-batch a separate forward (its own BatchNorm batch), each rank's dropout masks drawn from
+    its own seed in micro-batch order."""
     import torch
     import torch.nn.functional as F
 
     from hppctl.runtime.data import SampleOrder, load_data
-    from hppctl.zoo import get_model
+    from hppctl.zoo import build_stage, get_model
 
     torch.set_num_threads(1)
     whole = get_model(model).build(seed=seed).train()
+    modules = [build_stage(whole, granularity, a, b, mode="train") for a, b, _ in layout]
     data = load_data("digits", model)
-    x, y = data.train.take(SampleOrder(len(data.train), global_batch, global_batch, seed).indices(0, 0, 0, global_batch))
-    total, lo = 0.0, 0
+    order = SampleOrder(len(data.train), global_batch, micro_batch, seed)
+    rng = {}
+    for _, _, shares in layout:
+        for r, _ in shares:
+            torch.manual_seed(dropout_seed(seed, 0, r))
+            rng[r] = torch.get_rng_state()
+    total = 0.0
     with torch.no_grad():
-        for n in chunks:
-            total += float(F.cross_entropy(whole(x[lo:lo + n]), y[lo:lo + n], reduction="sum"))
-            lo += n
+        for m in range(global_batch // micro_batch):
+            x, y = data.train.take(order.indices(0, m, 0, micro_batch))
+            values = (x,)
+            for module, (_, _, shares) in zip(modules, layout):
+                pieces, lo = [], 0
+                for r, n in shares:
+                    torch.set_rng_state(rng[r])
+                    pieces.append(module(*(v[lo:lo + n] for v in values)))
+                    rng[r] = torch.get_rng_state()
+                    lo += n
+                values = tuple(torch.cat(parts) for parts in zip(*pieces))
+            total += float(F.cross_entropy(values[0], y, reduction="sum"))
     return total / global_batch
 
 
@@ -299,6 +334,13 @@ def run_peer(mode: str, cluster, names: list[str], stages: str | None, micro: in
             "load_average_after": os.getloadavg()[0]}
 
 
+def layout_of(name: str, plans: dict, cluster, args) -> tuple[Layout, int]:
+    if name in PEERS:
+        layers = plans["pp"].stages[-1].layers[1] if "pp" in plans else len(layer_costs(args.model, args.granularity))
+        return peer_layout(name, plans.get("pp"), layers, args.global_batch, len(cluster.devices))
+    return plan_layout(plans[name]), plans[name].micro_batch
+
+
 def run_one(name: str, cluster, profile, plans: dict, args, port: int) -> dict:
     if name in PEERS:
         names, stages = peer_hosts(name, cluster, plans)
@@ -317,11 +359,8 @@ def measure(cluster, profile, args) -> dict:
     for name, plan in plans.items():
         print(f"plan {name}: micro-batch {plan.micro_batch}, stages "
               + " | ".join(f"{s.layers[0]}-{s.layers[1]} on {'+'.join(s.devices)}" for s in plan.stages), flush=True)
-    references = {}
-    for s in args.strategy_list:
-        chunks = bn_chunks(s, plans, args, len(cluster.devices))
-        if chunks is not None:
-            references[s] = reference_loss(args.model, chunks, args.global_batch)
+    references = {s: reference_loss(args.model, args.granularity, *layout_of(s, plans, cluster, args), args.global_batch)
+                  for s in args.strategy_list}
     cycles, runs = [], {s: [] for s in args.strategy_list}
     port = args.master_port
     for i in range(args.repeat):

@@ -85,3 +85,14 @@ def test_ddp_shares_split_the_batch_evenly_and_cover_it():
     shares = [worker.equal_share(256, 3, r) for r in range(3)]
     assert shares == [(0, 86), (86, 171), (171, 256)]
     assert worker.parse_stages("0:20,20:142") == [(0, 20), (20, 142)]
+
+
+def test_peer_layouts_are_ddp_shares_or_the_pp_plans_stages(peers):
+    from types import SimpleNamespace
+
+    layout, micro = peers.peer_layout("ddp", None, 142, 256, 3)
+    assert (layout, micro) == ([(0, 142, [(0, 86), (1, 85), (2, 85)])], 256)
+    pp = SimpleNamespace(micro_batch=32, stages=[SimpleNamespace(layers=[0, 40]), SimpleNamespace(layers=[40, 142])])
+    layout, micro = peers.peer_layout("pipe-1f1b", pp, 142, 256, 5)
+    assert (layout, micro) == ([(0, 40, [(0, 32)]), (40, 142, [(1, 32)])], 32)
+    assert peers.dropout_seed(0, 0, 2) == 2 and peers.dropout_seed(1, 1, 0) == 1_000_003 + 1_009

@@ -1,7 +1,7 @@
 """bench/peers.py's stock peers start on a real 2-host lab: torch.distributed.run over the lab's SSH
 (in each host's netns and cgroup), gloo on the lab interface, DDP and a 1F1B pipeline of a tiny
 model for 2 steps; each reports per-step times and a first loss equal to the reference computed on
-the same initial weights and samples (tiny-mlp has no BatchNorm, so any chunking gives it)."""
+the same initial weights and samples (tiny-mlp has no BatchNorm or dropout, so one reference serves both)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,8 @@ def test_ddp_and_1f1b_peers_train_on_the_lab_hosts(lab):
     cluster = load(lab.cluster_file, ClusterSpec)
     args = peers.parse_args(["--model", "tiny-mlp", "--global-batch", "64", "--rounds", "2", "--warmup", "1",
                              "--timeout", "120"])
-    reference = peers.reference_loss("tiny-mlp", [64], 64)
+    ddp_layout, _ = peers.peer_layout("ddp", None, 5, 64, 2)
+    reference = peers.reference_loss("tiny-mlp", "fine", ddp_layout, 64, 64)
     ddp = peers.run_peer("ddp", cluster, ["a", "b"], None, 64, args, 29650)
     pipe = peers.run_peer("pipe-1f1b", cluster, ["a", "b"], "0:2,2:5", 16, args, 29651)
     for run in (ddp, pipe):

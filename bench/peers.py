@@ -1,9 +1,15 @@
 """hppctl's strategies beside stock PyTorch peers, trained on the same lab hosts, side by side.
 
-    sudo flock /work/notes/bench.lock python bench/peers.py --repeat 3 --out out/peers-envb.json
-    sudo flock /work/notes/bench.lock python bench/peers.py --homogeneous --repeat 3 --out out/peers-homog.json
+As root, from the repository root (each brings its lab up, profiles it, alternates the five
+strategies 3 times and takes the lab down; ~14 min each on the project's 2-core VM):
+
+    flock /work/notes/bench.lock python bench/peers.py --repeat 3 --out out/peers-envb.json
+    flock /work/notes/bench.lock python bench/peers.py --homogeneous --repeat 3 --out out/peers-homog.json
     python bench/peers.py --cluster envb.yaml --profile envb-mobilenetv2.json   # a lab that is up, its profile
-    python bench/peers.py --strategies asteroid,ddp --micro-batch auto          # auto: when hppctl.planner offers it
+    python bench/peers.py --micro-batch auto       # hppctl's plans through hppctl.planner's auto choice
+
+The lab hosts run the machine's installed hppctl (hppctl's workers) and this checkout's
+bench/peer_worker.py (PYTHONPATH = this checkout); keep the two the same code.
 
 The labs (bench/hpp_vs_baselines.py brings them up): Env B = 3 jetson-nx + 2 jetson-tx2 presets at
 100 Mbit/s, `fastest_cpu` 0.3 (default lab `peerb28`, 10.232.0.0/24); `--homogeneous` = 3 jetson-nx

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from hppctl.models.cluster import ClusterSpec  # noqa: E402
-from hppctl.models.plan import PlanRequest  # noqa: E402
+from hppctl.models.plan import HppPlan, PlanRequest  # noqa: E402
 from hppctl.models.profile import Profile  # noqa: E402
 from hppctl.planner import make_plan  # noqa: E402
 from hppctl.planner.micro_batch import make_auto_plan  # noqa: E402
@@ -65,13 +65,14 @@ def sh(*argv, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([str(a) for a in argv], check=True, text=True, **kw)
 
 
-def lab_and_profile(args, work: Path) -> tuple[Path, Path, bool]:
-    """The cluster file and profile to use; brings a lab up when none is given (True: we own it)."""
+def lab_and_profile(args, work: Path, spec_template: str = SPEC) -> tuple[Path, Path, bool]:
+    """The cluster file and profile to use; brings a lab up when none is given (True: we own it).
+    `spec_template` is the lab to bring up (Env B by default; bench/peers.py also a homogeneous one)."""
     started = False
     cluster = Path(args.cluster) if args.cluster else None
     if cluster is None:
         spec = work / "envb-lab.yaml"
-        spec.write_text(SPEC.format(name=args.lab_name, subnet=args.subnet, fastest_cpu=args.fastest_cpu))
+        spec.write_text(spec_template.format(name=args.lab_name, subnet=args.subnet, fastest_cpu=args.fastest_cpu))
         cluster = work / "envb.yaml"
         sh(*HPPCTL, "lab", "up", "--spec", spec, "--out", cluster)
         started = True
@@ -84,11 +85,17 @@ def lab_and_profile(args, work: Path) -> tuple[Path, Path, bool]:
     return cluster, profile, started
 
 
-def run_strategy(name: str, profile: Profile, cluster: ClusterSpec, args) -> dict:
-    if args.micro_batch == "auto":  # each strategy at its own best micro-batch (docs/planner.md)
-        plan = make_auto_plan(profile, args.global_batch, name, simulated_round_latency(profile))
-    else:
-        plan = make_plan(profile, PlanRequest(global_batch=args.global_batch, micro_batch=int(args.micro_batch)), name)
+def plan_for(name: str, profile: Profile, args) -> HppPlan:
+    """`name`'s plan at `--micro-batch` (auto: its own best, ranked by the simulator, docs/planner.md)."""
+    if args.micro_batch == "auto":
+        return make_auto_plan(profile, args.global_batch, name, simulated_round_latency(profile))
+    return make_plan(profile, PlanRequest(global_batch=args.global_batch, micro_batch=int(args.micro_batch)), name)
+
+
+def run_strategy(name: str, profile: Profile, cluster: ClusterSpec, args, plan=None) -> dict:
+    """Plan `name` (unless `plan` is given: bench/peers.py plans its own) and train it on the lab."""
+    if plan is None:
+        plan = plan_for(name, profile, args)
     _, sim = simulate_plan(plan, profile)
     options = TrainOptions(dataset="digits", seed=0, rounds=args.rounds, optimizer="sgd", lr=0.01,
                            timeout_s=args.timeout)
@@ -120,7 +127,7 @@ def run_strategy(name: str, profile: Profile, cluster: ClusterSpec, args) -> dic
         "stage_compute_s": [[st["compute_s"] for st in r["stages"]] for r in steady],
         "stage_wait_s": [[st["wait_s"] for st in r["stages"]] for r in steady],
         "stage_allreduce_s": [[st["allreduce_s"] for st in r["stages"]] for r in steady],
-        "loss": rows[-1]["loss"], "wall_s": wall, "load_average_before": load_before,
+        "loss": rows[-1]["loss"], "losses": [r["loss"] for r in rows], "wall_s": wall, "load_average_before": load_before,
         "load_average_after": os.getloadavg()[0], "memory": memory,
     }
 

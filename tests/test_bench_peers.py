@@ -1,0 +1,98 @@
+"""bench/peers.py's logic that needs no lab: arguments, step times to samples/s, ratios within a
+cycle and their median, the first-loss check, and the peer worker's equal split."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def load(name: str):
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def peers():
+    return load("peers")
+
+
+def test_defaults_name_each_lab_its_own_name_and_subnet(peers):
+    envb, homog = peers.parse_args([]), peers.parse_args(["--homogeneous"])
+    assert (envb.lab_name, envb.subnet) == ("peerb28", "10.232.0.0/24")
+    assert (homog.lab_name, homog.subnet) == ("peerh28", "10.233.0.0/24")
+    assert envb.strategy_list == ["asteroid", "dp", "ddp", "pipe-1f1b", "pipe-gpipe"]
+    assert (envb.micro_batch, envb.rounds, envb.warmup) == (32, 14, 2)
+    assert peers.parse_args(["--micro-batch", "auto"]).micro_batch == "auto"
+
+
+@pytest.mark.parametrize("argv", [["--micro-batch", "0"], ["--micro-batch", "x"], ["--strategies", "dp,dp"],
+                                  ["--warmup", "14"], ["--repeat", "0"]])
+def test_bad_arguments_exit_2(peers, argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        peers.parse_args(argv)
+    assert e.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_a_peer_step_lasts_as_long_as_its_slowest_rank(peers):
+    ranks = [{"step_s": [3.0, 1.0, 2.0, 1.0]}, {"step_s": [2.5, 2.0, 1.0, 1.0]}]
+    steps = peers.peer_step_s(ranks)
+    assert steps == [3.0, 2.0, 2.0, 1.0]
+    # warm-up left out; 256 samples per step: 128, 128, 256 -> median 128
+    assert peers.median_samples_per_s(steps, 256, 1) == 128.0
+    with pytest.raises(ValueError):
+        peers.peer_step_s([{"step_s": [1.0]}, {"step_s": [1.0, 1.0]}])
+
+
+def test_ratios_are_taken_within_a_cycle_then_their_median(peers):
+    cycles = [{"asteroid": 300.0, "dp": 100.0, "ddp": 150.0, "pipe-1f1b": 200.0},
+              {"asteroid": 150.0, "dp": 60.0, "ddp": 50.0, "pipe-1f1b": 100.0},  # a busy cycle: all slow
+              {"asteroid": 330.0, "dp": 120.0, "ddp": 110.0, "pipe-1f1b": 300.0}]
+    summary = peers.summarize(cycles)
+    assert summary["ratios_per_cycle"][0]["asteroid/best_peer"] == 1.5
+    assert summary["ratios_per_cycle"][2]["asteroid/best_peer"] == 1.1
+    assert summary["ratios"]["asteroid/best_peer"] == 1.5  # median of 1.5, 1.5, 1.1
+    assert summary["ratios"]["dp/ddp"] == pytest.approx(120 / 110)  # median of 0.667, 1.2, 1.09
+    assert summary["samples_per_s"]["asteroid"] == 300.0
+    assert summary["best_peer_per_cycle"] == ["pipe-1f1b", "pipe-1f1b", "pipe-1f1b"]
+    # a ratio of medians would differ: 300 / 200 = 1.5 here, but the point is the cycle pairing
+    text = peers.table(summary, cycles)
+    assert "asteroid/best_peer" in text and "1.50x" in text
+
+
+def test_no_asteroid_ratio_without_a_peer(peers):
+    assert "asteroid/best_peer" not in peers.cycle_ratios({"asteroid": 1.0, "dp": 2.0})
+
+
+def test_first_losses_are_checked_where_there_is_a_reference(peers):
+    rows = peers.loss_checks({"ddp": 2.3001, "pipe-1f1b": 2.5, "asteroid": 2.4}, {"ddp": 2.3, "pipe-1f1b": 2.3})
+    by = {r["strategy"]: r["ok"] for r in rows}
+    assert by == {"ddp": True, "pipe-1f1b": False, "asteroid": None}
+
+
+def test_ddp_shares_split_the_batch_evenly_and_cover_it():
+    worker = load("peer_worker")
+    shares = [worker.equal_share(256, 3, r) for r in range(3)]
+    assert shares == [(0, 86), (86, 171), (171, 256)]
+    assert worker.parse_stages("0:20,20:142") == [(0, 20), (20, 142)]
+
+
+def test_peer_layouts_are_ddp_shares_or_the_pp_plans_stages(peers):
+    from types import SimpleNamespace
+
+    layout, micro = peers.peer_layout("ddp", None, 142, 256, 3)
+    assert (layout, micro) == ([(0, 142, [(0, 86), (1, 85), (2, 85)])], 256)
+    pp = SimpleNamespace(micro_batch=32, stages=[SimpleNamespace(layers=[0, 40]), SimpleNamespace(layers=[40, 142])])
+    layout, micro = peers.peer_layout("pipe-1f1b", pp, 142, 256, 5)
+    assert (layout, micro) == ([(0, 40, [(0, 32)]), (40, 142, [(1, 32)])], 32)
+    assert peers.dropout_seed(0, 0, 2) == 2 and peers.dropout_seed(1, 1, 0) == 1_000_003 + 1_009

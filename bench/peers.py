@@ -65,15 +65,8 @@ import hpp_vs_baselines as hvb  # noqa: E402
 from hppctl.zoo import layer_costs  # noqa: E402
 from peer_worker import MODES as PEERS, RESULT_PREFIX, equal_share  # noqa: E402
 
-HOMOGENEOUS_SPEC = """name: {name}
-bandwidth: 100mbit
-subnet: {subnet}
-fastest_cpu: {fastest_cpu}
-hosts:
-  - {{name: nx0, preset: jetson-nx}}
-  - {{name: nx1, preset: jetson-nx}}
-  - {{name: nx2, preset: jetson-nx}}
-"""
+HOMOGENEOUS_SPEC = "".join(line for line in hvb.SPEC.splitlines(keepends=True) if "jetson-tx2" not in line)
+"""Env B's lab spec without its two TX2 hosts: 3 jetson-nx."""
 DEFAULT_STRATEGIES = "asteroid,dp,ddp,pipe-1f1b,pipe-gpipe"
 LOSS_TOLERANCE = 1e-3
 """Relative: float32 sums in another order (and gloo's reduction) differ in the 6th-7th digit."""

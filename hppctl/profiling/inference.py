@@ -106,9 +106,22 @@ def measured_device(name: str, records: list[dict[str, Any]], memory: int | None
         raise RuntimeFailure(f"device {name}: the inference-blocks probe returned no measurements")
     timings = [SeqLenTimings(seq_len=r["seq_len"], attention=BlockGrid(**r["attention"]), mlp=BlockGrid(**r["mlp"]),
                              connective=BlockGrid(**r["connective"])) for r in blocks]
+    comm = next((r for r in records if r.get("type") == "comm_cpu"), {})
     return InferenceDevice(name=name, kind=f"measured:{identity['hostname']}", source="measured",
                            memory_bytes=memory or memory_budget(identity), timings=timings,
-                           threads=int(identity["threads"]))
+                           threads=int(identity["threads"]), cpu_cores=cpu_cores(identity),
+                           comm_cpu_s_per_byte=comm.get("ring_s_per_byte"),
+                           allreduce_cpu_s_per_byte=comm.get("allreduce_s_per_byte"))
+
+
+def cpu_cores(identity: dict[str, Any]) -> float | None:
+    """The cores the device's process may use: its CPU quota, else the CPUs it may run on."""
+    quota = identity.get("cpu_quota_cores")
+    if quota:
+        return float(quota)
+    cpus = identity.get("cpus")
+    count = len(cpus) if isinstance(cpus, list) else cpus
+    return float(count) if count else None
 
 
 def inference_profile(cluster: ClusterSpec, model: str, seq_lens: Sequence[int], *, layers: int | None = None,

@@ -53,6 +53,9 @@ def test_measured_local_device_through_the_cli(tmp_path, cli):
     assert [t.seq_len for t in device.timings] == [9, 16]
     assert device.timings[0].attention.sizes == [1, 2, 3, 4] and device.timings[1].connective.sizes[-1] == 16
     assert profile.family == "opt" and (profile.hidden, profile.heads, profile.intermediate) == (32, 4, 128)
+    # what the planner charges communication with: the device's cores and gloo's CPU per byte, measured
+    assert device.cpu_cores and device.cpu_cores > 0
+    assert device.comm_cpu_s_per_byte > 0 and device.allreduce_cpu_s_per_byte > 0
 
 
 def test_reading_a_transformers_shape_keeps_the_hub_offline():

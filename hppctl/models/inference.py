@@ -81,12 +81,12 @@ class InferenceDevice(FrozenModel):
     """Measured: the CPU the device's process may use, in cores (its cgroup quota, else its CPUs).
     None (presets, profiles written before): unknown, taken as a core to spare for the network."""
     comm_cpu_s_per_byte: NonNegFloat | None = None
-    """Measured: CPU seconds the device spends per byte it sends plus receives on a ring step
-    (gloo isend/irecv of fp16 tiles and their conversions, loopback inside the device's cgroup).
-    None: not measured, communication takes no CPU from compute (the paper's assumption)."""
+    """Measured over the cluster's links (profiling/comm_cpu.py): process CPU seconds (gloo's threads
+    included) the device spends per byte it sends plus receives in galaxy's plain ring collectives.
+    None (a single measured device, presets, profiles written before): communication takes no CPU
+    from compute, the paper's assumption."""
     allreduce_cpu_s_per_byte: NonNegFloat | None = None
-    """Measured: the same for gloo's own `all_reduce` (Megatron's collective), per byte sent plus
-    received. None: as `comm_cpu_s_per_byte`."""
+    """The same for gloo's own AllReduce (Megatron's collective). None: as `comm_cpu_s_per_byte`."""
 
     def has_spare_core(self) -> bool:
         """True when the device can run the network's CPU work beside its compute threads without

@@ -106,12 +106,9 @@ def measured_device(name: str, records: list[dict[str, Any]], memory: int | None
         raise RuntimeFailure(f"device {name}: the inference-blocks probe returned no measurements")
     timings = [SeqLenTimings(seq_len=r["seq_len"], attention=BlockGrid(**r["attention"]), mlp=BlockGrid(**r["mlp"]),
                              connective=BlockGrid(**r["connective"])) for r in blocks]
-    comm = next((r for r in records if r.get("type") == "comm_cpu"), {})
     return InferenceDevice(name=name, kind=f"measured:{identity['hostname']}", source="measured",
                            memory_bytes=memory or memory_budget(identity), timings=timings,
-                           threads=int(identity["threads"]), cpu_cores=cpu_cores(identity),
-                           comm_cpu_s_per_byte=comm.get("ring_s_per_byte"),
-                           allreduce_cpu_s_per_byte=comm.get("allreduce_s_per_byte"))
+                           threads=int(identity["threads"]), cpu_cores=cpu_cores(identity))
 
 
 def cpu_cores(identity: dict[str, Any]) -> float | None:
@@ -127,9 +124,12 @@ def cpu_cores(identity: dict[str, Any]) -> float | None:
 def inference_profile(cluster: ClusterSpec, model: str, seq_lens: Sequence[int], *, layers: int | None = None,
                       dtype_bytes: int = 4, repeats: int = 5, warmup: int = 2, threads: int | None = None,
                       timeout_s: float = 3600.0,
-                      on_record: Callable[[str, dict[str, Any]], None] | None = None) -> InferenceProfile:
+                      on_record: Callable[[str, dict[str, Any]], None] | None = None,
+                      comm_cpu: bool = True, wire_dtype: str = "float32") -> InferenceProfile:
     """Profile every device of `cluster` for `model` at `seq_lens`. `RuntimeFailure` naming the devices
-    that could not be measured (a Galaxy plan needs every device's capacity)."""
+    that could not be measured (a Galaxy plan needs every device's capacity). With `comm_cpu` and two or
+    more measured devices, two short runs over the links measure each one's CPU per byte of
+    communication with `wire_dtype` on the wire (comm_cpu.py)."""
     from hppctl.profiling.fleet import probe_devices
     from hppctl.profiling.from_presets import preset_devices
 
@@ -158,9 +158,15 @@ def inference_profile(cluster: ClusterSpec, model: str, seq_lens: Sequence[int],
             devices.append(measured_device(spec.name, measured[spec.name], spec.memory))
     att, mlp = block_bytes(shapes, dtype_bytes)
     links = [InferenceLink(between=list(link.between), bytes_per_s=link.bandwidth) for link in cluster.links]
-    return InferenceProfile(
+    profile = InferenceProfile(
         source="measured" if measured else "preset", cluster=cluster.name, model=model, family=shapes.family,
         num_layers=layers or shapes.layers, hidden=shapes.hidden, heads=shapes.heads, intermediate=shapes.intermediate,
         dtype_bytes=dtype_bytes, attention_bytes=att, mlp_bytes=mlp,
         embedding_bytes=shapes.embedding_params * dtype_bytes, devices=devices,
         default_bytes_per_s=cluster.bandwidth, links=links)
+    if not comm_cpu:
+        return profile
+    from hppctl.profiling.comm_cpu import calibrate_comm_cpu
+
+    return calibrate_comm_cpu(profile, cluster, seq_len=seq_lens[-1], wire_dtype=wire_dtype, threads=threads or 0,
+                              timeout_s=timeout_s)

@@ -11,7 +11,6 @@ block (both linears and the activation) with a grid of intermediate columns, and
 
     {"type": "identity", ...}                      (device.identify: host, CPU quota, memory budget)
     {"type": "blocks", "seq_len": 284, "attention": {"sizes": [...], "seconds": [...]}, "mlp": ..., "connective": ...}
-    {"type": "comm_cpu", "ring_s_per_byte": ..., "allreduce_s_per_byte": ...}   (comm_cpu.py; args "comm_cpu": false skips it)
 
 Each timing is the fastest of `repeats` passes after `warmup` untimed ones, the garbage collector off:
 other work on the machine only ever slows a pass down, and the blocks are deterministic GEMMs.
@@ -105,8 +104,3 @@ def measure(args: dict[str, Any]) -> Iterator[dict[str, Any]]:
     del base
     for seq_len in args["seq_lens"]:
         yield block_timings(weights, int(seq_len), int(args.get("repeats", 5)), int(args.get("warmup", 2)))
-    if args.get("comm_cpu", True):
-        from hppctl.profiling.comm_cpu import comm_cpu_record
-
-        longest = max(int(n) for n in args["seq_lens"])
-        yield comm_cpu_record(-(-longest // 3), weights["meta"]["hidden"])  # a tile of a 3-device ring

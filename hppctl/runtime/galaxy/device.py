@@ -37,6 +37,12 @@ class PassTiming:
     bytes_sent: int
     cpu_s: float
     """Process CPU time of the pass (compute threads and gloo's), for spotting a throttled device."""
+    ring_cpu_s: float = 0.0
+    """Process CPU of the pass's plain ring collectives, and their bytes sent + received (ring.Stats)."""
+    ring_bytes: int = 0
+    allreduce_cpu_s: float = 0.0
+    """The same for gloo's AllReduce."""
+    allreduce_bytes: int = 0
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,7 +78,10 @@ def run_device(strategy: str, shard: dict[str, Any], ids: torch.Tensor, rank: in
             timings.append(PassTiming(latency_s=ended - started, layers_s=layers_done - started,
                                       exposed_comm_s=ring.stats.exposed_comm_s,
                                       compute_s=ended - started - ring.stats.exposed_comm_s,
-                                      bytes_sent=ring.stats.bytes_sent, cpu_s=time.process_time() - cpu))
+                                      bytes_sent=ring.stats.bytes_sent, cpu_s=time.process_time() - cpu,
+                                      ring_cpu_s=ring.stats.ring_cpu_s, ring_bytes=ring.stats.ring_bytes,
+                                      allreduce_cpu_s=ring.stats.allreduce_cpu_s,
+                                      allreduce_bytes=ring.stats.allreduce_bytes))
         if on_pass is not None:
             on_pass(n + 1, warmup + repeats)
     return output, timings

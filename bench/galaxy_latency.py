@@ -226,13 +226,17 @@ def main(argv: list[str] | None = None) -> int:
             wait_for_quiet(a.quiet_load, a.max_wait)
             t0 = time.perf_counter()
             profile = inference_profile(cluster, model, [a.seq_len], layers=a.layers, repeats=a.profile_repeats,
-                                        warmup=1, timeout_s=a.timeout)
+                                        warmup=1, timeout_s=a.timeout, wire_dtype=a.wire_dtype)
             save(work / f"{model}.json", profile)
             entry = report["models"][model] = {"profile_s": time.perf_counter() - t0, "profile": str(work / f"{model}.json"),
                                                "capacity": {}, "envs": {}}
+            entry["comm_cpu_ns_per_byte"] = {}
             for d in profile.devices:
                 t = d.timings[0]
                 entry["capacity"][d.name] = 1 / (t.attention.seconds[-1] + t.mlp.seconds[-1])
+                entry["comm_cpu_ns_per_byte"][d.name] = {
+                    "cores": d.cpu_cores, "ring": (d.comm_cpu_s_per_byte or 0) * 1e9,
+                    "allreduce": (d.allreduce_cpu_s_per_byte or 0) * 1e9}
             for env, budgets in ENVS.items():
                 env_report = entry["envs"][env] = {}
                 measure_env(env, budgets, profile, cluster, a, env_report)
@@ -257,6 +261,10 @@ def render(report: dict) -> None:
     for model, m in report["models"].items():
         caps = ", ".join(f"{d} {v:.2f}" for d, v in m["capacity"].items())
         print(f"\n{model}: profiled in {m['profile_s']:.0f} s; V_d (1/s): {caps}")
+        comm = ", ".join(f"{d} {v['cores']:.3f} core ring {v['ring']:.2f} / all-reduce {v['allreduce']:.2f}"
+                         for d, v in m.get("comm_cpu_ns_per_byte", {}).items() if v["cores"])
+        if comm:
+            print(f"  CPU ns per byte sent + received: {comm}")
         for env, r in m["envs"].items():
             print(f"  {env}")
             pred = r.get("galaxy predictions")

@@ -52,6 +52,7 @@ from hppctl.models.cluster import ClusterSpec  # noqa: E402
 from hppctl.models.inference import InferenceProfile  # noqa: E402
 from hppctl.planner.galaxy import make_inference_plan  # noqa: E402
 from hppctl.profiling.inference import block_bytes, inference_profile, model_shapes  # noqa: E402
+from hppctl.runtime.galaxy.calibrate import calibrate_comm_cpu  # noqa: E402
 from hppctl.store import load, save  # noqa: E402
 
 GB = 10**9
@@ -226,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
             wait_for_quiet(a.quiet_load, a.max_wait)
             t0 = time.perf_counter()
             profile = inference_profile(cluster, model, [a.seq_len], layers=a.layers, repeats=a.profile_repeats,
-                                        warmup=1, timeout_s=a.timeout, wire_dtype=a.wire_dtype)
+                                        warmup=1, timeout_s=a.timeout)
+            profile = calibrate_comm_cpu(profile, cluster, seq_len=a.seq_len, wire_dtype=a.wire_dtype,
+                                         timeout_s=a.timeout)
             save(work / f"{model}.json", profile)
             entry = report["models"][model] = {"profile_s": time.perf_counter() - t0, "profile": str(work / f"{model}.json"),
                                                "capacity": {}, "envs": {}}

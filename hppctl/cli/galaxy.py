@@ -60,8 +60,14 @@ def profile_inference(cluster: Path, model: str, seq_len: str, *, layers: int | 
         if record.get("type") == "blocks":
             note(f"{device}: blocks timed at sequence length {record['seq_len']}")
 
-    profile = inference_profile(inventory, model, parse_seq_lens(seq_len), layers=layers, repeats=repeats,
+    lengths = parse_seq_lens(seq_len)
+    profile = inference_profile(inventory, model, lengths, layers=layers, repeats=repeats,
                                 warmup=warmup, threads=threads, timeout_s=timeout, on_record=progress)
+    if sum(d.source == "measured" for d in profile.devices) >= 2:
+        from hppctl.runtime.galaxy.calibrate import calibrate_comm_cpu
+
+        note("measuring each device's CPU per byte of communication over the links (two one-layer runs)")
+        profile = calibrate_comm_cpu(profile, inventory, seq_len=max(lengths), threads=threads or 0, timeout_s=timeout)
     if out is not None:
         save(out, profile)
         note(f"wrote {out}")

@@ -124,12 +124,10 @@ def cpu_cores(identity: dict[str, Any]) -> float | None:
 def inference_profile(cluster: ClusterSpec, model: str, seq_lens: Sequence[int], *, layers: int | None = None,
                       dtype_bytes: int = 4, repeats: int = 5, warmup: int = 2, threads: int | None = None,
                       timeout_s: float = 3600.0,
-                      on_record: Callable[[str, dict[str, Any]], None] | None = None,
-                      comm_cpu: bool = True, wire_dtype: str = "float32") -> InferenceProfile:
+                      on_record: Callable[[str, dict[str, Any]], None] | None = None) -> InferenceProfile:
     """Profile every device of `cluster` for `model` at `seq_lens`. `RuntimeFailure` naming the devices
-    that could not be measured (a Galaxy plan needs every device's capacity). With `comm_cpu` and two or
-    more measured devices, two short runs over the links measure each one's CPU per byte of
-    communication with `wire_dtype` on the wire (comm_cpu.py)."""
+    that could not be measured (a Galaxy plan needs every device's capacity). Each device's CPU per byte
+    of communication needs peers: runtime/galaxy/calibrate.py adds it."""
     from hppctl.profiling.fleet import probe_devices
     from hppctl.profiling.from_presets import preset_devices
 
@@ -158,15 +156,9 @@ def inference_profile(cluster: ClusterSpec, model: str, seq_lens: Sequence[int],
             devices.append(measured_device(spec.name, measured[spec.name], spec.memory))
     att, mlp = block_bytes(shapes, dtype_bytes)
     links = [InferenceLink(between=list(link.between), bytes_per_s=link.bandwidth) for link in cluster.links]
-    profile = InferenceProfile(
+    return InferenceProfile(
         source="measured" if measured else "preset", cluster=cluster.name, model=model, family=shapes.family,
         num_layers=layers or shapes.layers, hidden=shapes.hidden, heads=shapes.heads, intermediate=shapes.intermediate,
         dtype_bytes=dtype_bytes, attention_bytes=att, mlp_bytes=mlp,
         embedding_bytes=shapes.embedding_params * dtype_bytes, devices=devices,
         default_bytes_per_s=cluster.bandwidth, links=links)
-    if not comm_cpu:
-        return profile
-    from hppctl.profiling.comm_cpu import calibrate_comm_cpu
-
-    return calibrate_comm_cpu(profile, cluster, seq_len=seq_lens[-1], wire_dtype=wire_dtype, threads=threads or 0,
-                              timeout_s=timeout_s)

@@ -4,6 +4,9 @@ did not pay").
 
     profile = calibrate_comm_cpu(profile, cluster, seq_len=284)   # the same profile, fields filled
 
+`hppctl profile --seq-len` runs it after the block probes (profiling/inference.py measures one device at
+a time and sits below the runtime, so the CLI chains the two).
+
 Two short inference runs of one layer of the profiled model on every measured device, with
 `hppctl run`'s own runtime (runtime/galaxy/launch.py): galaxy's split on plain rings, then on gloo's
 AllReduce. In those modes a collective computes nothing, so the process CPU (every thread: the Python
@@ -43,7 +46,7 @@ def calibrate_comm_cpu(profile: InferenceProfile, cluster: ClusterSpec, *, seq_l
     when fewer than two devices are measured (nothing to communicate with) or galaxy has no plan."""
     from hppctl.errors import Infeasible
     from hppctl.planner.galaxy import make_inference_plan
-    from hppctl.runtime.galaxy.launch import InferenceRequest, run_inference
+    from hppctl.runtime.galaxy.launch import InferenceRequest, run_inference  # the module imports this one lazily
 
     measured = [d.name for d in profile.devices if d.source == "measured"]
     if len(measured) < 2:

@@ -199,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--strategies", default=",".join(STRATEGIES),
                    help="strategies to run (galaxy also runs with --no-overlap)")
+    p.add_argument("--envs", default="F,B", help="environments to run (F, B)")
     p.add_argument("--lab-name", default="galaxy-bench", help="the lab's name (namespaces, cgroups)")
     p.add_argument("--subnet", help="the lab's subnet (default: a free 10.N.0.0/24 from N = 220)")
     p.add_argument("--device-python", help="interpreter the hosts run workers and probes with (e.g. a wrapper "
@@ -241,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
                     "cores": d.cpu_cores, "ring": (d.comm_cpu_s_per_byte or 0) * 1e9,
                     "allreduce": (d.allreduce_cpu_s_per_byte or 0) * 1e9}
             for env, budgets in ENVS.items():
+                if env[0] not in a.envs.split(","):
+                    continue
                 env_report = entry["envs"][env] = {}
                 measure_env(env, budgets, profile, cluster, a, env_report)
                 env_report["speedup_of_galaxy"] = speedups(env_report)

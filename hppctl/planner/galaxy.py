@@ -27,7 +27,7 @@ from hppctl.models.inference import (DeviceShare, InferenceMemoryViolation, Infe
                                      InferenceProfile)
 from hppctl.models.units import format_bytes
 from hppctl.planner.inference_costs import (INFERENCE_STRATEGIES, SYNC, GalaxyExecution, InferenceCosts, Layout,
-                                            choose_galaxy_execution, layer_latency)
+                                            choose_galaxy_execution, galaxy_or_equal_on_allreduce, layer_latency)
 from hppctl.planner.inference_costs import largest_remainder, split_rows  # noqa: F401  (importable from here)
 
 
@@ -68,6 +68,8 @@ def to_inference_plan(costs: InferenceCosts, strategy: str, layout: Layout, elap
     execution = GalaxyExecution()
     if strategy == "galaxy":
         execution, latency = choose_galaxy_execution(costs, layout)
+        if execution.collective == "all-reduce":
+            layout, latency = galaxy_or_equal_on_allreduce(costs, layout, latency)
     else:
         latency = layer_latency(costs, strategy, layout, overlap=False)
     shares = []

@@ -291,6 +291,25 @@ def choose_galaxy_execution(costs: "InferenceCosts", layout: "Layout") -> tuple[
     return ring, ring_latency
 
 
+def equal_split(costs: "InferenceCosts", layout: "Layout") -> "Layout":
+    """Megatron's equal heads and columns on `layout`'s devices (its rows kept)."""
+    D, p = len(layout.devices), costs.profile
+    return Layout(layout.devices, tuple(largest_remainder(p.heads, [1.0] * D)),
+                  tuple(largest_remainder(p.intermediate, [1.0] * D)), layout.rows)
+
+
+def galaxy_or_equal_on_allreduce(costs: "InferenceCosts", layout: "Layout", latency: Latency) -> tuple["Layout", Latency]:
+    """On gloo's AllReduce galaxy runs Megatron's forward; where Megatron's equal split fits every
+    budget and is predicted strictly faster there (near-equal capacities, where Algorithm 1's
+    whole-unit rounding can put the extra head on a slower device), take it: galaxy is then never
+    predicted slower than megatron where their layouts could coincide."""
+    equal = equal_split(costs, layout)
+    if any(not costs.fits(d, a, b) for d, a, b in zip(equal.devices, equal.heads, equal.columns)):
+        return layout, latency
+    equal_latency = allreduce_latency(costs, equal)
+    return (equal, equal_latency) if equal_latency.total_s < latency.total_s else (layout, latency)
+
+
 def layer_latency(costs: InferenceCosts, strategy: str, layout: Layout, *, overlap: bool) -> Latency:
     """Predicted seconds of one layer: the slowest device per block plus synchronization (Eq. 4 + rings).
     Galaxy with `overlap`: every ring collective overlapped (choose_galaxy_execution picks per collective)."""

@@ -196,3 +196,29 @@ def test_plan_modes_are_validated_and_old_plans_keep_their_one_flag():
     megatron = make_inference_plan(make_inference_profile(), "megatron").model_dump(mode="json")
     with pytest.raises(ValueError, match="galaxy only"):
         InferencePlan.model_validate({**megatron, "collective": "all-reduce"})
+
+
+def test_on_allreduce_galaxy_takes_megatrons_equal_split_where_that_is_predicted_faster():
+    # arrange: equal devices and a lopsided split (as whole-unit rounding of near-equal capacities can give)
+    from hppctl.planner.inference_costs import (InferenceCosts, Layout, allreduce_latency,
+                                                galaxy_or_equal_on_allreduce)
+
+    costs = InferenceCosts(make_inference_profile(speeds=(1, 1, 1), allreduce_cpu=4e-10, **LAB_HOST), 64)
+    lopsided = Layout((0, 1, 2), (6, 3, 3), (64, 64, 64), (22, 21, 21))
+    # act
+    layout, latency = galaxy_or_equal_on_allreduce(costs, lopsided, allreduce_latency(costs, lopsided))
+    # assert
+    assert layout.heads == (4, 4, 4) and layout.columns == (64, 64, 64) and layout.rows == lopsided.rows
+    assert latency.total_s < allreduce_latency(costs, lopsided).total_s
+    # not when the equal split misses a budget: galaxy's memory-aware split stays
+    tight = InferenceCosts(make_inference_profile(speeds=(1, 1, 1), budgets_mb=(1, 1, WHOLE * 0.3 / 1e6),
+                                                  allreduce_cpu=4e-10, **LAB_HOST), 64)
+    assert galaxy_or_equal_on_allreduce(tight, lopsided, allreduce_latency(tight, lopsided))[0] == lopsided
+
+
+@pytest.mark.parametrize("speeds", [(1, 1, 1), (1.0, 1.04, 0.97), (1.02, 0.99, 1.0, 1.01), (3, 2, 1)])
+def test_galaxy_on_allreduce_is_never_predicted_slower_than_megatron(speeds):
+    profile = make_inference_profile(speeds=speeds, budgets_mb=(1000,) * len(speeds), bandwidth=SLOW_LINK * 20,
+                                     allreduce_cpu=4e-10, **LAB_HOST)
+    galaxy, megatron = make_inference_plan(profile, "galaxy"), make_inference_plan(profile, "megatron")
+    assert galaxy.prediction.latency_s <= megatron.prediction.latency_s

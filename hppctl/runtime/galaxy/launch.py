@@ -198,7 +198,10 @@ class InferenceSession(Launcher):
         return plan.overlap_by_block()
 
     def _collective(self) -> str:
-        """The plan's collective; `--no-overlap` runs galaxy's plain rings (the ablation of the paper's design)."""
+        """The plan's collective; `--no-overlap` runs galaxy's plain rings (the ablation of the paper's
+        design); megatron's is always gloo's AllReduce (reported so)."""
+        if self.request.plan.strategy == "megatron":
+            return "all-reduce"
         return self.request.plan.collective if self.request.overlap else "ring"
 
     def _check_devices(self) -> None:

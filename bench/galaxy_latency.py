@@ -52,6 +52,7 @@ from hppctl.models.cluster import ClusterSpec  # noqa: E402
 from hppctl.models.inference import InferenceProfile  # noqa: E402
 from hppctl.planner.galaxy import make_inference_plan  # noqa: E402
 from hppctl.profiling.inference import block_bytes, inference_profile, model_shapes  # noqa: E402
+from hppctl.runtime.galaxy.calibrate import calibrate_comm_cpu  # noqa: E402
 from hppctl.store import load, save  # noqa: E402
 
 GB = 10**9
@@ -64,16 +65,16 @@ ENVS = {
 STRATEGIES = ("galaxy", "megatron", "sp", "local")
 
 
-def lab_spec(fastest: float, subnet: str) -> str:
+def lab_spec(fastest: float, subnet: str, name: str = "galaxy-bench") -> str:
     hosts = "\n".join(f"  - {{name: {h}, cpu: {fastest * NANO_GHZ[k] / NANO_GHZ['l']:.3f}, memory: 3GB}}"
                       for h, k in HOSTS.items())
-    return f"name: galaxy-bench\nbandwidth: 125mbit\nsubnet: {subnet}\nhosts:\n{hosts}\n"
+    return f"name: {name}\nbandwidth: 125mbit\nsubnet: {subnet}\nhosts:\n{hosts}\n"
 
 
-def enlarge_socket_buffers(names, nbytes: int) -> None:
+def enlarge_socket_buffers(names, nbytes: int, lab: str = "galaxy-bench") -> None:
     """Default TCP buffers of `nbytes` in every lab host's namespace (module docstring: why)."""
     for host in names:
-        subprocess.run(["ip", "netns", "exec", f"hppctl-lab-galaxy-bench-{host}", "sysctl", "-q", "-w",
+        subprocess.run(["ip", "netns", "exec", f"hppctl-lab-{lab}-{host}", "sysctl", "-q", "-w",
                         f"net.ipv4.tcp_rmem=4096 {nbytes} 33554432", f"net.ipv4.tcp_wmem=4096 {nbytes} 4194304"],
                        check=True)
 
@@ -118,7 +119,7 @@ def measure_env(env: str, budgets, profile, cluster, a, report) -> None:
     prof = env_profile(profile, budgets)
     sub = sub_cluster(cluster, budgets)
     cases: dict[str, tuple] = {}
-    for strategy in STRATEGIES:
+    for strategy in a.strategies.split(","):
         try:
             plan = make_inference_plan(prof, strategy, a.seq_len)
         except Infeasible as e:
@@ -130,6 +131,7 @@ def measure_env(env: str, budgets, profile, cluster, a, report) -> None:
         cases[strategy] = (plan, True)
         if strategy == "galaxy" and len(plan.shares) > 1:
             cases["galaxy --no-overlap"] = (plan, False)
+            report["galaxy predictions"] = galaxy_predictions(prof, plan, a.seq_len, a.layers)
     outputs = {}
     for r in range(a.rounds):
         for name, (plan, overlap) in cases.items():
@@ -142,6 +144,7 @@ def measure_env(env: str, budgets, profile, cluster, a, report) -> None:
                                     "load_before": load_before, "devices": s["devices"]})
             entry["shares"] = s["shares"]
             entry["predicted_s"] = plan.prediction.latency_s * a.layers / plan.num_layers
+            entry["execution"] = {"collective": s["collective"], "block_overlap": s["block_overlap"]}
             outputs[name] = result.output
             print(f"  {env} {name} round {r}: min {s['latency_s']['min']:.3f} s, median {s['latency_s']['median']:.3f} s "
                   f"(load {load_before:.1f})",
@@ -153,6 +156,20 @@ def measure_env(env: str, budgets, profile, cluster, a, report) -> None:
             if "galaxy" in outputs and name in outputs:
                 entry["max_abs_diff_vs_galaxy"] = float((outputs[name] - outputs["galaxy"]).abs().max())
     del torch
+
+
+def galaxy_predictions(profile, plan, seq_len: int, layers: int) -> dict:
+    """The planner's predicted seconds for `layers` layers of the galaxy plan's split run every way it
+    can: all rings overlapped, all plain, gloo's AllReduce; and what it chose."""
+    from hppctl.planner.inference_costs import InferenceCosts, Layout, allreduce_latency, galaxy_ring_latency
+
+    costs = InferenceCosts(profile, seq_len)
+    layout = Layout(tuple(range(len(plan.shares))), tuple(s.heads for s in plan.shares),
+                    tuple(s.columns for s in plan.shares), tuple(s.rows for s in plan.shares))
+    return {"status": "prediction", "overlap_s": layers * galaxy_ring_latency(costs, layout, (True,) * 4).total_s,
+            "plain_s": layers * galaxy_ring_latency(costs, layout, (False,) * 4).total_s,
+            "all_reduce_s": layers * allreduce_latency(costs, layout).total_s,
+            "chosen": {"collective": plan.collective, "block_overlap": list(plan.overlap_by_block())}}
 
 
 def speedups(report: dict) -> dict:
@@ -180,41 +197,59 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet-load", type=float, default=2.5)
     p.add_argument("--max-wait", type=float, default=300.0)
     p.add_argument("--timeout", type=float, default=900.0)
+    p.add_argument("--strategies", default=",".join(STRATEGIES),
+                   help="strategies to run (galaxy also runs with --no-overlap)")
+    p.add_argument("--envs", default="F,B", help="environments to run (F, B)")
+    p.add_argument("--lab-name", default="galaxy-bench", help="the lab's name (namespaces, cgroups)")
+    p.add_argument("--subnet", help="the lab's subnet (default: a free 10.N.0.0/24 from N = 220)")
+    p.add_argument("--device-python", help="interpreter the hosts run workers and probes with (e.g. a wrapper "
+                                           "that puts a work tree first on PYTHONPATH)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="galaxy-latency-"))
     state = work / "state"
     cluster_file = a.cluster
     if cluster_file is None:
-        (work / "lab.yaml").write_text(lab_spec(a.fastest_cpu, free_subnet(first=220)))
+        (work / "lab.yaml").write_text(lab_spec(a.fastest_cpu, a.subnet or free_subnet(first=220), a.lab_name))
         cluster_file = work / "cluster.yaml"
         subprocess.run([sys.executable, "-m", "hppctl", "lab", "up", "--spec", str(work / "lab.yaml"), "--out",
                         str(cluster_file), "--state-dir", str(state)], check=True)
         if a.socket_buffer:
-            enlarge_socket_buffers(HOSTS, a.socket_buffer)
+            enlarge_socket_buffers(HOSTS, a.socket_buffer, a.lab_name)
     report: dict = {"seq_len": a.seq_len, "layers": a.layers, "repeats": a.repeats, "rounds": a.rounds,
                     "fastest_cpu": a.fastest_cpu, "wire_dtype": a.wire_dtype, "socket_buffer": a.socket_buffer, "models": {}}
     started = time.perf_counter()
     try:
         cluster = load(cluster_file, ClusterSpec)
+        if a.device_python:
+            cluster = cluster.model_copy(update={"devices": [d.model_copy(update={"python": a.device_python})
+                                                             for d in cluster.devices]})
         for model in a.models.split(","):
             wait_for_quiet(a.quiet_load, a.max_wait)
             t0 = time.perf_counter()
             profile = inference_profile(cluster, model, [a.seq_len], layers=a.layers, repeats=a.profile_repeats,
                                         warmup=1, timeout_s=a.timeout)
+            profile = calibrate_comm_cpu(profile, cluster, seq_len=a.seq_len, wire_dtype=a.wire_dtype,
+                                         timeout_s=a.timeout)
             save(work / f"{model}.json", profile)
             entry = report["models"][model] = {"profile_s": time.perf_counter() - t0, "profile": str(work / f"{model}.json"),
                                                "capacity": {}, "envs": {}}
+            entry["comm_cpu_ns_per_byte"] = {}
             for d in profile.devices:
                 t = d.timings[0]
                 entry["capacity"][d.name] = 1 / (t.attention.seconds[-1] + t.mlp.seconds[-1])
+                entry["comm_cpu_ns_per_byte"][d.name] = {
+                    "cores": d.cpu_cores, "ring": (d.comm_cpu_s_per_byte or 0) * 1e9,
+                    "allreduce": (d.allreduce_cpu_s_per_byte or 0) * 1e9}
             for env, budgets in ENVS.items():
+                if env[0] not in a.envs.split(","):
+                    continue
                 env_report = entry["envs"][env] = {}
                 measure_env(env, budgets, profile, cluster, a, env_report)
                 env_report["speedup_of_galaxy"] = speedups(env_report)
     finally:
         if a.cluster is None:
-            subprocess.run([sys.executable, "-m", "hppctl", "lab", "down", "--name", "galaxy-bench",
+            subprocess.run([sys.executable, "-m", "hppctl", "lab", "down", "--name", a.lab_name,
                             "--state-dir", str(state)])
     report["wall_s"] = time.perf_counter() - started
     (work / "report.json").write_text(json.dumps(report, indent=2, default=str))
@@ -232,8 +267,16 @@ def render(report: dict) -> None:
     for model, m in report["models"].items():
         caps = ", ".join(f"{d} {v:.2f}" for d, v in m["capacity"].items())
         print(f"\n{model}: profiled in {m['profile_s']:.0f} s; V_d (1/s): {caps}")
+        comm = ", ".join(f"{d} {v['cores']:.3f} core ring {v['ring']:.2f} / all-reduce {v['allreduce']:.2f}"
+                         for d, v in m.get("comm_cpu_ns_per_byte", {}).items() if v["cores"])
+        if comm:
+            print(f"  CPU ns per byte sent + received: {comm}")
         for env, r in m["envs"].items():
             print(f"  {env}")
+            pred = r.get("galaxy predictions")
+            if pred:
+                print(f"    galaxy predicted: overlap {pred['overlap_s']:.3f} s, plain {pred['plain_s']:.3f} s, "
+                      f"all-reduce {pred['all_reduce_s']:.3f} s; chose {pred['chosen']}")
             for name in ("galaxy", "galaxy --no-overlap", *STRATEGIES[1:]):
                 e = r.get(name)
                 if e is None:
@@ -241,7 +284,10 @@ def render(report: dict) -> None:
                 if "latency_s" in e:
                     shares = " ".join(f"{s['device']}:{s['heads']}h/{s['columns']}c/{s['rows']}r" for s in e["shares"])
                     gain = r["speedup_of_galaxy"].get(name)
-                    print(f"    {name:22s} {e['latency_s']:.3f} s (median {e['median_s']:.3f}, predicted {e['predicted_s']:.3f})"
+                    ex = e.get("execution", {})
+                    how = ("all-reduce" if ex.get("collective") == "all-reduce"
+                           else "overlap " + "".join("1" if f else "0" for f in ex.get("block_overlap", [])))
+                    print(f"    {name:22s} {e['latency_s']:.3f} s (median {e['median_s']:.3f}, predicted {e['predicted_s']:.3f}) [{how}]"
                           f"{f'  galaxy {gain:.2f}x faster' if isinstance(gain, float) else ''}  [{shares}]"
                           f"  diff {e.get('max_abs_diff_vs_galaxy', 0):.1e}")
                 else:

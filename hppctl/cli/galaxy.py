@@ -60,8 +60,14 @@ def profile_inference(cluster: Path, model: str, seq_len: str, *, layers: int | 
         if record.get("type") == "blocks":
             note(f"{device}: blocks timed at sequence length {record['seq_len']}")
 
-    profile = inference_profile(inventory, model, parse_seq_lens(seq_len), layers=layers, repeats=repeats,
+    lengths = parse_seq_lens(seq_len)
+    profile = inference_profile(inventory, model, lengths, layers=layers, repeats=repeats,
                                 warmup=warmup, threads=threads, timeout_s=timeout, on_record=progress)
+    if sum(d.source == "measured" for d in profile.devices) >= 2:
+        from hppctl.runtime.galaxy.calibrate import calibrate_comm_cpu
+
+        note("measuring each device's CPU per byte of communication over the links (two one-layer runs)")
+        profile = calibrate_comm_cpu(profile, inventory, seq_len=max(lengths), threads=threads or 0, timeout_s=timeout)
     if out is not None:
         save(out, profile)
         note(f"wrote {out}")
@@ -118,10 +124,26 @@ def plan_inference(profile_path: Path, strategy: str, seq_len: int | None, *, ou
         _render_plan(plan)
 
 
+def _overlap_note(plan) -> str:
+    """Which ring collectives overlap their GEMM (galaxy chooses per collective from the profile)."""
+    if plan.strategy != "galaxy" or len(plan.shares) < 2:
+        return ""
+    if plan.collective == "all-reduce":
+        return " (galaxy's split on gloo's AllReduce: predicted faster than its rings)"
+    from hppctl.models.inference import BLOCK_COLLECTIVES
+
+    flags = plan.overlap_by_block()
+    if all(flags):
+        return ", tile overlap"
+    if not any(flags):
+        return ", no tile overlap (predicted no faster)"
+    return ", tile overlap on " + " ".join(n for n, f in zip(BLOCK_COLLECTIVES, flags) if f)
+
+
 def _render_plan(plan) -> None:
     pred = plan.prediction
     stdout.print(f"{plan.strategy} plan for {plan.model}: {plan.num_layers} layers at sequence length {plan.seq_len}, "
-                 f"sync {plan.sync}{', tile overlap' if plan.overlap else ''}")
+                 f"sync {plan.sync}{_overlap_note(plan)}")
     table = Table(box=None, pad_edge=False)
     for col in ("device", "heads", "MLP columns", "rows", "speed (layers/s)", "weights / budget"):
         table.add_column(col)
@@ -244,7 +266,8 @@ class InferenceProgress:
 def _render_run(summary: dict[str, Any]) -> None:
     lat = summary["latency_s"]
     shape = ", ".join(f"{s['device']} {s['heads']}h/{s['columns']}c/{s['rows']}r" for s in summary["shares"])
-    stdout.print(f"{summary['model']} ({summary['strategy']}{', overlap' if summary['overlap'] else ''}): "
+    mode = ", all-reduce" if summary.get("collective") == "all-reduce" else ", overlap" if summary["overlap"] else ""
+    stdout.print(f"{summary['model']} ({summary['strategy']}{mode}): "
                  f"{summary['layers']} layers, {summary['seq_len']} tokens on {shape}")
     stdout.print(f"latency median {lat['median']:.4f} s (min {lat['min']:.4f}, max {lat['max']:.4f}, "
                  f"{summary['repeats']} passes; plan predicted {summary['predicted_latency_s']:.4f} s)")

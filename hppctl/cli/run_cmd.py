@@ -71,7 +71,7 @@ def run_command(
     seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Inference plans: N random token ids (default: the plan's length).")] = None,
     repeat: Annotated[int, typer.Option("--repeat", help="Inference plans: timed forward passes (latency statistics).")] = 1,
     warmup: Annotated[int, typer.Option("--warmup", help="Inference plans: untimed passes first.")] = 0,
-    overlap: Annotated[bool, typer.Option("--overlap/--no-overlap", help="Inference plans (galaxy): tile-based overlap of the ring collectives with the GEMMs.")] = True,
+    overlap: Annotated[bool, typer.Option("--overlap/--no-overlap", help="Inference plans (galaxy): --no-overlap runs every collective on plain rings (the ablation); by default the plan's per-collective choice.")] = True,
     output: Annotated[Optional[Path], typer.Option("--output", help="Inference plans: save the final hidden states ([sequence, hidden]) with torch.save.")] = None,
     wire_dtype: Annotated[str, typer.Option("--wire-dtype", help="Inference plans: float32 (exact) or float16 activations on the wire (the paper's fp16 traffic).")] = "float32",
     heartbeat: Annotated[float, typer.Option("--heartbeat", help="Fault tolerance (with --profile): seconds between heartbeats (0.01 to 2592000).")] = 1.0,

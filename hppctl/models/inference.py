@@ -27,6 +27,12 @@ from hppctl.models.cluster import DeviceName
 PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
 NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+BLOCK_COLLECTIVES: tuple[str, ...] = ("attention_in", "attention_out", "mlp_in", "mlp_out")
+"""Galaxy's four ring collectives of a layer, in execution order: the AllGather fused with the QKV
+GEMM, the output GEMM fused with the ReduceScatter, and the same two around the MLP."""
+Collective = Literal["ring", "all-reduce"]
 
 InferenceStrategy = Literal["galaxy", "megatron", "sp", "local"]
 INFERENCE_STRATEGIES: tuple[str, ...] = ("galaxy", "megatron", "sp", "local")
@@ -71,6 +77,28 @@ class InferenceDevice(FrozenModel):
     """Increasing sequence lengths."""
     threads: PosInt | None = None
     """Measured: torch threads the blocks were timed with."""
+    cpu_cores: PositiveFloat | None = None
+    """Measured: the CPU the device's process may use, in cores (its cgroup quota, else its CPUs).
+    None (presets, profiles written before): unknown, taken as a core to spare for the network."""
+    comm_cpu_s_per_byte: NonNegFloat | None = None
+    """Measured over the cluster's links (profiling/comm_cpu.py): process CPU seconds (gloo's threads
+    included) the device spends per byte it sends plus receives in galaxy's plain ring collectives.
+    None (a single measured device, presets, profiles written before): communication takes no CPU
+    from compute, the paper's assumption."""
+    allreduce_cpu_s_per_byte: NonNegFloat | None = None
+    """The same for gloo's own AllReduce (Megatron's collective). None: as `comm_cpu_s_per_byte`."""
+
+    def has_spare_core(self) -> bool:
+        """True when the device can run the network's CPU work beside its compute threads without
+        taking from them: unknown CPU counts as spare (the paper's Jetsons have four cores)."""
+        return self.cpu_cores is None or self.cpu_cores >= (self.threads or 1) + 1
+
+    def compute_share(self) -> float:
+        """The fraction of a full-speed core each compute thread gets: < 1 under a CPU quota below
+        the thread count (a lab host's cgroup), 1 when unknown."""
+        if self.cpu_cores is None:
+            return 1.0
+        return min(1.0, self.cpu_cores / (self.threads or 1))
 
     @model_validator(mode="after")
     def _increasing(self) -> "InferenceDevice":
@@ -187,7 +215,16 @@ class InferencePlan(FrozenModel):
     intermediate: PosInt
     sync: Literal["reduce-scatter+all-gather", "all-reduce", "kv-all-gather", "none"]
     overlap: bool
-    """Tile-based overlap of the ring collectives with the first and last GEMMs (galaxy only)."""
+    """Tile-based overlap of the ring collectives with the first and last GEMMs (galaxy only): true
+    when any of `block_overlap` is."""
+    block_overlap: Annotated[list[bool], Field(min_length=4, max_length=4)] | None = None
+    """Galaxy: overlapped (true) or plain (false) execution of each of a layer's four ring collectives
+    (BLOCK_COLLECTIVES order), the same in every layer (the layers are identical and the profile times
+    one). Chosen by the smaller predicted time. None (plans written before): all follow `overlap`."""
+    collective: Collective = "ring"
+    """Galaxy: `ring` (ReduceScatter + AllGather, sequence-parallel connective blocks) or `all-reduce`
+    (gloo's own AllReduce after each block, connective blocks on the whole sequence: Megatron's path
+    with galaxy's split; `rows` then only say how the output is cut), whichever is predicted faster."""
     shares: Annotated[list[DeviceShare], Field(min_length=1, max_length=MAX_DEVICES)]
     prediction: InferencePrediction
     memory_violations: list[InferenceMemoryViolation] = []
@@ -216,9 +253,24 @@ class InferencePlan(FrozenModel):
             raise ValueError(f"shares hold {sum(rows)} sequence rows, seq_len is {self.seq_len}")
         if self.strategy == "local" and len(self.shares) != 1:
             raise ValueError(f"local runs on one device, got {len(self.shares)}")
+        return self._modes()
+
+    def _modes(self) -> "InferencePlan":
         if self.overlap and self.strategy != "galaxy":
             raise ValueError(f"overlap applies to galaxy only, not {self.strategy}")
+        if self.strategy != "galaxy" and (self.block_overlap is not None or self.collective != "ring"):
+            raise ValueError(f"block_overlap and collective apply to galaxy only, not {self.strategy}")
+        if self.block_overlap is not None and any(self.block_overlap) != self.overlap:
+            raise ValueError(f"overlap is {str(self.overlap).lower()} but block_overlap is {self.block_overlap}")
+        if self.collective == "all-reduce" and self.overlap:
+            raise ValueError("the all-reduce collective has no tile overlap: overlap must be false")
         return self
+
+    def overlap_by_block(self) -> tuple[bool, bool, bool, bool]:
+        """Overlapped or plain, per collective of a layer (BLOCK_COLLECTIVES order)."""
+        if self.block_overlap is not None:
+            return tuple(self.block_overlap)  # type: ignore[return-value]
+        return (self.overlap,) * 4
 
     def devices(self) -> list[str]:
         return [s.device for s in self.shares]

@@ -26,7 +26,8 @@ from hppctl.errors import BadInput, Infeasible
 from hppctl.models.inference import (DeviceShare, InferenceMemoryViolation, InferencePlan, InferencePrediction,
                                      InferenceProfile)
 from hppctl.models.units import format_bytes
-from hppctl.planner.inference_costs import INFERENCE_STRATEGIES, SYNC, InferenceCosts, Layout, layer_latency
+from hppctl.planner.inference_costs import (INFERENCE_STRATEGIES, SYNC, GalaxyExecution, InferenceCosts, Layout,
+                                            choose_galaxy_execution, galaxy_or_equal_on_allreduce, layer_latency)
 from hppctl.planner.inference_costs import largest_remainder, split_rows  # noqa: F401  (importable from here)
 
 
@@ -64,8 +65,13 @@ def resolve_seq_len(profile: InferenceProfile, seq_len: int | None) -> int:
 
 def to_inference_plan(costs: InferenceCosts, strategy: str, layout: Layout, elapsed: float) -> InferencePlan:
     p = costs.profile
-    overlap = strategy == "galaxy" and len(layout.devices) > 1
-    latency = layer_latency(costs, strategy, layout, overlap=overlap)
+    execution = GalaxyExecution()
+    if strategy == "galaxy":
+        execution, latency = choose_galaxy_execution(costs, layout)
+        if execution.collective == "all-reduce":
+            layout, latency = galaxy_or_equal_on_allreduce(costs, layout, latency)
+    else:
+        latency = layer_latency(costs, strategy, layout, overlap=False)
     shares = []
     for d, a, b, r in zip(layout.devices, layout.heads, layout.columns, layout.rows):
         shares.append(DeviceShare(device=costs.names[d], heads=a, columns=b, rows=r, capacity=costs.capacity(d),
@@ -76,8 +82,11 @@ def to_inference_plan(costs: InferenceCosts, strategy: str, layout: Layout, elap
     L = p.num_layers
     return InferencePlan(
         strategy=strategy, model=p.model, family=p.family, profile_digest=p.digest(), seq_len=costs.seq_len,
-        num_layers=L, hidden=p.hidden, heads=p.heads, intermediate=p.intermediate, sync=SYNC[strategy],
-        overlap=overlap, shares=shares,
+        num_layers=L, hidden=p.hidden, heads=p.heads, intermediate=p.intermediate,
+        sync="all-reduce" if execution.collective == "all-reduce" else SYNC[strategy],
+        overlap=any(execution.block_overlap), shares=shares,
+        block_overlap=list(execution.block_overlap) if strategy == "galaxy" else None,
+        collective=execution.collective,
         prediction=InferencePrediction(latency_s=L * latency.total_s, compute_s=L * latency.compute_s,
                                        communication_s=L * latency.communication_s,
                                        exposed_communication_s=L * latency.exposed_s),

@@ -117,6 +117,13 @@ class InferenceCosts:
     def fits(self, d: int, heads: int, columns: int) -> bool:
         return self.memory(heads, columns) < self.budget[d]  # the paper's strict inequality
 
+    def cpu(self, d: int) -> "DeviceCpu":
+        """Device d's CPU as communication sees it (its share of a core, a spare core, CPU per byte)."""
+        dev = self.profile.devices[d]
+        ring = dev.comm_cpu_s_per_byte or 0.0
+        native = dev.allreduce_cpu_s_per_byte if dev.allreduce_cpu_s_per_byte is not None else ring
+        return DeviceCpu(dev.compute_share(), dev.has_spare_core(), ring, native)
+
     def ring_step_s(self, order: Sequence[int], rows: int) -> float:
         """One ring step moving `rows` rows of hidden activations: set by the slowest link of the ring."""
         if len(order) < 2:
@@ -164,11 +171,155 @@ def ring_overlap(comm_s: float, gemm_s: float, D: int) -> float:
     return max(comm_s - gemm_s * (D - 1) / D, 0.0)
 
 
+@dataclass(frozen=True)
+class DeviceCpu:
+    """What a device's CPU does to communication (InferenceDevice.compute_share, has_spare_core).
+
+    `share` c: the fraction of a full-speed core its compute gets (a CFS quota of 0.084 core on one
+    thread: 0.084), `spare`: a core to spare for the network threads, `ring_s_per_byte` and
+    `allreduce_s_per_byte`: CPU seconds per byte sent plus received (0 when not measured)."""
+
+    share: float = 1.0
+    spare: bool = True
+    ring_s_per_byte: float = 0.0
+    allreduce_s_per_byte: float = 0.0
+
+    def on_compute(self, cpu_s: float) -> float:
+        """Wall seconds that `cpu_s` of communication CPU takes from this device's compute: none with a
+        core to spare, else the CPU at the device's share (a 0.084-core quota: 12x the CPU time)."""
+        return 0.0 if self.spare else cpu_s / self.share
+
+
+def fused_plain_s(cpu: DeviceCpu, gemm_s: float, comm_cpu_s: float, wire_s: float) -> float:
+    """A GEMM of `gemm_s` (wall at the device's share) then its ring without overlap.
+
+    Two bounds, the larger wins: the device's CPU (GEMM plus the communication's CPU, at its share),
+    and the critical path (GEMM and communication CPU at full speed in bursts, plus the wire). On a
+    core of its own (share 1) that is GEMM + communication CPU + wire; under a CPU quota (share c < 1:
+    the device computes in bursts and sits throttled between them) the wire waits fit in the
+    throttled time and the CPU bound wins: plain communication costs only its CPU."""
+    k = cpu.on_compute(comm_cpu_s)
+    return max(gemm_s + k, cpu.share * (gemm_s + k) + wire_s)
+
+
+def fused_overlap_s(cpu: DeviceCpu, gemm_s: float, comm_cpu_s: float, wire_s: float, D: int) -> float:
+    """The same GEMM cut into D tiles, each running while the ring's step is on the wire (§III-D).
+
+    Bounds: the same CPU bound as the plain ring (the overlap moves no CPU work away: the tiles
+    and the transfers still share the device's cores), the critical path with (D-1)/D of the GEMM
+    hiding the wire (`ring_overlap`), and the wire plus the last tile. Where the CPU bound wins the
+    overlap predicts exactly the plain time, and the planner keeps the plain ring (ties go to it: the
+    tiled ring adds D-1 synchronizations and smaller GEMMs, measured in docs/galaxy.md)."""
+    k = cpu.on_compute(comm_cpu_s)
+    burst = cpu.share * (gemm_s + k)
+    return max(gemm_s + k, burst + ring_overlap(wire_s, cpu.share * gemm_s, D),
+               wire_s + cpu.share * gemm_s / D)
+
+
+@dataclass(frozen=True)
+class GalaxyExecution:
+    """How galaxy runs a layer: ring or all-reduce, and which of the four ring collectives overlap."""
+
+    collective: str = "ring"
+    block_overlap: tuple[bool, bool, bool, bool] = (False, False, False, False)
+
+
+def galaxy_ring_latency(costs: "InferenceCosts", layout: "Layout", block_overlap: Sequence[bool]) -> Latency:
+    """One layer on galaxy's rings, each collective overlapped or plain as `block_overlap` says: per
+    collective the slowest device's fused GEMM + ring (fused_plain_s / fused_overlap_s), plus the rest of
+    the attention block (scores and weighted sum) and both connective blocks on the device's rows."""
+    devs, D, s = layout.devices, len(layout.devices), costs.seq_len
+    tile = math.ceil(s / D)
+    wire = (D - 1) * costs.ring_step_s(devs, tile) if D > 1 else 0.0
+    ring_bytes = 2 * (D - 1) * tile * costs.profile.hidden * costs.profile.dtype_bytes  # sent + received
+    qkv_f, out_f = gemm_fractions(costs)
+    att = [costs.attention(d, a) for d, a in zip(devs, layout.heads)]
+    mlp = [costs.mlp(d, b) for d, b in zip(devs, layout.columns)]
+    gemms = ([qkv_f * t for t in att], [out_f * t for t in att], [0.5 * t for t in mlp], [0.5 * t for t in mlp])
+    rest = max((1 - qkv_f - out_f) * t for t in att)
+    con = max(costs.connective(d, r) for d, r in zip(devs, layout.rows))
+    total = rest + 2 * con
+    for overlapped, gemm in zip(block_overlap, gemms):
+        per_device = []
+        for d, g in zip(devs, gemm):
+            cpu = costs.cpu(d)
+            comm_cpu = cpu.ring_s_per_byte * ring_bytes
+            per_device.append(fused_overlap_s(cpu, g, comm_cpu, wire, D) if overlapped and D > 1
+                              else fused_plain_s(cpu, g, comm_cpu, wire))
+        total += max(per_device)
+    compute = max(att) + max(mlp) + 2 * con
+    return Latency(compute, 4 * wire, max(total - compute, 0.0))
+
+
+def allreduce_latency(costs: "InferenceCosts", layout: "Layout") -> Latency:
+    """One layer with gloo's AllReduce after each block (Megatron's path) on `layout`'s heads and
+    columns: per block the slowest device's block + AllReduce (a ReduceScatter and an AllGather on the
+    wire, 2(D-1) steps; its CPU at the device's `allreduce_s_per_byte`), the connective blocks on the
+    whole sequence on every device."""
+    devs, D, s = layout.devices, len(layout.devices), costs.seq_len
+    tile = math.ceil(s / D)
+    wire = 2 * (D - 1) * costs.ring_step_s(devs, tile) if D > 1 else 0.0
+    ar_bytes = 2 * 2 * (D - 1) * tile * costs.profile.hidden * costs.profile.dtype_bytes
+    att = [costs.attention(d, a) for d, a in zip(devs, layout.heads)]
+    mlp = [costs.mlp(d, b) for d, b in zip(devs, layout.columns)]
+    con = max(costs.connective(d, s) for d in devs)
+    total = 2 * con
+    for block in (att, mlp):
+        total += max(fused_plain_s(costs.cpu(d), t, costs.cpu(d).allreduce_s_per_byte * ar_bytes, wire)
+                     for d, t in zip(devs, block))
+    compute = max(att) + max(mlp) + 2 * con
+    return Latency(compute, 2 * wire, max(total - compute, 0.0))
+
+
+def choose_galaxy_execution(costs: "InferenceCosts", layout: "Layout") -> tuple[GalaxyExecution, Latency]:
+    """The fastest predicted way to run galaxy's layout: each ring collective overlapped only where
+    that is predicted strictly faster than plain (the four are independent: each term of
+    galaxy_ring_latency depends on its own choice), then gloo's AllReduce instead of the rings when
+    that is predicted strictly faster still. One device: no collective at all."""
+    if len(layout.devices) < 2:
+        return GalaxyExecution(), galaxy_ring_latency(costs, layout, (False,) * 4)
+    plain = (False,) * 4
+    chosen = []
+    for n in range(4):
+        only = tuple(i == n for i in range(4))
+        chosen.append(galaxy_ring_latency(costs, layout, only).total_s < galaxy_ring_latency(costs, layout, plain).total_s)
+    ring = GalaxyExecution("ring", tuple(chosen))  # type: ignore[arg-type]
+    ring_latency = galaxy_ring_latency(costs, layout, ring.block_overlap)
+    reduce_latency = allreduce_latency(costs, layout)
+    if reduce_latency.total_s < ring_latency.total_s:
+        return GalaxyExecution("all-reduce"), reduce_latency
+    return ring, ring_latency
+
+
+def equal_split(costs: "InferenceCosts", layout: "Layout") -> "Layout":
+    """Megatron's equal heads and columns on `layout`'s devices (its rows kept)."""
+    D, p = len(layout.devices), costs.profile
+    return Layout(layout.devices, tuple(largest_remainder(p.heads, [1.0] * D)),
+                  tuple(largest_remainder(p.intermediate, [1.0] * D)), layout.rows)
+
+
+def galaxy_or_equal_on_allreduce(costs: "InferenceCosts", layout: "Layout", latency: Latency) -> tuple["Layout", Latency]:
+    """On gloo's AllReduce galaxy runs Megatron's forward; where Megatron's equal split fits every
+    budget and is predicted strictly faster there (near-equal capacities, where Algorithm 1's
+    whole-unit rounding can put the extra head on a slower device), take it: galaxy is then never
+    predicted slower than megatron where their layouts could coincide."""
+    equal = equal_split(costs, layout)
+    if any(not costs.fits(d, a, b) for d, a, b in zip(equal.devices, equal.heads, equal.columns)):
+        return layout, latency
+    equal_latency = allreduce_latency(costs, equal)
+    return (equal, equal_latency) if equal_latency.total_s < latency.total_s else (layout, latency)
+
+
 def layer_latency(costs: InferenceCosts, strategy: str, layout: Layout, *, overlap: bool) -> Latency:
-    """Predicted seconds of one layer: the slowest device per block plus synchronization (Eq. 4 + rings)."""
+    """Predicted seconds of one layer: the slowest device per block plus synchronization (Eq. 4 + rings).
+    Galaxy with `overlap`: every ring collective overlapped (choose_galaxy_execution picks per collective)."""
     devs, D, s = layout.devices, len(layout.devices), costs.seq_len
     tile = math.ceil(s / D)
     step = costs.ring_step_s(devs, tile)
+    if strategy == "galaxy":
+        return galaxy_ring_latency(costs, layout, (overlap and D > 1,) * 4)
+    if strategy == "megatron":
+        return allreduce_latency(costs, layout)
     if strategy == "sp":
         att = [costs.attention(d, costs.profile.heads, r / s) for d, r in zip(devs, layout.rows)]
         mlp = [costs.mlp(d, costs.profile.intermediate, r / s) for d, r in zip(devs, layout.rows)]
@@ -177,19 +328,6 @@ def layer_latency(costs: InferenceCosts, strategy: str, layout: Layout, *, overl
         mlp = [costs.mlp(d, b) for d, b in zip(devs, layout.columns)]
     con = [costs.connective(d, r) for d, r in zip(devs, layout.rows)]
     compute = max(att) + max(mlp) + 2 * max(con)
-    if strategy == "galaxy":
-        ring = (D - 1) * step  # one AllGather or one ReduceScatter
-        comm = 4 * ring
-        if overlap and D > 1:
-            qkv, out = gemm_fractions(costs)
-            exposed = (ring_overlap(ring, qkv * max(att), D) + ring_overlap(ring, out * max(att), D)
-                       + 2 * ring_overlap(ring, 0.5 * max(mlp), D))
-        else:
-            exposed = comm
-        return Latency(compute, comm, exposed)
-    if strategy == "megatron":
-        comm = 2 * 2 * (D - 1) * step  # two ring AllReduces = ReduceScatter + AllGather each
-        return Latency(compute, comm, comm)
     if strategy == "sp":
         comm = 2 * (D - 1) * step  # AllGather of K and of V in every attention block
         return Latency(compute, comm, comm)

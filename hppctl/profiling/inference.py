@@ -108,7 +108,17 @@ def measured_device(name: str, records: list[dict[str, Any]], memory: int | None
                              connective=BlockGrid(**r["connective"])) for r in blocks]
     return InferenceDevice(name=name, kind=f"measured:{identity['hostname']}", source="measured",
                            memory_bytes=memory or memory_budget(identity), timings=timings,
-                           threads=int(identity["threads"]))
+                           threads=int(identity["threads"]), cpu_cores=cpu_cores(identity))
+
+
+def cpu_cores(identity: dict[str, Any]) -> float | None:
+    """The cores the device's process may use: its CPU quota, else the CPUs it may run on."""
+    quota = identity.get("cpu_quota_cores")
+    if quota:
+        return float(quota)
+    cpus = identity.get("cpus")
+    count = len(cpus) if isinstance(cpus, list) else cpus
+    return float(count) if count else None
 
 
 def inference_profile(cluster: ClusterSpec, model: str, seq_lens: Sequence[int], *, layers: int | None = None,
@@ -116,7 +126,8 @@ def inference_profile(cluster: ClusterSpec, model: str, seq_lens: Sequence[int],
                       timeout_s: float = 3600.0,
                       on_record: Callable[[str, dict[str, Any]], None] | None = None) -> InferenceProfile:
     """Profile every device of `cluster` for `model` at `seq_lens`. `RuntimeFailure` naming the devices
-    that could not be measured (a Galaxy plan needs every device's capacity)."""
+    that could not be measured (a Galaxy plan needs every device's capacity). Each device's CPU per byte
+    of communication needs peers: runtime/galaxy/calibrate.py adds it."""
     from hppctl.profiling.fleet import probe_devices
     from hppctl.profiling.from_presets import preset_devices
 

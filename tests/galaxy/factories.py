@@ -44,10 +44,11 @@ def hf_model(family: str, seed: int = 0):
 def make_inference_profile(speeds=(3.0, 2.0, 1.0), budgets_mb=(1000, 1000, 1000), *, heads: int = 12,
                            hidden: int = 48, intermediate: int = 192, layers: int = 4, seq_lens=(64,),
                            family: str = "gpt2", model: str = "gpt2-test", bandwidth: float = 125e6 / 8,
-                           names=None):
+                           names=None, cpu_cores=None, threads=None, comm_cpu=None, allreduce_cpu=None):
     """An inference profile whose block times are exactly proportional to work / speed:
     attention 1 ms per head, MLP 1 ms per 16 columns, connective 0.01 ms per row (at speed 1, at the
-    first sequence length; linear in the length)."""
+    first sequence length; linear in the length). cpu_cores, threads, comm_cpu (ring CPU s/byte) and
+    allreduce_cpu: the same on every device (None: not measured)."""
     from hppctl.models.inference import BlockGrid, InferenceDevice, InferenceProfile, SeqLenTimings
 
     names = names or [f"d{i}" for i in range(len(speeds))]
@@ -63,7 +64,8 @@ def make_inference_profile(speeds=(3.0, 2.0, 1.0), budgets_mb=(1000, 1000, 1000)
                 mlp=BlockGrid(sizes=col_sizes, seconds=[1e-3 * c / 16 * scale for c in col_sizes]),
                 connective=BlockGrid(sizes=row_sizes, seconds=[1e-5 * r / speed for r in row_sizes])))
         devices.append(InferenceDevice(name=name, kind="synthetic", source="preset", memory_bytes=int(budget * 1e6),
-                                       timings=timings))
+                                       timings=timings, cpu_cores=cpu_cores, threads=threads,
+                                       comm_cpu_s_per_byte=comm_cpu, allreduce_cpu_s_per_byte=allreduce_cpu))
     h, i = hidden, intermediate
     return InferenceProfile(source="preset", cluster="test", model=model, family=family, num_layers=layers,
                             hidden=h, heads=heads, intermediate=i, attention_bytes=(4 * h * h + 4 * h) * 4,

@@ -2,7 +2,8 @@
 
 `run_cases(world, cases)` starts `world` processes; each case is (strategy, overlap, weights, heads,
 columns, rows, ids[, wire dtype[, precision]]) and every process runs all of them in order, so one
-spawn covers many cases. The precision (fp32, fp16, bf16) runs on the CPU device.
+spawn covers many cases. `overlap` is one flag or four (per ring collective); strategy
+"galaxy/all-reduce" is galaxy's split on gloo's AllReduce (the plan's `collective: all-reduce`). The precision (fp32, fp16, bf16) runs on the CPU device.
 Returns rank 0's whole output per case.
 """
 
@@ -33,8 +34,10 @@ def _child(rank: int, world: int, init_file: str, cases: list, results) -> None:
                 shard = device_shard(weights, (0, weights["meta"]["heads"]), (0, weights["layers"][0]["w1"].shape[0]))
             else:
                 shard = device_shard(weights, owned_ranges(heads)[rank], owned_ranges(columns)[rank])
+            strategy, _, collective = strategy.partition("/")
             out, _ = run_device(strategy, shard, ids, rank, rows, overlap=overlap, wire_dtype=wire,
-                                device=torch.device("cpu"), precision=Precision(precision, "cpu"))
+                                device=torch.device("cpu"), precision=Precision(precision, "cpu"),
+                                collective=collective or "ring")
             if rank == 0:
                 results[n] = out.clone()
     finally:

@@ -46,6 +46,7 @@ def test_run_galaxy_plan_equals_the_checkpoint_forward(setup, cli):
     assert code == 0, err
     summary = json.loads(out)
     assert summary["strategy"] == "galaxy" and summary["overlap"] is True and summary["repeats"] == 2
+    assert summary["block_overlap"] == [True] * 4 and summary["collective"] == "ring"
     # stderr is not a terminal here: every phase is logged, timestamped (issue 25 item 4: ~40 s of silence)
     for phase in ("model and shards: started", "workers: started", "passes: started (2 passes)", "passes: done in "):
         assert re.search(rf"^\d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\dZ {re.escape(phase)}", err, re.M), err
@@ -101,3 +102,29 @@ def test_run_without_overlap_on_text_input(setup, cli):
     with torch.no_grad():
         expected = model(input_ids=ids[None]).last_hidden_state[0]
     torch.testing.assert_close(torch.load(tmp / "h.pt"), expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.gloo
+def test_run_follows_the_plans_collective_and_per_block_overlap(setup, cli):
+    """A plan that chose gloo's AllReduce on galaxy's split runs it (launcher -> worker config -> hmp), and
+    one that overlaps only some collectives runs exactly those; both equal the checkpoint's forward."""
+    from hppctl.models.inference import InferencePlan
+    from hppctl.store import load
+
+    tmp, model = setup
+    assert cli("plan", "--profile", tmp / "prof.json", "--strategy", "galaxy", "--seq-len", 64, "--out", tmp / "g.yaml")[0] == 0
+    plan = load(tmp / "g.yaml", InferencePlan)
+    save(tmp / "ar.yaml", plan.model_copy(update={"collective": "all-reduce", "sync": "all-reduce", "overlap": False,
+                                                  "block_overlap": [False] * 4}))
+    save(tmp / "mix.yaml", plan.model_copy(update={"block_overlap": [False, True, True, False]}))
+    ids = torch.randint(0, 100, (10,), generator=torch.Generator().manual_seed(6))
+    (tmp / "ids.json").write_text(json.dumps(ids.tolist()))
+    with torch.no_grad():
+        expected = model(input_ids=ids[None]).last_hidden_state[0]
+    for name, collective, flags in (("ar", "all-reduce", [False] * 4), ("mix", "ring", [False, True, True, False])):
+        code, out, err = cli("run", "--plan", tmp / f"{name}.yaml", "--cluster", tmp / "c.yaml", "--input-ids",
+                             tmp / "ids.json", "--output", tmp / f"{name}.pt", "--json")
+        assert code == 0, err
+        summary = json.loads(out)
+        assert (summary["collective"], summary["block_overlap"]) == (collective, flags), name
+        torch.testing.assert_close(torch.load(tmp / f"{name}.pt"), expected, atol=1e-4, rtol=1e-4)

@@ -2,7 +2,9 @@
 
 Small configs of the three families the paper runs (BERT post-LN, GPT-2 and OPT pre-LN with causal
 masks; DistilBERT too), heterogeneous head/column splits (including a device with no head), odd
-sequence lengths not divisible by the number of devices, with and without the tile overlap.
+sequence lengths not divisible by the number of devices, with and without the tile overlap, with
+the overlap on some collectives only (a plan's block_overlap), and galaxy's split on gloo's
+AllReduce (a plan's collective: all-reduce).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from tests.galaxy.spawned import run_cases
 pytestmark = pytest.mark.gloo
 
 FAMILIES = ("bert", "gpt2", "opt", "distilbert")
+# per ring collective (attention in/out, MLP in/out), as a plan's block_overlap: a different mix per family
+MIXED = ((True, False, False, True), (False, True, True, False), (True, True, False, False), (False, False, True, True))
 
 
 def reference(model, ids: torch.Tensor) -> torch.Tensor:
@@ -36,8 +40,10 @@ def split_cases(world: int, seq_len: int, heads: list[int], columns: list[int]):
         ids = torch.randint(0, 100, (seq_len,), generator=torch.Generator().manual_seed(n))
         weights, expected = extract(model, family), reference(model, ids)
         for strategy, overlap, a, b in (("galaxy", True, heads, columns), ("galaxy", False, heads, columns),
+                                        ("galaxy", MIXED[n], heads, columns),
+                                        ("galaxy/all-reduce", False, heads, columns),
                                         ("megatron", False, equal_heads, equal_columns), ("sp", False, None, None)):
-            pairs.append((f"{family}/{strategy}/{'overlap' if overlap else 'plain'}", expected,
+            pairs.append((f"{family}/{strategy}/{overlap}", expected,
                           (strategy, overlap, weights, a, b, rows, ids)))
     return pairs
 

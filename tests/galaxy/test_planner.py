@@ -118,3 +118,107 @@ def test_planner_imports_no_torch():
     code = ("import sys, hppctl.planner.galaxy as g; g._load_strategies(); "
             "assert 'torch' not in sys.modules and 'fabric' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- overlapped or plain, rings or AllReduce: chosen from the profile ------------------------------------
+
+# A lab host of docs/galaxy.md: 0.084 core on one thread, gloo's CPU per byte as measured there
+LAB_HOST = dict(cpu_cores=0.084, threads=1, comm_cpu=2e-9)
+SLOW_LINK = 1e6  # bytes/s: long ring steps that the overlap could hide
+
+
+def test_without_cpu_measurements_every_collective_overlaps_as_in_the_paper():
+    plan = make_inference_plan(make_inference_profile(bandwidth=SLOW_LINK), "galaxy")
+    assert plan.overlap and plan.block_overlap == [True] * 4 and plan.collective == "ring"
+    assert plan.prediction.exposed_communication_s < plan.prediction.communication_s
+
+
+def test_a_device_without_a_spare_core_gets_plain_rings():
+    # arrange: same blocks, but every device is a CPU-quota host: the plain ring's waits fit in its
+    # throttled time and the overlap moves no CPU away, so it cannot gain
+    from hppctl.planner.inference_costs import InferenceCosts, galaxy_layout, galaxy_ring_latency
+
+    profile = make_inference_profile(bandwidth=SLOW_LINK * 20, **LAB_HOST)
+    costs = InferenceCosts(profile, 64)
+    layout = galaxy_layout(costs)
+    # act
+    plan = make_inference_plan(profile, "galaxy")
+    # assert
+    assert plan.block_overlap == [False] * 4 and not plan.overlap
+    assert (galaxy_ring_latency(costs, layout, (True,) * 4).total_s
+            >= galaxy_ring_latency(costs, layout, (False,) * 4).total_s)
+
+
+def test_a_spare_core_keeps_the_overlap_even_when_communication_costs_cpu():
+    plan = make_inference_plan(make_inference_profile(bandwidth=SLOW_LINK, cpu_cores=4.0, threads=1, comm_cpu=2e-9),
+                               "galaxy")
+    assert plan.block_overlap == [True] * 4
+
+
+def test_communication_cpu_on_a_quota_host_is_charged_at_its_share_of_a_core():
+    from hppctl.planner.inference_costs import DeviceCpu, fused_overlap_s, fused_plain_s
+
+    quota = DeviceCpu(share=0.1, spare=False, ring_s_per_byte=1e-9)
+    # 1 s of GEMM (at the share) + 0.01 s of communication CPU = 0.1 s at the share; a 0.05 s wire hides
+    assert fused_plain_s(quota, 1.0, 0.01, 0.05) == pytest.approx(1.1)
+    assert fused_overlap_s(quota, 1.0, 0.01, 0.05, 3) == pytest.approx(1.1)
+    # a core of its own: GEMM, CPU and wire in sequence; the overlap hides the wire behind 2/3 of the GEMM
+    own = DeviceCpu(share=1.0, spare=False)
+    assert fused_plain_s(own, 0.3, 0.01, 0.05) == pytest.approx(0.36)
+    assert fused_overlap_s(own, 0.3, 0.01, 0.05, 3) == pytest.approx(0.31)
+
+
+def test_galaxy_takes_gloos_allreduce_where_it_is_predicted_faster_than_its_rings():
+    # arrange: homogeneous quota hosts where gloo's AllReduce costs a fifth of the Python ring's CPU per byte
+    profile = make_inference_profile(speeds=(1, 1, 1), bandwidth=SLOW_LINK * 20, allreduce_cpu=4e-10, **LAB_HOST)
+    # act
+    galaxy, megatron = make_inference_plan(profile, "galaxy"), make_inference_plan(profile, "megatron")
+    # assert: the same split as megatron's, megatron's collective, never predicted slower than megatron
+    assert galaxy.collective == "all-reduce" and galaxy.sync == "all-reduce" and not galaxy.overlap
+    assert [(s.heads, s.columns) for s in galaxy.shares] == [(s.heads, s.columns) for s in megatron.shares]
+    assert galaxy.prediction.latency_s <= megatron.prediction.latency_s
+    # and with equal CPU per byte the rings win (the connective blocks on a third of the rows)
+    equal = make_inference_profile(speeds=(1, 1, 1), bandwidth=SLOW_LINK * 20, allreduce_cpu=2e-9, **LAB_HOST)
+    assert make_inference_plan(equal, "galaxy").collective == "ring"
+
+
+def test_plan_modes_are_validated_and_old_plans_keep_their_one_flag():
+    from hppctl.models.inference import InferencePlan
+
+    plan = make_inference_plan(make_inference_profile(bandwidth=SLOW_LINK), "galaxy")
+    doc = plan.model_dump(mode="json")
+    old = {k: v for k, v in doc.items() if k not in ("block_overlap", "collective")}
+    assert InferencePlan.model_validate(old).overlap_by_block() == (True,) * 4
+    with pytest.raises(ValueError, match="block_overlap"):
+        InferencePlan.model_validate({**doc, "block_overlap": [False] * 4})
+    with pytest.raises(ValueError, match="no tile overlap"):
+        InferencePlan.model_validate({**doc, "collective": "all-reduce"})
+    megatron = make_inference_plan(make_inference_profile(), "megatron").model_dump(mode="json")
+    with pytest.raises(ValueError, match="galaxy only"):
+        InferencePlan.model_validate({**megatron, "collective": "all-reduce"})
+
+
+def test_on_allreduce_galaxy_takes_megatrons_equal_split_where_that_is_predicted_faster():
+    # arrange: equal devices and a lopsided split (as whole-unit rounding of near-equal capacities can give)
+    from hppctl.planner.inference_costs import (InferenceCosts, Layout, allreduce_latency,
+                                                galaxy_or_equal_on_allreduce)
+
+    costs = InferenceCosts(make_inference_profile(speeds=(1, 1, 1), allreduce_cpu=4e-10, **LAB_HOST), 64)
+    lopsided = Layout((0, 1, 2), (6, 3, 3), (64, 64, 64), (22, 21, 21))
+    # act
+    layout, latency = galaxy_or_equal_on_allreduce(costs, lopsided, allreduce_latency(costs, lopsided))
+    # assert
+    assert layout.heads == (4, 4, 4) and layout.columns == (64, 64, 64) and layout.rows == lopsided.rows
+    assert latency.total_s < allreduce_latency(costs, lopsided).total_s
+    # not when the equal split misses a budget: galaxy's memory-aware split stays
+    tight = InferenceCosts(make_inference_profile(speeds=(1, 1, 1), budgets_mb=(1, 1, WHOLE * 0.3 / 1e6),
+                                                  allreduce_cpu=4e-10, **LAB_HOST), 64)
+    assert galaxy_or_equal_on_allreduce(tight, lopsided, allreduce_latency(tight, lopsided))[0] == lopsided
+
+
+@pytest.mark.parametrize("speeds", [(1, 1, 1), (1.0, 1.04, 0.97), (1.02, 0.99, 1.0, 1.01), (3, 2, 1)])
+def test_galaxy_on_allreduce_is_never_predicted_slower_than_megatron(speeds):
+    profile = make_inference_profile(speeds=speeds, budgets_mb=(1000,) * len(speeds), bandwidth=SLOW_LINK * 20,
+                                     allreduce_cpu=4e-10, **LAB_HOST)
+    galaxy, megatron = make_inference_plan(profile, "galaxy"), make_inference_plan(profile, "megatron")
+    assert galaxy.prediction.latency_s <= megatron.prediction.latency_s

@@ -53,6 +53,26 @@ def test_measured_local_device_through_the_cli(tmp_path, cli):
     assert [t.seq_len for t in device.timings] == [9, 16]
     assert device.timings[0].attention.sizes == [1, 2, 3, 4] and device.timings[1].connective.sizes[-1] == 16
     assert profile.family == "opt" and (profile.hidden, profile.heads, profile.intermediate) == (32, 4, 128)
+    # its cores are measured; alone, it has nobody to measure its communication CPU with
+    assert device.cpu_cores and device.cpu_cores > 0
+    assert device.comm_cpu_s_per_byte is None and device.allreduce_cpu_s_per_byte is None
+
+
+@pytest.mark.gloo
+def test_two_measured_devices_get_their_cpu_per_byte_of_communication_measured_over_the_link(tmp_path, cli):
+    """profiling/comm_cpu.py: two one-layer runs (plain rings, then gloo's AllReduce) over the devices'
+    own link fill comm_cpu_s_per_byte and allreduce_cpu_s_per_byte, which the planner charges to a
+    device without a spare core."""
+    hf_model("gpt2", seed=2).save_pretrained(tmp_path / "ckpt")
+    (tmp_path / "c.yaml").write_text("name: two\nbandwidth: 1gbit\ndevices:\n"
+                                     "  - {name: a, local: true, memory: 1GB}\n  - {name: b, local: true, memory: 1GB}\n")
+    code, out, err = cli("profile", "--cluster", tmp_path / "c.yaml", "--model", f"hf:{tmp_path / 'ckpt'}",
+                         "--seq-len", "12", "--repeats", 1, "--warmup", 0, "--threads", 1, "--json")
+    assert code == 0, err
+    profile = InferenceProfile.model_validate_json(json.dumps(json.loads(out)))
+    for device in profile.devices:
+        assert 0 < device.comm_cpu_s_per_byte < 1e-3 and 0 < device.allreduce_cpu_s_per_byte < 1e-3, device.name
+        assert device.cpu_cores and device.threads == 1
 
 
 def test_reading_a_transformers_shape_keeps_the_hub_offline():

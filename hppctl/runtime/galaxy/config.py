@@ -23,6 +23,11 @@ class InferenceWorkerConfig(FrozenModel):
     row_sizes: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
     """Sequence rows of every device, in ring order."""
     overlap: bool
+    """Tile overlap of every ring collective, unless `block_overlap` says per collective."""
+    block_overlap: Annotated[list[bool], Field(min_length=4, max_length=4)] | None = None
+    """Galaxy: overlap per ring collective of a layer (the plan's `block_overlap`; all false with --no-overlap)."""
+    collective: Literal["ring", "all-reduce"] = "ring"
+    """Galaxy: the plan's collective (hmp.forward)."""
     repeats: Annotated[int, Field(gt=0)] = 1
     warmup: Annotated[int, Field(ge=0)] = 0
     threads: Annotated[int, Field(ge=0)] = 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+from collections.abc import Sequence
 from typing import Any, Callable
 
 import torch
@@ -36,16 +37,25 @@ class PassTiming:
     bytes_sent: int
     cpu_s: float
     """Process CPU time of the pass (compute threads and gloo's), for spotting a throttled device."""
+    ring_cpu_s: float = 0.0
+    """Process CPU of the pass's plain ring collectives, and their bytes sent + received (ring.Stats)."""
+    ring_bytes: int = 0
+    allreduce_cpu_s: float = 0.0
+    """The same for gloo's AllReduce."""
+    allreduce_bytes: int = 0
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def run_device(strategy: str, shard: dict[str, Any], ids: torch.Tensor, rank: int, row_sizes: list[int], *,
-               overlap: bool, repeats: int = 1, warmup: int = 0, wire_dtype: str = "float32",
+               overlap: bool | Sequence[bool], repeats: int = 1, warmup: int = 0, wire_dtype: str = "float32",
                device: torch.device | None = None, precision: Precision | None = None,
-               on_pass: Callable[[int, int], None] | None = None) -> tuple[torch.Tensor, list[PassTiming]]:
+               on_pass: Callable[[int, int], None] | None = None,
+               collective: str = "ring") -> tuple[torch.Tensor, list[PassTiming]]:
     """on_pass(passes done, passes in all, warm-up included): after each pass (progress reports).
+    overlap: one flag, or one per ring collective of a layer (hmp.per_block); collective: galaxy's
+    "ring" or "all-reduce" (hmp.forward).
     The output is float32 whatever the precision (what an fp32 run returns)."""
     device = device or torch.device("cpu")
     shard, ids = on_device(shard, device), from_wire(ids, device)
@@ -58,17 +68,20 @@ def run_device(strategy: str, shard: dict[str, Any], ids: torch.Tensor, rank: in
         ring.stats.reset()
         synchronize(device)
         cpu, started = time.process_time(), time.perf_counter()
-        rows = forward(strategy, shard, ids, ring, overlap=overlap, precision=precision)
+        rows = forward(strategy, shard, ids, ring, overlap=overlap, precision=precision, collective=collective)
         synchronize(device)
         layers_done = time.perf_counter()
-        output = gather_output(strategy, rows, ring).float()
+        output = gather_output(strategy, rows, ring, collective).float()
         synchronize(device)
         ended = time.perf_counter()
         if n >= warmup:
             timings.append(PassTiming(latency_s=ended - started, layers_s=layers_done - started,
                                       exposed_comm_s=ring.stats.exposed_comm_s,
                                       compute_s=ended - started - ring.stats.exposed_comm_s,
-                                      bytes_sent=ring.stats.bytes_sent, cpu_s=time.process_time() - cpu))
+                                      bytes_sent=ring.stats.bytes_sent, cpu_s=time.process_time() - cpu,
+                                      ring_cpu_s=ring.stats.ring_cpu_s, ring_bytes=ring.stats.ring_bytes,
+                                      allreduce_cpu_s=ring.stats.allreduce_cpu_s,
+                                      allreduce_bytes=ring.stats.allreduce_bytes))
         if on_pass is not None:
             on_pass(n + 1, warmup + repeats)
     return output, timings

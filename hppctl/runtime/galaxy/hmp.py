@@ -17,6 +17,7 @@ assembles the whole `[sequence, hidden]` tensor on every device.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -81,23 +82,37 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
 
 # --- galaxy (and local) ---------------------------------------------------------------------------
 
-def galaxy_forward(shard: dict[str, Any], ids: torch.Tensor, ring: Ring, *, overlap: bool) -> torch.Tensor:
-    """This device's rows of the final hidden states under hybrid model parallelism."""
+def per_block(overlap: bool | Sequence[bool]) -> tuple[bool, bool, bool, bool]:
+    """`overlap` for each of a layer's four ring collectives (attention in/out, MLP in/out): one flag
+    for all of them, or the plan's `block_overlap`."""
+    if isinstance(overlap, bool):
+        return (overlap,) * 4
+    flags = tuple(bool(x) for x in overlap)
+    if len(flags) != 4:
+        raise ValueError(f"overlap: one flag or four (attention in/out, MLP in/out), got {len(flags)}")
+    return flags  # type: ignore[return-value]
+
+
+def galaxy_forward(shard: dict[str, Any], ids: torch.Tensor, ring: Ring, *,
+                   overlap: bool | Sequence[bool]) -> torch.Tensor:
+    """This device's rows of the final hidden states under hybrid model parallelism; `overlap` per
+    collective (per_block), the same in every layer."""
+    att_in, att_out, mlp_in, mlp_out = per_block(overlap)
     meta, layers = shard["meta"], shard["layers"]
     mine = ring.rows(ring.rank)
     resid = embed(shard, ids)[mine]  # the residual stream, sequence-partitioned for the whole pass
     block_in = layer_norm(meta, resid, layers[0]["ln1_w"], layers[0]["ln1_b"]) if meta["pre_ln"] and layers else resid
     for n, layer in enumerate(layers):
         # attention: heads of this device over the whole (gathered) sequence
-        qkv = ring.allgather_gemm(block_in, lambda t: linear(t, layer["wqkv"], layer["bqkv"]), overlap=overlap)
+        qkv = ring.allgather_gemm(block_in, lambda t: linear(t, layer["wqkv"], layer["bqkv"]), overlap=att_in)
         heads_out = attention(meta, *split_qkv(qkv))
-        partial = ring.gemm_reducescatter(lambda rows: linear(heads_out[rows], layer["wo"]), overlap=overlap)
+        partial = ring.gemm_reducescatter(lambda rows: linear(heads_out[rows], layer["wo"]), overlap=att_out)
         resid, block_in = connective(meta, resid, partial + layer["bo"], layer["ln1_w"], layer["ln1_b"],
                                       layer["ln2_w"], layer["ln2_b"])
         # MLP: columns of this device
         hidden = ring.allgather_gemm(block_in, lambda t: activation(meta, linear(t, layer["w1"], layer["b1"])),
-                                     overlap=overlap)
-        partial = ring.gemm_reducescatter(lambda rows: linear(hidden[rows], layer["w2"]), overlap=overlap)
+                                     overlap=mlp_in)
+        partial = ring.gemm_reducescatter(lambda rows: linear(hidden[rows], layer["w2"]), overlap=mlp_out)
         following = layers[n + 1] if n + 1 < len(layers) else None
         nxt = (following["ln1_w"], following["ln1_b"]) if following else shard["final_ln"] or (None, None)
         resid, block_in = connective(meta, resid, partial + layer["b2"], layer["ln2_w"], layer["ln2_b"], *nxt)
@@ -158,11 +173,19 @@ def sp_forward(shard: dict[str, Any], ids: torch.Tensor, ring: Ring) -> torch.Te
     return block_in if meta["pre_ln"] else resid
 
 
-def forward(strategy: str, shard: dict[str, Any], ids: torch.Tensor, ring: Ring, *, overlap: bool,
-            precision: Precision | None = None) -> torch.Tensor:
-    """This device's output rows (megatron: all rows) for `strategy`, on the device of `shard` and
-    `ids`, under `precision`'s autocast (none in fp32)."""
+def runs_megatron(strategy: str, collective: str) -> bool:
+    """Megatron's forward: megatron itself, and galaxy's split on the all-reduce collective."""
+    return strategy == "megatron" or (strategy == "galaxy" and collective == "all-reduce")
+
+
+def forward(strategy: str, shard: dict[str, Any], ids: torch.Tensor, ring: Ring, *, overlap: bool | Sequence[bool],
+            precision: Precision | None = None, collective: str = "ring") -> torch.Tensor:
+    """This device's output rows (megatron's forward: all rows) for `strategy`, on the device of
+    `shard` and `ids`, under `precision`'s autocast (none in fp32). Galaxy with `collective`
+    "all-reduce" runs Megatron's forward on galaxy's (any) split of heads and columns."""
     with torch.inference_mode(), (precision or Precision()).autocast():
+        if runs_megatron(strategy, collective):
+            return megatron_forward(shard, ids, ring)
         if strategy in ("galaxy", "local"):
             return galaxy_forward(shard, ids, ring, overlap=overlap)
         if strategy == "megatron":
@@ -172,9 +195,9 @@ def forward(strategy: str, shard: dict[str, Any], ids: torch.Tensor, ring: Ring,
     raise ValueError(f"unknown strategy {strategy!r}")
 
 
-def gather_output(strategy: str, out: torch.Tensor, ring: Ring) -> torch.Tensor:
-    """The whole `[sequence, hidden]` output: megatron already has it, the others AllGather their rows."""
-    if strategy == "megatron":
+def gather_output(strategy: str, out: torch.Tensor, ring: Ring, collective: str = "ring") -> torch.Tensor:
+    """The whole `[sequence, hidden]` output: megatron's forward already has it, the others AllGather their rows."""
+    if runs_megatron(strategy, collective):
         return out
     with torch.inference_mode():
         return ring.allgather(out.contiguous())

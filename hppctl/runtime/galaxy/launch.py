@@ -41,6 +41,8 @@ class InferenceRequest:
     Heads and columns follow the plan at any length; rows are re-split equally for the ids' length."""
     seq_len: int | None = None
     overlap: bool = True
+    """False (`--no-overlap`): every collective plain on galaxy's rings, whatever the plan chose (the
+    ablation); True: the plan's own choice (block_overlap, collective)."""
     wire_dtype: str = "float32"
     """float32 (exact) or float16 on the wire."""
     repeats: int = 1
@@ -66,8 +68,11 @@ class InferenceResult:
     plan: InferencePlan
     overlap: bool
     ring_bytes_per_s: float = 0.0
-    wire_dtype: str = "float32"
     """The slowest link between ring neighbours (from the inventory): prices the bytes each device sent."""
+    wire_dtype: str = "float32"
+    block_overlap: tuple[bool, ...] = (False,) * 4
+    """What ran: overlap per ring collective of a layer, and galaxy's collective."""
+    collective: str = "ring"
 
     def latencies(self) -> list[float]:
         """Per pass: the slowest device's latency (the request is done when every device is)."""
@@ -85,6 +90,7 @@ class InferenceResult:
                           "bytes_sent": sent, "communication_s": sent / self.ring_bytes_per_s if self.ring_bytes_per_s else 0.0,
                           **{f"median_{k}": v for k, v in med.items()}}
         return {"model": self.plan.model, "strategy": self.plan.strategy, "overlap": self.overlap,
+                "block_overlap": list(self.block_overlap), "collective": self.collective,
                 "wire_dtype": self.wire_dtype,
                 "seq_len": int(self.output.shape[0]), "planned_seq_len": self.plan.seq_len, "layers": self.plan.num_layers, "repeats": len(lat),
                 "latency_s": {"median": statistics.median(lat), "min": min(lat), "max": max(lat),
@@ -173,7 +179,7 @@ class InferenceSession(Launcher):
         reports, output = self._run_workers(req.timeout_s, ship=ship, config_of=self._config(len(ids)),
                                             collect=self._wait_reports)
         return InferenceResult(output, reports, time.perf_counter() - started, plan, self._overlap(), self._ring_rate(),
-                               req.wire_dtype)
+                               req.wire_dtype, self._block_overlap(), self._collective())
 
     def _ring_rate(self) -> float:
         names = self.request.plan.devices()
@@ -182,7 +188,21 @@ class InferenceSession(Launcher):
         return min(self.request.cluster.bandwidth_between(a, b) for a, b in zip(names, names[1:] + names[:1]))
 
     def _overlap(self) -> bool:
-        return self.request.overlap and self.request.plan.strategy == "galaxy"
+        """Whether any collective runs overlapped."""
+        return any(self._block_overlap())
+
+    def _block_overlap(self) -> tuple[bool, bool, bool, bool]:
+        plan = self.request.plan
+        if not self.request.overlap or plan.strategy != "galaxy":
+            return (False,) * 4
+        return plan.overlap_by_block()
+
+    def _collective(self) -> str:
+        """The plan's collective; `--no-overlap` runs galaxy's plain rings (the ablation of the paper's
+        design); megatron's is always gloo's AllReduce (reported so)."""
+        if self.request.plan.strategy == "megatron":
+            return "all-reduce"
+        return self.request.plan.collective if self.request.overlap else "ring"
 
     def _check_devices(self) -> None:
         for share in self.request.plan.shares:
@@ -203,6 +223,7 @@ class InferenceSession(Launcher):
             return InferenceWorkerConfig(
                 device=device, rank=rank, world_size=len(plan.shares), store_host=self.store.host,
                 store_port=self.store.port, strategy=plan.strategy, row_sizes=rows, overlap=self._overlap(),
+                block_overlap=list(self._block_overlap()), collective=self._collective(),
                 repeats=req.repeats, warmup=req.warmup, threads=req.threads,
                 budget_bytes=plan.shares[rank].memory_budget_bytes, wire_dtype=req.wire_dtype, timeout_s=req.timeout_s,
                 progress_every_s=req.progress_every_s, precision=req.precision,

@@ -43,9 +43,17 @@ class Stats:
     bytes_sent: int = 0
     messages: int = 0
     spans: list[tuple[str, float, float]] = field(default_factory=list)
+    ring_cpu_s: float = 0.0
+    """Process CPU (every thread: gloo's too) spent in plain ring collectives, which compute nothing:
+    their posts, waits, tile conversions, sums and concatenation (Stats.ring_bytes: sent + received)."""
+    ring_bytes: int = 0
+    allreduce_cpu_s: float = 0.0
+    """The same for gloo's AllReduce (with its dtype conversions); allreduce_bytes: sent + received."""
+    allreduce_bytes: int = 0
 
     def reset(self) -> None:
         self.exposed_comm_s, self.bytes_sent, self.messages = 0.0, 0, 0
+        self.ring_cpu_s, self.ring_bytes, self.allreduce_cpu_s, self.allreduce_bytes = 0.0, 0, 0.0, 0
 
 
 class Ring:
@@ -58,6 +66,7 @@ class Ring:
         self.device = device or torch.device("cpu")
         self.offsets = [sum(sizes[:i]) for i in range(len(sizes))]
         self.stats = stats or Stats()
+        self._moved = 0  # bytes sent + received by _post, for the CPU accounting of plain collectives
 
     @property
     def succ(self) -> int:
@@ -76,6 +85,7 @@ class Ring:
         wire = to_wire(send.contiguous(), self.wire_dtype)
         recv = torch.empty((rows, *send.shape[1:]), dtype=self.wire_dtype, pin_memory=pinned_for(self.device))
         self.stats.bytes_sent += wire.numel() * wire.element_size()
+        self._moved += (wire.numel() + recv.numel()) * recv.element_size()
         self.stats.messages += 1
         return [dist.isend(wire, self.succ), dist.irecv(recv, self.pred)], recv
 
@@ -100,6 +110,9 @@ class Ring:
         """`f(AllGather(x))` row-wise: `f` must act on rows independently (a GEMM plus bias)."""
         if not overlap:
             return f(self.allgather(x))
+        return self._allgather_tiles(x, f)
+
+    def _allgather_tiles(self, x: torch.Tensor, f: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         D, i = self.world, self.rank
         out: list[torch.Tensor | None] = [None] * D
         cur = x
@@ -119,7 +132,11 @@ class Ring:
             return f(self.rows(0))
         if not overlap:
             whole = f(slice(0, sum(self.sizes)))
-            f = lambda rows: whole[rows]  # noqa: E731 - tiles of the GEMM done whole beforehand
+            return self._counted("ring", lambda: self._reducescatter_tiles(lambda rows: whole[rows]))
+        return self._reducescatter_tiles(f)
+
+    def _reducescatter_tiles(self, f: Callable[[slice], torch.Tensor]) -> torch.Tensor:
+        D, i = self.world, self.rank
         acc = None
         for k in range(1, D + 1):
             r = (i - k) % D
@@ -130,15 +147,37 @@ class Ring:
 
     def allgather(self, x: torch.Tensor) -> torch.Tensor:
         """Plain ring AllGather of uneven row tiles (D - 1 steps): the fused one with no GEMM."""
-        return x if self.world == 1 else self.allgather_gemm(x, lambda tile: tile, overlap=True)
+        if self.world == 1:
+            return x
+        return self._counted("ring", lambda: self._allgather_tiles(x, lambda tile: tile))
+
+    def _counted(self, kind: str, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """Run a collective that computes nothing, adding its process CPU and its bytes sent + received
+        to Stats (what the inference profile's comm_cpu_s_per_byte / allreduce_cpu_s_per_byte come from)."""
+        cpu, moved = time.process_time(), self._moved
+        out = fn()
+        spent = time.process_time() - cpu
+        if kind == "ring":
+            self.stats.ring_cpu_s += spent
+            self.stats.ring_bytes += self._moved - moved
+        else:
+            self.stats.allreduce_cpu_s += spent
+            self.stats.allreduce_bytes += self._moved - moved
+        return out
 
     def allreduce(self, x: torch.Tensor) -> torch.Tensor:
         """Megatron's AllReduce (gloo's own), in place."""
         if self.world > 1:
-            wire = to_wire(x, self.wire_dtype)
-            self.stats.bytes_sent += 2 * (self.world - 1) * wire.numel() * wire.element_size() // self.world
-            self.stats.messages += 1
-            self.blocking(lambda: dist.all_reduce(wire))
-            if wire is not x:
-                x.copy_(wire)
+            self._counted("allreduce", lambda: self._allreduce(x))
+        return x
+
+    def _allreduce(self, x: torch.Tensor) -> torch.Tensor:
+        wire = to_wire(x, self.wire_dtype)
+        moved = 2 * (self.world - 1) * wire.numel() * wire.element_size() // self.world
+        self.stats.bytes_sent += moved
+        self._moved += 2 * moved  # as much received as sent
+        self.stats.messages += 1
+        self.blocking(lambda: dist.all_reduce(wire))
+        if wire is not x:
+            x.copy_(wire)
         return x

@@ -52,7 +52,8 @@ def serve(ctx: WorkerContext) -> None:
                                   timeout_s=config.timeout_s)
     reporter = StepReporter(store, config.device, "passes", config.progress_every_s)
     output, timings = run_device(config.strategy, shard, ids, config.rank, config.row_sizes,
-                                 overlap=config.overlap, repeats=config.repeats, warmup=config.warmup,
+                                 overlap=config.block_overlap if config.block_overlap is not None else config.overlap,
+                                 collective=config.collective, repeats=config.repeats, warmup=config.warmup,
                                  wire_dtype=config.wire_dtype, device=device, precision=precision,
                                  on_pass=lambda done, total: reporter.report(0, done, total))
     bootstrap.destroy_process_groups()  # before the reports: the launcher may end the run once it has them

@@ -91,7 +91,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--homogeneous", action="store_true", help="3 jetson-nx instead of Env B")
     p.add_argument("--model", default="mobilenetv2")
     p.add_argument("--granularity", default="fine")
-    p.add_argument("--batch-sizes", default="2,4,8,16,32,64")
+    p.add_argument("--batch-sizes", default="2,4,8,16,32,64,128,256",
+                   help="profiled batch sizes; --micro-batch auto only considers plans within them, and dp at one "
+                        "micro-batch per round gives a device up to 256 / hosts samples (docs/planner.md)")
     p.add_argument("--global-batch", type=int, default=256)
     p.add_argument("--micro-batch", type=micro_batch_arg, default=32, help="hppctl's plans: an integer or auto")
     p.add_argument("--rounds", type=int, default=14)

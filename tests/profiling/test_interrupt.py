@@ -13,12 +13,18 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
+REPEATS = 400
+"""Enough passes that the run is still measuring when SIGINT arrives: with 40, tiny-cnn on a quiet
+machine (0.9 ms/sample) finished both batch sizes between the first cached pass and the signal, and
+the run exited 0 (failed once in the full suite on 2026-11-26)."""
+
+
 def test_an_interrupted_run_resumes(tmp_path):
     cluster = tmp_path / "here.yaml"
     cluster.write_text("name: here\ndevices:\n  - {name: me, local: true}\n")
     env = {**os.environ, "HPPCTL_CACHE_DIR": str(tmp_path / "cache")}
     argv = [sys.executable, "-m", "hppctl", "profile", "--cluster", str(cluster), "--model", "tiny-cnn",
-            "--batch-sizes", "1,2", "--repeats", "40", "--warmup", "0", "--out", str(tmp_path / "p.json"), "--json"]
+            "--batch-sizes", "1,2", "--repeats", str(REPEATS), "--warmup", "0", "--out", str(tmp_path / "p.json"), "--json"]
     process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     passes = []
@@ -33,7 +39,7 @@ def test_an_interrupted_run_resumes(tmp_path):
     assert last.startswith("error: interrupted") and "resume" in last, stderr
     assert "failed" not in stderr and not (tmp_path / "p.json").exists()
     kept = {p.name: len(json.loads(p.read_text())) for p in passes}
-    assert 0 < sum(kept.values()) < 80
+    assert 0 < sum(kept.values()) < 2 * REPEATS
 
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -42,4 +48,4 @@ def test_an_interrupted_run_resumes(tmp_path):
     for name, count in kept.items():  # ... starting from what the first run left
         size = int(name.split("-")[1].split(".")[0])
         path = next((tmp_path / "cache").glob(f"measurements/*/{name}"))
-        assert len(json.loads(path.read_text())) == 40 and count <= 40, size
+        assert len(json.loads(path.read_text())) == REPEATS and count <= REPEATS, size

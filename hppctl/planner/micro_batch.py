@@ -210,8 +210,7 @@ def nothing_fits(profile: Profile, global_batch: int, tried: list[Tried]) -> str
     return explain_infeasible(profile, smallest, hint=f"--micro-batch auto tried {sizes}: {by_memory[0].skipped}")
 
 
-def compare_auto(profile: Profile, global_batch: int,
-                 simulate: Callable[[HppPlan], float] | None = None) -> list[CompareRow]:
+def compare_auto(profile: Profile, global_batch: int, simulate: Simulate | None = None) -> list[CompareRow]:
     """`compare` with each strategy at its own best micro-batch. A memory-blind strategy none of whose
     candidates fits shows its plan at the smallest micro-batch (with its memory violations, as `compare`
     shows it at a given micro-batch); any other strategy without a choosable candidate shows none."""
@@ -219,7 +218,11 @@ def compare_auto(profile: Profile, global_batch: int,
     for name in STRATEGIES:
         started = time.perf_counter()
         tried = try_micro_batches(profile, global_batch, name, simulate)
+        chosen = best(tried)
         plan = with_choice(tried) or next((t.plan for t in tried if t.plan is not None and t.plan.memory_violations),
                                           None)
-        rows.append(CompareRow(name, plan, time.perf_counter() - started, simulate(plan) if simulate and plan else None))
+        # the chosen candidate was replayed while choosing: only a fallback plan still needs the simulator
+        simulated = (chosen.simulated_round_latency_s if chosen is not None
+                     else simulate(plan) if simulate and plan else None)
+        rows.append(CompareRow(name, plan, time.perf_counter() - started, simulated))
     return rank_rows(rows, simulate is not None)

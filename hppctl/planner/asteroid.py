@@ -170,14 +170,19 @@ class AsteroidDP:
             if floor is None:  # at the group's first p, whose rows are a superset of the later ones'
                 heads = self._useful_heads(n, 2)
                 head = self._balanced_head_bound(alloc, heads)
-                exposed_floor = alloc.exposed_floor(heads)  # the head's exposed AllReduce, whatever its E_b
-                head_floor = cm.M * head + exposed_floor
+                # The head adds M H + X(E_b) to A + Z, H = E_f + E_b >= head, X the exposed AllReduce.
+                # X falls as E_b grows, but never faster than (1 - 1/n) E_b: as E_b <= H,
+                # M H + X(E_b) >= M H + X(H), which rises with H (M >= 1), so it is >= M head + X(head);
+                # likewise H + X(H) >= head + X(head). (X >= T_a / n alone pruned too little: the
+                # 1000 x 16 plan took 1.3x longer after the overlap came in.)
+                exposed = alloc.exposed_at(heads, head)
+                head_floor = cm.M * head + exposed
                 keep = np.flatnonzero(head_floor * (1 - 1e-9) <= self.bound)
-                floor = (keep, i_all[keep], j_all[keep], head_floor[keep], (head + exposed_floor)[keep])
+                floor = (keep, i_all[keep], j_all[keep], head_floor[keep], (head + exposed)[keep])
             last = np.searchsorted(floor[0], self._useful_heads(n, p))
             cols, i, j, head_floor, once = (x[:last] for x in floor)
             # lower bounds on the new pipeline's latency A + Z (see the formulas below; E_f + E_b
-            # of the head >= its balanced bound, Z >= the head's exposed AllReduce >= T_a / n):
+            # of the head >= its balanced bound h, M (E_f + E_b) + Z >= M h + X(h), as above):
             #   the sub-pipeline's own latency plus the transfer (prepending never shortens);
             #   A >= the sub-pipeline's A (or the transfer's M micro-batches) plus one head micro-batch
             tail_line = sub.latency[:self.L] + comm_line

@@ -79,6 +79,13 @@ class InferenceResult:
         passes = zip(*(r["passes"] for r in self.reports.values()))
         return [max(p["latency_s"] for p in per_device) for per_device in passes]
 
+    def rows_run(self) -> list[int]:
+        """Per device, the sequence rows its connective blocks ran: all of them on Megatron's forward,
+        else its part of the request's length (the plan's rows are for the planned length, and a
+        galaxy plan on the all-reduce collective run with `--no-overlap` runs the rings' split)."""
+        length, devices = int(self.output.shape[0]), len(self.plan.shares)
+        return [length] * devices if self.collective == "all-reduce" else split_rows(length, devices)
+
     def summary(self) -> dict[str, Any]:
         lat = self.latencies()
         devices = {}
@@ -96,8 +103,8 @@ class InferenceResult:
                 "latency_s": {"median": statistics.median(lat), "min": min(lat), "max": max(lat),
                               "mean": statistics.fmean(lat), "all": lat},
                 "predicted_latency_s": self.plan.prediction.latency_s,
-                "shares": [{"device": s.device, "heads": s.heads, "columns": s.columns, "rows": s.rows}
-                           for s in self.plan.shares],
+                "shares": [{"device": s.device, "heads": s.heads, "columns": s.columns, "rows": r}
+                           for s, r in zip(self.plan.shares, self.rows_run())],
                 "devices": devices, "wall_s": self.wall_s}
 
 

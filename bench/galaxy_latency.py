@@ -3,6 +3,7 @@
     python bench/galaxy_latency.py                          # lab up (needs root), profile, plan, run, lab down
     python bench/galaxy_latency.py --cluster C.yaml         # a lab that is already up (hosts l0 m0 s0 m1 m2)
     python bench/galaxy_latency.py --layers 2 --repeats 3 --rounds 2 --json
+    python bench/galaxy_latency.py --rounds 6 --order alternate      # each strategy first and last equally often
 
 The lab: five hosts at 125 Mbit/s; `l0`, `m0`, `s0` get CPU quotas in the ratio of the paper's Nano-L :
 Nano-M : Nano-S CPU clocks (1.47 : 0.825 : 0.403 GHz), `m1`, `m2` are two more Nano-M. `--fastest-cpu`
@@ -134,7 +135,11 @@ def measure_env(env: str, budgets, profile, cluster, a, report) -> None:
             report["galaxy predictions"] = galaxy_predictions(prof, plan, a.seq_len, a.layers)
     outputs = {}
     for r in range(a.rounds):
-        for name, (plan, overlap) in cases.items():
+        names = list(cases)
+        if a.order == "alternate" and r % 2:
+            names.reverse()  # each strategy runs first and last equally often: no place in the round favours one
+        for name in names:
+            plan, overlap = cases[name]
             load_before = wait_for_quiet(a.quiet_load, a.max_wait)
             result = run_plan(plan, sub, a.layers, a.repeats, overlap, a.timeout, a.wire_dtype)
             s = result.summary()
@@ -153,6 +158,7 @@ def measure_env(env: str, budgets, profile, cluster, a, report) -> None:
         if entry.get("status") == "ran":
             entry["latency_s"] = min(x["min_s"] for x in entry["rounds"])
             entry["median_s"] = min(x["median_s"] for x in entry["rounds"])
+            entry["median_all_s"] = statistics.median(t for x in entry["rounds"] for t in x["all_s"])
             if "galaxy" in outputs and name in outputs:
                 entry["max_abs_diff_vs_galaxy"] = float((outputs[name] - outputs["galaxy"]).abs().max())
     del torch
@@ -189,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=2, help="layers of the stack that runs")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--order", default="fixed", choices=("fixed", "alternate"),
+                   help="alternate: every other round runs the strategies in reverse order")
     p.add_argument("--fastest-cpu", type=float, default=0.15)
     p.add_argument("--wire-dtype", default="float16", choices=("float16", "float32"))
     p.add_argument("--socket-buffer", type=int, default=2**20,
@@ -292,6 +300,30 @@ def render(report: dict) -> None:
                           f"  diff {e.get('max_abs_diff_vs_galaxy', 0):.1e}")
                 else:
                     print(f"    {name:22s} {e['status']}")
+            print_round_ratios(r)
+
+
+def round_ratios(env_report: dict, name: str) -> dict | None:
+    """`name` against galaxy within each round (name's time / galaxy's: above 1, galaxy faster), by
+    fastest pass and by median pass, and both medians of every timed pass of all rounds."""
+    g, o = env_report.get("galaxy", {}), env_report.get(name, {})
+    if "rounds" not in g or "rounds" not in o:
+        return None
+    pairs = list(zip(g["rounds"], o["rounds"]))
+    return {"fastest": [y["min_s"] / x["min_s"] for x, y in pairs],
+            "median": [y["median_s"] / x["median_s"] for x, y in pairs],
+            "pooled_median_s": (g["median_all_s"], o["median_all_s"])}
+
+
+def print_round_ratios(env_report: dict) -> None:
+    for name in ("galaxy --no-overlap", *STRATEGIES[1:]):
+        r = round_ratios(env_report, name)
+        if r is None:
+            continue
+        fastest, median = (" ".join(f"{x:.2f}" for x in r[k]) for k in ("fastest", "median"))
+        print(f"    {name} / galaxy per round: fastest pass [{fastest}], median pass [{median}]; median of every "
+              f"pass: galaxy {r['pooled_median_s'][0]:.3f} s, {name} {r['pooled_median_s'][1]:.3f} s "
+              f"({r['pooled_median_s'][1] / r['pooled_median_s'][0]:.2f}x)")
 
 
 if __name__ == "__main__":

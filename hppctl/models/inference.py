@@ -174,7 +174,8 @@ class DeviceShare(FrozenModel):
     columns: NonNegInt
     """b_d: MLP intermediate columns (sp and local: all of them)."""
     rows: NonNegInt
-    """s_d: sequence rows of the connective blocks (megatron: every device runs all rows, listed as s)."""
+    """s_d: sequence rows of the connective blocks (megatron, and galaxy on the all-reduce collective:
+    every device runs all rows, listed as s)."""
     capacity: NonNegFloat
     """V_d (Eq. 6): 1 / (whole attention + whole MLP block seconds)."""
     memory_bytes: NonNegInt
@@ -224,7 +225,8 @@ class InferencePlan(FrozenModel):
     collective: Collective = "ring"
     """Galaxy: `ring` (ReduceScatter + AllGather, sequence-parallel connective blocks) or `all-reduce`
     (gloo's own AllReduce after each block, connective blocks on the whole sequence: Megatron's path
-    with galaxy's split; `rows` then only say how the output is cut), whichever is predicted faster."""
+    with galaxy's split; every device's `rows` are then seq_len, as megatron's are; plans written
+    before 2026-11-26 list the ring's split there, which nothing runs), whichever is predicted faster."""
     shares: Annotated[list[DeviceShare], Field(min_length=1, max_length=MAX_DEVICES)]
     prediction: InferencePrediction
     memory_violations: list[InferenceMemoryViolation] = []
@@ -249,6 +251,8 @@ class InferencePlan(FrozenModel):
         if self.strategy == "megatron":
             if any(r != self.seq_len for r in rows):
                 raise ValueError(f"megatron: every device runs all {self.seq_len} rows of the connective blocks")
+        elif self.collective == "all-reduce" and all(r == self.seq_len for r in rows):
+            pass  # galaxy on Megatron's forward: every device runs every row, listed as megatron's are
         elif sum(rows) != self.seq_len:
             raise ValueError(f"shares hold {sum(rows)} sequence rows, seq_len is {self.seq_len}")
         if self.strategy == "local" and len(self.shares) != 1:

@@ -18,6 +18,7 @@ Readings of what the paper leaves open (docs/galaxy.md lists them):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -70,6 +71,7 @@ def to_inference_plan(costs: InferenceCosts, strategy: str, layout: Layout, elap
         execution, latency = choose_galaxy_execution(costs, layout)
         if execution.collective == "all-reduce":
             layout, latency = galaxy_or_equal_on_allreduce(costs, layout, latency)
+            layout = every_row_everywhere(costs, layout)
     else:
         latency = layer_latency(costs, strategy, layout, overlap=False)
     shares = []
@@ -91,6 +93,13 @@ def to_inference_plan(costs: InferenceCosts, strategy: str, layout: Layout, elap
                                        communication_s=L * latency.communication_s,
                                        exposed_communication_s=L * latency.exposed_s),
         memory_violations=violations, planning_time_s=elapsed)
+
+
+def every_row_everywhere(costs: InferenceCosts, layout: Layout) -> Layout:
+    """`layout` with the connective blocks on the whole sequence on every device: what Megatron's forward
+    (galaxy's AllReduce path) runs, and how a megatron plan lists it. The plan listed the ring's row
+    split there (95/95/94 for BERT-L in B against megatron's 284 each), which no device ran."""
+    return dataclasses.replace(layout, rows=(costs.seq_len,) * len(layout.devices))
 
 
 def explain_infeasible(costs: InferenceCosts) -> str:

@@ -222,3 +222,20 @@ def test_galaxy_on_allreduce_is_never_predicted_slower_than_megatron(speeds):
                                      allreduce_cpu=4e-10, **LAB_HOST)
     galaxy, megatron = make_inference_plan(profile, "galaxy"), make_inference_plan(profile, "megatron")
     assert galaxy.prediction.latency_s <= megatron.prediction.latency_s
+
+
+def test_on_allreduce_galaxy_plans_megatrons_layout_rows_included():
+    """Where galaxy's plan takes Megatron's forward on Megatron's shares, the plan lists what runs: every
+    device's connective blocks on the whole sequence, as megatron's plan does (it listed the ring's
+    row split, 22/21/21 here and 95/95/94 for BERT-L in the lab, which no device ran)."""
+    from hppctl.models.inference import InferencePlan
+
+    profile = make_inference_profile(speeds=(1, 1, 1), bandwidth=SLOW_LINK * 20, allreduce_cpu=4e-10, **LAB_HOST)
+    galaxy, megatron = make_inference_plan(profile, "galaxy"), make_inference_plan(profile, "megatron")
+    assert galaxy.collective == "all-reduce"
+    assert shares(galaxy) == shares(megatron) == [(4, 64, 64), (4, 64, 64), (4, 64, 64)]
+    assert InferencePlan.model_validate(galaxy.model_dump(mode="json")) == galaxy
+    # a ring plan still splits the rows
+    ring = make_inference_plan(make_inference_profile(speeds=(1, 1, 1), bandwidth=SLOW_LINK * 20,
+                                                      allreduce_cpu=2e-9, **LAB_HOST), "galaxy")
+    assert ring.collective == "ring" and [s.rows for s in ring.shares] == [22, 21, 21]

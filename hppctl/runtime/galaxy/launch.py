@@ -79,6 +79,13 @@ class InferenceResult:
         passes = zip(*(r["passes"] for r in self.reports.values()))
         return [max(p["latency_s"] for p in per_device) for per_device in passes]
 
+    def rows_run(self) -> list[int]:
+        """Per device, the sequence rows its connective blocks ran: all of them on Megatron's forward,
+        else its part of the request's length (the plan's rows are for the planned length, and a
+        galaxy plan on the all-reduce collective run with `--no-overlap` runs the rings' split)."""
+        length, devices = int(self.output.shape[0]), len(self.plan.shares)
+        return [length] * devices if self.collective == "all-reduce" else split_rows(length, devices)
+
     def summary(self) -> dict[str, Any]:
         lat = self.latencies()
         devices = {}
@@ -96,8 +103,8 @@ class InferenceResult:
                 "latency_s": {"median": statistics.median(lat), "min": min(lat), "max": max(lat),
                               "mean": statistics.fmean(lat), "all": lat},
                 "predicted_latency_s": self.plan.prediction.latency_s,
-                "shares": [{"device": s.device, "heads": s.heads, "columns": s.columns, "rows": s.rows}
-                           for s in self.plan.shares],
+                "shares": [{"device": s.device, "heads": s.heads, "columns": s.columns, "rows": r}
+                           for s, r in zip(self.plan.shares, self.rows_run())],
                 "devices": devices, "wall_s": self.wall_s}
 
 
@@ -178,31 +185,14 @@ class InferenceSession(Launcher):
 
         reports, output = self._run_workers(req.timeout_s, ship=ship, config_of=self._config(len(ids)),
                                             collect=self._wait_reports)
-        return InferenceResult(output, reports, time.perf_counter() - started, plan, self._overlap(), self._ring_rate(),
-                               req.wire_dtype, self._block_overlap(), self._collective())
+        return InferenceResult(output, reports, time.perf_counter() - started, plan, any(block_overlap(req)),
+                               self._ring_rate(), req.wire_dtype, block_overlap(req), collective(req))
 
     def _ring_rate(self) -> float:
         names = self.request.plan.devices()
         if len(names) < 2:
             return 0.0
         return min(self.request.cluster.bandwidth_between(a, b) for a, b in zip(names, names[1:] + names[:1]))
-
-    def _overlap(self) -> bool:
-        """Whether any collective runs overlapped."""
-        return any(self._block_overlap())
-
-    def _block_overlap(self) -> tuple[bool, bool, bool, bool]:
-        plan = self.request.plan
-        if not self.request.overlap or plan.strategy != "galaxy":
-            return (False,) * 4
-        return plan.overlap_by_block()
-
-    def _collective(self) -> str:
-        """The plan's collective; `--no-overlap` runs galaxy's plain rings (the ablation of the paper's
-        design); megatron's is always gloo's AllReduce (reported so)."""
-        if self.request.plan.strategy == "megatron":
-            return "all-reduce"
-        return self.request.plan.collective if self.request.overlap else "ring"
 
     def _check_devices(self) -> None:
         for share in self.request.plan.shares:
@@ -215,20 +205,7 @@ class InferenceSession(Launcher):
                                f"runs need local: or host: devices")
 
     def _config(self, length: int) -> Callable[[str], InferenceWorkerConfig]:
-        req, plan = self.request, self.request.plan
-        rows = split_rows(length, len(plan.shares))  # megatron runs every row; only its ring's size matters
-
-        def config_of(device: str) -> InferenceWorkerConfig:
-            rank = self._devices().index(device)
-            return InferenceWorkerConfig(
-                device=device, rank=rank, world_size=len(plan.shares), store_host=self.store.host,
-                store_port=self.store.port, strategy=plan.strategy, row_sizes=rows, overlap=self._overlap(),
-                block_overlap=list(self._block_overlap()), collective=self._collective(),
-                repeats=req.repeats, warmup=req.warmup, threads=req.threads,
-                budget_bytes=plan.shares[rank].memory_budget_bytes, wire_dtype=req.wire_dtype, timeout_s=req.timeout_s,
-                progress_every_s=req.progress_every_s, precision=req.precision,
-                accelerator=req.cluster.device(device).accelerator)
-        return config_of
+        return lambda device: worker_config(self.request, device, length, self.store.host, self.store.port)
 
     def _wait_reports(self) -> tuple[dict[str, dict], object]:
         """Every device's timings and rank 0's output, once every device is done."""
@@ -240,6 +217,39 @@ class InferenceSession(Launcher):
         store = self.store.store
         return ({d: bootstrap.read_json(store, wire.timings(d)) for d in self._devices()},
                 from_blob(bootstrap.get_blob(store, wire.output(), delete=True)))
+
+
+def block_overlap(req: InferenceRequest) -> tuple[bool, bool, bool, bool]:
+    """What runs overlapped, per ring collective of a layer: the galaxy plan's choice, nothing with
+    `--no-overlap` or for another strategy."""
+    if not req.overlap or req.plan.strategy != "galaxy":
+        return (False,) * 4
+    return req.plan.overlap_by_block()
+
+
+def collective(req: InferenceRequest) -> str:
+    """The plan's collective; `--no-overlap` runs galaxy's plain rings (the ablation of the paper's
+    design); megatron's is always gloo's AllReduce (reported so)."""
+    if req.plan.strategy == "megatron":
+        return "all-reduce"
+    return req.plan.collective if req.overlap else "ring"
+
+
+def worker_config(req: InferenceRequest, device: str, length: int, store_host: str,
+                  store_port: int) -> InferenceWorkerConfig:
+    """What `device`'s worker is told for a request of `length` tokens: with its shard (`shards`), all
+    that decides the program it runs (hmp.forward) and where. PURE."""
+    plan = req.plan
+    rank = plan.devices().index(device)
+    flags = block_overlap(req)
+    return InferenceWorkerConfig(
+        device=device, rank=rank, world_size=len(plan.shares), store_host=store_host, store_port=store_port,
+        strategy=plan.strategy, row_sizes=split_rows(length, len(plan.shares)),  # megatron's forward ignores rows
+        overlap=any(flags), block_overlap=list(flags), collective=collective(req),
+        repeats=req.repeats, warmup=req.warmup, threads=req.threads,
+        budget_bytes=plan.shares[rank].memory_budget_bytes, wire_dtype=req.wire_dtype, timeout_s=req.timeout_s,
+        progress_every_s=req.progress_every_s, precision=req.precision,
+        accelerator=req.cluster.device(device).accelerator)
 
 
 def run_inference(request: InferenceRequest, *, on_phase: Callable[[str], None] | None = None,

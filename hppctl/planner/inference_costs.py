@@ -298,16 +298,27 @@ def equal_split(costs: "InferenceCosts", layout: "Layout") -> "Layout":
                   tuple(largest_remainder(p.intermediate, [1.0] * D)), layout.rows)
 
 
+EQUAL_SPLIT_MARGIN = 0.05
+"""On the AllReduce, galaxy keeps its own split over Megatron's equal one only when that is predicted
+faster by more than this fraction. Why: a profile of three identical lab hosts measured their
+capacities up to 9 % apart (BERT-L in B: 0.91 / 0.91 / 0.99 per s), so a split that gives the extra
+head to the host measured 1 % faster is predicted 1.4 % faster and ran 0.98x Megatron (docs/galaxy.md);
+a predicted gain inside the profile's own spread is not one."""
+
+
 def galaxy_or_equal_on_allreduce(costs: "InferenceCosts", layout: "Layout", latency: Latency) -> tuple["Layout", Latency]:
     """On gloo's AllReduce galaxy runs Megatron's forward; where Megatron's equal split fits every
-    budget and is predicted strictly faster there (near-equal capacities, where Algorithm 1's
-    whole-unit rounding can put the extra head on a slower device), take it: galaxy is then never
-    predicted slower than megatron where their layouts could coincide."""
+    budget and galaxy's own split is not predicted faster by more than EQUAL_SPLIT_MARGIN
+    (near-equal capacities, where Algorithm 1's whole-unit rounding puts the extra head on whichever
+    host the profile happened to measure fastest), take the equal split: galaxy then runs megatron's
+    program on megatron's shares wherever their layouts could coincide."""
     equal = equal_split(costs, layout)
     if any(not costs.fits(d, a, b) for d, a, b in zip(equal.devices, equal.heads, equal.columns)):
         return layout, latency
     equal_latency = allreduce_latency(costs, equal)
-    return (equal, equal_latency) if equal_latency.total_s < latency.total_s else (layout, latency)
+    if latency.total_s < equal_latency.total_s * (1 - EQUAL_SPLIT_MARGIN):
+        return layout, latency
+    return equal, equal_latency
 
 
 def layer_latency(costs: InferenceCosts, strategy: str, layout: Layout, *, overlap: bool) -> Latency:

@@ -239,3 +239,24 @@ def test_on_allreduce_galaxy_plans_megatrons_layout_rows_included():
     ring = make_inference_plan(make_inference_profile(speeds=(1, 1, 1), bandwidth=SLOW_LINK * 20,
                                                       allreduce_cpu=2e-9, **LAB_HOST), "galaxy")
     assert ring.collective == "ring" and [s.rows for s in ring.shares] == [22, 21, 21]
+
+
+def test_on_allreduce_galaxy_keeps_its_split_only_when_predicted_faster_by_more_than_the_margin():
+    """Near-equal hosts: a split predicted a little faster (inside what the profile resolves) gives way to
+    Megatron's equal one, so both run one program on the same shares; far-apart hosts keep galaxy's."""
+    from hppctl.planner.inference_costs import (EQUAL_SPLIT_MARGIN, InferenceCosts, Layout, allreduce_latency,
+                                                galaxy_or_equal_on_allreduce)
+
+    # 16 heads on 3 hosts, as BERT-L in the lab: one host gets a sixth, Megatron's split gives it to the first
+    near = InferenceCosts(make_inference_profile(speeds=(1.0, 1.03, 1.0), heads=16, hidden=64,
+                                                 allreduce_cpu=4e-10, **LAB_HOST), 64)
+    extra_head_on_the_faster = Layout((0, 1, 2), (5, 6, 5), (64, 64, 64), (22, 21, 21))
+    own = allreduce_latency(near, extra_head_on_the_faster)
+    equal = allreduce_latency(near, Layout((0, 1, 2), (6, 5, 5), (64, 64, 64), (22, 21, 21)))
+    # the case: galaxy's split predicted faster (1.5 %), by less than the margin
+    assert equal.total_s * (1 - EQUAL_SPLIT_MARGIN) <= own.total_s < equal.total_s
+    layout, _ = galaxy_or_equal_on_allreduce(near, extra_head_on_the_faster, own)
+    assert layout.heads == (6, 5, 5)
+    far = InferenceCosts(make_inference_profile(speeds=(3, 2, 1), allreduce_cpu=4e-10, **LAB_HOST), 64)
+    by_capacity = Layout((0, 1, 2), (6, 4, 2), (96, 64, 32), (22, 21, 21))
+    assert galaxy_or_equal_on_allreduce(far, by_capacity, allreduce_latency(far, by_capacity))[0] == by_capacity

@@ -62,7 +62,10 @@ def serve(fd: int, preload: list[str]) -> None:
         if readable:  # a request, or EOF
             request = _receive_or_none(channel)
             if request is None:
-                return  # the launcher is gone
+                # The launcher is gone. No interpreter shutdown: its collector passes over torch's
+                # objects took ~1 s, and a caller reading the launcher's output (a test, a pipe)
+                # waited for that, since this process holds the launcher's stdout and stderr.
+                os._exit(0)
             spec, out_fd = request
             pid = os.fork()
             if pid == 0:

@@ -29,7 +29,7 @@ LAYERS = [
     {"planner"},
     {"profiling", "zoo", "lab", "ssh"},
     {"models"},
-    {"store", "errors", "limits", "allocator", "usercode", "hppctl"},
+    {"store", "errors", "limits", "allocator", "usercode", "shutdown", "hppctl"},
 ]
 """Top to bottom: a package imports its own tier (no cycle: see the package check) or lower ones.
 `ft` (the pure fault-tolerance rules: replay, state, status) sits between `schedule` and `planner`:

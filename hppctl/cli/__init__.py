@@ -25,6 +25,7 @@ except ImportError:  # pragma: no cover - older typer uses click itself
 from hppctl import __version__
 from hppctl.cli import output
 from hppctl.errors import BadInput, HppctlError, one_line
+from hppctl.shutdown import exit_process
 
 app = typer.Typer(
     name="hppctl",
@@ -131,4 +132,4 @@ def _silence_stdout() -> None:
 
 
 def main() -> None:
-    sys.exit(run(sys.argv[1:]))
+    exit_process(run(sys.argv[1:]))  # without the collector's shutdown passes: hppctl/shutdown.py

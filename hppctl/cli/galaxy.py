@@ -202,6 +202,10 @@ def run_inference_command(plan_path: Path, cluster_path: Path, *, text: str | No
         raise BadInput(f"--output: {output}: use a .pt file (torch.save of the [sequence, hidden] tensor)")
     plan = load(plan_path, InferencePlan)
     inventory = load(cluster_path, ClusterSpec)
+    if all(s.device in {d.name for d in inventory.devices} for s in plan.shares):
+        from hppctl.runtime.launch import prepare_local_workers
+        # the local workers' zygote imports torch beside the tokenizer and the checks below (runtime/zygote.py)
+        prepare_local_workers(inventory, [s.device for s in plan.shares])
     ids = (driver.text_ids(plan.model, text, note) if text is not None
            else driver.read_input_ids(input_ids) if input_ids else None)
     if all(s.device in {d.name for d in inventory.devices} for s in plan.shares):

@@ -287,6 +287,10 @@ def run_psl(
     cluster = load(cluster_file, ClusterSpec)
     from hppctl.runtime.accelerator import refuse_cuda
     refuse_cuda(cluster, "psl plans", cluster_source=str(cluster_file))
+    if all(d in {c.name for c in cluster.devices} for d in (*plan.clients, *plan.helpers)):
+        from hppctl.runtime.launch import prepare_local_workers
+        # the local workers' zygote imports torch beside the pre-flight below (runtime/zygote.py)
+        prepare_local_workers(cluster, [*plan.clients, *plan.helpers])
     share_values = _parse_shares(shares)
     data = preflight(plan, cluster, dataset, share_values, plan_source=str(plan_file), cluster_source=str(cluster_file))
     if threads is None:

@@ -89,6 +89,7 @@ def run_command(
     from hppctl.models.profile import Profile
     from hppctl.runtime.checkpoint import CheckpointDir
     from hppctl.runtime.config import TrainOptions
+    from hppctl.runtime.launch import prepare_local_workers
     from hppctl.runtime.preflight import check_checkpoint, check_features, plan_kind_text, preflight
     from hppctl.schedule.nf1b import ASYNC_POLICIES
     from hppctl.store import load
@@ -192,6 +193,10 @@ def run_command(
                                 else None})
     # after the refusals: a refused run (a Bi-Partition --resume) makes no checkpoint folder
     writable_path("--checkpoint-dir", checkpoint_dir, directory=True)
+    # The local workers' fork server imports torch from now on, beside the checks and preparation below
+    # (it was started once they were done, and the first round waited ~1.3 s more); a run refused
+    # below ends it at once (runtime/zygote.py).
+    prepare_local_workers(inventory, hpp.devices())
     lineage = None
     if resume:
         hpp, prof, lineage = driver.plan_to_resume(checkpoint_dir, hpp, prof, plan, rejoin, view=TrainingView())

@@ -145,5 +145,6 @@ if __name__ == "__main__":
     # Run the canonical module's main, so kinds registered by `--import`ed modules (which import
     # `hppctl.profiling.probe`, not `__main__`) land in the registry main reads.
     from hppctl.profiling.probe import main as canonical_main
+    from hppctl.shutdown import exit_process
 
-    sys.exit(canonical_main())
+    exit_process(canonical_main())  # without the collector's shutdown passes: hppctl/shutdown.py

@@ -25,6 +25,7 @@ from hppctl.allocator import steady_heap
 from hppctl.runtime import wire
 from hppctl.runtime.workdir import BAD_INPUT_PREFIX
 from hppctl.runtime.workdir import prepare as prepare_user_code
+from hppctl.shutdown import exit_process
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def worker_main(config_type, run: Callable[[object, str], int]) -> None:
     except (ValueError, KeyError) as e:
         print(f"error: worker needs one JSON line {{token, config}} on stdin ({e})", file=sys.stderr)
         sys.exit(2)
-    sys.exit(run(config, token))
+    exit_process(run(config, token))  # without the collector's shutdown passes: hppctl/shutdown.py
 
 
 def load_blob(store, key: str):

@@ -52,17 +52,18 @@ def die_with_parent() -> None:
 
 def serve(fd: int, preload: list[str]) -> None:
     """The zygote's main loop (`python -c "...serve(fd, preload)"`)."""
-    for name in preload:
-        with contextlib.suppress(Exception):  # a worker that needs it will report the error itself
-            importlib.import_module(name)
     channel = socket.socket(fileno=fd)
+    _preload_unless_the_launcher_leaves(channel, preload)
     children: set[int] = set()
     while True:
         readable, _, _ = select.select([channel], [], [], 0.05)
         if readable:  # a request, or EOF
             request = _receive_or_none(channel)
             if request is None:
-                return  # the launcher is gone
+                # The launcher is gone. No interpreter shutdown: its collector passes over torch's
+                # objects took ~1 s, and a caller reading the launcher's output (a test, a pipe)
+                # waited for that, since this process holds the launcher's stdout and stderr.
+                os._exit(0)
             spec, out_fd = request
             pid = os.fork()
             if pid == 0:
@@ -76,6 +77,34 @@ def serve(fd: int, preload: list[str]) -> None:
             if done:
                 children.discard(pid)
                 _send_line(channel, {"pid": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _preload_unless_the_launcher_leaves(channel: socket.socket, preload: list[str]) -> None:
+    """Import `preload` (2-3 s of CPU: torch, torch._dynamo) in a thread while watching the socket: a
+    launcher that exits meanwhile (a run refused after it started the zygote early) ends this process at
+    once, so it neither keeps a core busy for nothing nor holds the launcher's output open. Returns with
+    the imports done and no other thread running, as `fork` needs; a request that arrived is left unread."""
+    def imports() -> None:
+        for name in preload:
+            with contextlib.suppress(Exception):  # a worker that needs it will report the error itself
+                importlib.import_module(name)
+
+    importer = threading.Thread(target=imports, name="preload")
+    importer.start()
+    while importer.is_alive():
+        readable, _, _ = select.select([channel], [], [], 0.05)
+        if readable:
+            if _launcher_gone(channel):
+                os._exit(0)
+            importer.join()  # a request waits: finish the imports, then serve it
+
+
+def _launcher_gone(channel: socket.socket) -> bool:
+    """Whether the readable socket says EOF (or a reset), without consuming a request's bytes."""
+    try:
+        return channel.recv(1, socket.MSG_PEEK) == b""
+    except ConnectionError:
+        return True
 
 
 def _receive_or_none(channel: socket.socket) -> tuple[dict, int] | None:
@@ -181,6 +210,11 @@ IMPORT_TIME_ENV = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH", "PYTOR
 """Environment read when torch and the interpreter start (thread pools, allocators, libraries): a
 forked worker inherits what its zygote saw, so workers whose values differ fork from different zygotes."""
 
+SET_BY_TORCH = frozenset({"TORCHINDUCTOR_CACHE_DIR"})
+"""Matched by IMPORT_TIME_ENV, but torch writes it into the launcher's own environment (its default,
+/tmp/torchinductor_<user>) the first time inductor's cache is asked for, which the launcher's checks may do
+after it started the zygote; read at call time, not at import, so it must not ask for a second zygote."""
+
 
 class Zygote:
     """The launcher's handle on one zygote (one per start-up environment, started on first use)."""
@@ -259,7 +293,7 @@ _ZYGOTES_LOCK = threading.Lock()
 
 def startup_env(env: dict[str, str]) -> frozenset:
     """The part of an environment that torch and the interpreter read when they start."""
-    return frozenset((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME_ENV))
+    return frozenset((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME_ENV) and k not in SET_BY_TORCH)
 
 
 def zygote(preload: list[str], env: dict[str, str]) -> Zygote | None:

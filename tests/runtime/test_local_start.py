@@ -128,3 +128,24 @@ def test_the_real_worker_module_says_only_its_own_words(mode):
     assert wait(worker) == 2
     assert [line.strip() for line in worker.tail() if line.strip()] == [
         "error: worker needs one JSON line {token, config} on stdin ('token')"]
+
+
+def test_a_zygote_whose_launcher_leaves_while_it_imports_ends_at_once():
+    """A run refused after it started the zygote early (cli/run_cmd.py) must not leave it importing torch
+    with the launcher's output open. Here the launcher is a process that starts a zygote whose preload
+    takes a minute and exits at once: its output reaches EOF only once the zygote, which holds it too, has
+    ended, long before the import would have (the 30 s is a hang bound)."""
+    launcher = ("import os; from hppctl.runtime.zygote import Zygote; "
+                f"Zygote(['tests.runtime.slow_import'], dict(os.environ, PYTHONPATH={REPO!r})); print('started')")
+    done = subprocess.run([sys.executable, "-c", launcher], capture_output=True, text=True, timeout=30, cwd=REPO)
+    assert done.returncode == 0 and done.stdout == "started\n", done.stderr
+
+
+def test_torchs_own_cache_variable_does_not_ask_for_a_second_zygote():
+    """torch writes TORCHINDUCTOR_CACHE_DIR into the launcher's environment once inductor's cache is used,
+    which can happen after the run started its zygote: the same start-up environment all the same."""
+    from hppctl.runtime.zygote import startup_env
+
+    base = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin"}
+    assert startup_env({**base, "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_root"}) == startup_env(base)
+    assert startup_env({**base, "OMP_NUM_THREADS": "2"}) != startup_env(base)

@@ -202,17 +202,17 @@ def run_inference_command(plan_path: Path, cluster_path: Path, *, text: str | No
         raise BadInput(f"--output: {output}: use a .pt file (torch.save of the [sequence, hidden] tensor)")
     plan = load(plan_path, InferencePlan)
     inventory = load(cluster_path, ClusterSpec)
-    if all(s.device in {d.name for d in inventory.devices} for s in plan.shares):
+    known = all(s.device in {d.name for d in inventory.devices} for s in plan.shares)
+    if known:
         from hppctl.runtime.launch import prepare_local_workers
         # the local workers' zygote imports torch beside the tokenizer and the checks below (runtime/zygote.py)
         prepare_local_workers(inventory, [s.device for s in plan.shares])
     ids = (driver.text_ids(plan.model, text, note) if text is not None
            else driver.read_input_ids(input_ids) if input_ids else None)
-    if all(s.device in {d.name for d in inventory.devices} for s in plan.shares):
+    if known:
         from hppctl.runtime.accelerator import check_local_devices
         check_local_devices(inventory, [s.device for s in plan.shares], precision, cluster_source=str(cluster_path))
-    local = [s.device for s in plan.shares if inventory.device(s.device).local] if all(
-        s.device in {d.name for d in inventory.devices} for s in plan.shares) else []
+    local = [s.device for s in plan.shares if inventory.device(s.device).local] if known else []
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // len(local)) if local and len(local) == len(plan.shares) else 0
     with contextlib.ExitStack() as stack:  # the log file closed last, whatever happens

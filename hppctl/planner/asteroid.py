@@ -175,7 +175,7 @@ class AsteroidDP:
                 # M H + X(E_b) >= M H + X(H), which rises with H (M >= 1), so it is >= M head + X(head);
                 # likewise H + X(H) >= head + X(head). (X >= T_a / n alone pruned too little: the
                 # 1000 x 16 plan took 1.3x longer after the overlap came in.)
-                exposed = alloc.exposed_at(heads, head)
+                exposed = alloc.exposed(np.arange(heads), head)  # as if the last backward took h
                 head_floor = cm.M * head + exposed
                 keep = np.flatnonzero(head_floor * (1 - 1e-9) <= self.bound)
                 floor = (keep, i_all[keep], j_all[keep], head_floor[keep], (head + exposed)[keep])

@@ -73,7 +73,7 @@ def to_inference_plan(costs: InferenceCosts, strategy: str, layout: Layout, elap
             layout, latency = galaxy_or_equal_on_allreduce(costs, layout, latency)
             layout = every_row_everywhere(costs, layout)
     else:
-        latency = layer_latency(costs, strategy, layout, overlap=False)
+        latency = layer_latency(costs, strategy, layout)
     shares = []
     for d, a, b, r in zip(layout.devices, layout.heads, layout.columns, layout.rows):
         shares.append(DeviceShare(device=costs.names[d], heads=a, columns=b, rows=r, capacity=costs.capacity(d),

@@ -264,9 +264,9 @@ def allreduce_latency(costs: "InferenceCosts", layout: "Layout") -> Latency:
     mlp = [costs.mlp(d, b) for d, b in zip(devs, layout.columns)]
     con = max(costs.connective(d, s) for d in devs)
     total = 2 * con
+    cpus = [costs.cpu(d) for d in devs]
     for block in (att, mlp):
-        total += max(fused_plain_s(costs.cpu(d), t, costs.cpu(d).allreduce_s_per_byte * ar_bytes, wire)
-                     for d, t in zip(devs, block))
+        total += max(fused_plain_s(cpu, t, cpu.allreduce_s_per_byte * ar_bytes, wire) for cpu, t in zip(cpus, block))
     compute = max(att) + max(mlp) + 2 * con
     return Latency(compute, 2 * wire, max(total - compute, 0.0))
 
@@ -278,11 +278,8 @@ def choose_galaxy_execution(costs: "InferenceCosts", layout: "Layout") -> tuple[
     that is predicted strictly faster still. One device: no collective at all."""
     if len(layout.devices) < 2:
         return GalaxyExecution(), galaxy_ring_latency(costs, layout, (False,) * 4)
-    plain = (False,) * 4
-    chosen = []
-    for n in range(4):
-        only = tuple(i == n for i in range(4))
-        chosen.append(galaxy_ring_latency(costs, layout, only).total_s < galaxy_ring_latency(costs, layout, plain).total_s)
+    plain_s = galaxy_ring_latency(costs, layout, (False,) * 4).total_s
+    chosen = [galaxy_ring_latency(costs, layout, tuple(i == n for i in range(4))).total_s < plain_s for n in range(4)]
     ring = GalaxyExecution("ring", tuple(chosen))  # type: ignore[arg-type]
     ring_latency = galaxy_ring_latency(costs, layout, ring.block_overlap)
     reduce_latency = allreduce_latency(costs, layout)
@@ -321,16 +318,12 @@ def galaxy_or_equal_on_allreduce(costs: "InferenceCosts", layout: "Layout", late
     return equal, equal_latency
 
 
-def layer_latency(costs: InferenceCosts, strategy: str, layout: Layout, *, overlap: bool) -> Latency:
-    """Predicted seconds of one layer: the slowest device per block plus synchronization (Eq. 4 + rings).
-    Galaxy with `overlap`: every ring collective overlapped (choose_galaxy_execution picks per collective)."""
-    devs, D, s = layout.devices, len(layout.devices), costs.seq_len
-    tile = math.ceil(s / D)
-    step = costs.ring_step_s(devs, tile)
-    if strategy == "galaxy":
-        return galaxy_ring_latency(costs, layout, (overlap and D > 1,) * 4)
+def layer_latency(costs: InferenceCosts, strategy: str, layout: Layout) -> Latency:
+    """Predicted seconds of one layer of a baseline (megatron, sp, local): the slowest device per block
+    plus synchronization (Eq. 4 + rings). Galaxy's is `choose_galaxy_execution`'s."""
     if strategy == "megatron":
         return allreduce_latency(costs, layout)
+    devs, D, s = layout.devices, len(layout.devices), costs.seq_len
     if strategy == "sp":
         att = [costs.attention(d, costs.profile.heads, r / s) for d, r in zip(devs, layout.rows)]
         mlp = [costs.mlp(d, costs.profile.intermediate, r / s) for d, r in zip(devs, layout.rows)]
@@ -340,7 +333,7 @@ def layer_latency(costs: InferenceCosts, strategy: str, layout: Layout, *, overl
     con = [costs.connective(d, r) for d, r in zip(devs, layout.rows)]
     compute = max(att) + max(mlp) + 2 * max(con)
     if strategy == "sp":
-        comm = 2 * (D - 1) * step  # AllGather of K and of V in every attention block
+        comm = 2 * (D - 1) * costs.ring_step_s(devs, math.ceil(s / D))  # AllGather of K and of V in every attention block
         return Latency(compute, comm, comm)
     return Latency(compute, 0.0, 0.0)
 

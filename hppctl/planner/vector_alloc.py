@@ -270,12 +270,6 @@ class GroupAllocator:
         """`cost.exposed_allreduce` of columns `cols` after a last backward of `backward_s`."""
         return exposed_allreduce_many(self.allreduce[cols], backward_s, self.buckets[cols])
 
-    def exposed_at(self, cols: int, step_s: np.ndarray) -> np.ndarray:
-        """`exposed` of the first `cols` columns as if the last backward took `step_s` (E_f + E_b or a
-        lower bound of it): what makes `AsteroidDP`'s head floors M h + exposed_at(h) and h + exposed_at(h)
-        (see there)."""
-        return exposed_allreduce_many(self.allreduce[:cols], step_s, self.buckets[:cols])
-
     def _allreduce(self) -> np.ndarray:
         cm, g = self.tables.cm, len(self.devices)
         if g <= 1:

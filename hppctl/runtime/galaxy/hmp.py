@@ -188,8 +188,6 @@ def forward(strategy: str, shard: dict[str, Any], ids: torch.Tensor, ring: Ring,
             return megatron_forward(shard, ids, ring)
         if strategy in ("galaxy", "local"):
             return galaxy_forward(shard, ids, ring, overlap=overlap)
-        if strategy == "megatron":
-            return megatron_forward(shard, ids, ring)
         if strategy == "sp":
             return sp_forward(shard, ids, ring)
     raise ValueError(f"unknown strategy {strategy!r}")

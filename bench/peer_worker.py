@@ -37,6 +37,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hppctl.planner.inference_costs import split_rows  # noqa: E402  (torch-free, as this module's top is)
+from hppctl.runtime.config import dropout_seed  # noqa: E402
+
 MODES = ("ddp", "pipe-1f1b", "pipe-gpipe")
 RESULT_PREFIX = "PEER_RESULT "
 
@@ -49,9 +52,9 @@ def parse_stages(text: str) -> list[tuple[int, int]]:
 def equal_share(global_batch: int, world: int, rank: int) -> tuple[int, int]:
     """Rank's contiguous sample range [lo, hi) of a step: the batch split as evenly as it goes
     (numpy.array_split's rule: the first `global_batch % world` ranks get one more)."""
-    base, extra = divmod(global_batch, world)
-    lo = rank * base + min(rank, extra)
-    return lo, lo + base + (1 if rank < extra else 0)
+    sizes = split_rows(global_batch, world)
+    lo = sum(sizes[:rank])
+    return lo, lo + sizes[rank]
 
 
 def arguments(argv=None) -> argparse.Namespace:
@@ -103,7 +106,7 @@ def train(args, rank: int, world: int) -> dict:
     step_s, losses = [], []
     last = time.perf_counter()
     for r in range(args.rounds):
-        torch.manual_seed(args.seed * 1_000_003 + r * 1_009 + rank)  # dropout masks: hppctl's workers' rule
+        torch.manual_seed(dropout_seed(args.seed, r, rank))  # dropout masks: hppctl's workers' rule
         optimizer.zero_grad(set_to_none=True)
         loss = step(r)
         optimizer.step()

@@ -62,6 +62,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(BENCH))
 
 import hpp_vs_baselines as hvb  # noqa: E402
+from hppctl.runtime.config import dropout_seed  # noqa: E402
 from hppctl.zoo import layer_costs  # noqa: E402
 from peer_worker import MODES as PEERS, RESULT_PREFIX, equal_share  # noqa: E402
 
@@ -208,12 +209,6 @@ def peer_layout(mode: str, pp, layers: int, global_batch: int, world: int) -> tu
         shares = [(r, b - a) for r, (a, b) in enumerate(equal_share(global_batch, world, r) for r in range(world))]
         return [(0, layers, shares)], global_batch
     return [(s.layers[0], s.layers[1], [(i, pp.micro_batch)]) for i, s in enumerate(pp.stages)], pp.micro_batch
-
-
-def dropout_seed(seed: int, round_index: int, rank: int) -> int:
-    """The seed a worker sets before round `round_index` (hppctl/runtime/worker.py's rule; the peer
-    worker sets the same), so dropout masks can be reproduced here."""
-    return seed * 1_000_003 + round_index * 1_009 + rank
 
 
 def reference_loss(model: str, granularity: str, layout: Layout, micro_batch: int, global_batch: int,

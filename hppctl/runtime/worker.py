@@ -14,7 +14,7 @@ import time
 
 from hppctl.models.reports import RoundReport
 from hppctl.runtime import wire
-from hppctl.runtime.config import WorkerConfig
+from hppctl.runtime.config import WorkerConfig, dropout_seed
 from hppctl.runtime.training_state import TrainingState, build_training_state, load_feed, set_learning_rate
 from hppctl.runtime.training_state import DataFeed, make_optimizer  # noqa: F401 (imported from here by tests, bench)
 from hppctl.runtime.worker_entry import (WorkerContext, cpu_cgroup, load_blob, process_report, rss_bytes,
@@ -90,7 +90,7 @@ class Worker:
 
         opts = self.config.options
         cpu = time.process_time()
-        torch.manual_seed(opts.seed * 1_000_003 + r * 1_009 + self.rank)  # dropout masks, reproducible on resume
+        torch.manual_seed(dropout_seed(opts.seed, r, self.rank))
         set_learning_rate(self.optimizer, opts.learning_rate(r))
         stats = executor.run_round(r)
         stats.cpu_s = time.process_time() - cpu

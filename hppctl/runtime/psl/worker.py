@@ -19,6 +19,7 @@ from functools import partial
 
 from hppctl.models.reports import PslRoundReport
 from hppctl.runtime import wire
+from hppctl.runtime.config import dropout_seed
 from hppctl.runtime.psl.config import PslWorkerConfig
 from hppctl.runtime.training_state import make_optimizer
 from hppctl.runtime.worker_entry import WorkerContext, cpu_cgroup, load_blob, process_report, run_worker_process, \
@@ -118,7 +119,7 @@ class PslWorker:
         batches = []
         for k in range(opts.local_batches):
             step = r * opts.local_batches + k
-            torch.manual_seed(opts.train.seed * 1_000_003 + step * 1_009 + self.topo.rank(self.device))  # dropout
+            torch.manual_seed(dropout_seed(opts.train.seed, step, self.topo.rank(self.device)))
             dist.barrier()
             batches.append(vars(self.role.run_batch(step)))
         begin = time.perf_counter()

@@ -18,7 +18,7 @@ step r are round r's of hppctl's `SampleOrder` (digits, 32x32, same permutation)
 same lr and momentum (0.9, hppctl's default); one thread. The loss is cross-entropy, averaged over
 the global batch (hppctl: sum per micro-batch / global batch; pipelining: mean per micro-batch with
 `scale_grads`; DDP: mean per rank, gradients averaged). Each rank seeds torch before step r as
-hppctl's workers do before round r (`seed * 1000003 + r * 1009 + rank`), so its dropout masks can
+hppctl's workers do before round r (`runtime.config.dropout_seed`), so its dropout masks can
 be reproduced: bench/peers.py checks step 0's loss against a reference computed that way.
 
 Prints one line `PEER_RESULT {json}`: this rank's per-step wall times (from the end of one step to

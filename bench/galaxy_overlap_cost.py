@@ -35,19 +35,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def cpu_now() -> float:
-    return time.process_time()  # every thread of the process: gloo's I/O threads included
-
-
 def timed(fn, repeats: int, barrier) -> dict:
+    """Median wall and process CPU (every thread of the process: gloo's I/O threads included) of `fn`."""
     walls, cpus = [], []
     fn()  # warm-up
     for _ in range(repeats):
         barrier()
-        c, t = cpu_now(), time.perf_counter()
+        c, t = time.process_time(), time.perf_counter()
         fn()
         walls.append(time.perf_counter() - t)
-        cpus.append(cpu_now() - c)
+        cpus.append(time.process_time() - c)
     return {"wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus), "min_wall_s": min(walls)}
 
 

@@ -21,14 +21,18 @@ from hppctl.planner import strategies as _strategies  # noqa: F401  (registers t
 DEFAULT_STRATEGY = "asteroid"
 
 
-def cost_model(profile: Profile, request: PlanRequest) -> CostModel:
-    return CostModel(profile, micro_batch=request.micro_batch, num_micro_batches=request.num_micro_batches)
+def cost_model(profile: Profile, request: PlanRequest, *, within_profile: bool = False) -> CostModel:
+    return CostModel(profile, micro_batch=request.micro_batch, num_micro_batches=request.num_micro_batches,
+                     within_profile=within_profile)
 
 
-def run_strategy(profile: Profile, request: PlanRequest, name: str) -> tuple[Candidate | None, CostModel, float]:
+def run_strategy(profile: Profile, request: PlanRequest, name: str, *, within_profile: bool = False,
+                 ) -> tuple[Candidate | None, CostModel, float]:
+    """`name`'s candidate for `request`; with `within_profile` no device gets more samples per micro-batch
+    than the profile measured it at (`CostModel.ceiling`)."""
     if name not in STRATEGIES:
         raise BadInput(f"--strategy: unknown strategy {name!r} (known: {', '.join(sorted(STRATEGIES))})")
-    cm = cost_model(profile, request)
+    cm = cost_model(profile, request, within_profile=within_profile)
     started = time.perf_counter()
     candidate = STRATEGIES[name](cm)
     return candidate, cm, time.perf_counter() - started

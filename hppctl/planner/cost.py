@@ -153,10 +153,16 @@ def round_latency_eq456(steps: list[Step] | tuple[Step, ...], m: int) -> tuple[f
 class CostModel:
     """Per-layer costs of one profile, with prefix sums so any layer range costs O(log grid)."""
 
-    def __init__(self, profile: Profile, *, micro_batch: int, num_micro_batches: int):
+    def __init__(self, profile: Profile, *, micro_batch: int, num_micro_batches: int, within_profile: bool = False):
         self.profile = profile
         self.B = micro_batch
         self.M = num_micro_batches
+        self.within_profile = within_profile
+        self.ceiling = [min(micro_batch, max(d.batch_sizes)) if within_profile else micro_batch
+                        for d in profile.devices]
+        """Per device, the most samples per micro-batch a plan may give it: B, or with `within_profile`
+        (`--micro-batch auto`) at most the largest batch the profile measured the device at, past which
+        its times would only be scaled proportionally (a guess; a measured grid stops where memory does)."""
         self.names = [d.name for d in profile.devices]
         self.num_layers = len(profile.layers)
         # One batch grid for all devices (the union): inserting grid points does not change a
@@ -201,12 +207,13 @@ class CostModel:
         return int(fixed + warmup * y * self.activation_bytes_per_sample(start, end))
 
     def max_samples(self, device: int, start: int, end: int, warmup: int) -> int:
-        """Largest y with memory(start, end, y, warmup) <= budget (-1 if even the weights do not fit)."""
+        """Largest y <= the device's ceiling with memory(start, end, y, warmup) <= budget (-1 if even
+        the weights do not fit)."""
         spare = self.budget[device] - self.fixed_factor * self.param_bytes(start, end)
         if spare < 0:
             return -1
         per = warmup * self.activation_bytes_per_sample(start, end)
-        return self.B if per == 0 else min(self.B, int(spare // per))
+        return self.ceiling[device] if per == 0 else min(self.ceiling[device], int(spare // per))
 
     def min_bandwidth(self, devices: tuple[int, ...] | list[int]) -> float:
         return min((self.bw[a][b] for a in devices for b in devices if a != b), default=math.inf)

@@ -1,7 +1,8 @@
 """Exhaustive search under the same cost model, for small instances (tests and the gap report).
 
 Enumerates every device order, every split of that order into contiguous groups, every
-contiguous layer partition and every integer sample allocation of each stage. Exponential:
+contiguous layer partition and every integer sample allocation of each stage (no device past its
+`CostModel.ceiling`). Exponential:
 keep L <= 6, N <= 4 and B small.
 """
 
@@ -34,7 +35,8 @@ def best_plan(cm: CostModel, schedule: str = "1f1b-asteroid") -> tuple[float, li
             for dev_cuts in splits(N, P):
                 groups = [order[dev_cuts[k]:dev_cuts[k + 1]] for k in range(P)]
                 for layer_cuts in splits(L, P):
-                    allocations = [list(compositions(cm.B, len(g))) for g in groups]
+                    allocations = [[y for y in compositions(cm.B, len(g))
+                                    if all(n <= cm.ceiling[d] for d, n in zip(g, y))] for g in groups]
                     for samples in itertools.product(*allocations):
                         stages = [StageChoice(layer_cuts[k], layer_cuts[k + 1], groups[k], samples[k]) for k in range(P)]
                         ev = cm.evaluate(stages, schedule)

@@ -10,12 +10,17 @@ The rule (AUTO_RULE, also stored in every plan it chooses):
   round and B at most the sum of the devices' largest profiled batch sizes (no plan of a larger B can
   keep every device within what it was measured at);
 - the strategy plans each candidate through `make_plan`-equivalent public entry points (so it picks up
-  whatever the cost model says), and a candidate is skipped when no plan fits the memory budgets
-  (Eq. 3; memory-blind strategies' plans with violations count as not fitting), or when its plan
-  gives some device a number of samples per micro-batch outside the batch sizes the profile measured
-  that device at (0 is fine: the device idles in that stage): outside, the cost model could only
-  scale times proportionally (optimistic below the grid, where per-sample time grows; a guess above
-  it, and a measured profile stops at the largest batch that fits the device);
+  whatever the cost model says) with no device given more samples per micro-batch than the largest
+  batch the profile measured it at (`CostModel.ceiling`: Algorithm 1 splits a stage's samples under
+  that cap as under a memory cap, so a group that would put 129 samples on a device measured up to 128
+  gets 128/128 instead of losing the candidate);
+- a candidate is skipped when no plan fits the memory budgets and those ceilings (Eq. 3; memory-blind
+  strategies' plans with violations count as not fitting), or when its plan still gives some device a
+  number of samples per micro-batch outside the batch sizes the profile measured that device at (0 is
+  fine: the device idles in that stage; below the grid, or a strategy that cannot split a stage):
+  outside, the cost model could only scale times proportionally (optimistic below the grid, where
+  per-sample time grows; a guess above it, and a measured profile stops at the largest batch that fits
+  the device);
 - the winner: the highest predicted throughput, ties to the smaller B (less activation memory per
   micro-batch). "Predicted" is the simulated figure when the caller passes the simulator (`hppctl plan`,
   `demo` and the benches do: it replays the plan's schedule action by action and came within 10 % of the
@@ -43,9 +48,10 @@ def auto_rule(ranked_by: str) -> str:
     """The rule in words, as the plan records it; `ranked_by`: "estimate" or "simulated"."""
     figure = ("the simulated throughput (the schedule replayed on the profile)" if ranked_by == "simulated"
               else "the planner's estimated throughput")
-    return (f"divisors of the global batch (at most {MAX_MICRO_BATCHES} micro-batches per round) whose plan gives "
-            "every device a number of samples per micro-batch within the batch sizes the profile measured it at "
-            f"(or none) and fits every memory budget (Eq. 3); the highest {figure} wins, ties to the "
+    return (f"divisors of the global batch (at most {MAX_MICRO_BATCHES} micro-batches per round), each planned "
+            "with no device given more samples per micro-batch than the profile measured it at; a plan counts "
+            "if every device runs a number of samples within the batch sizes the profile measured it at (or "
+            f"none) and it fits every memory budget (Eq. 3); the highest {figure} wins, ties to the "
             "smaller micro-batch")
 
 
@@ -140,13 +146,25 @@ def over_memory(plan: HppPlan) -> str | None:
 def try_micro_batch(profile: Profile, global_batch: int, micro_batch: int, strategy: str,
                     measured: dict[str, tuple[int, int]], simulate: Simulate | None = None) -> Tried:
     request = PlanRequest(global_batch=global_batch, micro_batch=micro_batch)
-    candidate, cm, elapsed = run_strategy(profile, request, strategy)
+    candidate, cm, elapsed = run_strategy(profile, request, strategy, within_profile=True)
     if candidate is None:
-        return Tried(micro_batch, None, "no plan fits the memory budgets", elapsed)
+        return untried_within_profile(profile, request, strategy, measured, elapsed)
     plan = to_plan(cm, profile, request, strategy, candidate, elapsed)
     skipped = over_memory(plan) or outside_profile(plan, measured)
     simulated = simulate(plan) if simulate is not None and skipped is None else None
     return Tried(micro_batch, plan, skipped, elapsed, simulated)
+
+
+def untried_within_profile(profile: Profile, request: PlanRequest, strategy: str,
+                           measured: dict[str, tuple[int, int]], elapsed: float) -> Tried:
+    """The skipped candidate when no plan stays within the ceilings: planned again without them, to say
+    whether memory or the profile's batch sizes ruled it out (the plan then kept for `nothing_fits`)."""
+    candidate, cm, more = run_strategy(profile, request, strategy)
+    if candidate is None:
+        return Tried(request.micro_batch, None, "no plan fits the memory budgets", elapsed + more)
+    plan = to_plan(cm, profile, request, strategy, candidate, elapsed + more)
+    return Tried(request.micro_batch, plan, over_memory(plan) or outside_profile(plan, measured) or
+                 "no plan fits the memory budgets within the profile's batch sizes", elapsed + more)
 
 
 def try_micro_batches(profile: Profile, global_batch: int, strategy: str,

@@ -47,6 +47,7 @@ class LayerTables:
         self.act = np.asarray(cm._act, dtype=np.float64)
         self.boundary = np.asarray(cm.boundary, dtype=np.float64)
         self.budget = np.asarray(cm.budget, dtype=np.float64)
+        self.ceiling = np.asarray(cm.ceiling, dtype=np.int64)
         # cheapest per-sample cost of each layer over the grid, prefix-summed: (devices, layers + 1)
         per_layer = np.diff(fwd + bwd, axis=2) / self.grid[None, :, None]
         self.min_rate_prefix = np.concatenate(
@@ -122,10 +123,16 @@ class LayerTables:
         spare = self.budget[devices][:, None] - cm.fixed_factor * (self.param[end] - self.param[start])[None, :]
         received = np.where(start > 0, self.boundary[np.maximum(start - 1, 0)], 0.0)
         per = warmup * (self.act[end] - self.act[start] + received)[None, :]
+        ceiling = self.ceiling[devices][:, None]
         with np.errstate(divide="ignore", invalid="ignore"):
-            fit = np.minimum(cm.B, np.floor_divide(spare, np.where(per == 0, 1.0, per)))
-        fit = np.where(per == 0, cm.B, fit)
+            fit = np.minimum(ceiling, np.floor_divide(spare, np.where(per == 0, 1.0, per)))
+        fit = np.where(per == 0, ceiling, fit)
         return np.where(spare < 0, -1, fit).astype(np.int64)
+
+    def ceiling_caps(self, devices: list[int], pairs: int) -> np.ndarray:
+        """(devices, pairs) caps of the memory-unconstrained run: each device's ceiling (B unless the
+        plan must stay within the profile's batch sizes, `CostModel.ceiling`)."""
+        return np.broadcast_to(self.ceiling[np.asarray(devices)][:, None], (len(devices), pairs))
 
 
 def tables_for(cm: CostModel) -> LayerTables:
@@ -280,7 +287,7 @@ class GroupAllocator:
         todo = cols[~self.done[cols]]
         if todo.size == 0:
             return
-        unbounded = np.broadcast_to(np.int64(self.tables.cm.B), (len(self.devices), todo.size))
+        unbounded = self.tables.ceiling_caps(self.devices, todo.size)
         res = allocate_many(self.tables, self.devices, self.start[todo], self.end[todo], unbounded)
         self.forward_s[todo], self.backward_s[todo], self.feasible[todo] = res.forward_s, res.backward_s, res.feasible
         self.safe_warmup[todo], self.weights_fit[todo] = self._safe_warmups(todo, res.peak)
@@ -290,10 +297,11 @@ class GroupAllocator:
         """Per column: the largest K whose memory caps leave the uncapped answer as it is, and
         whether every device holds the stage's weights at all (else no K is feasible).
 
-        Under K a device's cap is min(B, floor(spare / (K * per))) (`LayerTables.caps`). The
-        uncapped answer stands when every cap is at least the device's peak demand (see
-        `peak_demand`; integer caps, so its ceiling), or when every cap is B (the capped run is
-        then the uncapped one, input for input). Solving for K and shrinking by 1e-9 relative
+        Under K a device's cap is min(c, floor(spare / (K * per))) (`LayerTables.caps`; c the
+        device's ceiling, B unless the plan must stay within the profile). The "uncapped" answer
+        (caps c) stands when every cap is at least the device's peak demand (see `peak_demand`;
+        integer caps, so its ceiling), or when every cap is c (the capped run is then the uncapped
+        one, input for input). Solving for K and shrinking by 1e-9 relative
         (far above the rounding of either side) makes the threshold conservative: a column
         past it is recomputed under the real caps, which is always right, only slower.
         """
@@ -303,7 +311,8 @@ class GroupAllocator:
         received = np.where(start > 0, t.boundary[np.maximum(start - 1, 0)], 0.0)
         per = (t.act[end] - t.act[start] + received)[None, :]
         need = np.ceil(peak)
-        need = np.where((need <= cm.B).all(axis=0), need, float(cm.B))
+        ceiling = t.ceiling[self.devices][:, None].astype(np.float64)
+        need = np.where((need <= ceiling).all(axis=0), need, ceiling)
         with np.errstate(divide="ignore", invalid="ignore"):
             limit = np.where(per == 0, np.inf, spare / (per * need)).min(axis=0)
         return np.floor(limit * (1 - 1e-9)), (spare >= 0).all(axis=0)
@@ -320,7 +329,7 @@ class GroupAllocator:
         fwd, bwd, feasible = self.forward_s[cols], self.backward_s[cols], self.feasible[cols] & self.weights_fit[cols]
         samples = None
         if with_samples:
-            unbounded = np.full((len(self.devices), cols.size), self.tables.cm.B, dtype=np.int64)
+            unbounded = self.tables.ceiling_caps(self.devices, cols.size)
             samples = allocate_many(self.tables, self.devices, self.start[cols], self.end[cols], unbounded).samples
         redo = np.flatnonzero((warmup > self.safe_warmup[cols]) & self.weights_fit[cols])
         if redo.size == 0:

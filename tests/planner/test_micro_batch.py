@@ -2,7 +2,8 @@
 
 The chooser is checked against a brute force written here from the rule (docs/planner.md, "Choosing the
 micro-batch"): every divisor of the global batch planned with `make_plan`, the plans that do not fit
-memory or leave the profile's measured batch sizes dropped, the best predicted throughput kept.
+memory or leave the profile's measured batch sizes dropped, the best predicted throughput kept; each divisor
+planned with no device given more samples than the profile measured it at (`within_profile`).
 """
 
 from __future__ import annotations
@@ -14,11 +15,16 @@ import pytest
 
 from hppctl.errors import BadInput, Infeasible
 from hppctl.models.plan import HppPlan, PlanRequest
-from hppctl.planner import make_plan, strategy_names
+from hppctl.planner import make_plan, run_strategy, strategy_names, to_plan
 from hppctl.planner.micro_batch import (AUTO_RULE, candidate_micro_batches, compare_auto, divisors,
                                         make_auto_plan)
 from hppctl.profiling.synthetic import synthetic_profile
 from tests.conftest import make_profile
+
+
+CEILING_AWARE = {"asteroid", "asteroid-paper", "dp", "pp"}
+"""Strategies whose planner splits samples under `CostModel.ceiling` (the others' plans past the profile are
+skipped by the rule's outside-the-profile test)."""
 
 
 def brute_force(profile, global_batch: int, strategy: str) -> tuple[int, HppPlan] | None:
@@ -29,10 +35,13 @@ def brute_force(profile, global_batch: int, strategy: str) -> tuple[int, HppPlan
     for b in range(1, global_batch + 1):
         if global_batch % b or global_batch // b > 16384 or b > sum(largest.values()):
             continue
-        try:
-            plan = make_plan(profile, PlanRequest(global_batch=global_batch, micro_batch=b), strategy)
-        except Infeasible:
+        request = PlanRequest(global_batch=global_batch, micro_batch=b)
+        candidate, cm, _ = run_strategy(profile, request, strategy, within_profile=True)
+        if candidate is None:
             continue
+        plan = to_plan(cm, profile, request, strategy, candidate, 0.0)
+        assert all(y <= largest[d] for s in plan.stages for d, y in zip(s.devices, s.samples)
+                   ) or strategy not in CEILING_AWARE, strategy
         if plan.memory_violations:
             continue
         if any(y > largest[d] or 0 < y < smallest[d] for s in plan.stages for d, y in zip(s.devices, s.samples)):
@@ -195,10 +204,13 @@ def brute_force_simulated(profile, global_batch: int, strategy: str) -> int | No
     for b in range(1, global_batch + 1):
         if global_batch % b or b > sum(largest.values()):
             continue
-        try:
-            plan = make_plan(profile, PlanRequest(global_batch=global_batch, micro_batch=b), strategy)
-        except Infeasible:
+        request = PlanRequest(global_batch=global_batch, micro_batch=b)
+        candidate, cm, _ = run_strategy(profile, request, strategy, within_profile=True)
+        if candidate is None:
             continue
+        plan = to_plan(cm, profile, request, strategy, candidate, 0.0)
+        assert all(y <= largest[d] for s in plan.stages for d, y in zip(s.devices, s.samples)
+                   ) or strategy not in CEILING_AWARE, strategy
         if plan.memory_violations or any(y > largest[d] or 0 < y < smallest[d]
                                          for s in plan.stages for d, y in zip(s.devices, s.samples)):
             continue

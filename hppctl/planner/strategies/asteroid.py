@@ -49,7 +49,8 @@ def coarse_bound(cm: CostModel, order: list[int], bound: float) -> float:
     if size <= 1:
         return math.inf
     coarse_profile, starts = coarsen(cm.profile, size)
-    coarse = CostModel(coarse_profile, micro_batch=cm.B, num_micro_batches=cm.M)
+    coarse = CostModel(coarse_profile, micro_batch=cm.B, num_micro_batches=cm.M,
+                       within_profile=cm.within_profile)
     _, result = solve(coarse, order, bound)
     stages = refine_stages(cm, result.stages, starts) if result else None
     if stages is None:
@@ -105,7 +106,8 @@ def second_order_plan(cm: CostModel, order: list[int], bound: float) -> list[Sta
         result = AsteroidDP(cm, order, bound).best()
         return result.stages if result else None
     coarse_profile, starts = coarsen(cm.profile, -(-cm.num_layers // COARSE_LAYERS))
-    coarse = CostModel(coarse_profile, micro_batch=cm.B, num_micro_batches=cm.M)
+    coarse = CostModel(coarse_profile, micro_batch=cm.B, num_micro_batches=cm.M,
+                       within_profile=cm.within_profile)
     # pruned by the bound as the fine DP above: a plan above it loses to the best so far anyway
     result = AsteroidDP(coarse, order, bound).best()
     if result is None:

@@ -1,0 +1,175 @@
+"""How far can any training plan go on a profile? Issue 28's "asteroid >= 1.5x the best real peer", bounded.
+
+    python bench/pipeline_headroom.py --profile /work/runs/envb-profile-auto-quiet.json
+    python bench/pipeline_headroom.py --profile P --split-backward   # also measure the weight-gradient share
+
+Per micro-batch B (divisors of the global batch within the profile's grid), three figures in samples/s:
+
+- **compute bound**: no plan of any shape or schedule (replicated or not, flushed or zero-bubble or
+  interleaved), with free communication and no idle time at all, trains faster on this profile at B.
+  It is the linear program "spread every layer's forward + backward of G samples over the devices,
+  a device's share of a layer costing its cheapest per-sample time at any batch <= B" (a device never
+  runs more than B samples of a micro-batch), minimise the busiest device's time. A relaxation of every
+  plan (fractional samples, no dependences, no transfers, no AllReduce, no optimizer step): a true
+  upper bound under the profile's times.
+- **asteroid** and **pp** (the best one-device-per-stage pipeline hppctl knows, whose split and micro-batch
+  the real torch pipelines run in bench/peers.py): the planner's plan at B replayed by the simulator
+  (`hppctl plan --compare` at that B).
+
+`--split-backward` times, on this machine with one thread, each stage of asteroid's plan at its best B:
+the fused backward against the input-gradient-only backward (`torch.autograd.grad` on the stage's
+inputs: autograd then skips every weight gradient). The difference bounds the weight-gradient work W a
+zero-bubble schedule (split backward, W deferred into the pipeline's bubbles) could move: the idle it
+can fill on a stage is at most its W work. Stage 0 has no input gradient and is left out.
+
+A bench, not a test: it asserts nothing and prints the commands' figures for docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from hppctl.models.plan import PlanRequest  # noqa: E402
+from hppctl.models.profile import Profile  # noqa: E402
+from hppctl.planner import make_plan  # noqa: E402
+from hppctl.planner.micro_batch import candidate_micro_batches  # noqa: E402
+from hppctl.schedule import simulate_plan  # noqa: E402
+from hppctl.store import load  # noqa: E402
+
+
+def per_sample_costs(profile: Profile, micro_batch: int) -> np.ndarray:
+    """(layers, devices): each layer's cheapest forward + backward seconds per sample at any measured
+    batch <= micro_batch on each device (inf where the device was measured at no such batch)."""
+    costs = np.full((len(profile.layers), len(profile.devices)), np.inf)
+    for d, device in enumerate(profile.devices):
+        times = np.asarray(device.forward_s) + np.asarray(device.backward_s)  # (layers, batch sizes)
+        sizes = np.asarray(device.batch_sizes, dtype=float)
+        usable = sizes <= micro_batch
+        if usable.any():
+            costs[:, d] = (times[:, usable] / sizes[usable]).min(axis=1)
+    return costs
+
+
+def compute_bound(costs: np.ndarray, global_batch: int) -> float | None:
+    """Samples/s of the LP relaxation: min T, sum_d x[l, d] = 1 per layer, sum_l x[l, d] c[l, d] G <= T."""
+    from scipy.optimize import linprog
+
+    layers, devices = costs.shape
+    finite = np.isfinite(costs)
+    if not finite.any(axis=1).all():
+        return None  # B is below every device's smallest measured batch: the profile says nothing here
+    n = layers * devices + 1
+    objective = np.zeros(n)
+    objective[-1] = 1.0
+    each_layer_once = np.zeros((layers, n))
+    for layer in range(layers):
+        each_layer_once[layer, layer * devices:(layer + 1) * devices] = 1.0
+    busiest = np.zeros((devices, n))
+    for d in range(devices):
+        busiest[d, d:layers * devices:devices] = np.where(finite[:, d], costs[:, d] * global_batch, 0.0)
+        busiest[d, -1] = -1.0
+    bounds = [(0.0, None if finite[layer, d] else 0.0) for layer in range(layers) for d in range(devices)]
+    result = linprog(objective, A_ub=busiest, b_ub=np.zeros(devices), A_eq=each_layer_once, b_eq=np.ones(layers),
+                     bounds=bounds + [(0.0, None)], method="highs")
+    if result.status != 0:
+        raise RuntimeError(f"the bound's linear program did not solve: {result.message}")
+    return global_batch / result.fun
+
+
+def simulated(profile: Profile, global_batch: int, micro_batch: int, strategy: str):
+    """(plan, simulated samples/s) of `strategy` at B, or (None, None) if it has no plan there."""
+    try:
+        plan = make_plan(profile, PlanRequest(global_batch=global_batch, micro_batch=micro_batch), strategy)
+    except Exception as err:  # Infeasible at this B: the row says so
+        print(f"  {strategy} at B = {micro_batch}: no plan ({err})")
+        return None, None
+    return plan, global_batch / simulate_plan(plan, profile)[1].round_latency_s
+
+
+def split_backward_shares(plan, repeats: int) -> list[tuple[str, float, float]]:
+    """Per stage after the first: (layers, fused backward ms, input-gradient-only backward ms), one thread."""
+    import torch
+
+    from hppctl.runtime.stage import Stage
+
+    torch.set_num_threads(1)
+    stages = [Stage(plan.model, plan.granularity, s.layers[0], s.layers[1], seed=0) for s in plan.stages]
+    values = [torch.randn_like(spec.empty(plan.micro_batch)) if spec.dtype.is_floating_point
+              else torch.zeros_like(spec.empty(plan.micro_batch)) for spec in stages[0].inputs]
+    rows = []
+    with torch.no_grad():
+        values = list(stages[0](*values))
+    for stage in stages[1:]:
+        fused, input_only = [], []
+        for _ in range(repeats):
+            for kind, out in (("fused", fused), ("input", input_only)):
+                inputs = [v.detach().requires_grad_(v.is_floating_point()) for v in values]
+                outputs = [o for o in stage(*inputs) if o.requires_grad]
+                grads = [torch.ones_like(o) for o in outputs]
+                started = time.perf_counter()
+                if kind == "fused":
+                    torch.autograd.backward(outputs, grads)
+                else:
+                    torch.autograd.grad(outputs, [i for i in inputs if i.requires_grad], grads)
+                out.append(time.perf_counter() - started)
+                for p in stage.parameters():
+                    p.grad = None
+        with torch.no_grad():
+            values = list(stage(*values))
+        rows.append((f"{stage.start}-{stage.end}", 1000 * float(np.median(fused[2:])),
+                     1000 * float(np.median(input_only[2:]))))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--profile", required=True, help="a measured training profile (hppctl profile's output)")
+    parser.add_argument("--global-batch", type=int, default=256)
+    parser.add_argument("--split-backward", action="store_true", help="also time fused vs input-only backward")
+    parser.add_argument("--repeats", type=int, default=14, help="backward passes per stage and kind (--split-backward)")
+    args = parser.parse_args()
+    profile = load(args.profile, Profile)
+    sizes = candidate_micro_batches(profile, args.global_batch)
+    print(f"{profile.model} ({profile.granularity}) on {profile.cluster}: {len(profile.devices)} devices, "
+          f"global batch {args.global_batch}; samples/s")
+    print(f"{'B':>5} {'compute bound':>14} {'asteroid sim':>13} {'pp sim':>8}")
+    results = {}
+    for b in sizes:
+        if args.global_batch // b > 256:
+            continue  # more than 256 micro-batches per round: no strategy plans these faster
+        bound = compute_bound(per_sample_costs(profile, b), args.global_batch)
+        if bound is None:
+            continue
+        ast_plan, ast = simulated(profile, args.global_batch, b, "asteroid")
+        _, pp = simulated(profile, args.global_batch, b, "pp")
+        results[b] = (bound, ast_plan, ast, pp)
+        fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+        print(f"{b:>5} {bound:>14.1f} {fmt(ast):>13} {fmt(pp):>8}")
+    best_pp = max((r[3] for r in results.values() if r[3] is not None), default=None)
+    best_ast_b = max((b for b in results if results[b][2] is not None), key=lambda b: results[b][2], default=None)
+    if best_pp is None or best_ast_b is None:
+        return
+    target = 1.5 * best_pp
+    print(f"best pp (simulated) {best_pp:.1f}; 1.5x that is {target:.1f}; best asteroid (simulated) "
+          f"{results[best_ast_b][2]:.1f} at B = {best_ast_b} ({results[best_ast_b][2] / best_pp:.2f}x)")
+    below = [b for b, r in results.items() if r[0] < target]
+    print(f"micro-batches where no plan of any schedule can reach 1.5x the best pp: {below or 'none'}")
+    if args.split_backward:
+        plan = results[best_ast_b][1]
+        print(f"\nasteroid at B = {best_ast_b}, stages {[tuple(s.layers) for s in plan.stages]}: backward per stage, "
+              f"one thread on this machine, median of {args.repeats - 2}")
+        for layers, fused, input_only in split_backward_shares(plan, args.repeats):
+            print(f"  layers {layers:>8}: fused {fused:6.2f} ms, input gradient only {input_only:6.2f} ms, "
+                  f"weight-gradient share at most {1 - input_only / fused:.0%}")
+
+
+if __name__ == "__main__":
+    main()

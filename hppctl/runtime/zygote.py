@@ -80,23 +80,34 @@ def serve(fd: int, preload: list[str]) -> None:
 
 
 def _preload_unless_the_launcher_leaves(channel: socket.socket, preload: list[str]) -> None:
-    """Import `preload` (2-3 s of CPU: torch, torch._dynamo) in a thread while watching the socket: a
+    """Import `preload` (2-3 s of CPU: torch, torch._dynamo) while a watcher thread watches the socket: a
     launcher that exits meanwhile (a run refused after it started the zygote early) ends this process at
     once, so it neither keeps a core busy for nothing nor holds the launcher's output open. Returns with
-    the imports done and no other thread running, as `fork` needs; a request that arrived is left unread."""
-    def imports() -> None:
-        for name in preload:
-            with contextlib.suppress(Exception):  # a worker that needs it will report the error itself
-                importlib.import_module(name)
+    the imports done and no other thread running, as `fork` needs; a request that arrived is left unread.
 
-    importer = threading.Thread(target=imports, name="preload")
-    importer.start()
-    while importer.is_alive():
-        readable, _, _ = select.select([channel], [], [], 0.05)
-        if readable:
-            if _launcher_gone(channel):
-                os._exit(0)
-            importer.join()  # a request waits: finish the imports, then serve it
+    The imports run on this, the main thread, and the watcher touches neither torch nor MKL: importing
+    torch makes MKL allocate a buffer it accounts by thread id (`at::init_num_threads` ->
+    `mkl_serv_malloc` -> `mm_account_ptr_by_tid`). Done on a thread that then ended, every forked worker
+    inherited MKL's record of a dead thread id, and under heavy load workers spun forever in
+    `mm_account_ptr_by_tid` while their peers waited in gloo (docs/runtime.md). The main thread's id is
+    the zygote's pid, never reused while the zygote lives."""
+    imports_done = threading.Event()
+
+    def watch() -> None:
+        while not imports_done.is_set():
+            readable, _, _ = select.select([channel], [], [], 0.05)
+            if readable:
+                if _launcher_gone(channel):
+                    os._exit(0)
+                return  # a request waits: it is served once the imports are done
+
+    watcher = threading.Thread(target=watch, name="launcher-watch", daemon=True)
+    watcher.start()
+    for name in preload:
+        with contextlib.suppress(Exception):  # a worker that needs it will report the error itself
+            importlib.import_module(name)
+    imports_done.set()
+    watcher.join()
 
 
 def _launcher_gone(channel: socket.socket) -> bool:

@@ -9,6 +9,7 @@ milliseconds once the zygote runs; the real workers go through the same path in 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -139,6 +140,26 @@ def test_a_zygote_whose_launcher_leaves_while_it_imports_ends_at_once():
                 f"Zygote(['tests.runtime.slow_import'], dict(os.environ, PYTHONPATH={REPO!r})); print('started')")
     done = subprocess.run([sys.executable, "-c", launcher], capture_output=True, text=True, timeout=30, cwd=REPO)
     assert done.returncode == 0 and done.stdout == "started\n", done.stderr
+
+
+def test_the_zygote_imports_on_the_thread_it_forks_from(tmp_path):
+    """Importing torch makes MKL account a buffer by thread id. The zygote imported its preload on a thread
+    that then ended, so every worker inherited MKL's record of a dead thread id, and under heavy load
+    zygote-forked workers spun forever in MKL's `mm_account_ptr_by_tid` (docs/runtime.md). The preload now
+    runs on the main thread, the one that forks; before, this probe read "preload"."""
+    from hppctl.runtime.zygote import Zygote
+
+    out = tmp_path / "thread"
+    zygote = Zygote(["tests.runtime.import_thread_probe"],
+                    dict(os.environ, PYTHONPATH=str(REPO), IMPORT_THREAD_PROBE_OUT=str(out)))
+    try:
+        deadline = time.monotonic() + 60  # a hang bound: the probe imports nothing heavy
+        while not (out.exists() and out.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert out.read_text() == "main"
+    finally:
+        zygote.proc.kill()
+        zygote.proc.wait()
 
 
 def test_torchs_own_cache_variable_does_not_ask_for_a_second_zygote():

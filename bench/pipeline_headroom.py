@@ -37,6 +37,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from hppctl.errors import Infeasible  # noqa: E402
 from hppctl.models.plan import PlanRequest  # noqa: E402
 from hppctl.models.profile import Profile  # noqa: E402
 from hppctl.planner import make_plan  # noqa: E402
@@ -88,10 +89,15 @@ def simulated(profile: Profile, global_batch: int, micro_batch: int, strategy: s
     """(plan, simulated samples/s) of `strategy` at B, or (None, None) if it has no plan there."""
     try:
         plan = make_plan(profile, PlanRequest(global_batch=global_batch, micro_batch=micro_batch), strategy)
-    except Exception as err:  # Infeasible at this B: the row says so
+    except Infeasible as err:  # no plan at this B: the row says so
         print(f"  {strategy} at B = {micro_batch}: no plan ({err})")
         return None, None
     return plan, global_batch / simulate_plan(plan, profile)[1].round_latency_s
+
+
+def figure(value: float | None) -> str:
+    """A table cell: samples/s to one decimal, or "-" where the strategy has no plan."""
+    return "-" if value is None else f"{value:.1f}"
 
 
 def split_backward_shares(plan, repeats: int) -> list[tuple[str, float, float]]:
@@ -151,8 +157,7 @@ def main() -> None:
         ast_plan, ast = simulated(profile, args.global_batch, b, "asteroid")
         _, pp = simulated(profile, args.global_batch, b, "pp")
         results[b] = (bound, ast_plan, ast, pp)
-        fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
-        print(f"{b:>5} {bound:>14.1f} {fmt(ast):>13} {fmt(pp):>8}")
+        print(f"{b:>5} {bound:>14.1f} {figure(ast):>13} {figure(pp):>8}")
     best_pp = max((r[3] for r in results.values() if r[3] is not None), default=None)
     best_ast_b = max((b for b in results if results[b][2] is not None), key=lambda b: results[b][2], default=None)
     if best_pp is None or best_ast_b is None:

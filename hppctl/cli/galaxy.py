@@ -202,7 +202,7 @@ def run_inference_command(plan_path: Path, cluster_path: Path, *, text: str | No
         raise BadInput(f"--output: {output}: use a .pt file (torch.save of the [sequence, hidden] tensor)")
     plan = load(plan_path, InferencePlan)
     inventory = load(cluster_path, ClusterSpec)
-    known = all(s.device in {d.name for d in inventory.devices} for s in plan.shares)
+    known = set(plan.devices()) <= {d.name for d in inventory.devices}
     if known:
         from hppctl.runtime.launch import prepare_local_workers
         # the local workers' zygote imports torch beside the tokenizer and the checks below (runtime/zygote.py)

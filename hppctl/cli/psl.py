@@ -287,7 +287,7 @@ def run_psl(
     cluster = load(cluster_file, ClusterSpec)
     from hppctl.runtime.accelerator import refuse_cuda
     refuse_cuda(cluster, "psl plans", cluster_source=str(cluster_file))
-    if all(d in {c.name for c in cluster.devices} for d in (*plan.clients, *plan.helpers)):
+    if {*plan.clients, *plan.helpers} <= {c.name for c in cluster.devices}:
         from hppctl.runtime.launch import prepare_local_workers
         # the local workers' zygote imports torch beside the pre-flight below (runtime/zygote.py)
         prepare_local_workers(cluster, [*plan.clients, *plan.helpers])

@@ -148,14 +148,14 @@ def try_micro_batch(profile: Profile, global_batch: int, micro_batch: int, strat
     request = PlanRequest(global_batch=global_batch, micro_batch=micro_batch)
     candidate, cm, elapsed = run_strategy(profile, request, strategy, within_profile=True)
     if candidate is None:
-        return untried_within_profile(profile, request, strategy, measured, elapsed)
+        return skipped_within_profile(profile, request, strategy, measured, elapsed)
     plan = to_plan(cm, profile, request, strategy, candidate, elapsed)
     skipped = over_memory(plan) or outside_profile(plan, measured)
     simulated = simulate(plan) if simulate is not None and skipped is None else None
     return Tried(micro_batch, plan, skipped, elapsed, simulated)
 
 
-def untried_within_profile(profile: Profile, request: PlanRequest, strategy: str,
+def skipped_within_profile(profile: Profile, request: PlanRequest, strategy: str,
                            measured: dict[str, tuple[int, int]], elapsed: float) -> Tried:
     """The skipped candidate when no plan stays within the ceilings: planned again without them, to say
     whether memory or the profile's batch sizes ruled it out (the plan then kept for `nothing_fits`)."""

@@ -20,12 +20,12 @@ PosFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
 
 
-
 def dropout_seed(seed: int, step: int, rank: int) -> int:
     """The torch seed a worker sets before round (or PSL step) `step`: its dropout masks then depend on
     the run's seed, the step and its rank only, so a resumed run draws the ones the uninterrupted run
     would have (bench/peers.py reproduces them for its references, bench/peer_worker.py for the peers)."""
     return seed * 1_000_003 + step * 1_009 + rank
+
 
 class TrainOptions(FrozenModel):
     """Training hyper-parameters and bookkeeping, identical on every worker."""

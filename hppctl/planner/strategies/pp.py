@@ -79,13 +79,13 @@ def _stage_costs(cm: CostModel, d: int, warmup: int) -> np.ndarray:
     the whole micro-batch does not fit d's memory under `warmup` (`LayerTables.caps` >= B) or is past
     d's ceiling (`CostModel.ceiling`)."""
     pairs, tables = _pairs_by_end(cm), tables_for(cm)
+    if cm.ceiling[d] < cm.B:  # the whole micro-batch is past what the profile measured d at
+        return np.full(pairs.start.shape, np.inf)
     key = ("pp_stage_time", d)
     if key not in cm.__dict__:  # pp tries many depths: the time of each device's ranges is reused
         i = pairs.start
         fwd, bwd = tables.times(np.full(i.shape, d), i, pairs.end, np.full(i.shape, float(cm.B)))
         cm.__dict__[key] = fwd + bwd
-    if cm.ceiling[d] < cm.B:  # the whole micro-batch is past what the profile measured d at
-        return np.full(pairs.start.shape, np.inf)
     return np.where(_fits(cm, pairs, float(tables.budget[d]), warmup), cm.__dict__[key], np.inf)
 
 

@@ -16,6 +16,10 @@ Per micro-batch B (divisors of the global batch within the profile's grid), thre
   the real torch pipelines run in bench/peers.py): the planner's plan at B replayed by the simulator
   (`hppctl plan --compare` at that B).
 
+`--links B,...` adds, at those micro-batches, the compute bound with each host's uplink (`link_bound`):
+a mixed-integer program, so it prints the best plan HiGHS found in `--time-limit` seconds and the
+bound it proved — whether the 100 Mbit/s links, rather than the flush's idle, cap the plans.
+
 `--split-backward` times, on this machine with one thread, each stage of asteroid's plan at its best B:
 the fused backward against the input-gradient-only backward (`torch.autograd.grad` on the stage's
 inputs: autograd then skips every weight gradient). The difference bounds the weight-gradient work W a
@@ -85,6 +89,107 @@ def compute_bound(costs: np.ndarray, global_batch: int) -> float | None:
     return global_batch / result.fun
 
 
+def uplinks(profile: Profile) -> list[float]:
+    """Each device's fastest link out, bytes/s: its sends go one after another at no more than that
+    (the simulator's model; the lab shapes each host's egress as one class)."""
+    from hppctl.planner.cost import CostModel
+
+    bw = CostModel(profile, micro_batch=1, num_micro_batches=1).bw
+    return [max(rate for e, rate in enumerate(row) if e != d) for d, row in enumerate(bw)]
+
+
+class _Columns:
+    """Column indices of the link bound's program: five (layer, device) blocks, then T."""
+
+    def __init__(self, layers: int, devices: int):
+        self.layers, self.devices, self.block = layers, devices, layers * devices
+        self.time = 5 * self.block
+        self.count = self.time + 1
+
+    def at(self, block: int, layer: int, device: int) -> int:
+        return block * self.block + layer * self.devices + device
+
+
+SHARE, HOLDS, WHOLE, MOVED, STARTS = range(5)
+"""x: the device's share of the layer's samples; y: it holds the layer (binary); w: it runs all of it
+(binary: no AllReduce); u: |x[l] - x[l+1]|, the share whose activation crosses the cut after l;
+s: its range of layers starts at l."""
+
+
+def link_bound(profile: Profile, costs: np.ndarray, global_batch: int, time_limit_s: float):
+    """(a plan the links allow, an upper bound), samples/s: the compute bound with each host's uplink.
+
+    A mixed-integer program over plans in which every device runs one contiguous range of layers on
+    one fixed share of the samples (x, every plan dp, pp, asteroid and the torch peers make; ranges
+    need not line up into stages), minimising T: each device's compute (as in the compute bound) and
+    the bytes it sends fit in T at its fastest link's rate (`uplinks`). What it
+    sends per round, at least: for every cut, the activations (forward) or their gradients (backward)
+    of the samples whose device changes there, G |x[l] - x[l+1]| boundary bytes; for every layer it
+    holds but does not run alone, its parameters' bytes once (any gradient reduction makes every
+    member send each element at least once). No dependences and no idle: a flush's warm-up and
+    cool-down are not in it. HiGHS stops at `time_limit_s`; both figures are then still valid (the
+    best plan found, and the solver's proven bound)."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_matrix
+
+    layers, devices = costs.shape
+    col = _Columns(layers, devices)
+    boundary = np.array([layer.boundary_bytes_per_sample for layer in profile.layers], float)
+    params = np.array([layer.param_bytes for layer in profile.layers], float)
+    uplink = uplinks(profile)
+    rows, cols, vals, lower, upper = [], [], [], [], []
+
+    def constraint(terms: dict[int, float], lo: float, hi: float) -> None:
+        row = len(lower)
+        for c, v in terms.items():
+            rows.append(row)
+            cols.append(c)
+            vals.append(v)
+        lower.append(lo)
+        upper.append(hi)
+
+    x, y = (lambda l, d: col.at(SHARE, l, d)), (lambda l, d: col.at(HOLDS, l, d))
+    for layer in range(layers):
+        constraint({x(layer, d): 1.0 for d in range(devices)}, 1.0, 1.0)
+    for d in range(devices):
+        for layer in range(layers):
+            w, u, s = col.at(WHOLE, layer, d), col.at(MOVED, layer, d), col.at(STARTS, layer, d)
+            constraint({x(layer, d): 1.0, y(layer, d): -1.0}, -np.inf, 0.0)  # runs only what it holds
+            constraint({w: 1.0, x(layer, d): -1.0}, -np.inf, 0.0)  # alone only if all of it
+            constraint({s: 1.0, y(layer, d): -1.0, **({y(layer - 1, d): 1.0} if layer else {})}, 0.0, np.inf)
+            if layer + 1 < layers:
+                constraint({u: 1.0, x(layer, d): -1.0, x(layer + 1, d): 1.0}, 0.0, np.inf)
+                constraint({u: 1.0, x(layer, d): 1.0, x(layer + 1, d): -1.0}, 0.0, np.inf)
+                for sign in (1.0, -1.0):  # one share over the whole range: |x[l] - x[l+1]| <= 2 - y[l] - y[l+1]
+                    constraint({x(layer, d): sign, x(layer + 1, d): -sign, y(layer, d): 1.0, y(layer + 1, d): 1.0},
+                               -np.inf, 2.0)
+        constraint({col.at(STARTS, layer, d): 1.0 for layer in range(layers)}, -np.inf, 1.0)  # one range
+        compute = {x(layer, d): costs[layer, d] * global_batch for layer in range(layers) if np.isfinite(costs[layer, d])}
+        constraint({**compute, col.time: -1.0}, -np.inf, 0.0)
+        sent = {col.at(MOVED, layer, d): boundary[layer] * global_batch / uplink[d] for layer in range(layers - 1)}
+        for layer in range(layers):
+            sent[y(layer, d)] = params[layer] / uplink[d]
+            sent[col.at(WHOLE, layer, d)] = -params[layer] / uplink[d]
+        constraint({**sent, col.time: -1.0}, -np.inf, 0.0)
+    integrality = np.zeros(col.count)
+    integrality[col.at(HOLDS, 0, 0):col.at(MOVED, 0, 0)] = 1  # y and w
+    high = np.ones(col.count)
+    high[col.time] = np.inf
+    for d in range(devices):
+        high[col.at(MOVED, layers - 1, d)] = 0.0  # no cut after the last layer
+        for layer in range(layers):
+            if not np.isfinite(costs[layer, d]):
+                high[x(layer, d)] = 0.0
+    matrix = coo_matrix((vals, (rows, cols)), shape=(len(lower), col.count)).tocsr()
+    objective = np.zeros(col.count)
+    objective[col.time] = 1.0
+    result = milp(objective, constraints=LinearConstraint(matrix, lower, upper), integrality=integrality,
+                  bounds=Bounds(np.zeros(col.count), high), options={"time_limit": time_limit_s})
+    found = global_batch / result.fun if result.x is not None else None
+    proven = getattr(result, "mip_dual_bound", None)
+    return found, (global_batch / proven if proven else None)
+
+
 def simulated(profile: Profile, global_batch: int, micro_batch: int, strategy: str):
     """(plan, simulated samples/s) of `strategy` at B, or (None, None) if it has no plan there."""
     try:
@@ -141,6 +246,8 @@ def main() -> None:
     parser.add_argument("--global-batch", type=int, default=256)
     parser.add_argument("--split-backward", action="store_true", help="also time fused vs input-only backward")
     parser.add_argument("--repeats", type=int, default=14, help="backward passes per stage and kind (--split-backward)")
+    parser.add_argument("--links", default="", metavar="B,B", help="also the link bound at these micro-batches")
+    parser.add_argument("--time-limit", type=float, default=120.0, help="seconds HiGHS spends per link bound (--links)")
     args = parser.parse_args()
     profile = load(args.profile, Profile)
     sizes = candidate_micro_batches(profile, args.global_batch)
@@ -167,6 +274,9 @@ def main() -> None:
           f"{results[best_ast_b][2]:.1f} at B = {best_ast_b} ({results[best_ast_b][2] / best_pp:.2f}x)")
     below = [b for b, r in results.items() if r[0] < target]
     print(f"micro-batches where no plan of any schedule can reach 1.5x the best pp: {below or 'none'}")
+    for b in (int(v) for v in args.links.split(",") if v):
+        found, proven = link_bound(profile, per_sample_costs(profile, b), args.global_batch, args.time_limit)
+        print(f"links, B = {b}: a no-idle plan within the uplinks reaches {figure(found)}; none exceeds {figure(proven)}")
     if args.split_backward:
         plan = results[best_ast_b][1]
         print(f"\nasteroid at B = {best_ast_b}, stages {[tuple(s.layers) for s in plan.stages]}: backward per stage, "

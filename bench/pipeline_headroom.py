@@ -17,7 +17,7 @@ Per micro-batch B (divisors of the global batch within the profile's grid), thre
   (`hppctl plan --compare` at that B).
 
 `--links B,...` adds, at those micro-batches, the compute bound with each host's uplink (`link_bound`):
-a mixed-integer program, so it prints the best plan HiGHS found in `--time-limit` seconds and the
+a mixed-integer program, so it prints the best plan HiGHS found within `--node-limit` nodes and the
 bound it proved — whether the 100 Mbit/s links, rather than the flush's idle, cap the plans.
 
 `--split-backward` times, on this machine with one thread, each stage of asteroid's plan at its best B:
@@ -116,7 +116,7 @@ SHARE, HOLDS, WHOLE, MOVED, STARTS = range(5)
 s: its range of layers starts at l."""
 
 
-def link_bound(profile: Profile, costs: np.ndarray, global_batch: int, time_limit_s: float):
+def link_bound(profile: Profile, costs: np.ndarray, global_batch: int, node_limit: int):
     """(a plan the links allow, an upper bound), samples/s: the compute bound with each host's uplink.
 
     A mixed-integer program over plans in which every device runs one contiguous range of layers on
@@ -127,8 +127,9 @@ def link_bound(profile: Profile, costs: np.ndarray, global_batch: int, time_limi
     of the samples whose device changes there, G |x[l] - x[l+1]| boundary bytes; for every layer it
     holds but does not run alone, its parameters' bytes once (any gradient reduction makes every
     member send each element at least once). No dependences and no idle: a flush's warm-up and
-    cool-down are not in it. HiGHS stops at `time_limit_s`; both figures are then still valid (the
-    best plan found, and the solver's proven bound)."""
+    cool-down are not in it. HiGHS stops after `node_limit` branch-and-bound nodes (a count, not a
+    time, so a rerun prints the same figures on a busy machine); both figures are then still valid
+    (the best plan found, and the solver's proven bound)."""
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_matrix
 
@@ -184,7 +185,7 @@ def link_bound(profile: Profile, costs: np.ndarray, global_batch: int, time_limi
     objective = np.zeros(col.count)
     objective[col.time] = 1.0
     result = milp(objective, constraints=LinearConstraint(matrix, lower, upper), integrality=integrality,
-                  bounds=Bounds(np.zeros(col.count), high), options={"time_limit": time_limit_s})
+                  bounds=Bounds(np.zeros(col.count), high), options={"node_limit": node_limit})
     found = global_batch / result.fun if result.x is not None else None
     proven = getattr(result, "mip_dual_bound", None)
     return found, (global_batch / proven if proven else None)
@@ -247,7 +248,7 @@ def main() -> None:
     parser.add_argument("--split-backward", action="store_true", help="also time fused vs input-only backward")
     parser.add_argument("--repeats", type=int, default=14, help="backward passes per stage and kind (--split-backward)")
     parser.add_argument("--links", default="", metavar="B,B", help="also the link bound at these micro-batches")
-    parser.add_argument("--time-limit", type=float, default=120.0, help="seconds HiGHS spends per link bound (--links)")
+    parser.add_argument("--node-limit", type=int, default=500, help="branch-and-bound nodes per link bound (--links)")
     args = parser.parse_args()
     profile = load(args.profile, Profile)
     sizes = candidate_micro_batches(profile, args.global_batch)
@@ -275,7 +276,7 @@ def main() -> None:
     below = [b for b, r in results.items() if r[0] < target]
     print(f"micro-batches where no plan of any schedule can reach 1.5x the best pp: {below or 'none'}")
     for b in (int(v) for v in args.links.split(",") if v):
-        found, proven = link_bound(profile, per_sample_costs(profile, b), args.global_batch, args.time_limit)
+        found, proven = link_bound(profile, per_sample_costs(profile, b), args.global_batch, args.node_limit)
         print(f"links, B = {b}: a no-idle plan within the uplinks reaches {figure(found)}; none exceeds {figure(proven)}")
     if args.split_backward:
         plan = results[best_ast_b][1]

@@ -50,7 +50,7 @@ def test_no_plan_replays_faster_than_the_bounds(headroom, seed):
     global_batch, micro_batch = 64, random.Random(seed).choice([8, 16, 32])
     costs = headroom.per_sample_costs(profile, micro_batch)
     compute = headroom.compute_bound(costs, global_batch)
-    found, proven = headroom.link_bound(profile, costs, global_batch, time_limit_s=30)
+    found, proven = headroom.link_bound(profile, costs, global_batch, node_limit=200)
     assert found is not None and proven is not None
     assert found <= proven * TOLERANCE
     assert proven <= compute * TOLERANCE
@@ -72,7 +72,7 @@ def test_slow_links_bring_the_link_bound_under_the_compute_bound(headroom):
     profile = synthetic_profile(6, [1.0, 1.0, 1.0], seed=3, bandwidth_bytes_per_s=1e5, param_scale=10.0,
                                 activation_scale=8.0)
     costs = headroom.per_sample_costs(profile, 16)
-    _, proven = headroom.link_bound(profile, costs, 64, time_limit_s=30)
+    _, proven = headroom.link_bound(profile, costs, 64, node_limit=200)
     assert proven < 0.9 * headroom.compute_bound(costs, 64)
 
 
@@ -83,7 +83,7 @@ def test_a_pipeline_on_a_slow_link_stays_under_the_link_bound(headroom, seed, ba
     than the simulator does would fall below it."""
     profile = synthetic_profile(8, [1.0, 1.0], seed=seed, bandwidth_bytes_per_s=bandwidth, param_scale=100.0)
     costs = headroom.per_sample_costs(profile, 8)
-    _, proven = headroom.link_bound(profile, costs, 256, time_limit_s=30)
+    _, proven = headroom.link_bound(profile, costs, 256, node_limit=200)
     plan = make_plan(profile, PlanRequest(global_batch=256, micro_batch=8), "pp")
     simulated = 256 / simulate_plan(plan, profile)[1].round_latency_s
     assert len(plan.stages) == 2

@@ -4,7 +4,9 @@ cycle and their median, the first-loss check, and the peer worker's equal split.
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -52,6 +54,29 @@ def test_a_peer_step_lasts_as_long_as_its_slowest_rank(peers):
     assert peers.median_samples_per_s(steps, 256, 1) == 128.0
     with pytest.raises(ValueError):
         peers.peer_step_s([{"step_s": [1.0]}, {"step_s": [1.0, 1.0]}])
+
+
+def test_ranks_past_the_timeout_are_killed_and_named_with_what_they_printed(peers, tmp_path):
+    """A hung peer run says where each rank was (real processes: one printed and hangs, one hangs silent)."""
+    code = ("import pathlib, sys, time; print(sys.argv[1], end='', flush=True); pathlib.Path(sys.argv[2]).touch(); "
+            "time.sleep(600)")
+    marks = [tmp_path / "a", tmp_path / "b"]  # each rank's "I have printed": the timeout starts after both
+    procs = [subprocess.Popen([sys.executable, "-c", code, text, str(mark)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for text, mark in zip(("gloo-connecting", ""), marks)]
+    while not all(m.exists() for m in marks) and all(p.poll() is None for p in procs):
+        time.sleep(0.01)
+    with pytest.raises(RuntimeError) as e:
+        peers.peer_outputs("ddp", ["a", "b"], procs, 0.5)
+    assert all(p.poll() is not None for p in procs)
+    message = str(e.value)
+    assert message.startswith("ddp did not finish within 0.5 s")
+    assert "--- a (exit -9):\ngloo-connecting" in message and "--- b (exit -9):" in message
+
+
+def test_a_finished_run_gives_every_ranks_whole_output(peers):
+    procs = [subprocess.Popen([sys.executable, "-c", f"print({rank}); print('done')"], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for rank in range(2)]
+    assert peers.peer_outputs("ddp", ["a", "b"], procs, 60.0) == ["0\ndone\n", "1\ndone\n"]
 
 
 def test_ratios_are_taken_within_a_cycle_then_their_median(peers):

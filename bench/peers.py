@@ -106,7 +106,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--subnet", help="default 10.232.0.0/24 (Env B) or 10.233.0.0/24 (--homogeneous)")
     p.add_argument("--ifname", default="eth0", help="the hosts' lab interface, for gloo")
     p.add_argument("--master-port", type=int, default=29600, help="first port; each peer run takes the next")
-    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds a stock peer run may take, all its ranks together; past it each rank is killed "
+                        "and its output reported")
     p.add_argument("--keep", action="store_true", help="leave a lab this script brought up")
     p.add_argument("--out", help="write every figure as JSON")
     return p

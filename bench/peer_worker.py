@@ -23,7 +23,7 @@ be reproduced: bench/peers.py checks step 0's loss against a reference computed 
 
 Prints one line `PEER_RESULT {json}`: this rank's per-step wall times (from the end of one step to
 the end of the next; step 0 from just before it starts) and, on the rank that sees it, the loss of
-every step.
+every step; then ends at once, without Python's finalization (`end_before_finalization` says why).
 """
 
 from __future__ import annotations

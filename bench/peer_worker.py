@@ -23,14 +23,16 @@ be reproduced: bench/peers.py checks step 0's loss against a reference computed 
 
 Prints one line `PEER_RESULT {json}`: this rank's per-step wall times (from the end of one step to
 the end of the next; step 0 from just before it starts) and, on the rank that sees it, the loss of
-every step.
+every step; then ends at once, without Python's finalization (`end_before_finalization` says why).
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -75,6 +77,10 @@ def arguments(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = arguments(argv)
+    # Python's stacks on stderr (which bench/peers.py reports) when a rank aborts (a C++ exception in a
+    # gloo thread ends in SIGABRT), and on `kill -USR1` to see where a hung rank waits.
+    faulthandler.enable(all_threads=True)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     import torch
     import torch.distributed as dist
 
@@ -86,6 +92,23 @@ def main(argv=None) -> None:
     finally:
         dist.destroy_process_group()
     print(RESULT_PREFIX + json.dumps(result), flush=True)
+    end_before_finalization()
+
+
+def end_before_finalization() -> None:
+    """End this rank now, exit code 0, without Python's finalization.
+
+    Why: `DistributedDataParallel` keeps gloo's process group alive past `destroy_process_group` (its
+    two `pt_gloo_runloop` threads and the `gloo_tcp_loop` thread still run after it, even once the DDP
+    object is collected; without DDP they end there), and a gloo thread that lets go of the last
+    collective's tensors while the interpreter finalizes must take the GIL: Python ends such a thread
+    inside a C++ frame that may not unwind, and the process aborts after it printed its result
+    ("terminate called without an active exception", SIGABRT). Its peer's torch.distributed.run then
+    waits in its exit barrier (300 s) for an agent that has left. Everything this rank had to do is
+    done and its result is flushed; nothing is lost by not finalizing."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def train(args, rank: int, world: int) -> dict:

@@ -106,7 +106,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--subnet", help="default 10.232.0.0/24 (Env B) or 10.233.0.0/24 (--homogeneous)")
     p.add_argument("--ifname", default="eth0", help="the hosts' lab interface, for gloo")
     p.add_argument("--master-port", type=int, default=29600, help="first port; each peer run takes the next")
-    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds a stock peer run may take, all its ranks together; past it each rank is killed "
+                        "and its output reported")
     p.add_argument("--keep", action="store_true", help="leave a lab this script brought up")
     p.add_argument("--out", help="write every figure as JSON")
     return p
@@ -292,7 +294,7 @@ def run_peer(mode: str, cluster, names: list[str], stages: str | None, micro: in
                                     "--master-port", str(port), *worker]))
             procs.append(subprocess.Popen(ssh_command(cluster, device, remote), stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True))
-        outputs = [p.communicate(timeout=args.timeout)[0] for p in procs]
+        outputs = peer_outputs(mode, names, procs, args.timeout)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -303,8 +305,7 @@ def run_peer(mode: str, cluster, names: list[str], stages: str | None, micro: in
     for name, p, out in zip(names, procs, outputs):
         found = [line.strip()[len(RESULT_PREFIX):] for line in out.splitlines() if line.strip().startswith(RESULT_PREFIX)]
         if p.returncode != 0 or not found:
-            tail = "\n".join(out.splitlines()[-15:])
-            raise RuntimeError(f"{mode} on {name} exited {p.returncode} without a result:\n{tail}")
+            raise RuntimeError(f"{mode} on {name} exited {p.returncode} without a result:\n{output_tail(out)}")
         ranks.append(json.loads(found[-1]))
     step_s = peer_step_s(ranks)
     losses = next(r["losses"] for r in ranks if r["losses"] is not None)
@@ -312,6 +313,30 @@ def run_peer(mode: str, cluster, names: list[str], stages: str | None, micro: in
             "measured_samples_per_s": median_samples_per_s(step_s, args.global_batch, args.warmup),
             "step_s": step_s, "losses": losses, "wall_s": wall, "load_average_before": load_before,
             "load_average_after": os.getloadavg()[0]}
+
+
+OUTPUT_TAIL_LINES = 60
+"""Of a failed rank's output: enough to hold the worker's own error (a C++ abort message, a Python
+traceback) above torch.distributed.run's 15-line summary of it."""
+
+
+def output_tail(out: str) -> str:
+    return "\n".join(out.splitlines()[-OUTPUT_TAIL_LINES:])
+
+
+def peer_outputs(mode: str, names: list[str], procs: list, timeout: float) -> list[str]:
+    """Every rank's output (stdout and stderr) once all have exited; past `timeout` seconds in all, kill
+    them and raise with what each had printed, so that a hang says where each rank was."""
+    deadline = time.monotonic() + timeout
+    try:
+        return [p.communicate(timeout=max(0.0, deadline - time.monotonic()))[0] for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        printed = [p.communicate()[0] or "" for p in procs]
+        ranks = "\n".join(f"--- {name} (exit {p.returncode}):\n{output_tail(out)}"
+                           for name, p, out in zip(names, procs, printed))
+        raise RuntimeError(f"{mode} did not finish within {timeout:g} s; each rank's output:\n{ranks}") from None
 
 
 def layout_of(name: str, plans: dict, cluster, args) -> tuple[Layout, int]:

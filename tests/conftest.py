@@ -38,18 +38,41 @@ PARALLEL_SAFE_DIRS = frozenset({"bipartition", "cli", "coordinator", "fuzz", "ga
 """Test folders whose unmarked tests only compute (plans, schedules, files, the CLI's refusals): scripts/test.sh
 runs them on two pytest-xdist workers. Every other test is `serial`: gloo and lab tests, and the folders whose
 tests start workers, time heartbeats or probes, or read CPU quotas (runtime, recovery, profiling, lab, docs), which
-a second busy worker beside them would slow down or starve."""
+a second busy worker of their own kind would slow down or starve: they run one at a time in each of two streams
+(SIDE_STREAM_DIRS), or alone."""
+
+SIDE_STREAM_DIRS = frozenset({"lab", "docs"})
+"""The `serial` tests marked `lab` or in these folders are also `side`: scripts/test.sh runs them one at a time
+beside the other `serial` tests (also one at a time). A lab's hosts run under CPU quotas of 0.2-1 core, so the lab
+tier alone leaves most of the machine idle; tests/docs (the README's everyday use as written, ~2 min) joins it so
+that the two streams take about as long. No lab test runs beside another (their labs would compete for subnets and
+for the machine's home directory, which the hosts share). Tests that read CPU quotas or compare speeds under them
+are marked `alone` in their files and run last, with nothing beside them."""
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if not parallel_safe(item):
             item.add_marker(pytest.mark.serial)
+            if side_stream(item):
+                item.add_marker(pytest.mark.side)
 
 
 def parallel_safe(item) -> bool:
     """Whether `item` may run beside another pytest worker (PARALLEL_SAFE_DIRS)."""
-    if item.get_closest_marker("gloo") or item.get_closest_marker("lab"):
+    if item.get_closest_marker("gloo") or item.get_closest_marker("lab") or item.get_closest_marker("alone"):
         return False
+    parts = suite_path_parts(item)
+    return len(parts) > 2 and parts[1] in PARALLEL_SAFE_DIRS
+
+
+def side_stream(item) -> bool:
+    """Whether `item`, a `serial` test, runs in the side stream (SIDE_STREAM_DIRS)."""
+    parts = suite_path_parts(item)
+    return bool(item.get_closest_marker("lab")) or (len(parts) > 2 and parts[1] in SIDE_STREAM_DIRS)
+
+
+def suite_path_parts(item) -> tuple[str, ...]:
+    """`item`'s file as path parts from the repository root, ("tests", folder, ...) for the suite's own tests."""
     parts = item.path.relative_to(item.session.config.rootpath).parts
-    return len(parts) > 2 and parts[0] == "tests" and parts[1] in PARALLEL_SAFE_DIRS
+    return parts if parts[:1] == ("tests",) else ()

@@ -4,7 +4,10 @@ cycle and their median, the first-loss check, and the peer worker's equal split.
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -54,6 +57,29 @@ def test_a_peer_step_lasts_as_long_as_its_slowest_rank(peers):
         peers.peer_step_s([{"step_s": [1.0]}, {"step_s": [1.0, 1.0]}])
 
 
+def test_ranks_past_the_timeout_are_killed_and_named_with_what_they_printed(peers, tmp_path):
+    """A hung peer run says where each rank was (real processes: one printed and hangs, one hangs silent)."""
+    code = ("import pathlib, sys, time; print(sys.argv[1], end='', flush=True); pathlib.Path(sys.argv[2]).touch(); "
+            "time.sleep(600)")
+    marks = [tmp_path / "a", tmp_path / "b"]  # each rank's "I have printed": the timeout starts after both
+    procs = [subprocess.Popen([sys.executable, "-c", code, text, str(mark)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for text, mark in zip(("gloo-connecting", ""), marks)]
+    while not all(m.exists() for m in marks) and all(p.poll() is None for p in procs):
+        time.sleep(0.01)
+    with pytest.raises(RuntimeError) as e:
+        peers.peer_outputs("ddp", ["a", "b"], procs, 0.5)
+    assert all(p.poll() is not None for p in procs)
+    message = str(e.value)
+    assert message.startswith("ddp did not finish within 0.5 s")
+    assert "--- a (exit -9):\ngloo-connecting" in message and "--- b (exit -9):" in message
+
+
+def test_a_finished_run_gives_every_ranks_whole_output(peers):
+    procs = [subprocess.Popen([sys.executable, "-c", f"print({rank}); print('done')"], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for rank in range(2)]
+    assert peers.peer_outputs("ddp", ["a", "b"], procs, 60.0) == ["0\ndone\n", "1\ndone\n"]
+
+
 def test_ratios_are_taken_within_a_cycle_then_their_median(peers):
     cycles = [{"asteroid": 300.0, "dp": 100.0, "ddp": 150.0, "pipe-1f1b": 200.0},
               {"asteroid": 150.0, "dp": 60.0, "ddp": 50.0, "pipe-1f1b": 100.0},  # a busy cycle: all slow
@@ -96,3 +122,34 @@ def test_peer_layouts_are_ddp_shares_or_the_pp_plans_stages(peers):
     layout, micro = peers.peer_layout("pipe-1f1b", pp, 142, 256, 5)
     assert (layout, micro) == ([(0, 40, [(0, 32)]), (40, 142, [(1, 32)])], 32)
     assert peers.dropout_seed(0, 0, 2) == 2 and peers.dropout_seed(1, 1, 0) == 1_000_003 + 1_009
+
+
+@pytest.mark.gloo
+@pytest.mark.parametrize("mode", ["ddp", "pipe-1f1b"])
+def test_a_peer_rank_ends_before_python_finalizes(mode, tmp_path):
+    """Two real ranks of bench/peer_worker.py over gloo on this machine print their results and exit 0
+    without Python's finalization, during which a DDP rank's gloo threads (alive past
+    destroy_process_group) could abort it after its result (SIGABRT, 2026-11-26 suite runs). An
+    atexit handler, installed through sitecustomize, marks a finalization."""
+    import socket
+
+    (tmp_path / "sitecustomize.py").write_text(
+        "import atexit, sys\natexit.register(lambda: print('FINALIZED', file=sys.stderr, flush=True))\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(BENCH.parent)]), "WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, str(BENCH / "peer_worker.py"), "--mode", mode, "--model", "tiny-mlp",
+            "--global-batch", "64", "--micro-batch", "64" if mode == "ddp" else "16", "--rounds", "2",
+            *(["--stages", "0:2,2:5"] if mode != "ddp" else [])]
+    ranks = [subprocess.Popen(argv, env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for r in range(2)]
+    done = [p.communicate(timeout=300) for p in ranks]
+    for p, (out, err) in zip(ranks, done):
+        assert p.returncode == 0, err
+        assert out.startswith(load("peer_worker").RESULT_PREFIX), out
+        assert "FINALIZED" not in err
+    # the marker works: the same interpreter, finalizing, prints it
+    check = subprocess.run([sys.executable, "-c", "pass"], env=env, capture_output=True, text=True, timeout=60)
+    assert "FINALIZED" in check.stderr

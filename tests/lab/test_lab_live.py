@@ -141,6 +141,7 @@ def test_delay_line_runs_under_the_labs_cpu_weight(lab):
         assert cpu.endswith(f"hppctl-lab-{NAME}/{cgroups.SERVICE_CGROUP}"), cpu
 
 
+@pytest.mark.alone  # the fast host's wall/CPU must stay near 1: nothing else may compete for its core
 def test_cpu_bound_work_slows_in_proportion_to_quota(lab):
     cluster, iterations = lab["cluster"], 5_000_000
     fast, slow = [], []

@@ -122,6 +122,7 @@ def test_peak_rss_reset_and_read():
 
 
 @pytest.mark.lab
+@pytest.mark.alone  # a busy process beside it takes CPU the 1-core quota would give
 @pytest.mark.parametrize("period_us", [20_000, 100_000])
 def test_a_one_core_quota_reads_as_one_core_whatever_its_period(period_us):
     """Measured in a real cgroup (needs root): two busy threads under a 1-core quota, after a pause.

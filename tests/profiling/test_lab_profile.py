@@ -20,7 +20,7 @@ from hppctl.models.cluster import ClusterSpec
 from hppctl.models.profile import Profile
 from hppctl.store import load
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.alone]  # alone: the speeds are compared against the hosts' quotas
 
 NAME = "pytest-prof"
 SPEC = f"""\

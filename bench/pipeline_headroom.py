@@ -98,22 +98,69 @@ def uplinks(profile: Profile) -> list[float]:
     return [max(rate for e, rate in enumerate(row) if e != d) for d, row in enumerate(bw)]
 
 
-class _Columns:
-    """Column indices of the link bound's program: five (layer, device) blocks, then T."""
+SHARE, HOLDS, WHOLE, MOVED, STARTS = range(5)
+"""The link bound's variables per (layer, device), one block each: x, the device's share of the layer's
+samples; y, it holds the layer (binary); w, it runs all of it (binary: no AllReduce); u, |x[l] - x[l+1]|,
+the share whose activation crosses the cut after l; s, its range of layers starts at l. Then T."""
+
+
+class _Program:
+    """The link bound's mixed-integer program, built one sparse row at a time."""
 
     def __init__(self, layers: int, devices: int):
         self.layers, self.devices, self.block = layers, devices, layers * devices
         self.time = 5 * self.block
         self.count = self.time + 1
+        self.rows, self.cols, self.vals, self.lower, self.upper = [], [], [], [], []
 
     def at(self, block: int, layer: int, device: int) -> int:
         return block * self.block + layer * self.devices + device
 
+    def add(self, terms: dict[int, float], lo: float, hi: float) -> None:
+        """One constraint lo <= sum(coefficient * column) <= hi."""
+        row = len(self.lower)
+        for column, value in terms.items():
+            self.rows.append(row)
+            self.cols.append(column)
+            self.vals.append(value)
+        self.lower.append(lo)
+        self.upper.append(hi)
 
-SHARE, HOLDS, WHOLE, MOVED, STARTS = range(5)
-"""x: the device's share of the layer's samples; y: it holds the layer (binary); w: it runs all of it
-(binary: no AllReduce); u: |x[l] - x[l+1]|, the share whose activation crosses the cut after l;
-s: its range of layers starts at l."""
+    def matrix(self):
+        from scipy.sparse import coo_matrix
+
+        return coo_matrix((self.vals, (self.rows, self.cols)), shape=(len(self.lower), self.count)).tocsr()
+
+
+def _layout_rows(prog: _Program, d: int) -> None:
+    """Device d runs one contiguous range of layers it holds, on one share of the samples throughout."""
+    x, y = (lambda layer: prog.at(SHARE, layer, d)), (lambda layer: prog.at(HOLDS, layer, d))
+    for layer in range(prog.layers):
+        prog.add({x(layer): 1.0, y(layer): -1.0}, -np.inf, 0.0)  # runs only what it holds
+        prog.add({prog.at(WHOLE, layer, d): 1.0, x(layer): -1.0}, -np.inf, 0.0)  # alone only if all of it
+        before = {y(layer - 1): 1.0} if layer else {}
+        prog.add({prog.at(STARTS, layer, d): 1.0, y(layer): -1.0, **before}, 0.0, np.inf)
+        if layer + 1 < prog.layers:
+            moved = prog.at(MOVED, layer, d)
+            prog.add({moved: 1.0, x(layer): -1.0, x(layer + 1): 1.0}, 0.0, np.inf)
+            prog.add({moved: 1.0, x(layer): 1.0, x(layer + 1): -1.0}, 0.0, np.inf)
+            for sign in (1.0, -1.0):  # one share over the whole range: |x[l] - x[l+1]| <= 2 - y[l] - y[l+1]
+                prog.add({x(layer): sign, x(layer + 1): -sign, y(layer): 1.0, y(layer + 1): 1.0}, -np.inf, 2.0)
+    prog.add({prog.at(STARTS, layer, d): 1.0 for layer in range(prog.layers)}, -np.inf, 1.0)  # one range
+
+
+def _time_rows(prog: _Program, d: int, costs: np.ndarray, global_batch: int,
+               sent_s: tuple[np.ndarray, np.ndarray]) -> None:
+    """Device d's compute, and the seconds its uplink sends, each fit in T."""
+    compute = {prog.at(SHARE, layer, d): costs[layer, d] * global_batch
+               for layer in range(prog.layers) if np.isfinite(costs[layer, d])}
+    prog.add({**compute, prog.time: -1.0}, -np.inf, 0.0)
+    per_cut, per_layer = sent_s
+    sent = {prog.at(MOVED, layer, d): per_cut[layer] for layer in range(prog.layers - 1)}
+    for layer in range(prog.layers):
+        sent[prog.at(HOLDS, layer, d)] = per_layer[layer]
+        sent[prog.at(WHOLE, layer, d)] = -per_layer[layer]
+    prog.add({**sent, prog.time: -1.0}, -np.inf, 0.0)
 
 
 def link_bound(profile: Profile, costs: np.ndarray, global_batch: int, node_limit: int):
@@ -131,61 +178,30 @@ def link_bound(profile: Profile, costs: np.ndarray, global_batch: int, node_limi
     time, so a rerun prints the same figures on a busy machine); both figures are then still valid
     (the best plan found, and the solver's proven bound)."""
     from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import coo_matrix
 
     layers, devices = costs.shape
-    col = _Columns(layers, devices)
+    prog = _Program(layers, devices)
     boundary = np.array([layer.boundary_bytes_per_sample for layer in profile.layers], float)
     params = np.array([layer.param_bytes for layer in profile.layers], float)
-    uplink = uplinks(profile)
-    rows, cols, vals, lower, upper = [], [], [], [], []
-
-    def constraint(terms: dict[int, float], lo: float, hi: float) -> None:
-        row = len(lower)
-        for c, v in terms.items():
-            rows.append(row)
-            cols.append(c)
-            vals.append(v)
-        lower.append(lo)
-        upper.append(hi)
-
-    x, y = (lambda l, d: col.at(SHARE, l, d)), (lambda l, d: col.at(HOLDS, l, d))
     for layer in range(layers):
-        constraint({x(layer, d): 1.0 for d in range(devices)}, 1.0, 1.0)
+        prog.add({prog.at(SHARE, layer, d): 1.0 for d in range(devices)}, 1.0, 1.0)
+    for d, uplink in enumerate(uplinks(profile)):
+        _layout_rows(prog, d)
+        _time_rows(prog, d, costs, global_batch, (boundary * global_batch / uplink, params / uplink))
+    integrality = np.zeros(prog.count)
+    integrality[prog.at(HOLDS, 0, 0):prog.at(MOVED, 0, 0)] = 1  # y and w
+    high = np.ones(prog.count)
+    high[prog.time] = np.inf
     for d in range(devices):
-        for layer in range(layers):
-            w, u, s = col.at(WHOLE, layer, d), col.at(MOVED, layer, d), col.at(STARTS, layer, d)
-            constraint({x(layer, d): 1.0, y(layer, d): -1.0}, -np.inf, 0.0)  # runs only what it holds
-            constraint({w: 1.0, x(layer, d): -1.0}, -np.inf, 0.0)  # alone only if all of it
-            constraint({s: 1.0, y(layer, d): -1.0, **({y(layer - 1, d): 1.0} if layer else {})}, 0.0, np.inf)
-            if layer + 1 < layers:
-                constraint({u: 1.0, x(layer, d): -1.0, x(layer + 1, d): 1.0}, 0.0, np.inf)
-                constraint({u: 1.0, x(layer, d): 1.0, x(layer + 1, d): -1.0}, 0.0, np.inf)
-                for sign in (1.0, -1.0):  # one share over the whole range: |x[l] - x[l+1]| <= 2 - y[l] - y[l+1]
-                    constraint({x(layer, d): sign, x(layer + 1, d): -sign, y(layer, d): 1.0, y(layer + 1, d): 1.0},
-                               -np.inf, 2.0)
-        constraint({col.at(STARTS, layer, d): 1.0 for layer in range(layers)}, -np.inf, 1.0)  # one range
-        compute = {x(layer, d): costs[layer, d] * global_batch for layer in range(layers) if np.isfinite(costs[layer, d])}
-        constraint({**compute, col.time: -1.0}, -np.inf, 0.0)
-        sent = {col.at(MOVED, layer, d): boundary[layer] * global_batch / uplink[d] for layer in range(layers - 1)}
-        for layer in range(layers):
-            sent[y(layer, d)] = params[layer] / uplink[d]
-            sent[col.at(WHOLE, layer, d)] = -params[layer] / uplink[d]
-        constraint({**sent, col.time: -1.0}, -np.inf, 0.0)
-    integrality = np.zeros(col.count)
-    integrality[col.at(HOLDS, 0, 0):col.at(MOVED, 0, 0)] = 1  # y and w
-    high = np.ones(col.count)
-    high[col.time] = np.inf
-    for d in range(devices):
-        high[col.at(MOVED, layers - 1, d)] = 0.0  # no cut after the last layer
+        high[prog.at(MOVED, layers - 1, d)] = 0.0  # no cut after the last layer
         for layer in range(layers):
             if not np.isfinite(costs[layer, d]):
-                high[x(layer, d)] = 0.0
-    matrix = coo_matrix((vals, (rows, cols)), shape=(len(lower), col.count)).tocsr()
-    objective = np.zeros(col.count)
-    objective[col.time] = 1.0
-    result = milp(objective, constraints=LinearConstraint(matrix, lower, upper), integrality=integrality,
-                  bounds=Bounds(np.zeros(col.count), high), options={"node_limit": node_limit})
+                high[prog.at(SHARE, layer, d)] = 0.0
+    objective = np.zeros(prog.count)
+    objective[prog.time] = 1.0
+    result = milp(objective, constraints=LinearConstraint(prog.matrix(), prog.lower, prog.upper),
+                  integrality=integrality, bounds=Bounds(np.zeros(prog.count), high),
+                  options={"node_limit": node_limit})
     found = global_batch / result.fun if result.x is not None else None
     proven = getattr(result, "mip_dual_bound", None)
     return found, (global_batch / proven if proven else None)
@@ -277,7 +293,8 @@ def main() -> None:
     print(f"micro-batches where no plan of any schedule can reach 1.5x the best pp: {below or 'none'}")
     for b in (int(v) for v in args.links.split(",") if v):
         found, proven = link_bound(profile, per_sample_costs(profile, b), args.global_batch, args.node_limit)
-        print(f"links, B = {b}: a no-idle plan within the uplinks reaches {figure(found)}; none exceeds {figure(proven)}")
+        print(f"links, B = {b}: a no-idle plan within the uplinks reaches {figure(found)}; "
+              f"none exceeds {figure(proven)}")
     if args.split_backward:
         plan = results[best_ast_b][1]
         print(f"\nasteroid at B = {best_ast_b}, stages {[tuple(s.layers) for s in plan.stages]}: backward per stage, "

@@ -3,25 +3,16 @@ cycle and their median, the first-loss check, and the peer worker's equal split.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from tests.bench_modules import BENCH, load_bench
 
-
-def load(name: str):
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+load = load_bench
 
 
 @pytest.fixture(scope="module")

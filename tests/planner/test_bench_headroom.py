@@ -9,10 +9,7 @@ figure, which stays at or under the compute bound; the plan HiGHS found stays un
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -21,19 +18,14 @@ from hppctl.models.plan import PlanRequest
 from hppctl.planner import make_plan
 from hppctl.profiling.synthetic import synthetic_profile
 from hppctl.schedule import simulate_plan
+from tests.bench_modules import load_bench
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 TOLERANCE = 1 + 1e-6  # the solver's feasibility tolerance
 
 
 @pytest.fixture(scope="module")
 def headroom():
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("pipeline_headroom", BENCH / "pipeline_headroom.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("pipeline_headroom")
 
 
 def random_profile(seed: int):

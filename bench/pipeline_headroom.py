@@ -92,10 +92,8 @@ def compute_bound(costs: np.ndarray, global_batch: int) -> float | None:
 def uplinks(profile: Profile) -> list[float]:
     """Each device's fastest link out, bytes/s: its sends go one after another at no more than that
     (the simulator's model; the lab shapes each host's egress as one class)."""
-    from hppctl.planner.cost import CostModel
-
-    bw = CostModel(profile, micro_batch=1, num_micro_batches=1).bw
-    return [max(rate for e, rate in enumerate(row) if e != d) for d, row in enumerate(bw)]
+    names = [d.name for d in profile.devices]
+    return [max(profile.bandwidth_between(a, b) for b in names if b != a) for a in names]
 
 
 SHARE, HOLDS, WHOLE, MOVED, STARTS = range(5)

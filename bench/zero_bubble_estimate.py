@@ -34,36 +34,36 @@ sys.path.insert(0, str(ROOT / "bench"))
 from hppctl.models.plan import HppPlan, PlanRequest  # noqa: E402
 from hppctl.models.profile import Profile  # noqa: E402
 from hppctl.planner import make_plan  # noqa: E402
-from hppctl.planner.cost import CostModel  # noqa: E402
 from hppctl.schedule import simulate_plan  # noqa: E402
-from hppctl.schedule.generate import compute_order  # noqa: E402
+from hppctl.schedule.generate import schedule_for_plan  # noqa: E402
+from hppctl.schedule.timings import ProfileTimings  # noqa: E402
 from hppctl.store import load  # noqa: E402
 
 
 class Chain:
-    """Per-stage times of a plan whose stages each run on one device: F, whole backward, transfers."""
+    """Per-stage times of a plan whose stages each run on one device, read from the simulator's own
+    timings (`ProfileTimings`), and each device's compute order from the schedule hppctl would run."""
 
     def __init__(self, plan: HppPlan, profile: Profile):
-        B, M = plan.micro_batch, plan.num_micro_batches
-        cm = CostModel(profile, micro_batch=B, num_micro_batches=M)
-        index = {name: i for i, name in enumerate(cm.names)}
-        devices = [index[s.devices[0]] for s in plan.stages]
-        self.forward = [cm.forward_time(d, *s.layers, B) for d, s in zip(devices, plan.stages)]
-        self.backward = [cm.backward_time(d, *s.layers, B) for d, s in zip(devices, plan.stages)]
-        self.transfer = [B * cm.boundary[s.layers[1] - 1] / cm.bw[a][b]
-                         for s, a, b in zip(plan.stages, devices, devices[1:])]
-        self.orders = [compute_order(s.warmup, M) for s in plan.stages]
-        self.samples = B * M
+        schedule = schedule_for_plan(plan)
+        timings = ProfileTimings(profile, schedule)
+        devices = [s.devices[0] for s in plan.stages]
+        B = plan.micro_batch
+        self.forward = [timings.compute_s(d, p, "F", B) for p, d in enumerate(devices)]
+        self.backward = [timings.compute_s(d, p, "B", B) for p, d in enumerate(devices)]
+        self.transfer = [timings.transfer_s(a, b, p, B) for p, (a, b) in enumerate(zip(devices, devices[1:]))]
+        self.orders = [[(a.kind, a.micro_batch) for a in schedule.actions[d] if a.kind in ("F", "B")] for d in devices]
+        self.samples = B * plan.num_micro_batches
 
 
 def replay(plan: HppPlan, profile: Profile, weight_shares: list[float]) -> float:
     """Samples/s of one round with each stage's backward split by `weight_shares` (all 0: plain 1F1B)."""
     chain = Chain(plan, profile)
-    stages = len(plan.stages)
+    last = len(plan.stages) - 1
     w = [share * b for share, b in zip(weight_shares, chain.backward)]
     b_input = [b - x for b, x in zip(chain.backward, w)]
-    position, clock, uplink, pending = [0] * stages, [0.0] * stages, [0.0] * stages, [0] * stages
-    arrival = {("F", 0, m): 0.0 for m in range(plan.num_micro_batches)}
+    position, clock, uplink, pending = [0] * (last + 1), [0.0] * (last + 1), [0.0] * (last + 1), [0] * (last + 1)
+    arrival = {("F", 0, m): 0.0 for m in range(plan.num_micro_batches)}  # (kind, stage, m): its input is there
     finished: dict[tuple, float] = {}
 
     def send(p: int, ready: float, seconds: float) -> float:
@@ -73,11 +73,11 @@ def replay(plan: HppPlan, profile: Profile, weight_shares: list[float]) -> float
     progressed = True
     while progressed:
         progressed = False
-        for p in range(stages):
+        for p in range(last + 1):
             while position[p] < len(chain.orders[p]):
                 kind, m = chain.orders[p][position[p]]
-                needs = ("F", p, m) if kind == "F" or p == stages - 1 else ("B", p, m)
-                ready = finished.get(needs) if kind == "B" and p == stages - 1 else arrival.get(needs)
+                # the last stage's backward starts from its own forward; every other op from an arrival
+                ready = finished.get(("F", p, m)) if (kind, p) == ("B", last) else arrival.get((kind, p, m))
                 if ready is None:
                     break  # its input comes from a stage not yet replayed this far
                 while pending[p] and clock[p] < ready:  # the device would wait: weight gradients instead
@@ -89,11 +89,11 @@ def replay(plan: HppPlan, profile: Profile, weight_shares: list[float]) -> float
                 progressed = True
                 if kind == "B":
                     pending[p] += 1
-                if kind == "F" and p < stages - 1:
+                if kind == "F" and p < last:
                     arrival[("F", p + 1, m)] = send(p, end, chain.transfer[p])
                 if kind == "B" and p > 0:
                     arrival[("B", p - 1, m)] = send(p, end, chain.transfer[p - 1])
-    if any(position[p] < len(chain.orders[p]) for p in range(stages)):
+    if any(position[p] < len(chain.orders[p]) for p in range(last + 1)):
         raise RuntimeError("the compute order could not complete")
     round_s = max(max(c + n * x for c, n, x in zip(clock, pending, w)), max(uplink))
     return chain.samples / round_s

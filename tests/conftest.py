@@ -62,17 +62,15 @@ def parallel_safe(item) -> bool:
     """Whether `item` may run beside another pytest worker (PARALLEL_SAFE_DIRS)."""
     if item.get_closest_marker("gloo") or item.get_closest_marker("lab") or item.get_closest_marker("alone"):
         return False
-    parts = suite_path_parts(item)
-    return len(parts) > 2 and parts[1] in PARALLEL_SAFE_DIRS
+    return suite_folder(item) in PARALLEL_SAFE_DIRS
 
 
 def side_stream(item) -> bool:
     """Whether `item`, a `serial` test, runs in the side stream (SIDE_STREAM_DIRS)."""
-    parts = suite_path_parts(item)
-    return bool(item.get_closest_marker("lab")) or (len(parts) > 2 and parts[1] in SIDE_STREAM_DIRS)
+    return bool(item.get_closest_marker("lab")) or suite_folder(item) in SIDE_STREAM_DIRS
 
 
-def suite_path_parts(item) -> tuple[str, ...]:
-    """`item`'s file as path parts from the repository root, ("tests", folder, ...) for the suite's own tests."""
+def suite_folder(item) -> str | None:
+    """The folder of tests/ that holds `item`'s file (None for a file directly in tests/ or outside it)."""
     parts = item.path.relative_to(item.session.config.rootpath).parts
-    return parts if parts[:1] == ("tests",) else ()
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" else None

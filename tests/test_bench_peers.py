@@ -12,12 +12,10 @@ import pytest
 
 from tests.bench_modules import BENCH, load_bench
 
-load = load_bench
-
 
 @pytest.fixture(scope="module")
 def peers():
-    return load("peers")
+    return load_bench("peers")
 
 
 def test_defaults_name_each_lab_its_own_name_and_subnet(peers):
@@ -98,7 +96,7 @@ def test_first_losses_are_checked_where_there_is_a_reference(peers):
 
 
 def test_ddp_shares_split_the_batch_evenly_and_cover_it():
-    worker = load("peer_worker")
+    worker = load_bench("peer_worker")
     shares = [worker.equal_share(256, 3, r) for r in range(3)]
     assert shares == [(0, 86), (86, 171), (171, 256)]
     assert worker.parse_stages("0:20,20:142") == [(0, 20), (20, 142)]
@@ -139,7 +137,7 @@ def test_a_peer_rank_ends_before_python_finalizes(mode, tmp_path):
     done = [p.communicate(timeout=300) for p in ranks]
     for p, (out, err) in zip(ranks, done):
         assert p.returncode == 0, err
-        assert out.startswith(load("peer_worker").RESULT_PREFIX), out
+        assert out.startswith(load_bench("peer_worker").RESULT_PREFIX), out
         assert "FINALIZED" not in err
     # the marker works: the same interpreter, finalizing, prints it
     check = subprocess.run([sys.executable, "-c", "pass"], env=env, capture_output=True, text=True, timeout=60)

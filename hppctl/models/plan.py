@@ -173,7 +173,7 @@ class MicroBatchChoice(FrozenModel):
 class HppPlan(_OmitsUnset):
     """A training plan (hybrid pipeline parallelism). See docs/formats.md."""
 
-    _omit_when_default = ("model_input", "micro_batch_choice")
+    _omit_when_default = ("model_input", "micro_batch_choice", "split_backward")
 
     format_version: Literal[1] = 1
     kind: Literal["hpp"] = "hpp"
@@ -187,6 +187,9 @@ class HppPlan(_OmitsUnset):
     micro_batch: PosInt
     num_micro_batches: MicroBatches
     schedule: Literal["1f1b-asteroid", "1f1b", "gpipe"] = "1f1b-asteroid"
+    split_backward: bool = False
+    """Run every backward as an input half (`I`) and a deferred weight half (`W`) that fills time the
+    device would wait (zero-bubble, ZB-H1's idea; models/schedule.py). Omitted when false."""
     stages: Annotated[list[StagePlan], Field(min_length=1, max_length=MAX_DEVICES)]
     transfers: list[TransferPlan]
     prediction: Prediction

@@ -124,8 +124,8 @@ class AcceleratorProfile(FrozenModel):
 class DeviceProfile(_OmitsUnset):
     """Timings of every layer on one device, on a grid of batch sizes."""
 
-    _omit_when_default = ("source", "forward_spread", "backward_spread", "train_step_s", "train_peak_bytes",
-                          "runtime_bytes", "measurement", "accelerator")
+    _omit_when_default = ("source", "forward_spread", "backward_spread", "weight_grad_s", "train_step_s",
+                          "train_peak_bytes", "runtime_bytes", "measurement", "accelerator")
 
     name: DeviceName
     kind: str
@@ -137,6 +137,11 @@ class DeviceProfile(_OmitsUnset):
     forward_s: list[list[TimeS]]
     """forward_s[layer][i] = seconds for one forward of the layer at batch_sizes[i]."""
     backward_s: list[list[TimeS]]
+    weight_grad_s: list[list[TimeS]] | None = None
+    """weight_grad_s[layer][i] = the part of backward_s[layer][i] that computes the layer's weight
+    gradients (its backward minus an input-gradient-only backward): what a split backward defers to
+    its `W` action. None (left out of the file) when not measured or predicted; split-backward
+    schedules then cannot be simulated or planned from the profile."""
     peak_flops: NonNegFloat | None = None
     """Peak FLOP/s if known (presets); used only for reporting."""
     source: Source | None = None
@@ -159,16 +164,21 @@ class DeviceProfile(_OmitsUnset):
         if sorted(set(self.batch_sizes)) != self.batch_sizes:
             raise ValueError(f"device {self.name}: batch_sizes must be strictly increasing, got {self.batch_sizes}")
         width = len(self.batch_sizes)
-        for field in ("forward_s", "backward_s", "forward_spread", "backward_spread"):
+        for field in ("forward_s", "backward_s", "weight_grad_s", "forward_spread", "backward_spread"):
             for i, row in enumerate(getattr(self, field) or []):
                 if len(row) != width:
                     raise ValueError(f"device {self.name}: {field}[{i}] has {len(row)} values, batch_sizes has {width}")
         if len(self.forward_s) != len(self.backward_s):
             raise ValueError(f"device {self.name}: forward_s and backward_s list different layer counts")
-        for field in ("forward_spread", "backward_spread"):
+        for field in ("weight_grad_s", "forward_spread", "backward_spread"):
             rows = getattr(self, field)
             if rows is not None and len(rows) != len(self.forward_s):
                 raise ValueError(f"device {self.name}: {field} has {len(rows)} layers, forward_s has {len(self.forward_s)}")
+        for layer, (w_row, b_row) in enumerate(zip(self.weight_grad_s or [], self.backward_s)):
+            for w, b, batch in zip(w_row, b_row, self.batch_sizes):
+                if w > b:
+                    raise ValueError(f"device {self.name}: weight_grad_s[{layer}] at batch {batch} is {w}, more than "
+                                     f"the layer's whole backward_s {b}")
         for field in ("train_step_s", "train_peak_bytes"):
             row = getattr(self, field)
             if row is not None and len(row) != width:

@@ -10,6 +10,8 @@ the stage of the device that executes it.
 |---------------------|--------|-------------------------------------------------------------------------|
 | `2F0[0:48]`         | F      | forward of micro-batch 2, stage 0, samples [0, 48)                      |
 | `2B0[0:48]`         | B      | backward of micro-batch 2, stage 0, samples [0, 48)                     |
+| `2I0[0:48]`         | I      | split backward, input half: gradients of the stage's inputs only        |
+| `2W0[0:48]`         | W      | split backward, weight half: the deferred weight gradients of mb 2      |
 | `2SA0>tx1[0:16]`    | SA     | send activations of samples [0, 16) to device tx1 of stage p+1          |
 | `2RA1<nx0[0:16]`    | RA     | receive activations of samples [0, 16) from device nx0 of stage p-1     |
 | `2SG1>nx0[0:16]`    | SG     | send input gradients of samples [0, 16) back to nx0 of stage p-1        |
@@ -21,6 +23,14 @@ the stage of the device that executes it.
 | `SW1>nx0`           | SW     | Bi-Partition: send split layers' updated weights to their forward owner  |
 | `RW0<tx1`           | RW     | Bi-Partition: receive them (before the next round's first forward)      |
 | `2F0[0:48]@3`       | F, B   | the same, run with weight version 3 (asynchronous schedules, see below) |
+
+Split backward (zero-bubble schedules, `HppPlan.split_backward`; docs/schedule.md). Pairing
+contract: a device back-propagates each micro-batch either with one `B`, or with one `I` and, later
+on the same device, one `W` of the same micro-batch and range; everything downstream of the
+backward (the `SG` of the input gradients) needs only the `I`, and the `W` must come before the
+stage's `AR` and `STEP`, which are the first readers of the weight gradients. The `W` of a
+micro-batch keeps what the weight gradients need (the layers' saved inputs) alive until it runs,
+so a generator places it to fill time the device would otherwise wait.
 
 Asynchronous schedules (`nf1b`, `pipedream`; `hppctl.schedule.nf1b`) set `micro_batches_per_update`:
 one window (an epoch) of mini-batches without a flush, a STEP after every mini-batch's backwards,
@@ -41,19 +51,21 @@ from hppctl.models.profile import _OmitsUnset
 NonNegInt = Annotated[int, Field(ge=0)]
 PosInt = Annotated[int, Field(gt=0)]
 
-ActionKind = Literal["F", "B", "SA", "RA", "SG", "RG", "AR", "STEP", "SX", "RX", "SW", "RW"]
-COMPUTE_KINDS = ("F", "B")
+ActionKind = Literal["F", "B", "I", "W", "SA", "RA", "SG", "RG", "AR", "STEP", "SX", "RX", "SW", "RW"]
+COMPUTE_KINDS = ("F", "B", "I", "W")
+BACKWARD_KINDS = ("B", "I")
+"""The kinds that consume a micro-batch's received gradients (RG) and produce its input gradients (SG)."""
 SEND_KINDS = ("SA", "SG", "SX")
 RECV_KINDS = ("RA", "RG", "RX")
 TRANSFER_KINDS = SEND_KINDS + RECV_KINDS
 WEIGHT_KINDS = ("SW", "RW")
 """Bi-Partition: once per round, after STEP; a peer and no micro-batch."""
 
-_COMPUTE = re.compile(r"^(\d+)(F|B)(\d+)\[(\d+):(\d+)\](?:@(\d+))?$")
+_COMPUTE = re.compile(r"^(\d+)(F|B|I|W)(\d+)\[(\d+):(\d+)\](?:@(\d+))?$")
 _TRANSFER = re.compile(r"^(\d+)(SA|RA|SG|RG|SX|RX)(\d+)([<>])([A-Za-z0-9][A-Za-z0-9_.-]*)\[(\d+):(\d+)\]$")
 _GROUP = re.compile(r"^(AR|STEP)(\d+)$")
 _WEIGHTS = re.compile(r"^(SW|RW)(\d+)([<>])([A-Za-z0-9][A-Za-z0-9_.-]*)$")
-_EXAMPLES = "e.g. 2F0[0:48], 2B0[0:48]@1, 2SA0>tx1[0:16], 2RA1<nx0[0:16], AR0, STEP0"
+_EXAMPLES = "e.g. 2F0[0:48], 2B0[0:48]@1, 2I0[0:48], 2W0[0:48], 2SA0>tx1[0:16], 2RA1<nx0[0:16], AR0, STEP0"
 
 
 class Action(FrozenModel):
@@ -80,8 +92,8 @@ class Action(FrozenModel):
                 raise ValueError(f"{self.kind}: sample range [{self.start}:{self.end}) is empty")
         elif (self.micro_batch, self.start, self.end) != (None, None, None):
             raise ValueError(f"{self.kind} takes no micro_batch or sample range")
-        if self.version is not None and self.kind not in COMPUTE_KINDS:
-            raise ValueError(f"{self.kind} takes no weight version")
+        if self.version is not None and self.kind not in ("F", "B"):
+            raise ValueError(f"{self.kind} takes no weight version (asynchronous schedules do not split backwards)")
         peered = self.kind in TRANSFER_KINDS or self.kind in WEIGHT_KINDS
         if peered != (self.peer is not None):
             raise ValueError(f"{self.kind}: a peer device is {'required' if peered else 'not allowed'}")

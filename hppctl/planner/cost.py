@@ -171,6 +171,8 @@ class CostModel:
         self.budget = [d.memory_bytes for d in profile.devices]
         self._fwd = [_prefix_by_batch(_resample(d.batch_sizes, d.forward_s, self.grid)) for d in profile.devices]
         self._bwd = [_prefix_by_batch(_resample(d.batch_sizes, d.backward_s, self.grid)) for d in profile.devices]
+        self._wgt: list[list[list[float]]] | None = None
+        """Weight-gradient parts of the backward, built on first use (`weight_grad_time`)."""
         self._param = _prefix([layer.param_bytes for layer in profile.layers])
         self._act = _prefix([layer.activation_bytes_per_sample for layer in profile.layers])
         self.boundary = [layer.boundary_bytes_per_sample for layer in profile.layers]
@@ -192,6 +194,22 @@ class CostModel:
 
     def backward_time(self, device: int, start: int, end: int, y: float) -> float:
         return self._interp(device, self._bwd[device], start, end, y)
+
+    @property
+    def has_weight_grad_times(self) -> bool:
+        """Whether every device's profile splits its backward (`DeviceProfile.weight_grad_s`)."""
+        return all(d.weight_grad_s is not None for d in self.profile.devices)
+
+    def weight_grad_time(self, device: int, start: int, end: int, y: float) -> float:
+        """The part of `backward_time` a split backward defers to its `W` (the rest is its `I`)."""
+        if self._wgt is None:
+            lacking = [d.name for d in self.profile.devices if d.weight_grad_s is None]
+            if lacking:
+                raise ValueError(f"the profile has no weight_grad_s for {', '.join(lacking)}: a split backward "
+                                 f"needs it (profile again with this version of hppctl)")
+            self._wgt = [_prefix_by_batch(_resample(d.batch_sizes, d.weight_grad_s, self.grid))
+                         for d in self.profile.devices]
+        return self._interp(device, self._wgt[device], start, end, y)
 
     def param_bytes(self, start: int, end: int) -> int:
         return self._param[end] - self._param[start]

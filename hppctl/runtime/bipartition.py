@@ -129,6 +129,9 @@ def _leaves(values: list[torch.Tensor], specs: list[TensorSpec]) -> list[torch.T
 class BiExecutor(Executor):
     """`Executor` whose F and B run a Bi-Partition worker's ranges, plus the SX/RX/SW/RW actions."""
 
+    splits_backward = False
+    """Its `B` recomputes split blocks from their inputs; no split-backward (`I`/`W`) version of it."""
+
     def __init__(self, device: str, actions, topology, stage: BiStage, optimizer, comm, feed, *, trace=False,
                  accelerator=None, precision=None, **reduce_options) -> None:
         super().__init__(device, actions, topology, stage, optimizer, comm, feed, trace=trace,

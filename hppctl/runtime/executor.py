@@ -7,11 +7,13 @@ the device's list action by action:
 |---|---|
 | `F`    | inputs for the device's samples (the data for the head stage, else the received pieces joined in sample order), run the stage; the tail stage computes the loss |
 | `B`    | the tail back-propagates its loss; other stages wait for the gradient pieces and back-propagate them through their outputs |
+| `I`    | the same, to the stage's inputs only: their gradients, for `SG`; the weight gradients are deferred (runtime/split_backward.py) |
+| `W`    | the deferred weight gradients of the micro-batch's `I`, accumulated into the parameters' gradients; frees its graph |
 | `SA`   | post a non-blocking send of the activations of the named samples to the peer |
 | `RA`   | post a non-blocking receive; the `F` of that micro-batch waits for it |
 | `SG`   | post a non-blocking send of the input gradients of the named samples back to the peer |
 | `RG`   | post a non-blocking receive; the `B` of that micro-batch waits for it |
-| `AR`   | wait for this device's sends and for the gradient AllReduces the last `B` started, start the rest, and average the stage's BatchNorm statistics |
+| `AR`   | wait for this device's sends and for the gradient AllReduces the last `B` (or `W`) started, start the rest, and average the stage's BatchNorm statistics |
 | `STEP` | wait for this device's sends, optimizer step, clear the gradients |
 
 Gradients: the tail's loss for its samples is the summed cross-entropy divided by the *global*
@@ -19,7 +21,11 @@ batch G = M·B, so the gradients every device accumulates over its micro-batches
 stage's group by `AR`, are exactly the gradient of the mean loss over the global batch, whatever
 the split (notes/asteroid.md §4: weighting by y_d).
 
-Overlap (runtime/reducer.py): on a replicated stage, the device's last `B` of the round runs with
+Split backwards (zero-bubble schedules): `I` and `W` together accumulate exactly what `B` does,
+parameter by parameter through autograd's AccumulateGrad, so everything below holds with `W` in
+place of `B`. Only `Executor` runs them; its subclasses (Bi-Partition, asynchronous) refuse them.
+
+Overlap (runtime/reducer.py): on a replicated stage, the device's last `B` (or `W`) of the round runs with
 gradient hooks that start each 4 MiB bucket's AllReduce as soon as backward has produced it, so
 the sum of the late layers travels while the early layers back-propagate; `AR` only waits for what
 is still in flight. `RoundStats.allreduce_s` is that exposed wait (the buckets are spans of their own).
@@ -48,6 +54,7 @@ from hppctl.models.reports import Span, allreduce_lane
 from hppctl.models.schedule import Action
 from hppctl.runtime.accelerator import Precision, from_wire, pinned_for, to_wire
 from hppctl.runtime.reducer import BUCKET_BYTES, GradientReducer, unflatten_into
+from hppctl.runtime.split_backward import DeferredWeights, backward_input, backward_weight
 from hppctl.runtime.stage import Stage, TensorSpec, join
 from hppctl.runtime.topology import Topology
 
@@ -120,6 +127,8 @@ class _Pending:
 
 PREPOSTED = frozenset({"RA", "RG"})
 """Receive kinds posted at the start of a round (Executor._post_receives)."""
+FINISHING = ("B", "W")
+"""The kinds that complete a micro-batch's backward: its weight gradients are in after them."""
 
 
 class Executor:
@@ -128,7 +137,8 @@ class Executor:
     def __init__(self, device: str, actions: Sequence[Action], topology: Topology, stage: Stage,
                  optimizer: torch.optim.Optimizer, comm: Comm, feed: Feed, *, trace: bool = False,
                  accelerator: torch.device | None = None, precision: Precision | None = None,
-                 bucket_bytes: int = BUCKET_BYTES, overlap_allreduce: bool = True) -> None:
+                 bucket_bytes: int = BUCKET_BYTES, overlap_allreduce: bool = True,
+                 split_backward: bool | None = None) -> None:
         self.device, self.actions, self.topo, self.stage = device, list(actions), topology, stage
         self.optimizer, self.comm, self.feed, self.trace = optimizer, comm, feed, trace
         self.accelerator = accelerator or getattr(stage, "device", None) or torch.device("cpu")
@@ -146,27 +156,33 @@ class Executor:
             "SG": self._send_gradients, "RG": self._receive_gradients,
             "AR": self._allreduce, "STEP": self._step,
         }
+        if self.splits_backward if split_backward is None else split_backward:
+            self.handlers.update({"I": self._backward_input, "W": self._backward_weight})
         self.handlers.update(self.more_handlers())
-        self.backwards_per_round = sum(a.kind == "B" for a in self.actions)
+        self.backwards_per_round = sum(a.kind in FINISHING for a in self.actions)
         self.reducer = GradientReducer(stage.parameters(), comm, bucket_bytes=bucket_bytes,
                                        overlap=overlap_allreduce and self.overlaps_allreduce)
         self.last_backward = self._last_backward_before_allreduce()
         self.on_step: Callable[[int, int, int], None] | None = None
-        """Called after each backward with (round, backwards done, backwards per round): the
+        """Called after each `B` or `W` with (round, backwards done, backwards per round): the
         worker's progress report (runtime/progress.py), for rounds long enough to need one."""
         unknown = sorted({a.kind for a in self.actions} - set(self.handlers))
         if unknown:
             raise ExecutionError(f"{device}: the schedule has actions of unknown kind {unknown}")
+
+    splits_backward = True
+    """Whether `I` and `W` run (a subclass with its own `B` refuses them as actions of unknown kind;
+    `split_backward=False` refuses them for one executor: the fault-tolerant worker's)."""
 
     overlaps_allreduce = True
     """Whether the last backward may start the AllReduce (a subclass whose backward does not
     accumulate into the live parameters' gradients turns it off)."""
 
     def _last_backward_before_allreduce(self) -> Action | None:
-        """The `B` whose gradient hooks start the AllReduce: the device's last before its `AR`."""
+        """The `B` or `W` whose gradient hooks start the AllReduce: the device's last before its `AR`."""
         last = None
         for a in self.actions:
-            if a.kind == "B":
+            if a.kind in FINISHING:
                 last = a
             elif a.kind == "AR":
                 return last
@@ -185,6 +201,7 @@ class Executor:
         self._outputs: dict[int, tuple[torch.Tensor, ...]] = {}
         self._losses: dict[int, torch.Tensor] = {}
         self._input_grads: dict[int, list[torch.Tensor]] = {}
+        self._deferred: dict[int, DeferredWeights] = {}
         self._recv_act: dict[int, list[_Pending]] = {}
         self._recv_grad: dict[int, list[_Pending]] = {}
         self._sends: list[tuple[Work, torch.Tensor]] = []
@@ -199,10 +216,13 @@ class Executor:
                 raise
             except Exception as e:
                 raise ExecutionError(self._failure(position, e)) from e
-            if action.kind == "B" and self.on_step is not None:
+            if action.kind in FINISHING and self.on_step is not None:
                 backwards += 1
                 self.on_step(round_index, backwards, self.backwards_per_round)
         self._wait_sends()
+        if self._deferred:
+            raise ExecutionError(f"{self.device}: round {round_index} ended with the `I` of micro-batches "
+                                 f"{sorted(self._deferred)} and not their `W`")
         self.stats.duration_s = time.perf_counter() - self._t0
         return self.stats
 
@@ -261,23 +281,51 @@ class Executor:
         m = a.micro_batch
         self._check_range(a)
         hooks = self.reducer.hooked() if a is self.last_backward else nullcontext()
-        if self.tail:
-            begin = time.perf_counter()
+        roots, grads = self._backward_roots(a)
+        begin = time.perf_counter()
+        if roots:
             with hooks:
-                self.precision.scale(self._losses.pop(m)).backward()
-        else:
-            pieces = self._collect(self._recv_grad.pop(m, []), a, "gradients")
-            grads = join(self.grad_outputs, pieces)
-            outputs = [o for o, s in zip(self._outputs.pop(m), self.stage.outputs) if s.carries_grad]
-            pairs = [(o, g.to(o.dtype)) for o, g in zip(outputs, grads) if o.requires_grad]  # autocast: o in half
-            begin = time.perf_counter()
-            if pairs:
-                with hooks:
-                    torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+                torch.autograd.backward(roots, grads)
         values = self._inputs.pop(m)
         if not self.head:
             self._input_grads[m] = [v.grad if v.grad is not None else torch.zeros_like(v)
                                     for v, s in zip(values, self.stage.inputs) if s.carries_grad]
+        self._compute_span(a, begin)
+
+    def _backward_roots(self, a: Action) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        """What micro-batch `a.micro_batch`'s backward starts from: the tail's (scaled) loss, or the
+        outputs that need a gradient with the received ones (waited for here)."""
+        m = a.micro_batch
+        if self.tail:
+            return [self.precision.scale(self._losses.pop(m))], [None]
+        pieces = self._collect(self._recv_grad.pop(m, []), a, "gradients")
+        grads = join(self.grad_outputs, pieces)
+        outputs = [o for o, s in zip(self._outputs.pop(m), self.stage.outputs) if s.carries_grad]
+        pairs = [(o, g.to(o.dtype)) for o, g in zip(outputs, grads) if o.requires_grad]  # autocast: o in half
+        return [o for o, _ in pairs], [g for _, g in pairs]
+
+    def _backward_input(self, a: Action) -> None:
+        """`I`: the input gradients now (for `SG`), the weight gradients kept for the `W`."""
+        m = a.micro_batch
+        self._check_range(a)
+        roots, grads = self._backward_roots(a)
+        begin = time.perf_counter()
+        carried = [v for v, s in zip(self._inputs.pop(m), self.stage.inputs) if s.carries_grad]
+        got, self._deferred[m] = backward_input(roots, grads, carried, self.stage.parameters())
+        if not self.head:
+            self._input_grads[m] = [g if g is not None else torch.zeros_like(v) for g, v in zip(got, carried)]
+        self._compute_span(a, begin)
+
+    def _backward_weight(self, a: Action) -> None:
+        """`W`: accumulate the weight gradients its `I` deferred (the last before `AR` with the
+        reducer's hooks, like a last `B`); the micro-batch's graph is freed once they are in."""
+        self._check_range(a)
+        deferred = self._deferred.pop(a.micro_batch, None)
+        if deferred is None:
+            raise ExecutionError(f"{self.device}: {a} comes before the `I` of micro-batch {a.micro_batch}")
+        begin = time.perf_counter()
+        with self.reducer.hooked() if a is self.last_backward else nullcontext():
+            backward_weight(deferred)
         self._compute_span(a, begin)
 
     def _data(self, m: int) -> torch.Tensor:

@@ -87,7 +87,7 @@ class FtRun:
     # --- the loop -------------------------------------------------------------------------------
     def train(self) -> None:
         self._connect()
-        self.executor = self.w.new_executor(self.comm)
+        self.executor = self.w.new_executor(self.comm, split_backward=False)
         self.executor.on_step = self.steps.report
         r = self.opts.start_round
         self._protect(r)
@@ -376,7 +376,7 @@ class FtRun:
         built = build_training_state(config, config.schedule, self.w.stage_index, state["tensors"], self.w.feed)
         restore_optimizer(built.optimizer, built.stage, state["optim"])
         self.w.adopt(built)
-        self.executor = self.w.new_executor(self.comm)
+        self.executor = self.w.new_executor(self.comm, split_backward=False)
         self.executor.on_step = self.steps.report
 
 

@@ -56,6 +56,8 @@ def version_lifetimes(actions: Sequence[Action]) -> tuple[dict[int, tuple[str, i
 class AsyncExecutor(Executor):
     """Runs windows of an asynchronous schedule; `policy` and N come from the schedule."""
 
+    splits_backward = False
+    """Asynchronous schedules do not split backwards (models/schedule.py): `I` and `W` are refused."""
     overlaps_allreduce = False
     """PipeDream adds a stashed version's gradients by hand (`_add_stashed_grads`), after the hooks."""
 

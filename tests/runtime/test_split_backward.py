@@ -178,3 +178,38 @@ def reachable(roots):
                 seen.add(child)
                 stack.append(child)
     return seen
+
+
+def test_only_the_plain_executor_runs_split_backwards():
+    """Bi-Partition's and the asynchronous executors, and the fault-tolerant worker's executor
+    (`split_backward=False`), refuse `I` and `W` as before: actions of unknown kind."""
+    from hppctl.runtime.async_exec.executor import AsyncExecutor
+    from hppctl.runtime.bipartition import BiExecutor, BiStage
+    from hppctl.runtime.executor import ExecutionError, Executor
+    from hppctl.runtime.topology import Topology
+    from hppctl.schedule import schedule_for_plan
+    from tests.runtime.factories import make_plan
+    from tests.runtime.split_schedules import split_backwards
+
+    plan = make_plan("tiny-mlp", [((0, 2), ["a"], [4]), ((2, 5), ["b"], [4])], global_batch=8, micro_batch=4)
+    schedule = split_backwards(schedule_for_plan(plan), "before AR")
+    topo, actions = Topology.of(schedule), schedule.actions["b"]
+
+    def stage():
+        return Stage("tiny-mlp", "fine", 2, 5)
+
+    def optimizer(st):
+        return torch.optim.SGD(st.parameters(), lr=0.1)
+
+    st = stage()
+    assert Executor("b", actions, topo, st, optimizer(st), None, None).handlers.keys() >= {"I", "W"}
+    refused = {
+        "split_backward=False": lambda: Executor("b", actions, topo, st, optimizer(st), None, None, split_backward=False),
+        "BiExecutor": lambda: BiExecutor("b", actions, topo, bi, optimizer(bi), None, None),
+        "AsyncExecutor": lambda: AsyncExecutor("b", actions, topo, st, optimizer(st), None, None, policy="nf1b",
+                                               micro_batches_per_update=2),
+    }
+    bi = BiStage("tiny-mlp", "fine", [2, 5], [2, 5], num_layers=5)
+    for build in refused.values():
+        with pytest.raises(ExecutionError, match=r"unknown kind \['I', 'W'\]"):
+            build()

@@ -213,3 +213,76 @@ def test_only_the_plain_executor_runs_split_backwards():
     for build in refused.values():
         with pytest.raises(ExecutionError, match=r"unknown kind \['I', 'W'\]"):
             build()
+
+
+def test_the_graph_lives_until_its_weight_half_and_no_longer():
+    """What `W` needs (a layer's saved input) stays alive after `I`, and is freed once `W` is done,
+    so memory stays bounded however many micro-batches a schedule keeps between their halves."""
+    import weakref
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    saved = []
+    model[2].register_forward_hook(lambda _m, args, _out: saved.append(weakref.ref(args[0])))
+    x = torch.randn(5, 4, requires_grad=True)
+    out = model(x)
+    grad_x, deferred = backward_input([out], [torch.ones_like(out)], [x], list(model.parameters()))
+    del out
+    assert grad_x[0] is not None and saved[0]() is not None  # W's input of the last Linear
+    backward_weight(deferred)
+    assert saved[0]() is None
+    assert all(p.grad is not None for p in model.parameters())
+
+
+class Awkward(torch.nn.Module):
+    """Graph shapes the zoo's stages do not have: a weight used twice along the input path (tied:
+    its two seeds reach one another), a parameter reaching an output that no input reaches, an
+    output that is an input passed through, a parameter the graph never uses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tied = torch.nn.Linear(6, 6)
+        self.offset = torch.nn.Parameter(torch.randn(6))
+        self.unused = torch.nn.Parameter(torch.randn(2))
+
+    def forward(self, x, skip, ids):
+        h = self.tied(torch.tanh(self.tied(x)) + self.offset)
+        return h * skip, self.offset.expand(ids.shape[0], 6) * 3, skip
+
+
+def test_awkward_graphs():
+    torch.manual_seed(0)
+    module = Awkward()
+    params = list(module.parameters())
+    x, skip, ids = torch.randn(4, 6), torch.randn(4, 6), torch.arange(4)
+    gen = torch.Generator().manual_seed(1)
+    out_grads = [torch.randn(4, 6, generator=gen) for _ in range(3)]
+
+    def leaves():
+        return [x.clone().requires_grad_(True), skip.clone().requires_grad_(True), ids]
+
+    want_params, want_inputs = {}, []
+    for m in range(2):  # two micro-batches: .grad accumulates
+        values = leaves()
+        torch.autograd.backward(list(module(*values)), out_grads)
+        want_inputs.append([v.grad for v in values[:2]])
+        want_params[m] = grads_of(module)
+    module.zero_grad(set_to_none=True)
+    deferred = []
+    for m in range(2):
+        values = leaves()
+        got, later = backward_input(list(module(*values)), out_grads, values, params)
+        for g, want in zip(got, want_inputs[m]):
+            torch.testing.assert_close(g, want)
+        assert got[2] is None
+        deferred.append(later)
+    clamped = any(call.clamped for call in deferred[0].calls)
+    for m in range(2):
+        backward_weight(deferred[m])
+        assert_same(grads_of(module), want_params[m])
+    assert module.unused.grad is None
+    assert clamped  # the tied weight's two seeds: one call, each pinned to its captured gradient
+
+
+def grads_of(module: torch.nn.Module) -> dict:
+    return {k: None if p.grad is None else p.grad.clone() for k, p in module.named_parameters()}

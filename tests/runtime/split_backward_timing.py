@@ -1,0 +1,68 @@
+"""CPU time of a fused backward against `I` + `W` (runtime/split_backward.py) on a model cut in three.
+
+    PYTHONPATH=. python -m tests.runtime.split_backward_timing mobilenetv2 16 9
+
+Per stage: the median over REPS of the process CPU time of one backward of one micro-batch of
+BATCH samples (single-threaded, on the CPU), fused and split, and how many autograd calls the
+`W` makes. A measurement script for docs/runtime.md, not a test (no wall-clock assertions).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from hppctl.runtime.data import load_data
+from hppctl.runtime.split_backward import backward_input, backward_weight
+from hppctl.runtime.stage import Stage, initial_stage_tensors
+from hppctl.zoo import layer_costs
+
+
+def main(model: str, batch: int, reps: int) -> None:
+    torch.set_num_threads(1)
+    n = len(layer_costs(model, "fine"))
+    cuts = [(0, n // 3), (n // 3, 2 * n // 3), (2 * n // 3, n)]
+    stages = [Stage(model, "fine", lo, hi, tensors=t)
+              for (lo, hi), t in zip(cuts, initial_stage_tensors(model, "fine", cuts, seed=1))]
+    x, labels = load_data("synthetic", model).train.take(torch.arange(batch))
+    values = [x]
+    for p, stage in enumerate(stages):
+        received = values
+
+        def forward():
+            leaves = [v.clone().requires_grad_(p > 0 and s.carries_grad) for v, s in zip(received, stage.inputs)]
+            outputs = stage(*leaves)
+            if p == len(stages) - 1:
+                return leaves, [F.cross_entropy(outputs[0], labels)], [None]
+            roots = [o for o, s in zip(outputs, stage.outputs) if s.carries_grad and o.requires_grad]
+            return leaves, roots, [torch.ones_like(o) for o in roots]
+
+        fused, first, second, calls = [], [], [], 0
+        for _ in range(reps):
+            _, roots, grads = forward()
+            begin = time.process_time()
+            torch.autograd.backward(roots, grads)
+            fused.append(time.process_time() - begin)
+            stage.module.zero_grad(set_to_none=True)
+            leaves, roots, grads = forward()
+            begin = time.process_time()
+            _, deferred = backward_input(roots, grads, leaves, stage.parameters())
+            middle = time.process_time()
+            calls = deferred.autograd_calls
+            backward_weight(deferred)
+            first.append(middle - begin)
+            second.append(time.process_time() - middle)
+            stage.module.zero_grad(set_to_none=True)
+        f, i, w = (statistics.median(v) * 1e3 for v in (fused, first, second))
+        print(f"{model} stage {p} layers [{cuts[p][0]}, {cuts[p][1]}) batch {batch}: fused {f:.1f} ms, "
+              f"I {i:.1f} + W {w:.1f} = {i + w:.1f} ms ({(i + w) / f:.2f}x), W autograd calls {calls}")
+        with torch.no_grad():
+            values = [t.detach() for t in stage(*values)]
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))

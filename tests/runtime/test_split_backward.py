@@ -130,10 +130,11 @@ def test_input_then_weight_halves_equal_the_fused_backward(model):
         assert any(g is not None for g in want_params[-1].values())
 
 
+@pytest.mark.parametrize("mode", ["bf16", "fp16"])
 @pytest.mark.parametrize("model", ["tiny-cnn", "tiny-bert"])
-def test_mixed_precision(model):
-    """bf16 autocast (fp16 scales the loss, the same code path): the halves equal `B` under the same autocast."""
-    chain = Chain(model, Precision("bf16", "cpu"))
+def test_mixed_precision(model, mode):
+    """Autocast (and fp16's loss scale on the tail's root): the halves equal `B` under the same precision."""
+    chain = Chain(model, Precision(mode, "cpu"))
     for p in range(len(chain.stages)):
         want_inputs, want_params = fused(chain, p)
         split(chain, p,

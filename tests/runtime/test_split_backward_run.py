@@ -69,3 +69,12 @@ def test_allreduce_starts_within_the_last_weight_half():
             assert first_bucket["name"].endswith("bucket 0")
             assert last_w["ts"] < first_bucket["ts"] < last_w["ts"] + last_w["dur"], (device, r)
     assert [e["name"] for e in spans["d: AllReduce buckets"]] == [e["name"] for e in spans["c: AllReduce buckets"]]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_mixed_precision_split_equals_unsplit(precision):
+    """Autocast and fp16's loss scale: the split run ends with the parameters of the same run with `B`."""
+    plan = make_plan("tiny-cnn", [((0, 5), ["a"], [4]), ((5, 11), ["b", "c"], [2, 2])], global_batch=16, micro_batch=4)
+    split, opts = run_split(plan, "before next F", precision=precision)
+    whole = Session(RunRequest(plan, local_cluster(*plan.devices()), opts)).run()
+    assert_same(split.model_state(), whole.model_state())

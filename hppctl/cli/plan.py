@@ -75,6 +75,7 @@ def plan_command(
     existing: Annotated[Optional[Path], typer.Option("--plan", help="Re-score an existing plan against --profile instead of planning.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
     seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Inference profiles (Galaxy): plan for this sequence length; strategies galaxy, megatron, sp, local.")] = None,
+    split_backward: Annotated[bool, typer.Option("--split-backward", help="Split every backward into its input-gradient half and a deferred weight-gradient half that fills the pipeline's idle time (zero-bubble; needs a profile with weight_grad_s; docs/schedule.md).")] = False,
 ) -> None:
     """Plan hybrid pipeline parallel training (stages, device groups, samples per device), or collaborative inference on an inference profile (heads, MLP columns, sequence rows per device)."""
     from hppctl import planner
@@ -127,10 +128,21 @@ def plan_command(
                               simulated_round_latency(prof))
     else:
         plan = planner.make_plan(prof, request, strategy or "asteroid")
+    if split_backward:
+        plan = _with_split_backward(plan, prof, profile)
     if out is not None:
         save(out, plan)
         note(f"wrote {out}")
     _show(plan, prof, explain_, as_json, explain)
+
+
+def _with_split_backward(plan: HppPlan, prof: Profile, source: Path) -> HppPlan:
+    from hppctl.schedule import split_backward_plan
+
+    try:
+        return split_backward_plan(plan, prof)
+    except ValueError as e:
+        raise BadInput(f"--split-backward: {source}: {e}") from None
 
 
 def _fastest_inference_strategy(profile: Path, seq_len: int | None) -> str:
@@ -229,13 +241,15 @@ def _render_plan(plan: HppPlan, explain_: bool = False) -> None:
 
     pred = plan.prediction
     stdout.print(f"{plan.strategy} plan for {plan.model} ({plan.granularity}): global batch {plan.global_batch} = "
-                 f"{plan.num_micro_batches} micro-batches x {plan.micro_batch} samples, schedule {plan.schedule}")
+                 f"{plan.num_micro_batches} micro-batches x {plan.micro_batch} samples, schedule {plan.schedule}"
+                 + (", split backward (weight gradients deferred into idle time)" if plan.split_backward else ""))
     table = Table(box=None, pad_edge=False)
     for plain, symbol in PLAN_COLUMNS:
         table.add_column(f"{plain} ({symbol})" if explain_ and symbol else plain)
     for p, s in enumerate(plan.stages):
         memory = ", ".join(_memory_of_budget(m, u) for m, u in zip(s.memory_bytes, s.memory_budget_bytes))
-        table.add_row(str(p), stage_layers(s), ", ".join(s.devices), ", ".join(map(str, s.samples)), str(s.warmup),
+        table.add_row(str(p), stage_layers(s), ", ".join(s.devices), ", ".join(map(str, s.samples)),
+                      str(s.in_flight_cap or s.warmup),
                       f"{s.forward_s:.4f}", f"{s.backward_s:.4f}", f"{s.allreduce_s:.4f}", memory)
     stdout.print(table)
     stdout.print("forward/backward s: one micro-batch on the stage's slowest device; all-reduce s: averaging the "

@@ -113,6 +113,9 @@ def plan_command(
         raise BadInput("--global-batch and --micro-batch (a number or auto) are required "
                        "(or --plan FILE to re-score a plan)")
     request = None if micro_batch == "auto" else make_request(global_batch, micro_batch)
+    if compare and split_backward:
+        raise BadInput("--split-backward: plans one strategy; --compare ranks whole backwards (run it without "
+                       "--split-backward, then plan the strategy you pick with it)")
     if compare:
         from hppctl.planner.micro_batch import compare_auto
         from hppctl.schedule import simulated_round_latency
@@ -124,8 +127,8 @@ def plan_command(
     if request is None:
         from hppctl.planner.micro_batch import make_auto_plan
         from hppctl.schedule import simulated_round_latency
-        plan = make_auto_plan(prof, check_global_batch(global_batch), strategy or "asteroid",
-                              simulated_round_latency(prof))
+        simulate = _split_round_latency(prof, profile) if split_backward else simulated_round_latency(prof)
+        plan = make_auto_plan(prof, check_global_batch(global_batch), strategy or "asteroid", simulate)
     else:
         plan = planner.make_plan(prof, request, strategy or "asteroid")
     if split_backward:
@@ -143,6 +146,13 @@ def _with_split_backward(plan: HppPlan, prof: Profile, source: Path) -> HppPlan:
         return split_backward_plan(plan, prof)
     except ValueError as e:
         raise BadInput(f"--split-backward: {source}: {e}") from None
+
+
+def _split_round_latency(prof: Profile, source: Path):
+    """What `--micro-batch auto --split-backward` ranks candidates by: each one's split form, simulated."""
+    def latency(plan: HppPlan) -> float:
+        return _with_split_backward(plan, prof, source).prediction.round_latency_s
+    return latency
 
 
 def _fastest_inference_strategy(profile: Path, seq_len: int | None) -> str:

@@ -20,6 +20,7 @@ from hppctl.models.schedule import Action, Schedule
 from hppctl.schedule.check import ScheduleError, check_schedule
 from hppctl.schedule.generate import ABLATION_POLICIES, POLICIES, Durations, compute_order, generate, schedule_for_plan, warmups
 from hppctl.schedule.simulate import Mode, SimResult, simulate
+from hppctl.schedule.split_plan import split_backward_plan
 from hppctl.schedule.timings import PlanTimings, ProfileTimings
 
 __all__ = [
@@ -43,18 +44,3 @@ def simulated_round_latency(profile: Profile) -> Callable[[HppPlan], float]:
     """What `hppctl plan --compare` passes to `planner.compare` to rank strategies by simulation."""
     return lambda plan: simulate_plan(plan, profile)[1].round_latency_s
 
-
-def split_backward_plan(plan: HppPlan, profile: Profile) -> HppPlan:
-    """The plan with split backwards (planner/split_backward.py), its prediction replaced by the
-    simulated round: the closed-form estimate knows whole backwards only."""
-    from hppctl.models.plan import Prediction
-    from hppctl.planner.split_backward import with_split_backward
-
-    split = with_split_backward(plan, profile)
-    latency = simulate_plan(split, profile)[1].round_latency_s
-    prediction = Prediction(round_latency_s=latency,
-                            throughput_samples_per_s=plan.global_batch / latency if latency > 0 else 0.0,
-                            dominant_step=plan.prediction.dominant_step,
-                            peak_memory_ratio=max(m / b for st in split.stages
-                                                  for m, b in zip(st.memory_bytes, st.memory_budget_bytes) if b))
-    return split.model_copy(update={"prediction": prediction})

@@ -78,3 +78,23 @@ def test_mixed_precision_split_equals_unsplit(precision):
     split, opts = run_split(plan, "before next F", precision=precision)
     whole = Session(RunRequest(plan, local_cluster(*plan.devices()), opts)).run()
     assert_same(split.model_state(), whole.model_state())
+
+
+def split_plan(plan):
+    """`plan` with `split_backward` (and the weight-gradient share its stages then need: half)."""
+    doc = plan.model_dump()
+    doc["split_backward"] = True
+    for stage in doc["stages"]:
+        stage["weight_grad_s"] = stage["backward_s"] / 2
+    return type(plan).model_validate(doc)
+
+
+def test_the_generators_split_schedule():
+    """A plan with `split_backward`: `hppctl run`'s own schedule (the generator's `I`/`W` placement)."""
+    plan = split_plan(make_plan("tiny-mlp", [((0, 2), ["a", "b"], [3, 1]), ((2, 4), ["c"], [4]), ((4, 5), ["d"], [4])],
+                                global_batch=16, micro_batch=4))
+    kinds = {a.kind for actions in schedule_for_plan(plan).actions.values() for a in actions}
+    assert {"I", "W"} <= kinds and "B" not in kinds
+    opts = TrainOptions(rounds=ROUNDS, threads=1, dataset="synthetic", lr=0.1)
+    result = Session(RunRequest(plan, local_cluster(*plan.devices()), opts)).run()
+    assert_same(result.model_state(), train_reference(plan, opts))

@@ -1,10 +1,12 @@
 """CPU time of a fused backward against `I` + `W` (runtime/split_backward.py) on a model cut in three.
 
-    PYTHONPATH=. python -m tests.runtime.split_backward_timing mobilenetv2 16 9
+    PYTHONPATH=. python -m tests.runtime.split_backward_timing mobilenetv2 16 9 [kernels]
 
 Per stage: the median over REPS of the process CPU time of one backward of one micro-batch of
 BATCH samples (single-threaded, on the CPU), fused and split, and how many autograd calls the
-`W` makes. A measurement script for docs/runtime.md, not a test (no wall-clock assertions).
+`W` makes. With `kernels`, also the CPU time inside aten operators (torch.profiler, self time
+summed, last repetition): the work itself, without autograd's and Python's per-call costs.
+A measurement script for docs/runtime.md, not a test (no wall-clock assertions).
 """
 
 from __future__ import annotations
@@ -22,7 +24,16 @@ from hppctl.runtime.stage import Stage, initial_stage_tensors
 from hppctl.zoo import layer_costs
 
 
-def main(model: str, batch: int, reps: int) -> None:
+def kernel_ms(block) -> float:
+    """Self CPU time (ms) of the aten operators `block()` runs (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        block()
+    return sum(e.self_cpu_time_total for e in prof.key_averages() if e.key.startswith("aten::")) / 1e3
+
+
+def main(model: str, batch: int, reps: int, kernels: bool = False) -> None:
     torch.set_num_threads(1)
     n = len(layer_costs(model, "fine"))
     cuts = [(0, n // 3), (n // 3, 2 * n // 3), (2 * n // 3, n)]
@@ -60,9 +71,26 @@ def main(model: str, batch: int, reps: int) -> None:
         f, i, w = (statistics.median(v) * 1e3 for v in (fused, first, second))
         print(f"{model} stage {p} layers [{cuts[p][0]}, {cuts[p][1]}) batch {batch}: fused {f:.1f} ms, "
               f"I {i:.1f} + W {w:.1f} = {i + w:.1f} ms ({(i + w) / f:.2f}x), W autograd calls {calls}")
+        if kernels:
+            print_kernels(stage, forward, reps)
         with torch.no_grad():
             values = [t.detach() for t in stage(*values)]
 
 
+def print_kernels(stage: Stage, forward, reps: int) -> None:
+    """The medians of `kernel_ms` of fused and split backwards (profiled apart from the timings above)."""
+    fused, first, second = [], [], []
+    for _ in range(reps):
+        _, roots, grads = forward()
+        fused.append(kernel_ms(lambda: torch.autograd.backward(roots, grads)))
+        leaves, roots, grads = forward()
+        split = {}
+        first.append(kernel_ms(lambda: split.setdefault("w", backward_input(roots, grads, leaves, stage.parameters())[1])))
+        second.append(kernel_ms(lambda: backward_weight(split["w"])))
+        stage.module.zero_grad(set_to_none=True)
+    f, i, w = (statistics.median(v) for v in (fused, first, second))
+    print(f"    in aten operators: fused {f:.1f} ms, I {i:.1f} + W {w:.1f} = {i + w:.1f} ms ({(i + w) / f:.2f}x)")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), kernels=sys.argv[4:] == ["kernels"])

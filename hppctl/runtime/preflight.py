@@ -120,6 +120,7 @@ def _one_value_batchnorms(traced, granularity: str) -> dict[int, str]:
 
 LIMITS_DOC = 'docs/bipartition.md, "Limits"'
 FEATURES_DOC = 'docs/runtime.md, "Features"'
+SPLIT_DOC = 'docs/runtime.md, "Split backwards (`I`, `W`)"'
 
 FEATURES = ("resume", "checkpoint", "asynchronous schedule", "fault tolerance", "trace", "metrics")
 """What a run can be asked for, in the order a request is checked (the first refused flag is named)."""
@@ -146,6 +147,11 @@ RUN_KINDS = {kind.name: kind for kind in (
         "fault tolerance": "which fault tolerance cannot recover yet: re-planning replays synchronous rounds, and an "
                            "asynchronous window is a whole epoch whose executor the re-planned workers do not "
                            f"rebuild; {_NO_FT}"}) for policy in ("nf1b", "pipedream")),
+    RunKind("split", "training plan with split backwards (`split_backward: true`)", SPLIT_DOC, {
+        "asynchronous schedule": "and asynchronous windows back-propagate whole (their versions tag `F` and `B`), "
+                                 "which would drop its split",
+        "fault tolerance": "which cannot survive a lost device yet: the fault-tolerant workers refuse the deferred "
+                           f"weight halves (`W`) that its rounds keep until `AR`; {_NO_FT}"}),
     RunKind("bipartition", "Bi-Partition plan (a stage backwards other layers than it forwards)", LIMITS_DOC, {
         "resume": "which cannot resume from a checkpoint yet: its workers' stage files hold only the layers each "
                   "steps or forwards",
@@ -176,7 +182,8 @@ RUN_KINDS = {kind.name: kind for kind in (
                    "rounds"}),
 )}
 """Every kind of run `hppctl run` starts: a training plan under its synchronous rounds or an
-asynchronous window (`--schedule`), a Bi-Partition plan, a psl plan, an inference plan."""
+asynchronous window (`--schedule`), a split-backward plan, a Bi-Partition plan, a psl plan, an
+inference plan."""
 
 
 def check_features(kind: str, what: str, requested: dict[str, str | None]) -> None:
@@ -211,6 +218,8 @@ def plan_kind_text(plan: HppPlan, plan_source: str, schedule: str | None) -> tup
     p = bipartition_stage(plan)
     if p is not None:
         return "bipartition", _bipartition_text(plan, plan_source, p)
+    if plan.split_backward:
+        return "split", f"{plan_source} splits its backwards (split_backward: true)"
     return schedule or "synchronous", (f"{plan_source} trained with --schedule {schedule}" if schedule
                                        else f"{plan_source}")
 

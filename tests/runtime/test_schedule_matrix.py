@@ -30,6 +30,7 @@ from hppctl.store import save
 from tests.bipartition.factories import bi_plan
 from tests.recovery.factories import children, preset_profile
 from tests.runtime.factories import local_cluster, make_plan
+from tests.runtime.test_split_backward_run import split_plan
 
 pytestmark = [pytest.mark.gloo, pytest.mark.timeout(600)]
 
@@ -53,7 +54,7 @@ ASYNCHRONOUS = {"nf1b", "pipedream"}
 
 def test_every_training_kind_has_a_set_up():
     assert set(DISTURBANCES.values()) <= set(FEATURES)
-    assert set(SCHEDULES) == {"synchronous", "nf1b", "pipedream", "bipartition", "psl"}, \
+    assert set(SCHEDULES) == {"synchronous", "nf1b", "pipedream", "split", "bipartition", "psl"}, \
         "a new kind of run in preflight.RUN_KINDS: give it a plan in `files` below"
 
 
@@ -70,8 +71,8 @@ def cells():
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict:
     """Plan, cluster and profile files of each kind: three single-device stages of tiny-mlp (the
-    asynchronous schedules need one device per stage), a Bi-Partition plan whose first stage backwards
-    fewer layers than it forwards, and the example psl plan."""
+    asynchronous schedules need one device per stage), the same with split backwards, a Bi-Partition
+    plan whose first stage backwards fewer layers than it forwards, and the example psl plan."""
     root = tmp_path_factory.mktemp("matrix")
     profile = preset_profile("tiny-mlp", {"a": "jetson-nano", "b": "jetson-nano", "c": "jetson-tx2"})
     save(root / "profile.json", profile)
@@ -80,18 +81,19 @@ def files(tmp_path_factory) -> dict:
     layer_wise = make_plan("tiny-mlp", [((0, 2), ["a"], [4]), ((2, 4), ["b"], [4]), ((4, 5), ["c"], [4])],
                            global_batch=16, micro_batch=4).model_copy(update=digest)
     save(root / "plan.yaml", layer_wise)
+    save(root / "split.yaml", split_plan(layer_wise))
     save(root / "bi.yaml", bi_plan("tiny-mlp", [0, 3, 4, 5], [0, 2, 5, 5], DEVICES, global_batch=16,
                                    micro_batch=4).model_copy(update=digest))
     assert run(["psl", "plan", "--spec", str(EXAMPLES / "psl.yaml"), "--out", str(root / "psl.yaml")]) == 0
     return {"root": root, "profile": root / "profile.json", "cluster": root / "cluster.yaml",
-            "plan": root / "plan.yaml", "bi": root / "bi.yaml", "psl": root / "psl.yaml"}
+            "plan": root / "plan.yaml", "split": root / "split.yaml", "bi": root / "bi.yaml", "psl": root / "psl.yaml"}
 
 
 def base_args(kind: str, files: dict) -> list[str]:
     """`hppctl run` of `kind`, before the disturbance's flags."""
     if kind == "psl":
         return ["run", "--plan", str(files["psl"]), "--cluster", str(EXAMPLES / "psl-cluster.yaml")]
-    plan = files["bi"] if kind == "bipartition" else files["plan"]
+    plan = {"bipartition": files["bi"], "split": files["split"]}.get(kind, files["plan"])
     args = ["run", "--plan", str(plan), "--cluster", str(files["cluster"]), "--dataset", DATASET,
             "--epochs", str(EPOCHS), "--threads", "1", "--seed", "3"]
     return args + (["--schedule", kind] if kind in ASYNCHRONOUS else [])

@@ -192,7 +192,7 @@ def test_only_the_plain_executor_runs_split_backwards():
     from tests.runtime.factories import make_plan
     from tests.runtime.split_schedules import split_backwards
 
-    plan = make_plan("tiny-mlp", [((0, 2), ["a"], [4]), ((2, 5), ["b"], [4])], global_batch=8, micro_batch=4)
+    plan = make_plan("tiny-mlp", [((0, 2), ["a"], [4]), ((2, 5), ["b", "c"], [2, 2])], global_batch=8, micro_batch=4)
     schedule = split_backwards(schedule_for_plan(plan), "before AR")
     topo, actions = Topology.of(schedule), schedule.actions["b"]
 
@@ -203,7 +203,10 @@ def test_only_the_plain_executor_runs_split_backwards():
         return torch.optim.SGD(st.parameters(), lr=0.1)
 
     st = stage()
-    assert Executor("b", actions, topo, st, optimizer(st), None, None).handlers.keys() >= {"I", "W"}
+    plain = Executor("b", actions, topo, st, optimizer(st), None, None)
+    assert plain.handlers.keys() >= {"I", "W"}
+    assert plain.backwards_per_round == 2  # progress counts the W of each micro-batch (I alone is not done)
+    assert plain.last_backward == next(a for a in reversed(actions) if a.kind == "W")  # the reducer's hooks
     refused = {
         "split_backward=False": lambda: Executor("b", actions, topo, st, optimizer(st), None, None, split_backward=False),
         "BiExecutor": lambda: BiExecutor("b", actions, topo, bi, optimizer(bi), None, None),

@@ -1,11 +1,13 @@
 """CPU time of a fused backward against `I` + `W` (runtime/split_backward.py) on a model cut in three.
 
-    PYTHONPATH=. python -m tests.runtime.split_backward_timing mobilenetv2 16 9 [kernels]
+    PYTHONPATH=. python -m tests.runtime.split_backward_timing mobilenetv2 16 9 [kernels | memory]
 
 Per stage: the median over REPS of the process CPU time of one backward of one micro-batch of
 BATCH samples (single-threaded, on the CPU), fused and split, and how many autograd calls the
 `W` makes. With `kernels`, also the CPU time inside aten operators (torch.profiler, self time
-summed, last repetition): the work itself, without autograd's and Python's per-call costs.
+summed, medians): the work itself, without autograd's and Python's per-call costs. With
+`memory`, also what a micro-batch keeps between its `I` and its `W`: the tensors its forward saved
+for backward (parameters not counted), and the gradients `I` captured for `W` besides them.
 A measurement script for docs/runtime.md, not a test (no wall-clock assertions).
 """
 
@@ -33,7 +35,7 @@ def kernel_ms(block) -> float:
     return sum(e.self_cpu_time_total for e in prof.key_averages() if e.key.startswith("aten::")) / 1e3
 
 
-def main(model: str, batch: int, reps: int, kernels: bool = False) -> None:
+def main(model: str, batch: int, reps: int, kernels: bool = False, memory: bool = False) -> None:
     torch.set_num_threads(1)
     n = len(layer_costs(model, "fine"))
     cuts = [(0, n // 3), (n // 3, 2 * n // 3), (2 * n // 3, n)]
@@ -73,6 +75,8 @@ def main(model: str, batch: int, reps: int, kernels: bool = False) -> None:
               f"I {i:.1f} + W {w:.1f} = {i + w:.1f} ms ({(i + w) / f:.2f}x), W autograd calls {calls}")
         if kernels:
             print_kernels(stage, forward, reps)
+        if memory:
+            print_memory(stage, forward)
         with torch.no_grad():
             values = [t.detach() for t in stage(*values)]
 
@@ -92,5 +96,25 @@ def print_kernels(stage: Stage, forward, reps: int) -> None:
     print(f"    in aten operators: fused {f:.1f} ms, I {i:.1f} + W {w:.1f} = {i + w:.1f} ms ({(i + w) / f:.2f}x)")
 
 
+def print_memory(stage: Stage, forward) -> None:
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        leaves, roots, grads = forward()
+    params = {q.untyped_storage().data_ptr() for q in stage.parameters()}
+    activations = sum(n for ptr, n in saved.items() if ptr not in params)
+    _, deferred = backward_input(roots, grads, leaves, stage.parameters())
+    captured = sum(g.numel() * g.element_size() for call in deferred.calls for _, _, g in call.seeds)
+    backward_weight(deferred)
+    stage.module.zero_grad(set_to_none=True)
+    print(f"    kept from I to W: saved activations {activations / 2**20:.1f} MiB, "
+          f"captured gradients {captured / 2**20:.1f} MiB (+{captured / activations:.0%})")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), kernels=sys.argv[4:] == ["kernels"])
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), kernels="kernels" in sys.argv[4:],
+         memory="memory" in sys.argv[4:])

@@ -87,6 +87,8 @@ class FtRun:
     # --- the loop -------------------------------------------------------------------------------
     def train(self) -> None:
         self._connect()
+        # Split backwards (I/W) are refused here (preflight refuses the plan first): replays and
+        # backups were built for rounds whose weight gradients are all in after each B.
         self.executor = self.w.new_executor(self.comm, split_backward=False)
         self.executor.on_step = self.steps.report
         r = self.opts.start_round

@@ -125,6 +125,7 @@ class FakeEndpoint:
                 emit({"type": "pass", "batch_size": b,
                       "forward": [cpu * (i + 1) / 10 for i in range(self.device.layers)],
                       "backward": [2 * cpu * (i + 1) / 10 for i in range(self.device.layers)],
+                      "weight_grad": [cpu * (i + 1) / 10 for i in range(self.device.layers)],
                       "step": {"count": 2, "wall_s": 2 * 1.5 * cpu / self.device.quota, "cpu_s": 2 * 1.5 * cpu,
                                "clock_s": [1.5 * cpu, 1.5 * cpu]}})
                 passes += 1

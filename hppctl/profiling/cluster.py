@@ -35,7 +35,8 @@ from hppctl.models.cluster import ClusterSpec, DeviceSpec
 from hppctl.models.profile import DeviceProfile, LayerCost, LinkProfile, MissingDevice, Profile
 from hppctl.profiling import parse
 from hppctl.profiling.cache import MeasurementCache, default_root
-from hppctl.profiling.from_presets import (DEFAULT_BATCH_SIZES, layer_times, pair_links, validate_batch_sizes)
+from hppctl.profiling.from_presets import (DEFAULT_BATCH_SIZES, pair_links, preset_device_profile,
+                                          validate_batch_sizes)
 from hppctl.profiling.presets import get_preset
 from hppctl.profiling.probe import PROBE_VERSION
 from hppctl.profiling.records import Identity, Memory, Pass
@@ -451,10 +452,9 @@ def _summary(profile: DeviceProfile) -> str:
 
 
 def _preset_device(spec: DeviceSpec, preset, ctx: _Context) -> DeviceProfile:
-    forward, backward = layer_times(preset, ctx.layers, ctx.grid, parts=ctx.parts)
-    return DeviceProfile(name=spec.name, kind=preset.name, memory_bytes=spec.memory or preset.memory_budget_bytes,
-                         batch_sizes=list(ctx.grid), forward_s=forward, backward_s=backward,
-                         peak_flops=preset.peak_flops, source="preset")
+    device = preset_device_profile(spec.name, preset, ctx.layers, list(ctx.grid), memory_bytes=spec.memory,
+                                   parts=ctx.parts)
+    return device.model_copy(update={"source": "preset"})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -47,6 +47,12 @@ def test_measured_and_preset_devices_in_one_profile(tmp_path):
     assert per_sample["mid"] == pytest.approx(2 * per_sample["fast"])
     assert by_name["fast"].memory_bytes == 2 * 10**9 - 4 * 10**8  # cgroup limit minus the worker runtime
     assert by_name["nano0"].kind == "jetson-nano" and by_name["nano0"].batch_sizes == GRID
+    # every device splits its backward: the measured ones as their probes measured it (the fake's
+    # weight gradients are half its backward), the preset one as its preset predicts it
+    assert all(d.weight_grad_s is not None and len(d.weight_grad_s) == 5 for d in p.devices)
+    fast = by_name["fast"]
+    assert [w for row in fast.weight_grad_s for w in row] == pytest.approx([b / 2 for row in fast.backward_s for b in row])
+    assert by_name["nano0"].source == "preset" and 0 < by_name["nano0"].weight_grad_s[0][0] < by_name["nano0"].backward_s[0][0]
     assert all(e.closed for e in make.endpoints.values())
 
 

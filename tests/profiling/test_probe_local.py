@@ -151,3 +151,16 @@ def test_a_local_device_end_to_end(tmp_path):
                             settings=ProbeSettings(repeats=2, warmup=1, window_s=0.05))
     assert again.cached == {"me": [1, 2]} and again.measured == {"me": []}
     assert again.profile.devices[0].weight_grad_s == device.weight_grad_s
+
+
+def test_weight_shares_by_preset_class_come_from_the_probes_layer_passes(capsys):
+    # what presets.WEIGHT_GRAD_SHARE is measured with (docs/presets.md), on tiny-cnn
+    from hppctl.profiling import weight_shares
+
+    assert weight_shares.main(["--model", "tiny-cnn", "--batch", "4", "--repeats", "2"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    shares = summary["shares"]
+    assert set(shares) == {"conv", "matmul", "memory", "no-weights"}  # convs, the classifier, norms, ReLU/pool
+    assert sum(row["layers"] for row in shares.values()) == 11
+    assert all(0.0 <= row["share"] <= 1.0 and row["backward_s"] > 0 for row in shares.values())
+    assert shares["conv"]["share"] > 0

@@ -39,8 +39,8 @@ from hppctl.allocator import steady_heap
 PROBE_VERSION = 5
 """Bumped whenever a kind changes what or how it measures; part of every cache key. (Accelerators
 did not bump it: a CPU measures as before, and a GPU device has another device fingerprint.)
-5: `train` passes carry each layer's weight-gradient time, and layer 0's backward includes the
-gradient of the data (train_probe.layer_pass): a cache of version 4 is measured again."""
+5: `train` passes carry each layer's weight-gradient time (train_probe.layer_pass): a cache of
+version 4, whose passes lack it, is measured again rather than giving a profile without it."""
 
 Kind = Callable[[dict[str, Any]], Iterator[dict[str, Any]]]
 KINDS: dict[str, Kind | str] = {

@@ -239,30 +239,59 @@ class Measurement:
         (`torch.autograd.grad` with the tensors that cross the cuts as `inputs`, the graph retained):
         autograd then skips every weight gradient, and the same hooks split that run by layer. A
         layer's weight-gradient time is its backward minus that input-only backward, clamped into
-        [0, backward] (the two runs' noise). The data (layer 0's input) is made to require a gradient,
-        so that layer 0's input-only backward is defined as every other layer's; its backward then
-        includes the gradient of the data, which a real head stage does not compute (docs/profiling.md).
+        [0, backward] (the two runs' noise). Layer 0's input, the data, needs no gradient in a real
+        step (nor here: its backward is a real head's), so it is measured as if it did, on its own
+        (`_first_layer_weight_grad`): defined as every other layer's.
         """
         torch, count = self.torch, len(self.stages)
         self.model.zero_grad(set_to_none=True)
-        if split and x.is_floating_point():
-            x = x.detach().requires_grad_(True)
-        forward, starts, crossing, loss = self._stamped_forward(x, labels)
+        forward, starts, crossing, loss, first_out = self._stamped_forward(x, labels)
         weight_grad = None
         if split:
             inputs = [t for t in crossing if t.requires_grad]
-            input_only, _ = self._stamped_backward(starts, lambda: torch.autograd.grad(
-                loss, inputs, retain_graph=True, allow_unused=True))
+            received: list = []
+            input_only, _ = self._stamped_backward(starts, lambda: received.extend(torch.autograd.grad(
+                loss, inputs, retain_graph=True, allow_unused=True)))
             starts[:] = [None] * count
         backward, set_up = self._stamped_backward(starts, loss.backward)
         if split:
             weight_grad = [min(b, max(0.0, b - i)) for b, i in zip(backward, input_only)]
+            first = self._first_layer_weight_grad(x, first_out, dict(zip(map(id, inputs), received)))
+            if first is not None:
+                weight_grad[0] = min(backward[0], first)
         backward[-1] += set_up  # a real step pays it: the last layer's backward, as before
         return forward, backward, weight_grad
 
-    def _stamped_forward(self, x, labels) -> tuple[list[float], list[float | None], list, Any]:
+    def _first_layer_weight_grad(self, x, first_out: tuple, received: dict[int, Any]) -> float | None:
+        """Layer 0's weight-gradient seconds as if the data needed a gradient, as every other layer's
+        input does: a second forward of layer 0 alone on a copy of the data that requires one, then
+        its backward from the gradients the pass's input-only run delivered to its outputs, to the
+        data only and to the data and its parameters, each one engine run after an untimed one; the
+        difference.
+        None when there is nothing to measure (integer data, e.g. token ids: its input-only
+        backward is empty, so the pass's own figure, the whole backward, is already the definition)."""
+        torch, clock = self.torch, self.clock
+        if len(self.stages) < 2 or not (isinstance(x, torch.Tensor) and x.is_floating_point()):
+            return None
+        picked = [(k, received.get(id(o))) for k, o in enumerate(first_out)
+                  if isinstance(o, torch.Tensor) and o.requires_grad]
+        picked = [(k, g) for k, g in picked if g is not None]
+        if not picked:
+            return None
+        data = x.detach().requires_grad_(True)
+        out = self.stages[0](data)
+        outputs, grads = [out[k] for k, _ in picked], [g for _, g in picked]
+        params = [p for p in self.stages[0].parameters() if p.requires_grad]
+        seconds = []
+        for inputs in ([data], [data], [data, *params]):  # the first one untimed: it meets cold caches
+            t = clock()
+            torch.autograd.grad(outputs, inputs, grads, retain_graph=True, allow_unused=True)
+            seconds.append(clock() - t)
+        return max(0.0, seconds[2] - seconds[1])
+
+    def _stamped_forward(self, x, labels) -> tuple[list[float], list[float | None], list, Any, tuple]:
         """Each layer's forward time, the hook stamps its backward will fill, the tensors that cross
-        the cuts (x first), and the loss."""
+        the cuts (x first), the loss, and layer 0's outputs."""
         torch, clock, count = self.torch, self.clock, len(self.stages)
         forward = [0.0] * count
         starts: list[float | None] = [None] * count
@@ -286,7 +315,9 @@ class Measurement:
             if new and i < count - 1:
                 crossing.update((id(o), o) for o in out if isinstance(o, torch.Tensor))
             values = out
-        return forward, starts, list(crossing.values()), values[0]
+            if i == 0:
+                first_out = out
+        return forward, starts, list(crossing.values()), values[0], first_out
 
     def _stamped_backward(self, starts: list[float | None], run) -> tuple[list[float], float]:
         """`run()` (one backward engine run) timed layer by layer from the hook stamps (layer_pass),

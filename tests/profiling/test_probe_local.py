@@ -61,6 +61,22 @@ def test_each_backward_is_split_into_its_weight_gradient_part_by_an_input_only_b
     assert all(p.grad is not None for p in m.model.parameters())
 
 
+def test_an_embedding_fed_token_ids_has_its_whole_backward_as_weight_gradient():
+    # tiny-bert's layer 0 is the word embedding: its input carries no gradient, so nothing of its
+    # backward is input-gradient work (the weight gradient is a scatter into the embedding table)
+    from hppctl.profiling.train_probe import Measurement
+
+    m = Measurement("tiny-bert", "fine", threads=1)
+    x, labels = m.batch(4)
+    assert not x.is_floating_point()
+    passes = [m.layer_pass(x, labels) for _ in range(4)][1:]
+    for _, backward, weight_grad in passes:
+        assert all(0.0 <= w <= b for w, b in zip(weight_grad, backward))
+    backward = statistics.median(p[1][0] for p in passes)
+    weight_grad = statistics.median(p[2][0] for p in passes)
+    assert backward > 0 and weight_grad > backward / 2
+
+
 def test_the_cost_of_calling_one_layer_stage_is_measured_against_one_module_over_all_layers(measurement):
     # tiny-cnn's 11 one-layer stages: a few microseconds each of calls and clock reads on any machine,
     # far below the smallest layer's forward (no wall-clock bound: just what it is made of)

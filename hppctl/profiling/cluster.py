@@ -278,6 +278,7 @@ def _profile_device(ctx: _Context, spec: DeviceSpec, endpoint) -> DeviceProfile:
             ctx.run.workdir[name] = sent
     observer.device_phase(name, "identifying")
     identity = parse.typed(_identity_record(endpoint, ctx.settings, spec.accelerator), Identity)
+    check_probe_version(identity)
     host_key = endpoint.host_key() if hasattr(endpoint, "host_key") else None
     device_fingerprint = parse.fingerprint(identity, host_key)
     cache = MeasurementCache(ctx.cache_root, {
@@ -310,6 +311,18 @@ def _profile_device(ctx: _Context, spec: DeviceSpec, endpoint) -> DeviceProfile:
             ctx.run.notes.append(f"{name}: batch sizes {', '.join(map(str, suspect))} measured again "
                                  f"({'; '.join(problems)})")
     return _marked_if_implausible(profile)
+
+
+def check_probe_version(identity: Identity) -> None:
+    """`DeviceFailure` unless the device's probe measures as this one does (PROBE_VERSION): fleet.prepare
+    compares hppctl versions, but another checkout or an older wheel of the same version would
+    measure otherwise (e.g. without the weight gradients), and its records would be cached under
+    this version's key."""
+    if identity.probe_version != PROBE_VERSION:
+        theirs = identity.probe_version or "4 or older"  # 5 is the first to report it
+        raise DeviceFailure(f"the device's hppctl {identity.hppctl} measures with probe version {theirs}, this one "
+                            f"with {PROBE_VERSION}: other code under the same version (run with --install to put "
+                            f"this one there)")
 
 
 def _marked_if_implausible(profile: DeviceProfile) -> DeviceProfile:

@@ -78,8 +78,9 @@ def resolve_kind(name: str) -> Kind:
 def _identify(args: dict[str, Any]) -> Iterator[dict[str, Any]]:
     from hppctl.profiling import device
 
-    yield device.identify(measure_quota=bool(args.get("measure_quota", True)), threads=args.get("threads"),
-                          accelerator=str(args.get("accelerator", "cpu")))
+    identity = device.identify(measure_quota=bool(args.get("measure_quota", True)), threads=args.get("threads"),
+                               accelerator=str(args.get("accelerator", "cpu")))
+    yield {**identity, "probe_version": PROBE_VERSION}
 
 
 @register_kind("sleep")

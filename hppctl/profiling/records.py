@@ -56,6 +56,9 @@ class Identity(FrozenModel):
     kernel: str
     accelerator: AcceleratorRecord | None = None
     """None in records of probes older than accelerators (a CPU)."""
+    probe_version: PosInt | None = None
+    """The device's PROBE_VERSION (probe.py); None from probes older than 5. The hppctl version alone
+    does not tell the code: a device may run other hppctl code under the same version string."""
 
 
 class Setup(FrozenModel):

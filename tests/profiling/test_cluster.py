@@ -109,6 +109,17 @@ def test_version_mismatch_names_both_versions(tmp_path):
     assert "--install" in result.failures["b"] and "not installed" in result.failures["c"]
 
 
+def test_a_device_whose_probe_measures_otherwise_is_refused_before_it_measures(tmp_path):
+    # the same hppctl version string, other code: an older checkout or wheel whose passes carry no
+    # weight gradients (PROBE_VERSION 4 reported none), or a newer one
+    devices = {"a": FakeDevice(), "b": FakeDevice(probe_version=None), "c": FakeDevice(probe_version=99)}
+    result, _ = run(cluster("a", "b", "c"), devices, tmp_path)
+    assert set(result.failures) == {"b", "c"} and [d.name for d in result.profile.devices] == ["a"]
+    assert "probe version 4 or older" in result.failures["b"] and "--install" in result.failures["b"]
+    assert "probe version 99, this one with 5" in result.failures["c"]
+    assert train_calls(devices["b"]) == [] and train_calls(devices["c"]) == []  # nothing measured, nothing cached
+
+
 def test_a_device_with_another_layer_table_is_refused(tmp_path):
     devices = {"a": FakeDevice(), "b": FakeDevice(layers=7)}
     result, _ = run(cluster("a", "b"), devices, tmp_path)

@@ -44,7 +44,7 @@ from hppctl.planner import make_plan  # noqa: E402
 from hppctl.planner.micro_batch import make_auto_plan  # noqa: E402
 from hppctl.runtime.config import TrainOptions  # noqa: E402
 from hppctl.runtime.session import RunRequest, Session  # noqa: E402
-from hppctl.schedule import simulate_plan, simulated_round_latency  # noqa: E402
+from hppctl.schedule import simulate_plan, simulated_round_latency, split_backward_plan  # noqa: E402
 from hppctl.store import load  # noqa: E402
 
 HPPCTL = [sys.executable, "-m", "hppctl"]
@@ -85,11 +85,22 @@ def lab_and_profile(args, work: Path, spec_template: str = SPEC) -> tuple[Path, 
     return cluster, profile, started
 
 
+SPLIT_SUFFIX = "+zb"
+"""`asteroid+zb`, `pp+zb`: the strategy's plan run with split backwards (`hppctl plan --split-backward`)."""
+
+
 def plan_for(name: str, profile: Profile, args) -> HppPlan:
-    """`name`'s plan at `--micro-batch` (auto: its own best, ranked by the simulator, docs/planner.md)."""
+    """`name`'s plan at `--micro-batch` (auto: its own best, ranked by the simulator, docs/planner.md);
+    with SPLIT_SUFFIX, its split-backward form (auto then ranks the split forms)."""
+    strategy, split = name.removesuffix(SPLIT_SUFFIX), name.endswith(SPLIT_SUFFIX)
     if args.micro_batch == "auto":
-        return make_auto_plan(profile, args.global_batch, name, simulated_round_latency(profile))
-    return make_plan(profile, PlanRequest(global_batch=args.global_batch, micro_batch=int(args.micro_batch)), name)
+        simulate = ((lambda plan: split_backward_plan(plan, profile, refine=False).prediction.round_latency_s) if split
+                    else simulated_round_latency(profile))
+        plan = make_auto_plan(profile, args.global_batch, strategy, simulate)
+    else:
+        plan = make_plan(profile, PlanRequest(global_batch=args.global_batch, micro_batch=int(args.micro_batch)),
+                         strategy)
+    return split_backward_plan(plan, profile) if split else plan
 
 
 def run_strategy(name: str, profile: Profile, cluster: ClusterSpec, args, plan=None) -> dict:

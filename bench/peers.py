@@ -18,7 +18,8 @@ lr 0.01 (momentum 0.9, hppctl's default), one thread per process, `--rounds` 14 
 first `--warmup` 2 are left out.
 
 Strategies (`--strategies`, in this order every cycle):
-- hppctl's (`asteroid`, `dp`, `pp`, …): planned on the lab's measured profile at `--micro-batch`
+- hppctl's (`asteroid`, `dp`, `pp`, …, and `asteroid+zb`, `pp+zb`: the same with split backwards,
+  `hppctl plan --split-backward`): planned on the lab's measured profile at `--micro-batch`
   (`hpp_vs_baselines.plan_for`; `auto`: each strategy's own best, ranked by the simulator), trained with hppctl's runtime (`Session(RunRequest(...)).run()`).
 - stock peers (`ddp`, `pipe-1f1b`, `pipe-gpipe`): bench/peer_worker.py on every host it needs,
   started over the lab's SSH (so in the host's netns and cgroup) with `python -m
@@ -147,13 +148,16 @@ def median_samples_per_s(step_s: list[float], global_batch: int, warmup: int) ->
 
 
 def cycle_ratios(cycle: dict[str, float]) -> dict[str, float]:
-    """Ratios of one cycle's samples/s: asteroid over the best real peer, dp over ddp, and every
-    hppctl strategy over every peer that ran."""
+    """Ratios of one cycle's samples/s: asteroid (with and without split backwards) and hppctl's fastest
+    strategy over the best real peer, and every hppctl strategy over every peer that ran."""
     peers = {k: v for k, v in cycle.items() if k in PEERS}
     ours = {k: v for k, v in cycle.items() if k not in PEERS}
     ratios = {f"{a}/{b}": ours[a] / peers[b] for a in ours for b in peers}
-    if "asteroid" in ours and peers:
-        ratios["asteroid/best_peer"] = ours["asteroid"] / max(peers.values())
+    for name in ("asteroid", "asteroid+zb"):
+        if name in ours and peers:
+            ratios[f"{name}/best_peer"] = ours[name] / max(peers.values())
+    if ours and peers:
+        ratios["best_hppctl/best_peer"] = max(ours.values()) / max(peers.values())
     return ratios
 
 

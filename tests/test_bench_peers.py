@@ -142,3 +142,27 @@ def test_a_peer_rank_ends_before_python_finalizes(mode, tmp_path):
     # the marker works: the same interpreter, finalizing, prints it
     check = subprocess.run([sys.executable, "-c", "pass"], env=env, capture_output=True, text=True, timeout=60)
     assert "FINALIZED" in check.stderr
+
+
+def test_split_backward_runs_and_hppctls_fastest_are_set_against_the_best_peer(peers):
+    ratios = peers.cycle_ratios({"asteroid": 300.0, "asteroid+zb": 330.0, "pp+zb": 360.0, "ddp": 150.0,
+                                 "pipe-1f1b": 240.0})
+    assert ratios["asteroid/best_peer"] == 1.25
+    assert ratios["asteroid+zb/best_peer"] == 1.375
+    assert ratios["best_hppctl/best_peer"] == 1.5
+
+
+def test_a_zb_strategy_plans_the_split_form_of_its_base(tmp_path):
+    from argparse import Namespace
+
+    from tests.bench_modules import load_bench
+    from tests.planner.test_split_backward_plan import with_weight_times
+    from tests.conftest import make_profile
+
+    hvb = load_bench("hpp_vs_baselines")
+    profile = with_weight_times(make_profile(layers=8, speeds=(1.0, 2.0, 3.0)), 0.4)
+    for micro_batch in ("8", "auto"):
+        args = Namespace(micro_batch=micro_batch, global_batch=64)
+        base, split = hvb.plan_for("pp", profile, args), hvb.plan_for("pp+zb", profile, args)
+        assert not base.split_backward and split.split_backward
+        assert [s.layers for s in split.stages] == [s.layers for s in base.stages] or micro_batch == "auto"

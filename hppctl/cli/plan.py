@@ -75,6 +75,7 @@ def plan_command(
     existing: Annotated[Optional[Path], typer.Option("--plan", help="Re-score an existing plan against --profile instead of planning.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
     seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Inference profiles (Galaxy): plan for this sequence length; strategies galaxy, megatron, sp, local.")] = None,
+    split_backward: Annotated[bool, typer.Option("--split-backward", help="Split every backward into its input-gradient half and a deferred weight-gradient half that fills the pipeline's idle time (zero-bubble; needs a profile with weight_grad_s; docs/schedule.md).")] = False,
 ) -> None:
     """Plan hybrid pipeline parallel training (stages, device groups, samples per device), or collaborative inference on an inference profile (heads, MLP columns, sequence rows per device)."""
     from hppctl import planner
@@ -112,6 +113,9 @@ def plan_command(
         raise BadInput("--global-batch and --micro-batch (a number or auto) are required "
                        "(or --plan FILE to re-score a plan)")
     request = None if micro_batch == "auto" else make_request(global_batch, micro_batch)
+    if compare and split_backward:
+        raise BadInput("--split-backward: plans one strategy; --compare ranks whole backwards (run it without "
+                       "--split-backward, then plan the strategy you pick with it)")
     if compare:
         from hppctl.planner.micro_batch import compare_auto
         from hppctl.schedule import simulated_round_latency
@@ -123,14 +127,33 @@ def plan_command(
     if request is None:
         from hppctl.planner.micro_batch import make_auto_plan
         from hppctl.schedule import simulated_round_latency
-        plan = make_auto_plan(prof, check_global_batch(global_batch), strategy or "asteroid",
-                              simulated_round_latency(prof))
+        simulate = _split_round_latency(prof, profile) if split_backward else simulated_round_latency(prof)
+        plan = make_auto_plan(prof, check_global_batch(global_batch), strategy or "asteroid", simulate)
     else:
         plan = planner.make_plan(prof, request, strategy or "asteroid")
+    if split_backward:
+        plan = _with_split_backward(plan, prof, profile)
     if out is not None:
         save(out, plan)
         note(f"wrote {out}")
     _show(plan, prof, explain_, as_json, explain)
+
+
+def _with_split_backward(plan: HppPlan, prof: Profile, source: Path, *, refine: bool = True) -> HppPlan:
+    from hppctl.schedule import split_backward_plan
+
+    try:
+        return split_backward_plan(plan, prof, refine=refine)
+    except ValueError as e:
+        raise BadInput(f"--split-backward: {source}: {e}") from None
+
+
+def _split_round_latency(prof: Profile, source: Path):
+    """What `--micro-batch auto --split-backward` ranks candidates by: each one's split form, simulated
+    (the cut search runs on the winner only)."""
+    def latency(plan: HppPlan) -> float:
+        return _with_split_backward(plan, prof, source, refine=False).prediction.round_latency_s
+    return latency
 
 
 def _fastest_inference_strategy(profile: Path, seq_len: int | None) -> str:
@@ -229,19 +252,22 @@ def _render_plan(plan: HppPlan, explain_: bool = False) -> None:
 
     pred = plan.prediction
     stdout.print(f"{plan.strategy} plan for {plan.model} ({plan.granularity}): global batch {plan.global_batch} = "
-                 f"{plan.num_micro_batches} micro-batches x {plan.micro_batch} samples, schedule {plan.schedule}")
+                 f"{plan.num_micro_batches} micro-batches x {plan.micro_batch} samples, schedule {plan.schedule}"
+                 + (", split backward (weight gradients deferred into idle time)" if plan.split_backward else ""))
     table = Table(box=None, pad_edge=False)
     for plain, symbol in PLAN_COLUMNS:
         table.add_column(f"{plain} ({symbol})" if explain_ and symbol else plain)
     for p, s in enumerate(plan.stages):
         memory = ", ".join(_memory_of_budget(m, u) for m, u in zip(s.memory_bytes, s.memory_budget_bytes))
-        table.add_row(str(p), stage_layers(s), ", ".join(s.devices), ", ".join(map(str, s.samples)), str(s.warmup),
+        table.add_row(str(p), stage_layers(s), ", ".join(s.devices), ", ".join(map(str, s.samples)),
+                      str(s.in_flight_cap or s.warmup),
                       f"{s.forward_s:.4f}", f"{s.backward_s:.4f}", f"{s.allreduce_s:.4f}", memory)
     stdout.print(table)
     stdout.print("forward/backward s: one micro-batch on the stage's slowest device; all-reduce s: averaging the "
                  "stage's gradients across its devices, per round; in flight: most micro-batches a stage holds",
                  soft_wrap=True)
-    stdout.print(f"predicted round latency {pred.round_latency_s:.3f} s, throughput "
+    figure = "simulated (split backward; cuts tuned by simulation)" if plan.split_backward else "predicted"
+    stdout.print(f"{figure} round latency {pred.round_latency_s:.3f} s, throughput "
                  f"{pred.throughput_samples_per_s:.1f} samples/s, peak memory {pred.peak_memory_ratio:.0%} of budget, "
                  f"planned in {plan.planning_time_s:.2f} s")
     for v in plan.memory_violations:

@@ -28,7 +28,8 @@ Strategy = str
 
 
 class StagePlan(_OmitsUnset):
-    _omit_when_default = ("backward_layers", "allreduce_exposed_s", "allreduce_buckets")
+    _omit_when_default = ("backward_layers", "allreduce_exposed_s", "allreduce_buckets", "weight_grad_s",
+                          "in_flight_cap")
 
     layers: Annotated[list[LayerIndex], Field(min_length=2, max_length=2)]
     """Half-open layer range [start, end) (of the forward pass when `backward_layers` is set)."""
@@ -40,6 +41,12 @@ class StagePlan(_OmitsUnset):
     forward_s: TimeS
     """E_f: one micro-batch's forward on this stage (slowest device)."""
     backward_s: TimeS
+    weight_grad_s: TimeS | None = None
+    """Split-backward plans (`HppPlan.split_backward`): the part of `backward_s` the deferred `W`
+    takes (the whole of it on the head stage, which has no input gradient to hurry)."""
+    in_flight_cap: PosInt | None = None
+    """Split-backward plans: most micro-batches whose activations the stage holds at once (forwarded,
+    `W` not yet run), >= `warmup`; how far Ws may be deferred. `memory_bytes` counts this many."""
     allreduce_s: TimeS
     """T_a: the whole AllReduce of the stage's gradients over its group (Eq. 5)."""
     allreduce_exposed_s: TimeS | None = None
@@ -224,6 +231,13 @@ class HppPlan(_OmitsUnset):
             seen.update(stage.devices)
         if expected_back != expected:
             raise ValueError(f"the backward ranges end at layer {expected_back}, the forward ranges at {expected}")
+        for i, stage in enumerate(self.stages):
+            if self.split_backward and stage.weight_grad_s is None:
+                raise ValueError(f"split_backward plans need weight_grad_s on every stage (stage {i} has none)")
+            if stage.in_flight_cap is not None and stage.in_flight_cap < min(stage.warmup, self.num_micro_batches):
+                raise ValueError(f"stage {i}: in_flight_cap {stage.in_flight_cap} is below its warmup {stage.warmup}")
+            if stage.weight_grad_s is not None and stage.weight_grad_s > stage.backward_s:
+                raise ValueError(f"stage {i}: weight_grad_s {stage.weight_grad_s} is more than backward_s {stage.backward_s}")
         if len(self.transfers) != len(self.stages) - 1:
             raise ValueError(f"{len(self.stages)} stages need {len(self.stages) - 1} transfers, got {len(self.transfers)}")
         return self

@@ -148,7 +148,7 @@ ActionText = Annotated[Action, BeforeValidator(_parse_text), PlainSerializer(str
 class ScheduleStage(_OmitsUnset):
     """A stage as the schedule sees it: its layers, its device group and each device's samples."""
 
-    _omit_when_default = ("backward_layers",)
+    _omit_when_default = ("backward_layers", "in_flight_cap")
 
     layers: Annotated[list[NonNegInt], Field(min_length=2, max_length=2)]
     """Half-open layer range [start, end) (of the forwards when `backward_layers` is set)."""
@@ -159,6 +159,8 @@ class ScheduleStage(_OmitsUnset):
     """K_p: forwards before strict one-forward-one-backward (M for GPipe)."""
     backward_layers: Annotated[list[NonNegInt], Field(min_length=2, max_length=2)] | None = None
     """Bi-Partition: the layers this stage backwards, when they differ from `layers`."""
+    in_flight_cap: PosInt | None = None
+    """Split backwards: most micro-batches forwarded and not yet through their `W` (None: K_p)."""
 
     @model_validator(mode="after")
     def _aligned(self) -> "ScheduleStage":

@@ -20,12 +20,13 @@ from hppctl.models.schedule import Action, Schedule
 from hppctl.schedule.check import ScheduleError, check_schedule
 from hppctl.schedule.generate import ABLATION_POLICIES, POLICIES, Durations, compute_order, generate, schedule_for_plan, warmups
 from hppctl.schedule.simulate import Mode, SimResult, simulate
+from hppctl.schedule.split_plan import split_backward_plan
 from hppctl.schedule.timings import PlanTimings, ProfileTimings
 
 __all__ = [
     "ABLATION_POLICIES", "POLICIES", "Action", "Durations", "Mode", "PlanTimings", "ProfileTimings", "Schedule",
     "ScheduleError", "SimResult", "check_schedule", "compute_order", "generate", "schedule_for_plan", "simulate",
-    "simulate_plan", "simulated_round_latency", "warmups",
+    "simulate_plan", "simulated_round_latency", "split_backward_plan", "warmups",
 ]
 
 
@@ -42,3 +43,4 @@ def simulate_plan(plan: HppPlan, profile: Profile | None = None, *, policy: str 
 def simulated_round_latency(profile: Profile) -> Callable[[HppPlan], float]:
     """What `hppctl plan --compare` passes to `planner.compare` to rank strategies by simulation."""
     return lambda plan: simulate_plan(plan, profile)[1].round_latency_s
+

@@ -18,6 +18,10 @@ rule broken. Rules, in the order they are checked:
    each device's last action, exactly once;
 7. no deadlock when every send, receive and AllReduce blocks until all its parties arrive: the
    schedule is executed by matching rendezvous; if it gets stuck, the wait-for cycle is reported.
+6b. split backwards (`I` + `W`, models/schedule.py's pairing contract): an `I` stands for the
+   backward in rules 2-6; on each device the `W`s of a micro-batch tile exactly the samples its
+   `I`s covered, each after its `I`, before the `AR`; a device never mixes `B` and `I`.
+   Asynchronous and Bi-Partition schedules do not split backwards;
 8. Bi-Partition schedules (stages with `backward_layers`; docs/bipartition.md): rules B1-B4 of
    `bipartition.check_bipartition`; SW/RW follow STEP, so rules 1-6 look at the lists without them.
 
@@ -31,7 +35,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 from hppctl.errors import BadInput
-from hppctl.models.schedule import Action, Schedule
+from hppctl.models.schedule import BACKWARD_KINDS, Action, Schedule
 from hppctl.schedule.async_check import check_async
 from hppctl.schedule.bipartition import check_bipartition, without_weight_transfers
 from hppctl.schedule.routing import owned_ranges
@@ -78,11 +82,14 @@ def check_schedule(schedule: Schedule) -> None:
 def _check_actions(schedule: Schedule, stage_of: dict[str, int], problems: _Problems) -> None:
     B, M, P = schedule.micro_batch, schedule.num_micro_batches, len(schedule.stages)
     peer_offset = {"SA": 1, "RG": 1, "RA": -1, "SG": -1}
+    unsplittable = _why_no_split_backward(schedule)
     for device, actions in schedule.actions.items():
         p = stage_of[device]
         lo, hi = owned(schedule, device)
         for i, a in enumerate(actions):
-            if a.stage != p:
+            if unsplittable and a.kind in ("I", "W"):
+                problems.add(device, i, a, f"{unsplittable} do not split backwards (I/W)")
+            elif a.stage != p:
                 problems.add(device, i, a, f"names stage {a.stage}, but {device} is in stage {p}")
             elif a.micro_batch is not None and a.micro_batch >= M:
                 problems.add(device, i, a, f"micro-batch {a.micro_batch} does not exist (M = {M})")
@@ -98,15 +105,24 @@ def _check_actions(schedule: Schedule, stage_of: dict[str, int], problems: _Prob
                     problems.add(device, i, a, f"peer {a.peer} is not a device of stage {want}")
 
 
+def _why_no_split_backward(schedule: Schedule) -> str:
+    """'' if the schedule may split backwards, else what kind of schedule it is."""
+    if schedule.micro_batches_per_update is not None:
+        return "asynchronous schedules"
+    if any(s.backward_layers is not None for s in schedule.stages):
+        return "Bi-Partition schedules"
+    return ""
+
+
 def _check_coverage(schedule: Schedule, problems: _Problems) -> None:
-    """Rule 2: per stage and micro-batch, forwards and backwards each cover [0, B) exactly once."""
+    """Rule 2: per stage and micro-batch, forwards and backwards (B or I) each cover [0, B) exactly once."""
     B = schedule.micro_batch
     for p, stage in enumerate(schedule.stages):
-        for kind, label in (("F", "forwarded"), ("B", "backwarded")):
+        for kinds, label in ((("F",), "forwarded"), (BACKWARD_KINDS, "backwarded")):
             ranges: dict[int, list[tuple[int, int, str]]] = defaultdict(list)
             for device in stage.devices:
                 for a in schedule.actions[device]:
-                    if a.kind == kind:
+                    if a.kind in kinds:
                         ranges[a.micro_batch].append((a.start, a.end, device))
             for m in range(schedule.num_micro_batches):
                 covered = 0
@@ -132,13 +148,18 @@ def _check_device_flow(schedule: Schedule, device: str, actions: list[Action], p
     sent: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
     transfers: dict[str, Counter] = {k: Counter() for k in ("SA", "RA", "SG", "RG")}
     allreduce_at, step_at, last_backward = [], [], -1
+    halves = _SplitHalves()
     for i, a in enumerate(actions):
-        if a.kind in ("F", "B"):
+        if a.kind == "W":
+            last_backward = i
+            halves.weights(device, i, a, allreduce_at, problems)
+        elif a.kind in ("F", *BACKWARD_KINDS):
             done = forwarded if a.kind == "F" else backwarded
             if any(s < a.end and a.start < e for s, e in done[a.micro_batch]):
                 problems.add(device, i, a, f"samples already {'forwarded' if a.kind == 'F' else 'backwarded'} on {device}")
-            if a.kind == "B":
+            if a.kind != "F":
                 last_backward = i
+                halves.backward(device, i, a, problems)
                 if not _covers(forwarded[a.micro_batch], a.start, a.end):
                     problems.add(device, i, a, "backward before the forward of these samples on this device")
                 if allreduce_at:
@@ -164,6 +185,7 @@ def _check_device_flow(schedule: Schedule, device: str, actions: list[Action], p
         elif a.kind == "STEP":
             step_at.append(i)
     _check_tiling(schedule, device, p, forwarded, backwarded, received, sent, problems)
+    halves.check_complete(device, problems)
     if transfers["RG"] != transfers["SA"]:
         problems.add(device, None, None, "gradients do not return along the activations' routes "
                                          f"(RG {_diff(transfers['RG'], transfers['SA'])})")
@@ -179,6 +201,39 @@ def _check_device_flow(schedule: Schedule, device: str, actions: list[Action], p
         problems.add(device, allreduce_at[0], actions[allreduce_at[0]], "AllReduce before the last backward")
     if schedule.micro_batches_per_update is None and (len(step_at) != 1 or step_at[0] != len(actions) - 1):
         problems.add(device, None, None, f"STEP must be the last action, exactly once (found {len(step_at)})")
+
+
+class _SplitHalves:
+    """Rule 6b on one device: every `I` gets exactly one later `W` of its samples, before the AR."""
+
+    def __init__(self) -> None:
+        self.inputs: dict[int, list[tuple[int, int]]] = defaultdict(list)  # m -> ranges back-propagated by I
+        self.weighted: dict[int, list[tuple[int, int]]] = defaultdict(list)  # m -> ranges W has finished
+        self.kinds: set[str] = set()
+
+    def backward(self, device: str, i: int, a: Action, problems: _Problems) -> None:
+        self.kinds.add(a.kind)
+        if self.kinds == {"B", "I"}:
+            problems.add(device, i, a, "mixes whole backwards (B) and split ones (I) on one device")
+            self.kinds = {a.kind}  # report the mix once
+        if a.kind == "I":
+            self.inputs[a.micro_batch].append((a.start, a.end))
+
+    def weights(self, device: str, i: int, a: Action, allreduce_at: list[int], problems: _Problems) -> None:
+        m = a.micro_batch
+        if not _covers(self.inputs[m], a.start, a.end):
+            problems.add(device, i, a, "weight half before the input half (I) of these samples on this device")
+        elif any(s < a.end and a.start < e for s, e in self.weighted[m]):
+            problems.add(device, i, a, f"weight gradients of these samples already computed on {device}")
+        elif allreduce_at:
+            problems.add(device, i, a, "weight half after the AllReduce (gradients changed after they were reduced)")
+        self.weighted[m].append((a.start, a.end))
+
+    def check_complete(self, device: str, problems: _Problems) -> None:
+        for m in sorted(self.inputs):
+            if _normal(self.weighted.get(m, [])) != _normal(self.inputs[m]):
+                problems.add(device, None, None, f"micro-batch {m}: weight halves {_show(self.weighted.get(m, []))} "
+                                                 f"do not tile the input halves {_show(self.inputs[m])} (each I needs its W)")
 
 
 def _check_tiling(schedule, device, p, forwarded, backwarded, received, sent, problems) -> None:

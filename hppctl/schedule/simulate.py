@@ -2,7 +2,8 @@
 
 Model (docs/simulator.md):
 
-- a device runs its actions in list order, one compute (F, B, STEP) at a time;
+- a device runs its actions in list order, one compute (F, B, I, W, STEP) at a time; a split
+  backward's `I` takes the backward less its weight gradients, its `W` those (timings.py);
 - a transfer takes bytes / bandwidth of its link; links are full duplex (a device's sends and
   receives do not slow each other); a device's sends share its uplink, one after another in the
   order it posts them (the same total time as fair sharing, completion in post order);
@@ -12,12 +13,12 @@ Model (docs/simulator.md):
   both devices wait from the later of their two posts until the transfer ends;
 - AllReduce is a ring over the group taking 2(n-1)/n x gradient bytes over the slowest link of the
   group (Eq. 5), in `allreduce_buckets` equal buckets summed one after another: a member's last
-  backward produces bucket k at k/n of its length (a member without samples, at its AR), bucket k
+  backward (its last `W` when backwards are split) produces bucket k at k/n of its length (a member without samples, at its AR), bucket k
   starts once every member has it and bucket k-1 is summed, and each member's AR waits for the
   last bucket (what the runtime's gradient hooks do, runtime/reducer.py); the buckets do not queue
   behind the member's sends;
-- activation memory on a device: samples forwarded and not yet backwarded x per-sample activation
-  bytes of its stage (Eq. 3 with the observed number of micro-batches in flight).
+- activation memory on a device: samples forwarded and not yet backwarded (not yet through their
+  `W` when split) x per-sample activation bytes of its stage (Eq. 3 with the observed number of micro-batches in flight).
 
 Every event's time is a function of its device's previous event and of the one partner event it
 waits for (an arrival, a rendezvous, the last AllReduce post), so the replay visits each action
@@ -34,7 +35,7 @@ from typing import Literal, Protocol
 from hppctl.errors import BadInput, HppctlError
 from hppctl.models.plan import HppPlan
 from hppctl.models.reports import allreduce_lane
-from hppctl.models.schedule import Schedule
+from hppctl.models.schedule import COMPUTE_KINDS, Schedule
 from hppctl.schedule.async_check import versions_held
 from hppctl.schedule.routing import owned_ranges
 
@@ -137,6 +138,11 @@ class SimResult:
         return max(0.0, 1.0 - (d.compute_s + d.allreduce_s) / self.round_latency_s)
 
 
+RELEASING_KINDS = ("B", "W")
+"""The compute that frees a micro-batch's saved activations (a split backward keeps them for its W),
+and whose gradient hooks start a replicated stage's AllReduce buckets when it is the last."""
+
+
 def simulate(schedule: Schedule, timings: Timings, *, mode: Mode = "async", trace: bool = False) -> SimResult:
     """Replay one round of `schedule` (already checked) and measure it."""
     return _Replay(schedule, timings, mode, trace).run()
@@ -156,7 +162,7 @@ class _Replay:
         self.posted: dict[tuple, float] = {}  # blocking mode: key + side -> post time
         self.ar_posted: dict[int, dict[str, float]] = defaultdict(dict)
         self.last_backward: dict[str, tuple[float, float]] = {}
-        """(start, end) of each device's latest B: at its AR, the one whose hooks start the buckets."""
+        """(start, end) of each device's latest B (or W): at its AR, the one whose hooks start the buckets."""
         self.in_flight = {d: [0, 0] for d in self.programs}  # micro-batches, samples
         self.needs = {d: self._needs(d) for d in self.programs}
         self.spans: list[Span] = []
@@ -180,7 +186,7 @@ class _Replay:
         for i, a in enumerate(self.programs[device]):
             if a.kind in ("RA", "RG", "RX"):  # RX: a Bi-Partition split block's input, for the backward
                 pending[("RG" if a.kind == "RX" else a.kind, a.micro_batch)].append(_key(a, device))
-            elif a.kind in ("F", "B"):
+            elif a.kind in ("F", "B", "I"):
                 keys = pending[("RA" if a.kind == "F" else "RG", a.micro_batch)]
                 mine = [k for k in keys if a.start <= k[4] and k[5] <= a.end]
                 if mine:
@@ -211,7 +217,7 @@ class _Replay:
         while pc[d] < len(actions):
             a = actions[pc[d]]
             kind = a.kind
-            if kind == "F" or kind == "B":
+            if kind in COMPUTE_KINDS:
                 if not self._compute(d, pc[d], a, woken):
                     return
             elif kind in ("SA", "SG", "SX", "SW"):
@@ -256,7 +262,7 @@ class _Replay:
             if self.trace:
                 stats.memory_samples.append((begin, flight[1]))
         end = begin + dur
-        if a.kind == "B":
+        if a.kind in RELEASING_KINDS:
             flight[0] -= 1
             flight[1] -= y
             self.last_backward[d] = (begin, end)

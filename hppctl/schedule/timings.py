@@ -14,6 +14,13 @@ from hppctl.planner.cost import CostModel, allreduce_buckets
 from hppctl.schedule.bipartition import message_bytes, recompute_s, stage_memory
 
 
+def split_backward_part(kind: str, backward_s: float, weight_s: float) -> float:
+    """An `I` takes the backward less its weight gradients, a `W` the weight gradients
+    (the head stage's `I` has no input gradient to compute: its W is the whole backward)."""
+    weight_s = min(weight_s, backward_s)
+    return weight_s if kind == "W" else backward_s - weight_s
+
+
 class ProfileTimings:
     """Durations and sizes from the profile the plan was made from (what `--profile` selects)."""
 
@@ -33,6 +40,10 @@ class ProfileTimings:
         self._step_s = step_s
 
     def compute_s(self, device: str, stage: int, kind: str, samples: int) -> float:
+        if kind in ("I", "W"):
+            whole = self.compute_s(device, stage, "B", samples)
+            weight = whole if stage == 0 else self.cm.weight_grad_time(self.index[device], *self.layers[stage], samples)
+            return split_backward_part(kind, whole, weight)
         start, end = self.layers[stage] if kind == "F" else self.backward[stage]
         fn = self.cm.forward_time if kind == "F" else self.cm.backward_time
         seconds = fn(self.index[device], start, end, samples)
@@ -97,6 +108,10 @@ class PlanTimings:
 
     def compute_s(self, device: str, stage: int, kind: str, samples: int) -> float:
         s = self.plan.stages[stage]
+        if kind in ("I", "W"):
+            if s.weight_grad_s is None:
+                raise ValueError(f"the plan's stage {stage} has no weight_grad_s: it cannot replay a split backward")
+            return split_backward_part(kind, s.backward_s, s.weight_grad_s)
         return s.forward_s if kind == "F" else s.backward_s
 
     def message_bytes(self, cut: int, samples: int) -> int:

@@ -18,22 +18,27 @@ def make_stages(groups: list[list[int]], M: int, policy: str = "1f1b-asteroid", 
 
 
 def make_schedule(groups: list[list[int]], M: int, policy: str = "1f1b-asteroid", ks: list[int] | None = None,
-                  durations: Durations | None = None) -> Schedule:
+                  durations: Durations | None = None, split_backward: bool = False) -> Schedule:
     return generate(make_stages(groups, M, policy, ks), micro_batch=sum(groups[0]), num_micro_batches=M,
-                    policy=policy, durations=durations)
+                    policy=policy, durations=durations, split_backward=split_backward)
 
 
 class FixedTimings:
     """Per-stage forward/backward seconds (whatever the samples), per-cut seconds per micro-batch of B samples."""
 
     def __init__(self, forward, backward, transfer=(), *, B: int = 8, allreduce=None, step_s: float = 0.0,
-                 activation_bytes: int = 100, bandwidth=None, buckets=None):
+                 activation_bytes: int = 100, bandwidth=None, buckets=None, weight=None):
         self.f, self.b, self.c, self.B = list(forward), list(backward), list(transfer), B
+        self.w = list(weight or [x / 2 for x in self.b])
+        """Split backwards: each stage's W seconds (the head's W is its whole backward, its I nothing)."""
         self.ar = list(allreduce or [0.0] * len(self.f))
         self.buckets = list(buckets or [1] * len(self.f))
         self._step, self.act, self.bandwidth = step_s, activation_bytes, bandwidth or {}
 
     def compute_s(self, device, stage, kind, samples):
+        if kind in ("I", "W"):
+            weight = self.b[stage] if stage == 0 else self.w[stage]
+            return weight if kind == "W" else self.b[stage] - weight
         return (self.f if kind == "F" else self.b)[stage]
 
     def message_bytes(self, cut, samples):

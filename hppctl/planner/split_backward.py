@@ -1,0 +1,56 @@
+"""Turn a synchronous plan into its split-backward form (zero-bubble; models/schedule.py, I and W).
+
+The stages, samples and warmups stay the planner's; what changes is how each backward runs: its
+input half `I` first, its weight half `W` later, placed by the schedule generator into time the
+device would otherwise wait. Each stage records the `W` seconds of its slowest device (the device
+whose E_b the plan already carries), from the profile's measured `weight_grad_s`, and how many
+micro-batches it may hold at once (`in_flight_cap`): a deferred `W` keeps its micro-batch's
+activations, so the cap is the most that fits every device of the stage by Eq. (3), at least
+K_p and at most M. More room defers more `W`s into the cool-down, where the idle is.
+"""
+
+from __future__ import annotations
+
+from hppctl.models.plan import HppPlan
+from hppctl.models.profile import Profile
+from hppctl.planner.cost import CostModel
+
+
+def can_split_backward(plan: HppPlan) -> str:
+    """'' if the plan's schedule can split its backwards, else why not."""
+    if any(s.backward_layers is not None for s in plan.stages):
+        return "Bi-Partition plans (split layers) do not split backwards"
+    return ""
+
+
+def with_split_backward(plan: HppPlan, profile: Profile) -> HppPlan:
+    """The same plan with `split_backward` and every stage's `weight_grad_s` (raises ValueError if
+    the profile lacks weight-gradient times or the plan cannot split)."""
+    why = can_split_backward(plan)
+    if why:
+        raise ValueError(why)
+    cm = CostModel(profile, micro_batch=plan.micro_batch, num_micro_batches=plan.num_micro_batches)
+    index = {name: i for i, name in enumerate(cm.names)}
+    stages = []
+    for p, stage in enumerate(plan.stages):
+        start, end = stage.layers
+        if p == 0:  # no input gradient: the head's whole backward is deferrable
+            weight = stage.backward_s
+        else:
+            weight = max(cm.weight_grad_time(index[d], start, end, y) for d, y in zip(stage.devices, stage.samples) if y)
+        cap = in_flight_cap(cm, [index[d] for d in stage.devices], stage.samples, (start, end), stage.warmup)
+        memory = [cm.memory(start, end, y, cap) for y in stage.samples]
+        stages.append(stage.model_copy(update={"weight_grad_s": min(weight, stage.backward_s), "in_flight_cap": cap,
+                                               "memory_bytes": memory}))
+    return plan.model_copy(update={"split_backward": True, "stages": stages})
+
+
+def in_flight_cap(cm: CostModel, devices: list[int], samples: list[int], layers: tuple[int, int], warmup: int) -> int:
+    """The most micro-batches (K_p..M) whose activations fit every device of the stage (K_p if none more do)."""
+    start, end = layers
+    best = min(warmup, cm.M)
+    for cap in range(best + 1, cm.M + 1):
+        if any(cm.memory(start, end, y, cap) > cm.budget[d] for d, y in zip(devices, samples)):
+            break
+        best = cap
+    return best

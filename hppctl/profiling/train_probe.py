@@ -256,28 +256,29 @@ class Measurement:
         backward, set_up = self._stamped_backward(starts, loss.backward)
         if split:
             weight_grad = [min(b, max(0.0, b - i)) for b, i in zip(backward, input_only)]
-            first = self._first_layer_weight_grad(x, first_out, dict(zip(map(id, inputs), received)))
-            if first is not None:
-                weight_grad[0] = min(backward[0], first)
+            weight_grad[0] = self._first_layer_weight_grad(x, first_out, dict(zip(map(id, inputs), received)),
+                                                           backward[0], weight_grad[0])
         backward[-1] += set_up  # a real step pays it: the last layer's backward, as before
         return forward, backward, weight_grad
 
-    def _first_layer_weight_grad(self, x, first_out: tuple, received: dict[int, Any]) -> float | None:
+    def _first_layer_weight_grad(self, x, first_out: tuple, received: dict[int, Any], backward: float,
+                                 in_pass: float) -> float:
         """Layer 0's weight-gradient seconds as if the data needed a gradient, as every other layer's
         input does: a second forward of layer 0 alone on a copy of the data that requires one, then
         its backward from the gradients the pass's input-only run delivered to its outputs, to the
         data only and to the data and its parameters, each one engine run after an untimed one; the
-        difference.
-        None when there is nothing to measure (integer data, e.g. token ids: its input-only
-        backward is empty, so the pass's own figure, the whole backward, is already the definition)."""
+        difference, at most the layer's `backward`. Integer data (token ids) can carry no gradient:
+        layer 0's input-only backward is empty, so its whole backward is its weight gradient (the
+        pass's own figure would read the end of the engine run as input-gradient work). `in_pass`
+        when there is nothing to run (a single layer, or no gradient reached layer 0)."""
         torch, clock = self.torch, self.clock
-        if len(self.stages) < 2 or not (isinstance(x, torch.Tensor) and x.is_floating_point()):
-            return None
+        if isinstance(x, torch.Tensor) and not x.is_floating_point():
+            return backward
         picked = [(k, received.get(id(o))) for k, o in enumerate(first_out)
                   if isinstance(o, torch.Tensor) and o.requires_grad]
         picked = [(k, g) for k, g in picked if g is not None]
-        if not picked:
-            return None
+        if len(self.stages) < 2 or not isinstance(x, torch.Tensor) or not picked:
+            return in_pass
         data = x.detach().requires_grad_(True)
         out = self.stages[0](data)
         outputs, grads = [out[k] for k, _ in picked], [g for _, g in picked]
@@ -287,7 +288,7 @@ class Measurement:
             t = clock()
             torch.autograd.grad(outputs, inputs, grads, retain_graph=True, allow_unused=True)
             seconds.append(clock() - t)
-        return max(0.0, seconds[2] - seconds[1])
+        return min(backward, max(0.0, seconds[2] - seconds[1]))
 
     def _stamped_forward(self, x, labels) -> tuple[list[float], list[float | None], list, Any, tuple]:
         """Each layer's forward time, the hook stamps its backward will fill, the tensors that cross

@@ -69,12 +69,10 @@ def test_an_embedding_fed_token_ids_has_its_whole_backward_as_weight_gradient():
     m = Measurement("tiny-bert", "fine", threads=1)
     x, labels = m.batch(4)
     assert not x.is_floating_point()
-    passes = [m.layer_pass(x, labels) for _ in range(4)][1:]
+    passes = [m.layer_pass(x, labels) for _ in range(3)]
     for _, backward, weight_grad in passes:
         assert all(0.0 <= w <= b for w, b in zip(weight_grad, backward))
-    backward = statistics.median(p[1][0] for p in passes)
-    weight_grad = statistics.median(p[2][0] for p in passes)
-    assert backward > 0 and weight_grad > backward / 2
+        assert weight_grad[0] == backward[0] > 0
 
 
 def test_the_cost_of_calling_one_layer_stage_is_measured_against_one_module_over_all_layers(measurement):

@@ -53,7 +53,7 @@ class _OmitsUnset(FrozenModel):
     def _omit_defaults(self, handler) -> dict[str, Any]:
         data = handler(self)
         for key in self._omit_when_default:
-            if key in data and data[key] in (None, []):
+            if key in data and (data[key] is None or data[key] is False or data[key] == []):
                 del data[key]
         return data
 

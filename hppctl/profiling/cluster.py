@@ -35,7 +35,8 @@ from hppctl.models.cluster import ClusterSpec, DeviceSpec
 from hppctl.models.profile import DeviceProfile, LayerCost, LinkProfile, MissingDevice, Profile
 from hppctl.profiling import parse
 from hppctl.profiling.cache import MeasurementCache, default_root
-from hppctl.profiling.from_presets import (DEFAULT_BATCH_SIZES, layer_times, pair_links, validate_batch_sizes)
+from hppctl.profiling.from_presets import (DEFAULT_BATCH_SIZES, pair_links, preset_device_profile,
+                                          validate_batch_sizes)
 from hppctl.profiling.presets import get_preset
 from hppctl.profiling.probe import PROBE_VERSION
 from hppctl.profiling.records import Identity, Memory, Pass
@@ -277,6 +278,7 @@ def _profile_device(ctx: _Context, spec: DeviceSpec, endpoint) -> DeviceProfile:
             ctx.run.workdir[name] = sent
     observer.device_phase(name, "identifying")
     identity = parse.typed(_identity_record(endpoint, ctx.settings, spec.accelerator), Identity)
+    check_probe_version(identity)
     host_key = endpoint.host_key() if hasattr(endpoint, "host_key") else None
     device_fingerprint = parse.fingerprint(identity, host_key)
     cache = MeasurementCache(ctx.cache_root, {
@@ -309,6 +311,18 @@ def _profile_device(ctx: _Context, spec: DeviceSpec, endpoint) -> DeviceProfile:
             ctx.run.notes.append(f"{name}: batch sizes {', '.join(map(str, suspect))} measured again "
                                  f"({'; '.join(problems)})")
     return _marked_if_implausible(profile)
+
+
+def check_probe_version(identity: Identity) -> None:
+    """`DeviceFailure` unless the device's probe measures as this one does (PROBE_VERSION): fleet.prepare
+    compares hppctl versions, but another checkout or an older wheel of the same version would
+    measure otherwise (e.g. without the weight gradients), and its records would be cached under
+    this version's key."""
+    if identity.probe_version != PROBE_VERSION:
+        theirs = identity.probe_version or "4 or older"  # 5 is the first to report it
+        raise DeviceFailure(f"the device's hppctl {identity.hppctl} measures with probe version {theirs}, this one "
+                            f"with {PROBE_VERSION}: other code under the same version (run with --install to put "
+                            f"this one there)")
 
 
 def _marked_if_implausible(profile: DeviceProfile) -> DeviceProfile:
@@ -451,10 +465,9 @@ def _summary(profile: DeviceProfile) -> str:
 
 
 def _preset_device(spec: DeviceSpec, preset, ctx: _Context) -> DeviceProfile:
-    forward, backward = layer_times(preset, ctx.layers, ctx.grid, parts=ctx.parts)
-    return DeviceProfile(name=spec.name, kind=preset.name, memory_bytes=spec.memory or preset.memory_budget_bytes,
-                         batch_sizes=list(ctx.grid), forward_s=forward, backward_s=backward,
-                         peak_flops=preset.peak_flops, source="preset")
+    device = preset_device_profile(spec.name, preset, ctx.layers, list(ctx.grid), memory_bytes=spec.memory,
+                                   parts=ctx.parts)
+    return device.model_copy(update={"source": "preset"})
 
 
 # ---------------------------------------------------------------------------------------------

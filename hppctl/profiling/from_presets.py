@@ -115,14 +115,36 @@ def layer_times(preset: DevicePreset, layers: Sequence[LayerCost], batch_sizes: 
     return forward, backward
 
 
+def weight_grad_times(preset: DevicePreset, layers: Sequence[LayerCost], batch_sizes: Sequence[int], *,
+                      parts: Sequence[Sequence[LayerCost]] | None = None, dtype_bytes: int = 4) -> list[list[float]]:
+    """The weight-gradient part of every layer's backward (`layer_times`) at every batch size: each
+    (finer) layer's backward times its class's weight-gradient share (presets.weight_grad_share), so
+    never more than the backward `layer_times` predicts."""
+    groups = [[layer] for layer in layers] if parts is None else parts
+    rows = []
+    previous: LayerCost | None = None
+    for group in groups:
+        row = [0.0] * len(batch_sizes)
+        for layer in group:
+            read = previous.boundary_bytes_per_sample if previous is not None else None
+            for k, b in enumerate(batch_sizes):
+                row[k] += preset.weight_grad_seconds(layer, b, dtype_bytes, read)
+            previous = layer
+        rows.append(row)
+    return rows
+
+
 def preset_device_profile(name: str, preset: DevicePreset, layers: Sequence[LayerCost], batch_sizes: list[int],
                           *, memory_bytes: int | None = None, parts: Sequence[Sequence[LayerCost]] | None = None,
                           dtype_bytes: int = 4) -> DeviceProfile:
     """One device's timings on the batch grid from its preset."""
     forward, backward = layer_times(preset, layers, batch_sizes, parts=parts, dtype_bytes=dtype_bytes)
+    weight_grad = weight_grad_times(preset, layers, batch_sizes, parts=parts, dtype_bytes=dtype_bytes)
     return DeviceProfile(
         name=name, kind=preset.name, memory_bytes=memory_bytes or preset.memory_budget_bytes,
-        batch_sizes=list(batch_sizes), forward_s=forward, backward_s=backward, peak_flops=preset.peak_flops,
+        batch_sizes=list(batch_sizes), forward_s=forward, backward_s=backward,
+        weight_grad_s=[[min(w, b) for w, b in zip(w_row, b_row)] for w_row, b_row in zip(weight_grad, backward)],
+        peak_flops=preset.peak_flops,
     )
 
 

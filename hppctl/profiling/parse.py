@@ -4,7 +4,8 @@ Tested on captured probe outputs in tests/data/profiling/. The numbers a measure
 carries, and how they are derived from the raw samples, are defined here:
 
 - a layer's time at a batch size = median of its repeats x the device's sustained factor at that
-  batch size; its spread = (q3 - q1) / median of the repeats;
+  batch size; its spread = (q3 - q1) / median of the repeats; its weight-gradient time the same
+  of its passes' weight-gradient parts (at most its backward);
 - sustained factor, from the whole steps run back to back: one thread, where the clock is CPU
   time: their wall seconds / their CPU seconds, how much longer than its CPU time work takes on
   this device (1/quota on a CFS-throttled one, more when other processes compete for the core);
@@ -185,6 +186,7 @@ def device_profile(name: str, identity: Identity, setup: Setup, batches: Sequenc
     forward = [[without_stage_call(median(b.forward[i]), setup.stage_call_s) * f for b, f in zip(batches, factors)]
                for i in range(setup.layers)]
     backward = [[median(b.backward[i]) * f for b, f in zip(batches, factors)] for i in range(setup.layers)]
+    weight_grad = weight_grad_times(batches, factors, backward)
     budget, budget_source, measured = memory_budget(identity, setup.runtime_bytes, memory_bytes)
     optimizer = [s for b in batches for s in b.optimizer_step_s]
     all_notes = list(notes) + [n for b in batches for n in b.notes]
@@ -204,12 +206,25 @@ def device_profile(name: str, identity: Identity, setup: Setup, batches: Sequenc
                    if gpu is not None and gpu.type != "cpu" else None)
     return DeviceProfile(
         name=name, kind=f"measured:{identity.hostname}", memory_bytes=budget, accelerator=accelerator,
-        batch_sizes=[b.batch_size for b in batches], forward_s=forward, backward_s=backward, source="measured",
+        batch_sizes=[b.batch_size for b in batches], forward_s=forward, backward_s=backward,
+        weight_grad_s=weight_grad, source="measured",
         forward_spread=[[spread(b.forward[i]) for b in batches] for i in range(setup.layers)],
         backward_spread=[[spread(b.backward[i]) for b in batches] for i in range(setup.layers)],
         train_step_s=[b.step.wall_s / b.step.count for b in batches],
         train_peak_bytes=[b.peak_bytes for b in batches], runtime_bytes=setup.runtime_bytes, measurement=info,
     )
+
+
+def weight_grad_times(batches: Sequence[Batch], factors: Sequence[float],
+                      backward: Sequence[Sequence[float]]) -> list[list[float]] | None:
+    """Each layer's weight-gradient seconds at each batch size: the median of its passes' values x the
+    sustained factor, as its backward; never more than that backward (a pass's value is already at
+    most its pass's backward, so only rounding could). None when a batch size lacks them (passes of
+    an older probe): a profile splits every backward or none."""
+    if any(b.weight_grad is None for b in batches):
+        return None
+    return [[min(median(b.weight_grad[i]) * f, backward[i][k]) for k, (b, f) in enumerate(zip(batches, factors))]
+            for i in range(len(backward))]
 
 
 def train_output(found: Sequence[dict[str, Any]]) -> tuple[Setup | None, list[Memory], list[Pass], list[Skip]]:
@@ -226,14 +241,17 @@ def assemble_batch(setup: Setup, memory: Memory, passes: Sequence[Pass]) -> Batc
     if not passes:
         raise ProbeOutputError(f"batch {memory.batch_size}: no timed pass")
     for p in passes:
-        if p.batch_size != memory.batch_size or len(p.forward) != setup.layers or len(p.backward) != setup.layers:
+        widths = {len(p.forward), len(p.backward), len(p.weight_grad if p.weight_grad is not None else p.backward)}
+        if p.batch_size != memory.batch_size or widths != {setup.layers}:
             raise ProbeOutputError(f"batch {memory.batch_size}: a pass for batch {p.batch_size} with "
-                                   f"{len(p.forward)} layers (setup says {setup.layers})")
+                                   f"{'/'.join(map(str, sorted(widths)))} layers (setup says {setup.layers})")
     step = Step(count=sum(p.step.count for p in passes), wall_s=sum(p.step.wall_s for p in passes),
                 cpu_s=sum(p.step.cpu_s for p in passes), clock_s=[s for p in passes for s in p.step.clock_s])
+    split = all(p.weight_grad is not None for p in passes)
     return Batch(batch_size=memory.batch_size, clock=setup.clock,
                  forward=[[p.forward[i] for p in passes] for i in range(setup.layers)],
                  backward=[[p.backward[i] for p in passes] for i in range(setup.layers)],
+                 weight_grad=[[p.weight_grad[i] for p in passes] for i in range(setup.layers)] if split else None,
                  step=step, optimizer_step_s=memory.optimizer_step_s, peak_bytes=memory.peak_bytes,
                  peak_method=memory.peak_method, notes=memory.notes)
 

@@ -13,6 +13,7 @@ The model, per layer and batch size β (docs/presets.md derives every number):
     t_mem    = (β·(input + activation bytes) + param bytes) / (bandwidth · mem_eff)
     t_fwd(β) = n_ops · op_overhead + max(t_comp, t_mem)   # roofline plus a fixed launch cost
     t_bwd(β) = backward_ratio[class] · t_fwd(β)
+    t_wgt(β) = weight_grad_share(layer) · t_bwd(β)      # the weight-gradient part of the backward
 
 so per-sample time falls with β (fixed overhead, occupancy, weights read once per call) and
 then levels off: time is affine-to-linear in β, not proportional, as Fig. 6 of the Asteroid
@@ -131,6 +132,42 @@ def kernel_count(layer: LayerCost) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# Weight-gradient shares
+# ---------------------------------------------------------------------------------------------
+
+NO_WEIGHTS, EMBEDDING = "no-weights", "embedding"
+FIXED_WEIGHT_GRAD_SHARES = {NO_WEIGHTS: 0.0, EMBEDDING: 1.0}
+"""Shares that follow from what the layer is: a layer without parameters has no weight gradient; an
+embedding's input (token ids) carries no gradient, so its whole backward is its weight gradient."""
+
+WEIGHT_GRAD_SHARE = {CONV: 0.40, DEPTHWISE: 0.55, MATMUL: 0.45, MEMORY: 0.05, BLOCK_CNN: 0.35,
+                     BLOCK_TRANSFORMER: 0.50}
+"""The part of a layer's backward that computes its weight gradients (what a split backward defers to
+its `W`), per class of a layer with parameters: the mean over the zoo's models of the share measured
+on the project's VM, one thread (`python -m hppctl.profiling.weight_shares`; every run in
+docs/presets.md). A dense convolution or GEMM spends as many FLOPs on its weight gradient as on its
+input gradient (0.45-0.49 measured where they dominate: resnet50, bert-small); a block less (its
+norms and activations have next to none); a batch norm almost nothing (its scale and shift
+gradients are sums its input gradient needs anyway). Depthwise convolutions vary most: 0.27-0.31 in
+mobilenetv2 (3x3), 0.86 in efficientnet-b1 (torch's depthwise weight-gradient kernel)."""
+
+
+def weight_grad_key(layer: LayerCost, dtype_bytes: int = 4) -> str:
+    """Which weight-gradient share a layer takes: NO_WEIGHTS, EMBEDDING or its class (`classify`)."""
+    if layer.param_bytes == 0:
+        return NO_WEIGHTS
+    if "embedding" in _kind_key(layer.kind):
+        return EMBEDDING
+    return classify(layer, dtype_bytes)
+
+
+def weight_grad_share(layer: LayerCost, dtype_bytes: int = 4) -> float:
+    """The weight-gradient part of the layer's backward, as a fraction of it (0..1)."""
+    key = weight_grad_key(layer, dtype_bytes)
+    return FIXED_WEIGHT_GRAD_SHARES.get(key, WEIGHT_GRAD_SHARE.get(key, 0.0))
+
+
+# ---------------------------------------------------------------------------------------------
 # Presets
 # ---------------------------------------------------------------------------------------------
 
@@ -196,6 +233,12 @@ class DevicePreset:
                          input_bytes_per_sample: int | None = None) -> float:
         ratio = self.backward_ratio[classify(layer, dtype_bytes)]
         return ratio * self.forward_seconds(layer, batch, dtype_bytes, input_bytes_per_sample)
+
+    def weight_grad_seconds(self, layer: LayerCost, batch: int, dtype_bytes: int = 4,
+                            input_bytes_per_sample: int | None = None) -> float:
+        """The part of `backward_seconds` that computes the layer's weight gradients (`weight_grad_share`)."""
+        share = weight_grad_share(layer, dtype_bytes)
+        return share * self.backward_seconds(layer, batch, dtype_bytes, input_bytes_per_sample)
 
 
 # Shared efficiency tables (fraction of FP32 peak for a saturated layer); derivations in docs/presets.md.

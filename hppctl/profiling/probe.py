@@ -36,9 +36,11 @@ from typing import Any
 from hppctl import usercode
 from hppctl.allocator import steady_heap
 
-PROBE_VERSION = 4
+PROBE_VERSION = 5
 """Bumped whenever a kind changes what or how it measures; part of every cache key. (Accelerators
-did not bump it: a CPU measures as before, and a GPU device has another device fingerprint.)"""
+did not bump it: a CPU measures as before, and a GPU device has another device fingerprint.)
+5: `train` passes carry each layer's weight-gradient time (train_probe.layer_pass): a cache of
+version 4, whose passes lack it, is measured again rather than giving a profile without it."""
 
 Kind = Callable[[dict[str, Any]], Iterator[dict[str, Any]]]
 KINDS: dict[str, Kind | str] = {
@@ -76,8 +78,9 @@ def resolve_kind(name: str) -> Kind:
 def _identify(args: dict[str, Any]) -> Iterator[dict[str, Any]]:
     from hppctl.profiling import device
 
-    yield device.identify(measure_quota=bool(args.get("measure_quota", True)), threads=args.get("threads"),
-                          accelerator=str(args.get("accelerator", "cpu")))
+    identity = device.identify(measure_quota=bool(args.get("measure_quota", True)), threads=args.get("threads"),
+                               accelerator=str(args.get("accelerator", "cpu")))
+    yield {**identity, "probe_version": PROBE_VERSION}
 
 
 @register_kind("sleep")

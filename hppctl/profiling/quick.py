@@ -3,8 +3,8 @@
 The full profiler (`hppctl.profiling.cluster.profile_cluster`, docs/profiling.md) measures each
 device in its own process with repeats, memory peaks and CPU-quota handling. This one is the
 minimum the demo needs, in this process: the model cut into one stage per layer, each layer's
-forward and backward timed on a small batch grid (median of `repeats` after one warm-up) with the
-thread count the workers will use. Local workers share this machine, so the times are scaled by
+forward, backward and the backward's weight-gradient part timed on a small batch grid (median of
+`repeats` after one warm-up) with the thread count the workers will use. Local workers share this machine, so the times are scaled by
 the contention of the run: workers × threads / cores (three one-thread workers on two cores each
 get about 2/3 of a core while all compute). All local devices get the same timings; memory
 budgets split the available memory evenly; links are one loopback TCP measurement.
@@ -23,8 +23,13 @@ from hppctl.models.profile import DeviceProfile, Profile
 
 
 def layer_times(model: str, granularity: str, batch_sizes: list[int], *, threads: int, repeats: int = 3,
-                seed: int = 0) -> tuple[list[list[float]], list[list[float]]]:
-    """forward_s[layer][i], backward_s[layer][i] at batch_sizes[i]."""
+                seed: int = 0) -> tuple[list[list[float]], list[list[float]], list[list[float]]]:
+    """forward_s[layer][i], backward_s[layer][i], weight_grad_s[layer][i] at batch_sizes[i].
+
+    Each layer's backward is timed twice on its retained graph: first to its inputs only
+    (`torch.autograd.grad`, which skips the weight gradients), then whole; its weight-gradient time
+    is the difference, clamped into [0, backward], as the full profiler's (train_probe.layer_pass).
+    The data requires a gradient too, so that layer 0 is measured as every other layer."""
     import torch
 
     from hppctl.zoo import build_stage, get_model, layer_costs
@@ -34,17 +39,17 @@ def layer_times(model: str, granularity: str, batch_sizes: list[int], *, threads
     whole = spec.build(seed=seed).train()
     count = len(layer_costs(model, granularity))
     stages = [build_stage(whole, granularity, i, i + 1, mode="train") for i in range(count)]
-    forward = [[0.0] * len(batch_sizes) for _ in range(count)]
-    backward = [[0.0] * len(batch_sizes) for _ in range(count)]
+    rows = lambda: [[0.0] * len(batch_sizes) for _ in range(count)]  # noqa: E731
+    forward, backward, weight_grad = rows(), rows(), rows()
     for j, b in enumerate(batch_sizes):
-        samples_f, samples_b = [[] for _ in range(count)], [[] for _ in range(count)]
+        samples = {"f": [[] for _ in range(count)], "b": [[] for _ in range(count)], "w": [[] for _ in range(count)]}
         for attempt in range(repeats + 1):
             values, kept = [spec.example_input(b)], []
             for i, st in enumerate(stages):
                 inputs = [v.detach().requires_grad_(v.is_floating_point()) for v in values]
                 begin = time.perf_counter()
                 outputs = st(*inputs)
-                samples_f[i].append(time.perf_counter() - begin)
+                samples["f"][i].append(time.perf_counter() - begin)
                 kept.append((inputs, outputs))
                 values = outputs
             grads = None
@@ -52,18 +57,32 @@ def layer_times(model: str, granularity: str, batch_sizes: list[int], *, threads
                 inputs, outputs = kept[i]
                 pairs = [(o, torch.ones_like(o) if grads is None else g) for o, g in
                          zip(outputs, grads or [None] * len(outputs)) if o.requires_grad]
-                begin = time.perf_counter()
-                if pairs:
-                    torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-                samples_b[i].append(time.perf_counter() - begin)
+                whole_s, input_only_s = _timed_backward(torch, pairs, [v for v in inputs if v.requires_grad])
+                samples["b"][i].append(whole_s)
+                samples["w"][i].append(min(whole_s, max(0.0, whole_s - input_only_s)))
                 grads = [v.grad if v.grad is not None else torch.zeros_like(v) if v.is_floating_point() else None
                          for v in inputs]
             if attempt == 0:  # warm-up
-                samples_f, samples_b = [[] for _ in range(count)], [[] for _ in range(count)]
+                samples = {k: [[] for _ in range(count)] for k in samples}
         for i in range(count):
-            forward[i][j] = statistics.median(samples_f[i])
-            backward[i][j] = statistics.median(samples_b[i])
-    return forward, backward
+            forward[i][j] = statistics.median(samples["f"][i])
+            backward[i][j] = statistics.median(samples["b"][i])
+            weight_grad[i][j] = statistics.median(samples["w"][i])
+    return forward, backward, weight_grad
+
+
+def _timed_backward(torch, pairs: list, inputs: list) -> tuple[float, float]:
+    """(seconds of the whole backward of `pairs` (output, gradient), seconds of its input-only part)."""
+    if not pairs:
+        return 0.0, 0.0
+    outputs, gradients = [o for o, _ in pairs], [g for _, g in pairs]
+    begin = time.perf_counter()
+    if inputs:
+        torch.autograd.grad(outputs, inputs, gradients, retain_graph=True, allow_unused=True)
+    input_only = time.perf_counter() - begin
+    begin = time.perf_counter()
+    torch.autograd.backward(outputs, gradients)
+    return time.perf_counter() - begin, input_only
 
 
 def loopback_bytes_per_s(megabytes: int = 64) -> float:
@@ -105,13 +124,13 @@ def quick_profile(cluster: ClusterSpec, model: str, *, granularity: str = "fine"
     local = [d for d in cluster.devices if d.local]
     if len(local) != len(cluster.devices):
         raise ValueError("quick_profile measures local devices only")
-    forward, backward = layer_times(model, granularity, batch_sizes, threads=threads)
+    times = layer_times(model, granularity, batch_sizes, threads=threads)
     contention = max(1.0, len(local) * threads / (os.cpu_count() or 1))
-    forward = [[t * contention for t in row] for row in forward]
-    backward = [[t * contention for t in row] for row in backward]
+    forward, backward, weight_grad = ([[t * contention for t in row] for row in rows] for rows in times)
     budget = available_memory_bytes() // len(local)
     devices = [DeviceProfile(name=d.name, kind=f"measured:{socket.gethostname()}", memory_bytes=d.memory or budget,
-                             batch_sizes=list(batch_sizes), forward_s=forward, backward_s=backward) for d in local]
+                             batch_sizes=list(batch_sizes), forward_s=forward, backward_s=backward,
+                             weight_grad_s=weight_grad) for d in local]
     rate = loopback_bytes_per_s()
     return Profile(source="measured", cluster=cluster.name, model=model, granularity=granularity,
                    optimizer_state_factor=optimizer_state_factor, layers=layer_costs(model, granularity),

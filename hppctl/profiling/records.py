@@ -56,6 +56,9 @@ class Identity(FrozenModel):
     kernel: str
     accelerator: AcceleratorRecord | None = None
     """None in records of probes older than accelerators (a CPU)."""
+    probe_version: PosInt | None = None
+    """The device's PROBE_VERSION (probe.py); None from probes older than 5. The hppctl version alone
+    does not tell the code: a device may run other hppctl code under the same version string."""
 
 
 class Setup(FrozenModel):
@@ -102,6 +105,9 @@ class Pass(FrozenModel):
     batch_size: PosInt
     forward: list[NonNegFloat]
     backward: list[NonNegFloat]
+    weight_grad: list[NonNegFloat] | None = None
+    """Each layer's weight-gradient part of `backward` (its backward minus an input-gradient-only
+    backward, train_probe.py). None in the records of probes older than PROBE_VERSION 5."""
     step: Step
 
 
@@ -113,6 +119,8 @@ class Batch(FrozenModel):
     forward: list[list[NonNegFloat]]
     """forward[layer] = one value per pass."""
     backward: list[list[NonNegFloat]]
+    weight_grad: list[list[NonNegFloat]] | None = None
+    """weight_grad[layer] = one value per pass; None unless every pass measured it."""
     step: Step
     """The passes' step windows together."""
     optimizer_step_s: list[NonNegFloat] = []

@@ -5,7 +5,8 @@ record this module yields as one JSON line. Records (parse.py turns them into a 
 
     {"type": "setup", "layers": L, "threads": n, "clock": "cpu"|"wall", "runtime_bytes": …, "model_bytes": …}
     {"type": "memory", "batch_size": b, "peak_bytes": …, "notes": […], "optimizer_step_s": […]}
-    {"type": "pass", "batch_size": b, "forward": [s per layer], "backward": […], "step": {count, wall_s, cpu_s, clock_s}}
+    {"type": "pass", "batch_size": b, "forward": [s per layer], "backward": […], "weight_grad": […],
+     "step": {count, wall_s, cpu_s, clock_s}}
     {"type": "skip", "batch_size": b, "reason": "…"}
     {"type": "progress", "batch_size": b, "phase": "…", "done": k, "total": n}
 
@@ -18,7 +19,9 @@ What is measured (docs/profiling.md has the why):
 2. `warmup + repeats` rounds; in each, for every batch size: one pass through the model cut into
    one fx stage per layer (`hppctl.zoo.build_stage`), chained as a pipeline would run them: each
    layer's forward is timed, then each layer's backward in reverse order with the gradient
-   arriving from the next layer; then whole steps back to back for `window_s / repeats` of wall
+   arriving from the next layer, first back-propagating to the layers' inputs only (the backward
+   without the weight gradients), then the whole backward: a layer's `weight_grad` is the
+   difference (`Measurement.layer_pass`); then whole steps back to back for `window_s / repeats` of wall
    time (at least one). The warm-up rounds are not reported; every other round is one `pass`
    record, so an interrupted measurement resumes from the passes the cache holds.
 
@@ -209,7 +212,7 @@ class Measurement:
         try:
             with _no_gc():
                 for r in range(warmup + reps):
-                    forward, _ = self.layer_pass(x, labels)
+                    forward, _, _ = self.layer_pass(x, labels, split=False)
                     self.model.zero_grad(set_to_none=True)
                     t = clock()
                     out = fused(x)
@@ -222,8 +225,8 @@ class Measurement:
             self.set_norms_eval(False)
         return max(0.0, statistics.median(differences)) / count
 
-    def layer_pass(self, x, labels) -> tuple[list[float], list[float]]:
-        """One training step through the one-layer stages: (forward seconds, backward seconds) per layer.
+    def layer_pass(self, x, labels, *, split: bool = True) -> tuple[list[float], list[float], list[float] | None]:
+        """One training step through the one-layer stages: (forward, backward, weight-gradient) seconds per layer.
 
         The stages are chained on the live autograd graph, so backward is ONE engine run, as in a
         real step; it is split by layer with a hook on the first tensor each layer produces. The CPU
@@ -231,12 +234,70 @@ class Measurement:
         hook fires as its producing node starts: layer i's backward is the time from its hook to the
         next hook of an earlier layer (to the end of the run for the first layer). A layer that makes
         no new autograd node (a pass-through) gets 0 and its successor in backward order the time.
+
+        With `split`, the same graph is first back-propagated to the layers' inputs only
+        (`torch.autograd.grad` with the tensors that cross the cuts as `inputs`, the graph retained):
+        autograd then skips every weight gradient, and the same hooks split that run by layer. A
+        layer's weight-gradient time is its backward minus that input-only backward, clamped into
+        [0, backward] (the two runs' noise). Layer 0's input, the data, needs no gradient in a real
+        step (nor here: its backward is a real head's), so it is measured as if it did, on its own
+        (`_first_layer_weight_grad`): defined as every other layer's.
         """
-        torch, clock, count = self.torch, self.clock, len(self.stages)
+        torch, count = self.torch, len(self.stages)
         self.model.zero_grad(set_to_none=True)
+        forward, starts, crossing, loss, first_out = self._stamped_forward(x, labels)
+        weight_grad = None
+        if split:
+            inputs = [t for t in crossing if t.requires_grad]
+            received: list = []
+            input_only, _ = self._stamped_backward(starts, lambda: received.extend(torch.autograd.grad(
+                loss, inputs, retain_graph=True, allow_unused=True)))
+            starts[:] = [None] * count
+        backward, set_up = self._stamped_backward(starts, loss.backward)
+        if split:
+            weight_grad = [min(b, max(0.0, b - i)) for b, i in zip(backward, input_only)]
+            weight_grad[0] = self._first_layer_weight_grad(x, first_out, dict(zip(map(id, inputs), received)),
+                                                           backward[0], weight_grad[0])
+        backward[-1] += set_up  # a real step pays it: the last layer's backward, as before
+        return forward, backward, weight_grad
+
+    def _first_layer_weight_grad(self, x, first_out: tuple, received: dict[int, Any], backward: float,
+                                 in_pass: float) -> float:
+        """Layer 0's weight-gradient seconds as if the data needed a gradient, as every other layer's
+        input does: a second forward of layer 0 alone on a copy of the data that requires one, then
+        its backward from the gradients the pass's input-only run delivered to its outputs, to the
+        data only and to the data and its parameters, each one engine run after an untimed one; the
+        difference, at most the layer's `backward`. Integer data (token ids) can carry no gradient:
+        layer 0's input-only backward is empty, so its whole backward is its weight gradient (the
+        pass's own figure would read the end of the engine run as input-gradient work). `in_pass`
+        when there is nothing to run (a single layer, or no gradient reached layer 0)."""
+        torch, clock = self.torch, self.clock
+        if isinstance(x, torch.Tensor) and not x.is_floating_point():
+            return backward
+        picked = [(k, received.get(id(o))) for k, o in enumerate(first_out)
+                  if isinstance(o, torch.Tensor) and o.requires_grad]
+        picked = [(k, g) for k, g in picked if g is not None]
+        if len(self.stages) < 2 or not isinstance(x, torch.Tensor) or not picked:
+            return in_pass
+        data = x.detach().requires_grad_(True)
+        out = self.stages[0](data)
+        outputs, grads = [out[k] for k, _ in picked], [g for _, g in picked]
+        params = [p for p in self.stages[0].parameters() if p.requires_grad]
+        seconds = []
+        for inputs in ([data], [data], [data, *params]):  # the first one untimed: it meets cold caches
+            t = clock()
+            torch.autograd.grad(outputs, inputs, grads, retain_graph=True, allow_unused=True)
+            seconds.append(clock() - t)
+        return min(backward, max(0.0, seconds[2] - seconds[1]))
+
+    def _stamped_forward(self, x, labels) -> tuple[list[float], list[float | None], list, Any, tuple]:
+        """Each layer's forward time, the hook stamps its backward will fill, the tensors that cross
+        the cuts (x first), the loss, and layer 0's outputs."""
+        torch, clock, count = self.torch, self.clock, len(self.stages)
         forward = [0.0] * count
         starts: list[float | None] = [None] * count
         seen: set[int] = set()
+        crossing: dict[int, Any] = {id(x): x} if isinstance(x, torch.Tensor) else {}
         values: tuple = (x,)
         for i, stage in enumerate(self.stages):
             t = clock()
@@ -246,23 +307,37 @@ class Measurement:
             forward[i] = clock() - t
             new = [o for o in out if isinstance(o, torch.Tensor) and o.grad_fn is not None and id(o.grad_fn) not in seen]
             seen.update(id(o.grad_fn) for o in new)
-            if new and i < count - 1:
+            if new:
                 def stamp(_grad, i=i):
                     if starts[i] is None:
                         starts[i] = clock()
                 for o in new:
                     o.register_hook(stamp)
+            if new and i < count - 1:
+                crossing.update((id(o), o) for o in out if isinstance(o, torch.Tensor))
             values = out
-        starts[count - 1] = clock()
-        values[0].backward()
+            if i == 0:
+                first_out = out
+        return forward, starts, list(crossing.values()), values[0], first_out
+
+    def _stamped_backward(self, starts: list[float | None], run) -> tuple[list[float], float]:
+        """`run()` (one backward engine run) timed layer by layer from the hook stamps (layer_pass),
+        and the engine's set-up before the loss's node ran (the last layer's hook): what the engine
+        does before any layer. An input-only run's set-up walks the graph to find what the inputs
+        need, which is not weight-gradient work: layer_pass charges both runs the full run's."""
+        clock, count = self.clock, len(self.stages)
+        begin = clock()
+        run()
         end = clock()
-        backward = [0.0] * count
+        if starts[count - 1] is None:
+            starts[count - 1] = begin
+        seconds = [0.0] * count
         for i in range(count):
             if starts[i] is None:
                 continue
             later = [starts[j] for j in range(i) if starts[j] is not None]
-            backward[i] = (later[-1] if later else end) - starts[i]
-        return forward, backward
+            seconds[i] = (later[-1] if later else end) - starts[i]
+        return seconds, starts[count - 1] - begin
 
 
 def measure(args: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -365,11 +440,12 @@ def _rounds(m: Measurement, sizes: list[int], needed: dict[int, int], warmup: in
             m.set_norms_eval(m.eval_norms.get(b, False))
             timed = r >= warmup
             with _no_gc():
-                forward, backward = m.layer_pass(x, labels)
+                forward, backward, weight_grad = m.layer_pass(x, labels)
                 step = m.sustained(x, labels, window_s, 1) if timed else None
             m.set_norms_eval(False)
             done += 1
             if timed:
-                yield {"type": "pass", "batch_size": b, "forward": forward, "backward": backward, "step": step}
+                yield {"type": "pass", "batch_size": b, "forward": forward, "backward": backward,
+                       "weight_grad": weight_grad, "step": step}
             yield {"type": "progress", "batch_size": b, "phase": "warm-up" if not timed else f"pass {r - warmup + 1}",
                    "done": done, "total": total}

@@ -15,6 +15,10 @@ import time
 
 from hppctl.models.plan import HppPlan, PlanRequest, Prediction
 from hppctl.models.profile import Profile
+from hppctl.schedule.check import check_schedule
+from hppctl.schedule.generate import schedule_for_plan
+from hppctl.schedule.simulate import simulate
+from hppctl.schedule.timings import ProfileTimings
 
 MAX_REFINE_STEPS = 400
 """Replays the cut search may spend (each ~10 ms for 5 stages x 16 micro-batches; 50-100 suffice on Env B)."""
@@ -34,10 +38,11 @@ def split_backward_plan(plan: HppPlan, profile: Profile, *, refine: bool = True)
 
 def _split_and_simulate(plan: HppPlan, profile: Profile) -> HppPlan:
     from hppctl.planner.split_backward import with_split_backward
-    from hppctl.schedule import simulate_plan
 
     split = with_split_backward(plan, profile)
-    latency = simulate_plan(split, profile)[1].round_latency_s
+    schedule = schedule_for_plan(split)
+    check_schedule(schedule)
+    latency = simulate(schedule, ProfileTimings(profile, schedule)).round_latency_s
     prediction = Prediction(round_latency_s=latency,
                             throughput_samples_per_s=plan.global_batch / latency if latency > 0 else 0.0,
                             dominant_step=plan.prediction.dominant_step,

@@ -71,6 +71,9 @@ def test_plan_cli_writes_a_split_plan_and_refuses_a_profile_without_weight_times
     code, out, _ = cli("plan", "--profile", source, "--global-batch", 64, "--micro-batch", 8, "--strategy", "pp",
                        "--split-backward", "--out", tmp_path / "plan.json")
     assert code == 0 and "split backward" in out
+    assert '"split_backward": true' in (tmp_path / "plan.json").read_text()
+    code, _, _ = cli("plan", "--profile", source, "--global-batch", 64, "--micro-batch", 8, "--out", tmp_path / "whole.json")
+    assert code == 0 and "split_backward" not in (tmp_path / "whole.json").read_text()  # omitted when false
     bare = tmp_path / "bare.json"
     bare.write_text(make_profile(layers=8, speeds=(1.0, 2.0, 3.0)).model_dump_json())
     code, _, err = cli("plan", "--profile", bare, "--global-batch", 64, "--micro-batch", 8, "--split-backward")

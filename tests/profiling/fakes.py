@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hppctl import __version__
+from hppctl.profiling.probe import PROBE_VERSION
 from hppctl.profiling.remote import DeviceFailure
 
 
@@ -18,6 +19,8 @@ class FakeDevice:
     quota: float = 1.0
     layers: int = 5
     version: str | None = __version__
+    probe_version: int | None = PROBE_VERSION
+    """What its identify probe reports (None: a probe older than version 5, which reported none)."""
     refuse: str | None = None
     """Reason to fail `open()` with (e.g. an unreachable host)."""
     die_after_passes: int | None = None
@@ -95,7 +98,8 @@ class FakeEndpoint:
                   "threads": args.get("threads") or 1, "threads_source": "quota", "memory_total_bytes": 8 * 10**9,
                   "memory_available_bytes": 6 * 10**9, "memory_limit_bytes": self.device.memory_limit,
                   "memory_limit_source": "cgroup v2", "omp_num_threads": None, "python": "3.11.7",
-                  "torch": "2.13.0", "transformers": "5.0", "hppctl": __version__, "kernel": "6.1"}
+                  "torch": "2.13.0", "transformers": "5.0", "hppctl": __version__, "kernel": "6.1",
+                  **({"probe_version": self.device.probe_version} if self.device.probe_version else {})}
         on_record(record)
         yield record
 
@@ -125,6 +129,7 @@ class FakeEndpoint:
                 emit({"type": "pass", "batch_size": b,
                       "forward": [cpu * (i + 1) / 10 for i in range(self.device.layers)],
                       "backward": [2 * cpu * (i + 1) / 10 for i in range(self.device.layers)],
+                      "weight_grad": [cpu * (i + 1) / 10 for i in range(self.device.layers)],
                       "step": {"count": 2, "wall_s": 2 * 1.5 * cpu / self.device.quota, "cpu_s": 2 * 1.5 * cpu,
                                "clock_s": [1.5 * cpu, 1.5 * cpu]}})
                 passes += 1

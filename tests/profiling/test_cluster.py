@@ -47,6 +47,12 @@ def test_measured_and_preset_devices_in_one_profile(tmp_path):
     assert per_sample["mid"] == pytest.approx(2 * per_sample["fast"])
     assert by_name["fast"].memory_bytes == 2 * 10**9 - 4 * 10**8  # cgroup limit minus the worker runtime
     assert by_name["nano0"].kind == "jetson-nano" and by_name["nano0"].batch_sizes == GRID
+    # every device splits its backward: the measured ones as their probes measured it (the fake's
+    # weight gradients are half its backward), the preset one as its preset predicts it
+    assert all(d.weight_grad_s is not None and len(d.weight_grad_s) == 5 for d in p.devices)
+    fast = by_name["fast"]
+    assert [w for row in fast.weight_grad_s for w in row] == pytest.approx([b / 2 for row in fast.backward_s for b in row])
+    assert by_name["nano0"].source == "preset" and 0 < by_name["nano0"].weight_grad_s[0][0] < by_name["nano0"].backward_s[0][0]
     assert all(e.closed for e in make.endpoints.values())
 
 
@@ -101,6 +107,17 @@ def test_version_mismatch_names_both_versions(tmp_path):
     result, _ = run(cluster("a", "b", "c"), devices, tmp_path)
     assert result.failures["b"].startswith(f"hppctl 0.0.1 on the device, {__version__} here")
     assert "--install" in result.failures["b"] and "not installed" in result.failures["c"]
+
+
+def test_a_device_whose_probe_measures_otherwise_is_refused_before_it_measures(tmp_path):
+    # the same hppctl version string, other code: an older checkout or wheel whose passes carry no
+    # weight gradients (PROBE_VERSION 4 reported none), or a newer one
+    devices = {"a": FakeDevice(), "b": FakeDevice(probe_version=None), "c": FakeDevice(probe_version=99)}
+    result, _ = run(cluster("a", "b", "c"), devices, tmp_path)
+    assert set(result.failures) == {"b", "c"} and [d.name for d in result.profile.devices] == ["a"]
+    assert "probe version 4 or older" in result.failures["b"] and "--install" in result.failures["b"]
+    assert "probe version 99, this one with 5" in result.failures["c"]
+    assert train_calls(devices["b"]) == [] and train_calls(devices["c"]) == []  # nothing measured, nothing cached
 
 
 def test_a_device_with_another_layer_table_is_refused(tmp_path):

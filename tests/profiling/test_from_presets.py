@@ -187,3 +187,51 @@ def test_layer_times_read_the_previous_boundary():
     p = PRESETS["rpi4"]
     forward, _ = layer_times(p, fine, [64])
     assert forward[4][0] == pytest.approx(p.forward_seconds(fine[4], 64, 4, fine[3].boundary_bytes_per_sample))
+
+
+def test_preset_profiles_carry_each_layers_weight_gradient_part_of_its_backward():
+    from hppctl.models.profile import DeviceProfile
+    from hppctl.planner.cost import CostModel
+    from hppctl.profiling.presets import WEIGHT_GRAD_SHARE
+
+    p = build(batch_sizes=[1, 4, 16])
+    layers = small_cnn()
+    for d in p.devices:
+        assert DeviceProfile.model_validate(d.model_dump()).weight_grad_s == d.weight_grad_s  # the model's validator
+        assert len(d.weight_grad_s) == len(layers) and all(len(row) == 3 for row in d.weight_grad_s)
+        for layer, w_row, b_row in zip(layers, d.weight_grad_s, d.backward_s):
+            assert all(0.0 <= w <= b for w, b in zip(w_row, b_row))
+            if layer.param_bytes == 0:  # ReLU6, pooling: no weights, no weight gradient
+                assert w_row == [0.0, 0.0, 0.0]
+            else:
+                share = WEIGHT_GRAD_SHARE[classify(layer)]
+                assert w_row == pytest.approx([share * b for b in b_row])
+    assert WEIGHT_GRAD_SHARE[classify(layers[0])] > 0 and p.devices[0].weight_grad_s[0][0] > 0  # the stem conv
+    cost = CostModel(p, micro_batch=4, num_micro_batches=2)
+    assert cost.has_weight_grad_times
+    assert 0 < cost.weight_grad_time(0, 0, len(layers), 4) < cost.backward_time(0, 0, len(layers), 4)
+
+
+def test_an_embeddings_whole_backward_is_its_weight_gradient():
+    from hppctl.models.profile import LayerCost
+    from hppctl.profiling.presets import weight_grad_share
+
+    embedding = LayerCost(name="emb", kind="BertEmbeddings", boundary_bytes_per_sample=32 * 512 * 4,
+                          activation_bytes_per_sample=32 * 512 * 4, param_bytes=30522 * 512 * 4,
+                          forward_flops_per_sample=32 * 512 * 4)
+    assert weight_grad_share(embedding) == 1.0  # token ids carry no gradient: nothing else to compute
+    [row] = layer_times(PRESETS["jetson-nx"], [embedding], [8])[1]
+    d = build(layers=[embedding], batch_sizes=[8]).devices[2]
+    assert d.weight_grad_s == [row] == d.backward_s
+
+
+def test_block_weight_gradient_times_are_the_sum_of_their_fine_layers():
+    fine, blocks, parts = blocks_and_parts()
+    fine_profile = build(layers=fine)
+    block_profile = build(layers=blocks, granularity="block", parts=parts)
+    for df, db in zip(fine_profile.devices, block_profile.devices):
+        start = 0
+        for i, group in enumerate(parts):
+            end = start + len(group)
+            assert db.weight_grad_s[i] == pytest.approx([sum(col) for col in zip(*df.weight_grad_s[start:end])])
+            start = end

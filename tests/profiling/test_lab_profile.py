@@ -71,6 +71,10 @@ def test_every_host_is_measured_in_parallel_with_a_progress_bar_each(first):
     for name in QUOTAS:
         assert any(line.startswith(name) and "done:" in line for line in first["stderr"].splitlines())
     assert first["summary"]["measured"] == {n: [1, 4] for n in QUOTAS}
+    for d in profile.devices:  # each layer's weight-gradient part of its backward, measured over SSH
+        assert len(d.weight_grad_s) == 11 and all(0.0 <= w <= b for w_row, b_row in zip(d.weight_grad_s, d.backward_s)
+                                                  for w, b in zip(w_row, b_row))
+        assert sum(row[-1] for row in d.weight_grad_s) > 0
 
 
 def test_speed_follows_the_cpu_quota(first):
@@ -129,6 +133,8 @@ def test_install_puts_this_hppctl_into_a_venv_on_the_host(lab, cli, cache_dir, t
     one = one.rename(one.with_suffix(".json"))
     code, _, stderr = cli("profile", "--cluster", one, *ARGS, "--install", "--out", tmp_path / "p.json")
     assert code == 0, stderr
+    [device] = load(tmp_path / "p.json", Profile).devices
+    assert len(device.weight_grad_s) == 11  # this hppctl's probe measured it there
     python = Path.home() / ".cache" / "hppctl" / "devices" / "pfast" / "venv" / "bin" / "python"
     where = subprocess.run([str(python), "-c", "import hppctl; print(hppctl.__file__)"], capture_output=True,
                            text=True, check=True, cwd=tmp_path).stdout  # not this checkout's directory

@@ -176,3 +176,45 @@ def test_exit_reasons():
 def test_captured_files_are_json_lines():
     for name in ("train-tiny-cnn-lab-h2.jsonl", "identify-local.jsonl", "ping-lab-h1-to-h2.jsonl"):
         assert all(json.loads(line) for line in text(name).splitlines())
+
+
+def with_weight_grad(records: list[dict], share: float = 0.4, lacking: int | None = None) -> list[dict]:
+    """The captured records as this probe prints them: every pass with a weight-gradient part of its
+    backward (`share` of it), except pass number `lacking` (as an older probe's)."""
+    changed, passes = [], 0
+    for r in records:
+        if r["type"] == "pass":
+            if passes != lacking:
+                r = {**r, "weight_grad": [share * b for b in r["backward"]]}
+            passes += 1
+        changed.append(r)
+    return changed
+
+
+def test_weight_gradient_times_are_medians_times_the_sustained_factor_as_the_backward():
+    setup, batches, _ = parse.batches_from_output(with_weight_grad(found("train-tiny-cnn-lab-h2.jsonl")))
+    p = parse.device_profile("h2", identity(hostname="h2"), setup, batches, memory_bytes=None, repeats=5, warmup=1)
+    for k, b in enumerate(batches):
+        factor = p.measurement.sustained_factor[k]
+        for layer in range(11):
+            assert b.weight_grad[layer] == [0.4 * s for s in b.backward[layer]]
+            assert p.weight_grad_s[layer][k] == pytest.approx(statistics.median(b.weight_grad[layer]) * factor)
+            assert p.weight_grad_s[layer][k] == pytest.approx(0.4 * p.backward_s[layer][k])
+    assert DeviceProfile.model_validate_json(p.model_dump_json()).weight_grad_s == p.weight_grad_s
+
+
+def test_passes_of_an_older_probe_give_no_weight_gradient_times():
+    # the captured outputs predate PROBE_VERSION 5: they still load, and the profile does not pretend to split
+    for records in (found("train-tiny-cnn-lab-h2.jsonl"), with_weight_grad(found("train-tiny-cnn-lab-h2.jsonl"), lacking=3)):
+        setup, batches, _ = parse.batches_from_output(records)
+        p = parse.device_profile("h2", identity(hostname="h2"), setup, batches, memory_bytes=None, repeats=5, warmup=1)
+        assert p.weight_grad_s is None and "weight_grad_s" not in p.model_dump(exclude_none=True)
+        assert len(p.backward_s) == 11
+
+
+def test_a_pass_whose_weight_gradients_miss_a_layer_is_refused():
+    records = with_weight_grad(found("train-tiny-cnn-lab-h2.jsonl"))
+    bad = next(r for r in records if r["type"] == "pass")
+    bad["weight_grad"] = bad["weight_grad"][:-1]
+    with pytest.raises(parse.ProbeOutputError, match="10/11 layers"):
+        parse.batches_from_output(records)

@@ -3,6 +3,7 @@ profile_cluster with a `local: true` device (a subprocess). No wall-clock assert
 signs and the structure of what is measured."""
 
 import json
+import statistics
 
 import pytest
 
@@ -19,7 +20,7 @@ def measurement():
 
 def test_layer_pass_times_every_layer_in_one_backward(measurement):
     x, labels = measurement.batch(4)
-    forward, backward = measurement.layer_pass(x, labels)
+    forward, backward, _ = measurement.layer_pass(x, labels)
     count = len(measurement.stages)
     assert len(forward) == len(backward) == count == 11
     assert all(t > 0 for t in forward)
@@ -32,11 +33,53 @@ def test_layer_pass_times_every_layer_in_one_backward(measurement):
     assert all(p.grad is not None for p in measurement.model.parameters())
 
 
+def test_each_backward_is_split_into_its_weight_gradient_part_by_an_input_only_backward():
+    # vgg-mini: convolutions and linear layers between parameter-free ReLUs, max-pools and a flatten
+    from hppctl.profiling.train_probe import Measurement
+    from hppctl.zoo import layer_costs
+
+    m = Measurement("vgg-mini", "fine", threads=1)
+    x, labels = m.batch(4)
+    m.first_step(x, labels)
+    passes = [m.layer_pass(x, labels) for _ in range(6)][1:]
+    count = len(m.stages)
+    for _, backward, weight_grad in passes:
+        assert len(weight_grad) == len(backward) == count
+        assert all(0.0 <= w <= b for w, b in zip(weight_grad, backward))
+    backward = [statistics.median(p[1][i] for p in passes) for i in range(count)]
+    weight_grad = [statistics.median(p[2][i] for p in passes) for i in range(count)]
+    layers = layer_costs("vgg-mini", "fine")
+    weighted = [i for i, layer in enumerate(layers) if layer.param_bytes > 0]
+    free = [i for i, layer in enumerate(layers) if layer.param_bytes == 0]
+    assert {layers[i].kind for i in free} >= {"ReLU", "MaxPool2d"}
+    share = lambda idx: sum(weight_grad[i] for i in idx) / sum(backward[i] for i in idx)  # noqa: E731
+    # the convolutions' and linear layers' weight gradients are a real part of their backward; a layer
+    # without parameters has none: only the two runs' noise, clamped at zero, is left
+    assert share(weighted) > 0.2
+    assert share(free) < share(weighted) / 3
+    # and the passes still leave gradients on every parameter, as a training step does
+    assert all(p.grad is not None for p in m.model.parameters())
+
+
+def test_an_embedding_fed_token_ids_has_its_whole_backward_as_weight_gradient():
+    # tiny-bert's layer 0 is the word embedding: its input carries no gradient, so nothing of its
+    # backward is input-gradient work (the weight gradient is a scatter into the embedding table)
+    from hppctl.profiling.train_probe import Measurement
+
+    m = Measurement("tiny-bert", "fine", threads=1)
+    x, labels = m.batch(4)
+    assert not x.is_floating_point()
+    passes = [m.layer_pass(x, labels) for _ in range(3)]
+    for _, backward, weight_grad in passes:
+        assert all(0.0 <= w <= b for w, b in zip(weight_grad, backward))
+        assert weight_grad[0] == backward[0] > 0
+
+
 def test_the_cost_of_calling_one_layer_stage_is_measured_against_one_module_over_all_layers(measurement):
     # tiny-cnn's 11 one-layer stages: a few microseconds each of calls and clock reads on any machine,
     # far below the smallest layer's forward (no wall-clock bound: just what it is made of)
     x, labels = measurement.batch(4)
-    forward, _ = measurement.layer_pass(x, labels)
+    forward, _, _ = measurement.layer_pass(x, labels)
     cost = measurement.stage_call_cost(reps=5)
     assert 0.0 <= cost < max(forward)
     assert not measurement.norms_in_eval  # BatchNorm back in training mode for what follows
@@ -61,6 +104,10 @@ def test_probe_records_for_a_tiny_model(capsys):
     assert passes == [1, 2, 1]  # round-robin
     setup, batches, _ = parse.batches_from_output(found)
     assert setup.layers == 5 and setup.model_fingerprint
+    for record in (r for r in found if r["type"] == "pass"):
+        assert len(record["weight_grad"]) == 5
+        assert all(0.0 <= w <= b for w, b in zip(record["weight_grad"], record["backward"]))
+    assert all(b.weight_grad is not None for b in batches)
     [raw] = [r for r in found if r["type"] == "setup"]
     assert raw["stage_call_s"] == setup.stage_call_s  # sent by the probe, not the record's default
 
@@ -109,3 +156,25 @@ def test_a_local_device_end_to_end(tmp_path):
     assert device.source == "measured" and device.batch_sizes == [1, 2] and len(device.forward_s) == 11
     assert device.measurement.clock in ("cpu", "wall") and device.runtime_bytes > 0
     assert all(p > 0 for p in device.train_peak_bytes)
+    # each layer's weight-gradient part of its backward, through the probe's process and the cache
+    assert len(device.weight_grad_s) == 11 and all(len(row) == 2 for row in device.weight_grad_s)
+    assert all(0.0 <= w <= b for w_row, b_row in zip(device.weight_grad_s, device.backward_s)
+               for w, b in zip(w_row, b_row))
+    assert sum(row[-1] for row in device.weight_grad_s) > 0  # tiny-cnn's convolutions and classifier
+    again = profile_cluster(cluster, "tiny-cnn", batch_sizes=[1, 2], cache_root=tmp_path,
+                            settings=ProbeSettings(repeats=2, warmup=1, window_s=0.05))
+    assert again.cached == {"me": [1, 2]} and again.measured == {"me": []}
+    assert again.profile.devices[0].weight_grad_s == device.weight_grad_s
+
+
+def test_weight_shares_by_preset_class_come_from_the_probes_layer_passes(capsys):
+    # what presets.WEIGHT_GRAD_SHARE is measured with (docs/presets.md), on tiny-cnn
+    from hppctl.profiling import weight_shares
+
+    assert weight_shares.main(["--model", "tiny-cnn", "--batch", "4", "--repeats", "2"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    shares = summary["shares"]
+    assert set(shares) == {"conv", "matmul", "memory", "no-weights"}  # convs, the classifier, norms, ReLU/pool
+    assert sum(row["layers"] for row in shares.values()) == 11
+    assert all(0.0 <= row["share"] <= 1.0 and row["backward_s"] > 0 for row in shares.values())
+    assert shares["conv"]["share"] > 0

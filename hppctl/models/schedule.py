@@ -28,9 +28,10 @@ Split backward (zero-bubble schedules, `HppPlan.split_backward`; docs/schedule.m
 contract: a device back-propagates each micro-batch either with one `B`, or with one `I` and, later
 on the same device, one `W` of the same micro-batch and range; everything downstream of the
 backward (the `SG` of the input gradients) needs only the `I`, and the `W` must come before the
-stage's `AR` and `STEP`, which are the first readers of the weight gradients. The `W` of a
-micro-batch keeps what the weight gradients need (the layers' saved inputs) alive until it runs,
-so a generator places it to fill time the device would otherwise wait.
+stage's `AR` and `STEP`, which are the first readers of the weight gradients. Until its `W` runs,
+a micro-batch keeps everything its forward saved plus the gradients `I` captured for the weights
+(20-58 % more than its activations: docs/runtime.md), so a generator bounds how many wait
+(`ScheduleStage.in_flight_cap`) and places each to fill time the device would otherwise wait.
 
 Asynchronous schedules (`nf1b`, `pipedream`; `hppctl.schedule.nf1b`) set `micro_batches_per_update`:
 one window (an epoch) of mini-batches without a flush, a STEP after every mini-batch's backwards,

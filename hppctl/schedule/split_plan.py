@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 
+from hppctl.errors import Infeasible
 from hppctl.models.plan import HppPlan, PlanRequest, Prediction
 from hppctl.models.profile import Profile
 from hppctl.schedule.check import check_schedule
@@ -72,7 +73,10 @@ def _refine_cuts(best: HppPlan, profile: Profile) -> HppPlan:
                 continue
             spent += 1
             plan = to_plan(cm, profile, request, best.strategy, Candidate(moved, best.schedule), 0.0)
-            candidate = _split_and_simulate(plan, profile)
+            try:
+                candidate = _split_and_simulate(plan, profile)
+            except Infeasible:  # the move fits whole backwards, not the split's held micro-batches
+                continue
             if candidate.prediction.round_latency_s < best.prediction.round_latency_s * (1 - 1e-9):
                 best, stages, improved = candidate, moved, True
                 break

@@ -92,3 +92,20 @@ def test_the_cut_search_only_moves_cuts_and_never_slows_the_split_plan():
         assert all(m <= b for s in tuned.stages for m, b in zip(s.memory_bytes, s.memory_budget_bytes))
         faster += tuned.prediction.round_latency_s < plain.prediction.round_latency_s
     assert faster >= 2  # seeds 2 and 4 move a cut by one layer (0.520 -> 0.506 s, 0.399 -> 0.391 s)
+
+
+def test_a_split_that_does_not_fit_is_infeasible_naming_the_device():
+    """Held for its W, a micro-batch keeps HELD_FOR_W x its activations: a budget that fits the whole
+    backwards' K_p micro-batches may not fit the split's."""
+    from hppctl.errors import Infeasible
+    from hppctl.planner.split_backward import HELD_FOR_W
+
+    profile = with_weight_times(make_profile(layers=6, speeds=(1.0, 2.0)), 0.4)
+    plan = make_plan(profile, PlanRequest(global_batch=16, micro_batch=4), "pp")
+    stage = plan.stages[0]
+    tight = int(stage.memory_bytes[0] * (1 + HELD_FOR_W) / 2)  # between Eq. 3 and the split's need
+    devices = [d.model_copy(update={"memory_bytes": tight}) if d.name == stage.devices[0] else d for d in profile.devices]
+    squeezed = plan.model_copy(update={"stages": [stage.model_copy(update={"memory_budget_bytes": [tight]}),
+                                                  *plan.stages[1:]]})
+    with pytest.raises(Infeasible, match=f"{stage.devices[0]} \\(stage 0\\) needs"):
+        with_split_backward(squeezed, profile.model_copy(update={"devices": devices}))

@@ -84,6 +84,7 @@ BROKEN = [
     ("W before its I", "d2", move_before("1W1[0:8]", "1I1[0:8]"), "weight half before the input half"),
     ("W twice", "d2", lambda t: t[:-1] + ["1W1[0:8]", t[-1]], "already computed"),
     ("W after the AllReduce", "d0", move_after("2W0[0:3]", "AR0"), "weight half after the AllReduce"),
+    ("W after STEP", "d2", move_after("2W1[0:8]", "STEP1"), "STEP must be the last action"),
     ("B and I mixed", "d2", lambda t: [x for x in replace("0I1[0:8]", "0B1[0:8]")(t) if x != "0W1[0:8]"],
      "mixes whole backwards"),
     ("SG before its I", "d2", move_before("1SG1>d0[0:3]", "1I1[0:8]"), "sends gradients before the backward"),

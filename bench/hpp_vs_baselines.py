@@ -94,7 +94,7 @@ def plan_for(name: str, profile: Profile, args) -> HppPlan:
     with SPLIT_SUFFIX, its split-backward form (auto then ranks the split forms)."""
     strategy, split = name.removesuffix(SPLIT_SUFFIX), name.endswith(SPLIT_SUFFIX)
     if args.micro_batch == "auto":
-        simulate = ((lambda plan: split_backward_plan(plan, profile, refine=False).prediction.round_latency_s) if split
+        simulate = ((lambda plan: split_backward_plan(plan, profile).prediction.round_latency_s) if split
                     else simulated_round_latency(profile))
         plan = make_auto_plan(profile, args.global_batch, strategy, simulate)
     else:

@@ -21,7 +21,9 @@ Strategies (`--strategies`, in this order every cycle):
 - hppctl's (`asteroid`, `dp`, `pp`, …, and `asteroid+zb`, `pp+zb`: the same with split backwards,
   `hppctl plan --split-backward`): planned on the lab's measured profile at `--micro-batch`
   (`hpp_vs_baselines.plan_for`; `auto`: each strategy's own best, ranked by the simulator), trained with hppctl's runtime (`Session(RunRequest(...)).run()`).
-- stock peers (`ddp`, `pipe-1f1b`, `pipe-gpipe`): bench/peer_worker.py on every host it needs,
+- stock peers (`ddp`, `pipe-1f1b`, `pipe-gpipe`; `pipe-1f1b@16` runs the pipeline on hppctl's `pp`
+  plan at micro-batch 16, so a peer can be measured at several micro-batches and its best taken):
+  bench/peer_worker.py on every host it needs,
   started over the lab's SSH (so in the host's netns and cgroup) with `python -m
   torch.distributed.run --nnodes N --nproc-per-node 1 --node-rank R --master-addr <first host>
   --master-port P` (static rendezvous: the agent on the first host holds the store), gloo bound to
@@ -150,8 +152,8 @@ def median_samples_per_s(step_s: list[float], global_batch: int, warmup: int) ->
 def cycle_ratios(cycle: dict[str, float]) -> dict[str, float]:
     """Ratios of one cycle's samples/s: asteroid (with and without split backwards) and hppctl's fastest
     strategy over the best real peer, and every hppctl strategy over every peer that ran."""
-    peers = {k: v for k, v in cycle.items() if k in PEERS}
-    ours = {k: v for k, v in cycle.items() if k not in PEERS}
+    peers = {k: v for k, v in cycle.items() if is_peer(k)}
+    ours = {k: v for k, v in cycle.items() if not is_peer(k)}
     ratios = {f"{a}/{b}": ours[a] / peers[b] for a in ours for b in peers}
     for name in ("asteroid", "asteroid+zb"):
         if name in ours and peers:
@@ -168,7 +170,7 @@ def summarize(cycles: list[dict[str, float]]) -> dict:
     return {"samples_per_s": {s: statistics.median(c[s] for c in cycles if s in c) for s in cycles[0]},
             "ratios": {k: statistics.median(r[k] for r in per_cycle if k in r) for k in keys},
             "ratios_per_cycle": per_cycle,
-            "best_peer_per_cycle": [max((k for k in c if k in PEERS), key=c.get, default=None) for c in cycles]}
+            "best_peer_per_cycle": [max((k for k in c if is_peer(k)), key=c.get, default=None) for c in cycles]}
 
 
 def table(summary: dict, cycles: list[dict[str, float]]) -> str:
@@ -269,11 +271,31 @@ def ssh_command(cluster, device, remote: str) -> list[str]:
     return argv + [f"{device.user}@{device.host}", remote]
 
 
-def peer_hosts(mode: str, cluster, plans: dict) -> tuple[list[str], str | None]:
+def is_peer(name: str) -> bool:
+    return peer_mode(name)[0] in PEERS
+
+
+def peer_mode(name: str) -> tuple[str, str]:
+    """A peer strategy's mode and the key of the pp plan it runs: `pipe-1f1b` runs `pp` (hppctl's pp plan
+    at --micro-batch), `pipe-1f1b@16` runs `pp@16` (pp planned at micro-batch 16), so the torch pipelines
+    can be measured at several micro-batches and the best of them taken as the real peer."""
+    mode, _, micro = name.partition("@")
+    return mode, f"pp@{micro}" if micro else "pp"
+
+
+def pp_at(key: str, profile, args):
+    """The `pp@B` plan: pp at micro-batch B."""
+    from argparse import Namespace
+
+    return hvb.plan_for("pp", profile, Namespace(**{**vars(args), "micro_batch": int(key.partition("@")[2])}))
+
+
+def peer_hosts(name: str, cluster, plans: dict) -> tuple[list[str], str | None]:
     """The devices a peer runs on, in rank order, and the pipelines' stage argument."""
+    mode, pp_key = peer_mode(name)
     if mode == "ddp":
         return [d.name for d in cluster.devices], None
-    pp = plans["pp"]
+    pp = plans[pp_key]
     return [s.devices[0] for s in pp.stages], ",".join(f"{s.layers[0]}:{s.layers[1]}" for s in pp.stages)
 
 
@@ -344,17 +366,19 @@ def peer_outputs(mode: str, names: list[str], procs: list, timeout: float) -> li
 
 
 def layout_of(name: str, plans: dict, cluster, args) -> tuple[Layout, int]:
-    if name in PEERS:
-        layers = plans["pp"].stages[-1].layers[1] if "pp" in plans else len(layer_costs(args.model, args.granularity))
-        return peer_layout(name, plans.get("pp"), layers, args.global_batch, len(cluster.devices))
+    if is_peer(name):
+        mode, pp_key = peer_mode(name)
+        layers = plans[pp_key].stages[-1].layers[1] if pp_key in plans else len(layer_costs(args.model, args.granularity))
+        return peer_layout(mode, plans.get(pp_key), layers, args.global_batch, len(cluster.devices))
     return plan_layout(plans[name]), plans[name].micro_batch
 
 
 def run_one(name: str, cluster, profile, plans: dict, args, port: int) -> dict:
-    if name in PEERS:
+    if is_peer(name):
+        mode, pp_key = peer_mode(name)
         names, stages = peer_hosts(name, cluster, plans)
-        micro = plans["pp"].micro_batch if "pp" in plans else args.global_batch
-        return run_peer(name, cluster, names, stages, micro, args, port)
+        micro = plans[pp_key].micro_batch if pp_key in plans else args.global_batch
+        return run_peer(mode, cluster, names, stages, micro, args, port)
     r = hvb.run_strategy(name, profile, cluster, args, plan=plans[name])
     r["micro_batch"] = plans[name].micro_batch
     return r
@@ -362,9 +386,11 @@ def run_one(name: str, cluster, profile, plans: dict, args, port: int) -> dict:
 
 def measure(cluster, profile, args) -> dict:
     """Plan, check first losses' references, alternate the strategies; every figure."""
-    hppctl_names = [s for s in args.strategy_list if s not in PEERS]
-    needs_pp = any(s.startswith("pipe-") for s in args.strategy_list)
-    plans = {name: hvb.plan_for(name, profile, args) for name in dict.fromkeys(hppctl_names + (["pp"] if needs_pp else []))}
+    hppctl_names = [s for s in args.strategy_list if not is_peer(s)]
+    pp_keys = [peer_mode(s)[1] for s in args.strategy_list if s.startswith("pipe-")]
+    plans = {name: hvb.plan_for(name, profile, args) for name in dict.fromkeys(hppctl_names + pp_keys)
+             if "@" not in name}
+    plans.update({key: pp_at(key, profile, args) for key in pp_keys if "@" in key})
     for name, plan in plans.items():
         print(f"plan {name}: micro-batch {plan.micro_batch}, stages "
               + " | ".join(f"{s.layers[0]}-{s.layers[1]} on {'+'.join(s.devices)}" for s in plan.stages), flush=True)

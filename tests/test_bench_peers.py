@@ -166,3 +166,18 @@ def test_a_zb_strategy_plans_the_split_form_of_its_base(tmp_path):
         base, split = hvb.plan_for("pp", profile, args), hvb.plan_for("pp+zb", profile, args)
         assert not base.split_backward and split.split_backward
         assert [s.layers for s in split.stages] == [s.layers for s in base.stages] or micro_batch == "auto"
+
+
+def test_a_peer_at_a_micro_batch_runs_pp_planned_there(peers):
+    from argparse import Namespace
+
+    from tests.conftest import make_profile
+
+    assert peers.peer_mode("pipe-1f1b@16") == ("pipe-1f1b", "pp@16")
+    assert peers.peer_mode("pipe-gpipe") == ("pipe-gpipe", "pp")
+    assert peers.is_peer("pipe-1f1b@16") and peers.is_peer("ddp") and not peers.is_peer("asteroid+zb")
+    profile = make_profile(layers=8, speeds=(1.0, 2.0, 3.0))
+    plan = peers.pp_at("pp@8", profile, Namespace(micro_batch="auto", global_batch=64))
+    assert plan.strategy == "pp" and plan.micro_batch == 8
+    ratios = peers.cycle_ratios({"asteroid": 300.0, "pipe-1f1b@16": 250.0, "pipe-1f1b": 200.0})
+    assert ratios["asteroid/best_peer"] == 1.2  # the best of the peer's micro-batches

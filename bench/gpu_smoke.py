@@ -7,14 +7,16 @@ What it does, through the `hppctl` commands a user runs (`hppctl.cli.run(argv)`)
 
 1. CPU half (always): a cluster of two local devices `g0`, `g1` with `accelerator: cpu`; `hppctl
    profile` (measured, small grid), `hppctl plan --strategy pp` (one stage per device), `hppctl run`
-   in fp32, bf16 and fp16 (the CPU's autocast). Checked: every run learns (mean loss of the last
-   three rounds below 0.6 x the first three), bf16 and fp16 end within RTOL_HALF of fp32.
+   in fp32, bf16 and fp16 (the CPU's autocast), and the same request planned with `--split-backward`
+   in fp32. Checked: every run learns (mean loss of the last three rounds below 0.6 x the first
+   three), bf16 and fp16 end within RTOL_HALF of fp32, the split-backward run within RTOL.
 2. GPU half (only with CUDA): the same two devices with `accelerator: cuda` (both workers share GPU
    0), profiled and planned again (the GPU's times and memory budget), trained in fp32 and fp16;
    the plan the GPU profile gave is also trained on the CPU cluster, and the GPU fp32 model must
    equal that CPU model within RTOL (relative norm per tensor: floating-point reassociation between
    CUDA and CPU kernels only; TF32 is off for matmuls by default) and the fp16 model within
-   RTOL_HALF. Prints samples/s for CPU fp32, GPU fp32 and GPU fp16.
+   RTOL_HALF; the split-backward plan trained on the GPU in fp32 must equal it trained on the CPU
+   within RTOL. Prints samples/s for CPU fp32, GPU fp32, GPU fp16 and the split runs.
 
 Without CUDA it checks the CPU half, prints `skipped: no CUDA (...)` for the GPU half, and exits 0.
 Exit 1 when a check fails, with the figures that failed.
@@ -62,11 +64,17 @@ def profile_and_plan(out: Path, cluster: Path, model: str, tag: str, args) -> Pa
                      "--repeats", args.repeats, "--warmup", 1, "--no-links", "--out", profile)
     if code != 0:
         sys.exit(f"hppctl profile ({tag}) failed with exit {code}")
-    code, _ = hppctl("plan", "--profile", profile, "--strategy", "pp", "--global-batch", args.global_batch,
-                     "--micro-batch", args.micro_batch, "--out", plan)
-    if code != 0:
-        sys.exit(f"hppctl plan ({tag}) failed with exit {code}")
+    for target, extra in ((plan, ()), (split_plan_of(plan), ("--split-backward",))):
+        code, _ = hppctl("plan", "--profile", profile, "--strategy", "pp", "--global-batch", args.global_batch,
+                         "--micro-batch", args.micro_batch, "--out", target, *extra)
+        if code != 0:
+            sys.exit(f"hppctl plan {' '.join(extra)} ({tag}) failed with exit {code}")
     return plan
+
+
+def split_plan_of(plan: Path) -> Path:
+    """The same request planned with --split-backward (I and W actions: runtime/split_backward.py)."""
+    return plan.with_name(plan.stem + "-split" + plan.suffix)
 
 
 def train(out: Path, plan: Path, cluster: Path, tag: str, precision: str, args) -> dict:
@@ -132,6 +140,12 @@ def main() -> int:
               f"(tolerance {RTOL_HALF:g})")
         if difference > RTOL_HALF or not learned(half["losses"]):
             failures.append(f"CPU {precision}: difference {difference:.2e}, losses {half['losses']}")
+    split = train(args.out, split_plan_of(cpu_plan), cpu_cluster, "cpu-split", "fp32", args)
+    difference = largest_difference(split["model"], cpu["model"])
+    print(f"CPU fp32, split backward: {throughput(split):.1f} samples/s, largest relative difference from CPU fp32 "
+          f"{difference:.2e} (tolerance {RTOL:g})")
+    if difference > RTOL:
+        failures.append(f"CPU split backward differs from whole backwards by {difference:.2e} > {RTOL:g}")
     if not torch.cuda.is_available():
         for failure in failures:
             print(f"FAILED: {failure}")
@@ -152,6 +166,13 @@ def main() -> int:
             failures.append(f"GPU {precision} differs from the CPU run by {difference:.2e} > {rtol:g}")
         if not learned(run["losses"]):
             failures.append(f"the GPU {precision} run did not learn: {run['losses']}")
+    split_reference = train(args.out, split_plan_of(gpu_plan), cpu_cluster, "cpu-on-gpu-plan-split", "fp32", args)
+    split_run = train(args.out, split_plan_of(gpu_plan), gpu_cluster, "cuda-split", "fp32", args)
+    difference = largest_difference(split_run["model"], split_reference["model"])
+    print(f"GPU fp32, split backward: {throughput(split_run):.1f} samples/s, largest relative difference from the "
+          f"CPU run {difference:.2e} (tolerance {RTOL:g})")
+    if difference > RTOL or not learned(split_run["losses"]):
+        failures.append(f"GPU split backward: difference {difference:.2e}, losses {split_run['losses']}")
     for failure in failures:
         print(f"FAILED: {failure}")
     print("gpu smoke " + ("FAILED" if failures else "passed"))

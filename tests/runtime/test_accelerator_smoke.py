@@ -25,5 +25,7 @@ def test_gpu_smoke_without_cuda_checks_the_cpu_half_and_skips(tmp_path):
     lines = done.stdout.splitlines()
     assert lines[0].startswith("CPU fp32: ") and "samples/s" in lines[0]
     assert lines[1].startswith("CPU bf16: ") and lines[2].startswith("CPU fp16: ")
+    assert lines[3].startswith("CPU fp32, split backward: ") and "largest relative difference" in lines[3]
+    assert "split_backward: true" in (tmp_path / "plan-cpu-split.yaml").read_text()
     assert lines[-1].startswith("skipped: no CUDA (") and lines[-1].endswith("CPU half passed")
     assert (tmp_path / "plan-cpu.yaml").exists() and (tmp_path / "model-cpu-fp32.pt").exists()

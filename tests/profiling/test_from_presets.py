@@ -169,6 +169,7 @@ def test_group_layers_finds_the_fine_runs_of_each_block():
 
 
 def test_block_profile_times_are_the_sum_of_their_fine_layers():
+    """Forward, backward and weight-gradient times alike (from_presets sums fine layers into blocks)."""
     fine, blocks, parts = blocks_and_parts()
     fine_profile = build(layers=fine)
     block_profile = build(layers=blocks, granularity="block", parts=parts)
@@ -176,9 +177,9 @@ def test_block_profile_times_are_the_sum_of_their_fine_layers():
         start = 0
         for i, group in enumerate(parts):
             end = start + len(group)
-            for k in range(len(df.batch_sizes)):
-                assert db.forward_s[i][k] == pytest.approx(sum(row[k] for row in df.forward_s[start:end]))
-                assert db.backward_s[i][k] == pytest.approx(sum(row[k] for row in df.backward_s[start:end]))
+            for table in ("forward_s", "backward_s", "weight_grad_s"):
+                summed = [sum(col) for col in zip(*getattr(df, table)[start:end])]
+                assert getattr(db, table)[i] == pytest.approx(summed), table
             start = end
 
 
@@ -223,15 +224,3 @@ def test_an_embeddings_whole_backward_is_its_weight_gradient():
     [row] = layer_times(PRESETS["jetson-nx"], [embedding], [8])[1]
     d = build(layers=[embedding], batch_sizes=[8]).devices[2]
     assert d.weight_grad_s == [row] == d.backward_s
-
-
-def test_block_weight_gradient_times_are_the_sum_of_their_fine_layers():
-    fine, blocks, parts = blocks_and_parts()
-    fine_profile = build(layers=fine)
-    block_profile = build(layers=blocks, granularity="block", parts=parts)
-    for df, db in zip(fine_profile.devices, block_profile.devices):
-        start = 0
-        for i, group in enumerate(parts):
-            end = start + len(group)
-            assert db.weight_grad_s[i] == pytest.approx([sum(col) for col in zip(*df.weight_grad_s[start:end])])
-            start = end

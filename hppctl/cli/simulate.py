@@ -183,7 +183,8 @@ def _parse_warmup(text: str) -> list[int]:
 
 
 def _render(plan: HppPlan, schedule, result, with_profile: bool) -> None:
-    stdout.print(f"{plan.strategy} plan for {plan.model}: {len(plan.stages)} stages, schedule {schedule.policy}, "
+    split = " with split backwards" if plan.split_backward else ""
+    stdout.print(f"{plan.strategy} plan for {plan.model}: {len(plan.stages)} stages, schedule {schedule.policy}{split}, "
                  f"{result.mode} transfers, timings from the {'profile' if with_profile else 'plan (no --profile)'}")
     if schedule.micro_batches_per_update is None:
         _render_round(plan, result)

@@ -74,6 +74,10 @@ def test_plan_cli_writes_a_split_plan_and_refuses_a_profile_without_weight_times
     assert '"split_backward": true' in (tmp_path / "plan.json").read_text()
     code, _, _ = cli("plan", "--profile", source, "--global-batch", 64, "--micro-batch", 8, "--out", tmp_path / "whole.json")
     assert code == 0 and "split_backward" not in (tmp_path / "whole.json").read_text()  # omitted when false
+    code, out, _ = cli("simulate", "--plan", tmp_path / "plan.json", "--profile", source)
+    assert code == 0 and "with split backwards" in out.splitlines()[0]
+    code, _, err = cli("simulate", "--plan", tmp_path / "plan.json", "--profile", source, "--policy", "nf1b")
+    assert code == 2 and "split backwards run only in synchronous schedules" in err
     bare = tmp_path / "bare.json"
     bare.write_text(make_profile(layers=8, speeds=(1.0, 2.0, 3.0)).model_dump_json())
     code, _, err = cli("plan", "--profile", bare, "--global-batch", 64, "--micro-batch", 8, "--split-backward")

@@ -6,6 +6,7 @@ import pytest
 from hppctl import __version__
 from hppctl.models.cluster import ClusterSpec
 from hppctl.profiling.cluster import Observer, ProbeSettings, profile_cluster
+from hppctl.profiling.probe import PROBE_VERSION
 from hppctl.zoo import layer_costs
 from tests.profiling.fakes import FakeDevice, factory
 
@@ -116,7 +117,7 @@ def test_a_device_whose_probe_measures_otherwise_is_refused_before_it_measures(t
     result, _ = run(cluster("a", "b", "c"), devices, tmp_path)
     assert set(result.failures) == {"b", "c"} and [d.name for d in result.profile.devices] == ["a"]
     assert "probe version 4 or older" in result.failures["b"] and "--install" in result.failures["b"]
-    assert "probe version 99, this one with 5" in result.failures["c"]
+    assert f"probe version 99, this one with {PROBE_VERSION}" in result.failures["c"]
     assert train_calls(devices["b"]) == [] and train_calls(devices["c"]) == []  # nothing measured, nothing cached
 
 

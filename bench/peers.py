@@ -92,6 +92,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cluster", help="cluster file of a lab that is up (default: bring one up)")
     p.add_argument("--profile", help="measured profile of that cluster (default: hppctl profile)")
+    p.add_argument("--peer-plan", help="a pp plan file the pipelines (pipe-1f1b, pipe-gpipe without @B) run "
+                                       "instead of planning pp: a split from another run or profile")
     p.add_argument("--homogeneous", action="store_true", help="3 jetson-nx instead of Env B")
     p.add_argument("--model", default="mobilenetv2")
     p.add_argument("--granularity", default="fine")
@@ -391,6 +393,11 @@ def measure(cluster, profile, args) -> dict:
     plans = {name: hvb.plan_for(name, profile, args) for name in dict.fromkeys(hppctl_names + pp_keys)
              if "@" not in name}
     plans.update({key: pp_at(key, profile, args) for key in pp_keys if "@" in key})
+    if args.peer_plan and "pp" in plans:
+        from hppctl.models.plan import HppPlan
+        from hppctl.store import load
+
+        plans["pp"] = load(args.peer_plan, HppPlan)
     for name, plan in plans.items():
         print(f"plan {name}: micro-batch {plan.micro_batch}, stages "
               + " | ".join(f"{s.layers[0]}-{s.layers[1]} on {'+'.join(s.devices)}" for s in plan.stages), flush=True)

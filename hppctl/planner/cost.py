@@ -203,8 +203,8 @@ class CostModel:
     def weight_grad_time(self, device: int, start: int, end: int, y: float) -> float:
         """The part of `backward_time` a split backward defers to its `W` (the rest is its `I`)."""
         if self._wgt is None:
-            lacking = [d.name for d in self.profile.devices if d.weight_grad_s is None]
-            if lacking:
+            if not self.has_weight_grad_times:
+                lacking = [d.name for d in self.profile.devices if d.weight_grad_s is None]
                 raise ValueError(f"the profile has no weight_grad_s for {', '.join(lacking)}: a split backward "
                                  f"needs it (profile again with this version of hppctl)")
             self._wgt = [_prefix_by_batch(_resample(d.batch_sizes, d.weight_grad_s, self.grid))

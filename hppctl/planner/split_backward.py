@@ -17,19 +17,13 @@ from hppctl.models.profile import Profile
 from hppctl.planner.cost import CostModel
 
 
-def can_split_backward(plan: HppPlan) -> str:
-    """'' if the plan's schedule can split its backwards, else why not."""
-    if any(s.backward_layers is not None for s in plan.stages):
-        return "Bi-Partition plans (split layers) do not split backwards"
-    return ""
-
-
 def with_split_backward(plan: HppPlan, profile: Profile) -> HppPlan:
-    """The same plan with `split_backward` and every stage's `weight_grad_s` (raises ValueError if
-    the profile lacks weight-gradient times or the plan cannot split)."""
-    why = can_split_backward(plan)
-    if why:
-        raise ValueError(why)
+    """The same plan with `split_backward`, every stage's `weight_grad_s`, `in_flight_cap` and memory,
+    and the prediction's peak memory ratio (raises ValueError if the profile lacks weight-gradient
+    times or the plan cannot split; its round latency stays the estimate's until simulated:
+    schedule/split_plan.py)."""
+    if any(s.backward_layers is not None for s in plan.stages):
+        raise ValueError("Bi-Partition plans (split layers) do not split backwards")
     cm = CostModel(profile, micro_batch=plan.micro_batch, num_micro_batches=plan.num_micro_batches)
     index = {name: i for i, name in enumerate(cm.names)}
     stages = []
@@ -48,7 +42,9 @@ def with_split_backward(plan: HppPlan, profile: Profile) -> HppPlan:
                              f"waiting for their weight gradients, its budget is {b}: plan without --split-backward")
         stages.append(stage.model_copy(update={"weight_grad_s": min(weight, stage.backward_s), "in_flight_cap": cap,
                                                "memory_bytes": memory}))
-    return plan.model_copy(update={"split_backward": True, "stages": stages})
+    ratio = max(m / b for s in stages for m, b in zip(s.memory_bytes, s.memory_budget_bytes) if b)
+    return plan.model_copy(update={"split_backward": True, "stages": stages,
+                                   "prediction": plan.prediction.model_copy(update={"peak_memory_ratio": ratio})})
 
 
 HELD_FOR_W = 1.6

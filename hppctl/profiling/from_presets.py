@@ -98,28 +98,14 @@ def layer_times(preset: DevicePreset, layers: Sequence[LayerCost], batch_sizes: 
     A layer reads what crosses the cut before it (the previous layer's boundary bytes). With
     `parts`, layer i is timed as the sum of its constituent (finer) layers `parts[i]`.
     """
-    groups = [[layer] for layer in layers] if parts is None else parts
-    forward, backward = [], []
-    previous: LayerCost | None = None
-    for group in groups:
-        f_row = [0.0] * len(batch_sizes)
-        b_row = [0.0] * len(batch_sizes)
-        for layer in group:
-            read = previous.boundary_bytes_per_sample if previous is not None else None
-            for k, b in enumerate(batch_sizes):
-                f_row[k] += preset.forward_seconds(layer, b, dtype_bytes, read)
-                b_row[k] += preset.backward_seconds(layer, b, dtype_bytes, read)
-            previous = layer
-        forward.append(f_row)
-        backward.append(b_row)
-    return forward, backward
+    return (_summed_per_group(preset.forward_seconds, layers, batch_sizes, parts, dtype_bytes),
+            _summed_per_group(preset.backward_seconds, layers, batch_sizes, parts, dtype_bytes))
 
 
-def weight_grad_times(preset: DevicePreset, layers: Sequence[LayerCost], batch_sizes: Sequence[int], *,
-                      parts: Sequence[Sequence[LayerCost]] | None = None, dtype_bytes: int = 4) -> list[list[float]]:
-    """The weight-gradient part of every layer's backward (`layer_times`) at every batch size: each
-    (finer) layer's backward times its class's weight-gradient share (presets.weight_grad_share), so
-    never more than the backward `layer_times` predicts."""
+def _summed_per_group(seconds, layers: Sequence[LayerCost], batch_sizes: Sequence[int],
+                      parts: Sequence[Sequence[LayerCost]] | None, dtype_bytes: int) -> list[list[float]]:
+    """`seconds(layer, batch, dtype_bytes, bytes read per sample)` of every layer at every batch size,
+    each (with `parts`) the sum over its finer layers, each reading the previous layer's boundary."""
     groups = [[layer] for layer in layers] if parts is None else parts
     rows = []
     previous: LayerCost | None = None
@@ -128,10 +114,18 @@ def weight_grad_times(preset: DevicePreset, layers: Sequence[LayerCost], batch_s
         for layer in group:
             read = previous.boundary_bytes_per_sample if previous is not None else None
             for k, b in enumerate(batch_sizes):
-                row[k] += preset.weight_grad_seconds(layer, b, dtype_bytes, read)
+                row[k] += seconds(layer, b, dtype_bytes, read)
             previous = layer
         rows.append(row)
     return rows
+
+
+def weight_grad_times(preset: DevicePreset, layers: Sequence[LayerCost], batch_sizes: Sequence[int], *,
+                      parts: Sequence[Sequence[LayerCost]] | None = None, dtype_bytes: int = 4) -> list[list[float]]:
+    """The weight-gradient part of every layer's backward (`layer_times`) at every batch size: each
+    (finer) layer's backward times its class's weight-gradient share (presets.weight_grad_share), so
+    never more than the backward `layer_times` predicts."""
+    return _summed_per_group(preset.weight_grad_seconds, layers, batch_sizes, parts, dtype_bytes)
 
 
 def preset_device_profile(name: str, preset: DevicePreset, layers: Sequence[LayerCost], batch_sizes: list[int],

@@ -138,7 +138,7 @@ class Executor:
                  optimizer: torch.optim.Optimizer, comm: Comm, feed: Feed, *, trace: bool = False,
                  accelerator: torch.device | None = None, precision: Precision | None = None,
                  bucket_bytes: int = BUCKET_BYTES, overlap_allreduce: bool = True,
-                 split_backward: bool | None = None) -> None:
+                 split_backward: bool = True) -> None:
         self.device, self.actions, self.topo, self.stage = device, list(actions), topology, stage
         self.optimizer, self.comm, self.feed, self.trace = optimizer, comm, feed, trace
         self.accelerator = accelerator or getattr(stage, "device", None) or torch.device("cpu")
@@ -156,7 +156,7 @@ class Executor:
             "SG": self._send_gradients, "RG": self._receive_gradients,
             "AR": self._allreduce, "STEP": self._step,
         }
-        if self.splits_backward if split_backward is None else split_backward:
+        if split_backward and self.splits_backward:
             self.handlers.update({"I": self._backward_input, "W": self._backward_weight})
         self.handlers.update(self.more_handlers())
         self.backwards_per_round = sum(a.kind in FINISHING for a in self.actions)

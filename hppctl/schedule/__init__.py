@@ -43,4 +43,3 @@ def simulate_plan(plan: HppPlan, profile: Profile | None = None, *, policy: str 
 def simulated_round_latency(profile: Profile) -> Callable[[HppPlan], float]:
     """What `hppctl plan --compare` passes to `planner.compare` to rank strategies by simulation."""
     return lambda plan: simulate_plan(plan, profile)[1].round_latency_s
-

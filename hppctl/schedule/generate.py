@@ -290,9 +290,8 @@ def _device_actions(replay: _Replay, p: int, index: int, device: str) -> list[Ac
                 comms.append(((replay.b_end[device][m], 1, c, k, m),
                               Action(kind="SG", stage=p, micro_batch=m, start=r.start, end=r.end, peer=r.src)))
     if len(stage.devices) > 1:
-        ends = replay.w_end if replay.split else replay.b_end
-        last = max((max(e for e in ends[d] if e is not None) if any(e is not None for e in ends[d]) else 0)
-                   for d in stage.devices)
+        ends = replay.w_end if replay.split else replay.b_end  # the group's last B or W
+        last = max((e for d in stage.devices for e in ends[d] if e is not None), default=0)
         comms.append(((last, 2, p, 0, 0), Action(kind="AR", stage=p)))
     comms.sort(key=lambda item: item[0])
     starts = replay.start.get(device, [])

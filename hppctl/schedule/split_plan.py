@@ -14,8 +14,12 @@ from __future__ import annotations
 import time
 
 from hppctl.errors import Infeasible
-from hppctl.models.plan import HppPlan, PlanRequest, Prediction
+from hppctl.models.plan import HppPlan, PlanRequest
 from hppctl.models.profile import Profile
+from hppctl.planner import cost_model, to_plan
+from hppctl.planner.cost import StageChoice
+from hppctl.planner.registry import Candidate
+from hppctl.planner.split_backward import with_split_backward
 from hppctl.schedule.check import check_schedule
 from hppctl.schedule.generate import schedule_for_plan
 from hppctl.schedule.simulate import simulate
@@ -38,26 +42,17 @@ def split_backward_plan(plan: HppPlan, profile: Profile, *, refine: bool = True)
 
 
 def _split_and_simulate(plan: HppPlan, profile: Profile) -> HppPlan:
-    from hppctl.planner.split_backward import with_split_backward
-
     split = with_split_backward(plan, profile)
     schedule = schedule_for_plan(split)
     check_schedule(schedule)
     latency = simulate(schedule, ProfileTimings(profile, schedule)).round_latency_s
-    prediction = Prediction(round_latency_s=latency,
-                            throughput_samples_per_s=plan.global_batch / latency if latency > 0 else 0.0,
-                            dominant_step=plan.prediction.dominant_step,
-                            peak_memory_ratio=max(m / b for st in split.stages
-                                                  for m, b in zip(st.memory_bytes, st.memory_budget_bytes) if b))
+    prediction = split.prediction.model_copy(update={
+        "round_latency_s": latency, "throughput_samples_per_s": plan.global_batch / latency if latency > 0 else 0.0})
     return split.model_copy(update={"prediction": prediction})
 
 
 def _refine_cuts(best: HppPlan, profile: Profile) -> HppPlan:
     """Greedy first-improvement search over single cut moves (see the module docstring)."""
-    from hppctl.planner import cost_model, to_plan
-    from hppctl.planner.cost import StageChoice
-    from hppctl.planner.registry import Candidate
-
     request = PlanRequest(global_batch=best.global_batch, micro_batch=best.micro_batch, schedule=best.schedule)
     cm = cost_model(profile, request)
     index = {name: i for i, name in enumerate(cm.names)}
@@ -83,9 +78,7 @@ def _refine_cuts(best: HppPlan, profile: Profile) -> HppPlan:
     return best
 
 
-def _single_cut_moves(stages):
-    from hppctl.planner.cost import StageChoice
-
+def _single_cut_moves(stages: list[StageChoice]):
     for i in range(len(stages) - 1):
         for step in CUT_MOVES:
             cut = stages[i].end + step

@@ -41,9 +41,10 @@ from hppctl.models.cluster import ClusterSpec  # noqa: E402
 from hppctl.models.plan import HppPlan, PlanRequest  # noqa: E402
 from hppctl.models.profile import Profile  # noqa: E402
 from hppctl.planner import make_plan  # noqa: E402
-from hppctl.planner.micro_batch import make_auto_plan  # noqa: E402
+from hppctl.planner.micro_batch import make_auto_plan, try_micro_batches  # noqa: E402
 from hppctl.runtime.config import TrainOptions  # noqa: E402
 from hppctl.runtime.session import RunRequest, Session  # noqa: E402
+from hppctl.runtime.trial import choose_by_trial  # noqa: E402
 from hppctl.schedule import simulate_plan, simulated_round_latency, split_backward_plan  # noqa: E402
 from hppctl.store import load  # noqa: E402
 
@@ -89,18 +90,29 @@ SPLIT_SUFFIX = "+zb"
 """`asteroid+zb`, `pp+zb`: the strategy's plan run with split backwards (`hppctl plan --split-backward`)."""
 
 
-def plan_for(name: str, profile: Profile, args) -> HppPlan:
+def plan_for(name: str, profile: Profile, args, cluster: ClusterSpec | None = None) -> HppPlan:
     """`name`'s plan at `--micro-batch` (auto: its own best, ranked by the simulator, docs/planner.md);
-    with SPLIT_SUFFIX, its split-backward form (auto then ranks the split forms)."""
+    with SPLIT_SUFFIX, its split-backward form (auto then ranks the split forms). With `cluster` and
+    `args.trial_top` > 0, auto keeps the fastest of the best simulated candidates trained for
+    `args.trial_rounds` rounds each on the cluster (`hppctl plan --trial`)."""
     strategy, split = name.removesuffix(SPLIT_SUFFIX), name.endswith(SPLIT_SUFFIX)
+    finish = (lambda plan: split_backward_plan(plan, profile)) if split else (lambda plan: plan)
+    top = getattr(args, "trial_top", 0)
     if args.micro_batch == "auto":
-        simulate = ((lambda plan: split_backward_plan(plan, profile).prediction.round_latency_s) if split
+        simulate = ((lambda plan: finish(plan).prediction.round_latency_s) if split
                     else simulated_round_latency(profile))
-        plan = make_auto_plan(profile, args.global_batch, strategy, simulate)
+        if top and cluster is not None:
+            plan = choose_by_trial(try_micro_batches(profile, args.global_batch, strategy, simulate), cluster,
+                                   top=top, rounds=args.trial_rounds, finish=finish,
+                                   announce=lambda line: print(f"{name} {line}", flush=True))
+            if plan is None:
+                raise SystemExit(f"{name}: no candidate micro-batch fits")
+        else:
+            plan = make_auto_plan(profile, args.global_batch, strategy, simulate)
     else:
         plan = make_plan(profile, PlanRequest(global_batch=args.global_batch, micro_batch=int(args.micro_batch)),
                          strategy)
-    return split_backward_plan(plan, profile) if split else plan
+    return finish(plan)
 
 
 def run_strategy(name: str, profile: Profile, cluster: ClusterSpec, args, plan=None) -> dict:

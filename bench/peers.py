@@ -102,6 +102,10 @@ def parser() -> argparse.ArgumentParser:
                         "micro-batch per round gives a device up to 256 / hosts samples (docs/planner.md)")
     p.add_argument("--global-batch", type=int, default=256)
     p.add_argument("--micro-batch", type=micro_batch_arg, default=32, help="hppctl's plans: an integer or auto")
+    p.add_argument("--trial-top", type=int, default=0,
+                   help="with --micro-batch auto: hppctl's strategies keep the fastest of their best simulated "
+                        "candidates, each trained --trial-rounds rounds on the lab first (hppctl plan --trial)")
+    p.add_argument("--trial-rounds", type=int, default=8)
     p.add_argument("--rounds", type=int, default=14)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeat", type=int, default=2, help="alternation cycles")
@@ -390,8 +394,8 @@ def measure(cluster, profile, args) -> dict:
     """Plan, check first losses' references, alternate the strategies; every figure."""
     hppctl_names = [s for s in args.strategy_list if not is_peer(s)]
     pp_keys = [peer_mode(s)[1] for s in args.strategy_list if s.startswith("pipe-")]
-    plans = {name: hvb.plan_for(name, profile, args) for name in dict.fromkeys(hppctl_names + pp_keys)
-             if "@" not in name}
+    plans = {name: hvb.plan_for(name, profile, args, cluster if name in hppctl_names else None)
+             for name in dict.fromkeys(hppctl_names + pp_keys) if "@" not in name}
     plans.update({key: pp_at(key, profile, args) for key in pp_keys if "@" in key})
     if args.peer_plan and "pp" in plans:
         from hppctl.models.plan import HppPlan

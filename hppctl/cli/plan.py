@@ -28,6 +28,7 @@ Examples (from the repository root; files in examples/ and profiles/, outputs un
   hppctl plan --profile profiles/example-tiny.json --global-batch 64 --micro-batch 16 --strategy asteroid-paper --explain
   hppctl plan --profile profiles/example-tiny.json --plan out/plan.yaml --explain     # re-score a plan
   hppctl plan --profile examples/local-distilbert-284.json --seq-len 284 --compare    # inference (Galaxy)
+  hppctl plan --profile examples/local-tiny-cnn.json --global-batch 64 --micro-batch auto --trial examples/local.yaml --out out/plan.yaml
 """
 
 
@@ -76,6 +77,10 @@ def plan_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
     seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Inference profiles (Galaxy): plan for this sequence length; strategies galaxy, megatron, sp, local.")] = None,
     split_backward: Annotated[bool, typer.Option("--split-backward", help="Split every backward into its input-gradient half and a deferred weight-gradient half that fills the pipeline's idle time (zero-bubble; needs a profile with weight_grad_s; docs/schedule.md).")] = False,
+    trial: Annotated[Optional[Path], typer.Option("--trial", metavar="CLUSTER", help="With --micro-batch auto: train the simulator's best candidates for a few rounds each on this cluster's devices (synthetic samples) and keep the fastest measured (docs/planner.md, \"Choosing by trial\").")] = None,
+    trial_top: Annotated[int, typer.Option("--trial-top", help="--trial: how many of the best simulated candidates to train.")] = 3,
+    trial_rounds: Annotated[int, typer.Option("--trial-rounds", help="--trial: rounds per candidate; the first 2 are warm-up, the median of the rest is its figure.")] = 8,
+    timeout: Annotated[float, typer.Option("--timeout", help="--trial: seconds to wait for workers to join and for any transfer (1 to 2592000).")] = 300.0,
 ) -> None:
     """Plan hybrid pipeline parallel training (stages, device groups, samples per device), or collaborative inference on an inference profile (heads, MLP columns, sequence rows per device)."""
     from hppctl import planner
@@ -83,6 +88,8 @@ def plan_command(
 
     writable_path("--out", out)  # before reading the profile and planning
     micro_batch = micro_batch_flag(micro_batch)
+    if trial is not None:
+        _check_trial_flags(micro_batch, compare, existing, trial_top, trial_rounds, timeout)
     from hppctl.cli.galaxy import is_inference_file
     if is_inference_file(profile):  # collaborative inference (issue 8)
         from hppctl.cli.galaxy import plan_inference
@@ -128,7 +135,12 @@ def plan_command(
         from hppctl.planner.micro_batch import make_auto_plan
         from hppctl.schedule import simulated_round_latency
         simulate = _split_round_latency(prof, profile) if split_backward else simulated_round_latency(prof)
-        plan = make_auto_plan(prof, check_global_batch(global_batch), strategy or "asteroid", simulate)
+        if trial is not None:
+            finish = (lambda p: _with_split_backward(p, prof, profile)) if split_backward else (lambda p: p)
+            plan = _choose_by_trial(prof, trial, check_global_batch(global_batch), strategy or "asteroid", simulate,
+                                    finish, top=trial_top, rounds=trial_rounds, timeout=timeout)
+        else:
+            plan = make_auto_plan(prof, check_global_batch(global_batch), strategy or "asteroid", simulate)
     else:
         plan = planner.make_plan(prof, request, strategy or "asteroid")
     if split_backward:
@@ -137,6 +149,45 @@ def plan_command(
         save(out, plan)
         note(f"wrote {out}")
     _show(plan, prof, explain_, as_json, explain)
+
+
+def _check_trial_flags(micro_batch, compare: bool, existing: Path | None, top: int, rounds: int,
+                       timeout: float) -> None:
+    from hppctl.cli.flags import seconds
+    from hppctl.planner.micro_batch import TRIAL_WARMUP
+
+    if compare or existing is not None:
+        raise BadInput(f"--trial: trains one strategy's candidates; not with {'--compare' if compare else '--plan'}")
+    if micro_batch != "auto":
+        raise BadInput("--trial: chooses the micro-batch by measuring candidates; give --micro-batch auto")
+    positive("--trial-top", top)
+    positive("--trial-rounds", rounds)
+    if rounds <= TRIAL_WARMUP:
+        raise BadInput(f"--trial-rounds: {rounds} leaves no round after the {TRIAL_WARMUP} warm-up rounds "
+                       f"(give at least {TRIAL_WARMUP + 1})")
+    seconds("--timeout", timeout)
+
+
+def _choose_by_trial(prof: Profile, cluster_file: Path, global_batch: int, strategy: str, simulate, finish,
+                     *, top: int, rounds: int, timeout: float) -> HppPlan:
+    """The plan `--trial` keeps (hppctl/runtime/trial.py), after the cluster is checked to hold every
+    device the profile plans on."""
+    from hppctl.models.cluster import ClusterSpec
+    from hppctl.planner.micro_batch import nothing_fits, try_micro_batches
+
+    inventory = load(cluster_file, ClusterSpec)
+    known = {d.name for d in inventory.devices}
+    missing = [d.name for d in prof.devices if d.name not in known]
+    if missing:
+        raise BadInput(f"--trial: {cluster_file}: devices: no device {missing[0]!r} (the profile plans on it)")
+    tried = try_micro_batches(prof, global_batch, strategy, simulate)
+    from hppctl.runtime.trial import choose_by_trial  # torch from here on: the planner above needs none
+
+    plan = choose_by_trial(tried, inventory, top=top, rounds=rounds, finish=finish, timeout_s=timeout,
+                           announce=lambda line: note(line.replace(" rounds …", f" rounds on {cluster_file} …")))
+    if plan is None:
+        raise Infeasible(nothing_fits(prof, global_batch, tried))
+    return plan
 
 
 def _with_split_backward(plan: HppPlan, prof: Profile, source: Path, *, refine: bool = True) -> HppPlan:
@@ -293,7 +344,7 @@ def describe_choice(choice) -> str:
     won = next(c for c in scored if c.micro_batch == choice.chosen)
     others = sorted((c for c in scored if c is not won), key=lambda c: (-c.score(choice.ranked_by), c.micro_batch))
     sizes = "/".join(str(c.micro_batch) for c in choice.candidates)
-    figure = "simulated" if choice.ranked_by == "simulated" else "predicted"
+    figure = {"simulated": "simulated", "measured": "measured on the cluster"}.get(choice.ranked_by, "predicted")
     if others:
         first, second = _distinct(won.score(choice.ranked_by), others[0].score(choice.ranked_by))
         versus = f"{first} vs {second} samples/s at {others[0].micro_batch}, the next best"

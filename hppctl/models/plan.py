@@ -126,13 +126,16 @@ MicroBatchNote = Annotated[str, Field(min_length=1, max_length=1_000)]
 class MicroBatchCandidate(_OmitsUnset):
     """One micro-batch `--micro-batch auto` tried: its plan's predicted throughput, or why it was skipped."""
 
-    _omit_when_default = ("throughput_samples_per_s", "simulated_samples_per_s", "skipped")
+    _omit_when_default = ("throughput_samples_per_s", "simulated_samples_per_s", "measured_samples_per_s", "skipped")
 
     micro_batch: PosInt
     throughput_samples_per_s: NonNegFloat | None = None
     """The predicted throughput (the planner's estimate) of the strategy's plan at this micro-batch."""
     simulated_samples_per_s: NonNegFloat | None = None
     """The same plan replayed by the simulator, when the choice ranked by it (`ranked_by: simulated`)."""
+    measured_samples_per_s: NonNegFloat | None = None
+    """The same plan trained for a few rounds on the cluster (`hppctl plan --trial`, `ranked_by: measured`):
+    the median samples/s of its rounds after the warm-up. Only the candidates the trial ran have one."""
     skipped: MicroBatchNote | None = None
     """Why this micro-batch could not be chosen: no plan fits memory, or a device would run more samples
     per micro-batch than the profile measured it at (docs/planner.md, "Choosing the micro-batch")."""
@@ -141,22 +144,24 @@ class MicroBatchCandidate(_OmitsUnset):
     def _one_outcome(self) -> "MicroBatchCandidate":
         if (self.throughput_samples_per_s is None) == (self.skipped is None):
             raise ValueError("a candidate has either throughput_samples_per_s or skipped, not both or neither")
-        if self.skipped is not None and self.simulated_samples_per_s is not None:
-            raise ValueError("a skipped candidate has no simulated_samples_per_s")
+        if self.skipped is not None and (self.simulated_samples_per_s, self.measured_samples_per_s) != (None, None):
+            raise ValueError("a skipped candidate has no simulated_samples_per_s or measured_samples_per_s")
         return self
 
     def score(self, ranked_by: str) -> float | None:
-        """The figure the choice ranked this candidate by (None: skipped)."""
-        return self.simulated_samples_per_s if ranked_by == "simulated" else self.throughput_samples_per_s
+        """The figure the choice ranked this candidate by (None: skipped, or not among those measured)."""
+        return {"simulated": self.simulated_samples_per_s, "measured": self.measured_samples_per_s}.get(
+            ranked_by, self.throughput_samples_per_s)
 
 
 class MicroBatchChoice(FrozenModel):
     """How `--micro-batch auto` chose the plan's micro-batch: the rule, the winner, every candidate."""
 
     rule: MicroBatchNote
-    ranked_by: Literal["estimate", "simulated"] = "estimate"
-    """Which figure ranked the candidates: the planner's estimate, or the simulator's replay of each plan
-    (what `hppctl plan` uses; plans written before this field ranked by the estimate)."""
+    ranked_by: Literal["estimate", "simulated", "measured"] = "estimate"
+    """Which figure ranked the candidates: the planner's estimate, the simulator's replay of each plan
+    (what `hppctl plan` uses; plans written before this field ranked by the estimate), or the throughput
+    of the best simulated ones trained for a few rounds on the cluster (`hppctl plan --trial`)."""
     chosen: PosInt
     candidates: Annotated[list[MicroBatchCandidate], Field(min_length=1, max_length=MAX_MICRO_BATCHES)]
     """Ascending micro-batch; the chosen one has the highest `ranked_by` throughput (ties: the smaller)."""
@@ -167,9 +172,9 @@ class MicroBatchChoice(FrozenModel):
         if sizes != sorted(set(sizes)):
             raise ValueError("candidates must list distinct micro-batches in ascending order")
         scored = [c for c in self.candidates if c.score(self.ranked_by) is not None]
-        if self.ranked_by == "simulated" and any(c.skipped is None and c.simulated_samples_per_s is None
-                                                 for c in self.candidates):
-            raise ValueError("ranked_by simulated: every candidate not skipped needs simulated_samples_per_s")
+        if self.ranked_by in ("simulated", "measured") and any(c.skipped is None and c.simulated_samples_per_s is None
+                                                               for c in self.candidates):
+            raise ValueError(f"ranked_by {self.ranked_by}: every candidate not skipped needs simulated_samples_per_s")
         best = max(scored, key=lambda c: (c.score(self.ranked_by), -c.micro_batch), default=None)
         if best is None or best.micro_batch != self.chosen:
             raise ValueError(f"chosen {self.chosen} is not the candidate with the highest throughput"

@@ -45,9 +45,11 @@ AUTO = "auto"
 """The value of `--micro-batch` that asks for this choice."""
 
 def auto_rule(ranked_by: str) -> str:
-    """The rule in words, as the plan records it; `ranked_by`: "estimate" or "simulated"."""
-    figure = ("the simulated throughput (the schedule replayed on the profile)" if ranked_by == "simulated"
-              else "the planner's estimated throughput")
+    """The rule in words, as the plan records it; `ranked_by`: "estimate", "simulated" or "measured"."""
+    figure = {"simulated": "the simulated throughput (the schedule replayed on the profile)",
+              "measured": ("the throughput measured on the cluster (the best simulated candidates, each trained "
+                           "for a few rounds: the median samples/s after the warm-up)")}.get(
+        ranked_by, "the planner's estimated throughput")
     return (f"divisors of the global batch (at most {MAX_MICRO_BATCHES} micro-batches per round), each planned "
             "with no device given more samples per micro-batch than the profile measured it at; a plan counts "
             "if every device runs a number of samples within the batch sizes the profile measured it at (or "
@@ -187,23 +189,45 @@ def best(tried: list[Tried]) -> Tried | None:
     return max(usable, key=lambda t: (t.score, -t.micro_batch), default=None)
 
 
-def choice_record(tried: list[Tried], chosen: Tried) -> MicroBatchChoice:
-    ranked_by = "simulated" if chosen.simulated_round_latency_s is not None else "estimate"
+def choice_record(tried: list[Tried], chosen: Tried, measured: dict[int, float] | None = None) -> MicroBatchChoice:
+    """The plan's record of the choice; `measured` (micro-batch -> samples/s on the cluster) when a trial
+    ranked the candidates."""
+    ranked_by = ("measured" if measured else "simulated" if chosen.simulated_round_latency_s is not None
+                 else "estimate")
+    measured = measured or {}
     return MicroBatchChoice(rule=auto_rule(ranked_by), ranked_by=ranked_by, chosen=chosen.micro_batch, candidates=[
         MicroBatchCandidate(micro_batch=t.micro_batch, skipped=t.skipped) if t.skipped is not None
         else MicroBatchCandidate(micro_batch=t.micro_batch, throughput_samples_per_s=t.throughput,
-                                 simulated_samples_per_s=t.simulated_throughput) for t in tried])
+                                 simulated_samples_per_s=t.simulated_throughput,
+                                 measured_samples_per_s=measured.get(t.micro_batch)) for t in tried])
 
 
-def with_choice(tried: list[Tried]) -> HppPlan | None:
+def with_choice(tried: list[Tried], measured: dict[int, float] | None = None) -> HppPlan | None:
     """The best candidate's plan carrying the record of the choice (planning time: all candidates'),
-    or None when no candidate can be chosen."""
-    chosen = best(tried)
+    or None when no candidate can be chosen. With `measured` (a trial's figures, micro-batch ->
+    samples/s), the best measured candidate wins, ties to the smaller micro-batch."""
+    chosen = best(tried) if not measured else min(
+        (t for t in tried if t.micro_batch in measured), key=lambda t: (-measured[t.micro_batch], t.micro_batch),
+        default=None)
     if chosen is None:
         return None
     return chosen.plan.model_copy(update={
-        "micro_batch_choice": choice_record(tried, chosen),
+        "micro_batch_choice": choice_record(tried, chosen, measured),
         "planning_time_s": sum(t.planning_time_s for t in tried)})
+
+
+TRIAL_WARMUP = 2
+"""Rounds of a trial (`hppctl plan --trial`) left out of its figure: workers start and caches fill (as
+bench/peers.py leaves them out)."""
+
+
+def trial_candidates(tried: list[Tried], top: int) -> list[Tried]:
+    """What `hppctl plan --trial` trains on the cluster: the `top` choosable candidates of highest score
+    (the simulated figure when there is one), best first, ties to the smaller micro-batch. The
+    simulator ranks plans well enough to pick a short list, not always the winner: on a CPU-quota lab
+    its replay put the best measured plan second (docs/planner.md, "Choosing by trial")."""
+    usable = [t for t in tried if t.skipped is None]
+    return sorted(usable, key=lambda t: (-t.score, t.micro_batch))[:top]
 
 
 def make_auto_plan(profile: Profile, global_batch: int, strategy: str, simulate: Simulate | None = None) -> HppPlan:

@@ -1,0 +1,72 @@
+"""A plan trained for a few rounds on the cluster, for its throughput only (`hppctl plan --trial`).
+
+The profile is a model of the devices; what a plan delivers depends on more than it holds (a CPU
+quota's budget lets an idle device run faster than its sustained speed, a link's CPU cost, the
+layer pass's view of a fused stage). So `--trial` trains the simulator's best few candidates on the
+real workers, each from the seed's weights on synthetic samples of the model's input (the samples'
+values do not change the time), and keeps the fastest measured: the figure `hppctl run` reports, the
+median samples/s of its rounds after `warmup` (the first rounds start workers and fill caches).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from dataclasses import dataclass
+from typing import Callable
+
+from hppctl.models.cluster import ClusterSpec
+from hppctl.models.plan import HppPlan
+from hppctl.planner.micro_batch import TRIAL_WARMUP, Tried, trial_candidates, with_choice
+from hppctl.runtime.config import TrainOptions
+from hppctl.runtime.session import RunRequest, Session
+
+TRIAL_DATASET = "synthetic"
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    samples_per_s: float
+    """Median over the rounds after the warm-up."""
+    round_s: list[float]
+    """Every round's time, warm-up included."""
+
+
+def local_threads(plan: HppPlan, cluster: ClusterSpec) -> int:
+    """Threads per worker as `hppctl run` sets them: the machine's cores shared by its local workers
+    when every device is local; 0 (the workers' OMP_NUM_THREADS) otherwise."""
+    local = [d for d in plan.devices() if cluster.device(d).local]
+    if local and len(local) == len(plan.devices()):
+        return max(1, (os.cpu_count() or 1) // len(local))
+    return 0
+
+
+def measure_plan(plan: HppPlan, cluster: ClusterSpec, *, rounds: int, warmup: int, timeout_s: float = 300.0,
+                 listen: str | None = None) -> TrialResult:
+    """Train `plan` for `rounds` rounds (> `warmup`) and measure it; raises what `hppctl run` would."""
+    if rounds <= warmup:
+        raise ValueError(f"a trial of {rounds} rounds has none after its {warmup} warm-up rounds")
+    options = TrainOptions(dataset=TRIAL_DATASET, seed=0, rounds=rounds, threads=local_threads(plan, cluster),
+                           timeout_s=timeout_s, divergence_factor=0.0)  # a few rounds for time: no loss check
+    rows: list[dict] = []
+    Session(RunRequest(plan, cluster, options, listen=listen)).run(on_round=rows.append)
+    return TrialResult(statistics.median(r["samples_per_s"] for r in rows[warmup:]), [r["round_s"] for r in rows])
+
+
+def choose_by_trial(tried: list[Tried], cluster: ClusterSpec, *, top: int, rounds: int,
+                    finish: Callable[[HppPlan], HppPlan] = lambda plan: plan, timeout_s: float = 300.0,
+                    announce: Callable[[str], None] = lambda line: None) -> HppPlan | None:
+    """`--micro-batch auto`'s candidates (`try_micro_batches`, ranked by the simulator): the best `top`,
+    each made runnable by `finish` (its split form under --split-backward) and trained `rounds` rounds on
+    `cluster`; the plan of the fastest measured, its record ranked by the measurements (None: no
+    candidate can be chosen)."""
+    short = trial_candidates(tried, top)
+    measured: dict[int, float] = {}
+    for i, candidate in enumerate(short, 1):
+        announce(f"trial {i}/{len(short)}: micro-batch {candidate.micro_batch} ({candidate.score:.1f} samples/s "
+                 f"simulated), {rounds} rounds …")
+        result = measure_plan(finish(candidate.plan), cluster, rounds=rounds, warmup=TRIAL_WARMUP, timeout_s=timeout_s)
+        measured[candidate.micro_batch] = result.samples_per_s
+        announce(f"trial {i}/{len(short)}: micro-batch {candidate.micro_batch} measured {result.samples_per_s:.1f} "
+                 f"samples/s (median of rounds {TRIAL_WARMUP + 1}-{rounds})")
+    return with_choice(tried, measured) if short else None

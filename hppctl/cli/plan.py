@@ -32,6 +32,10 @@ Examples (from the repository root; files in examples/ and profiles/, outputs un
 """
 
 
+TRIAL_DEFAULTS = {"--trial-top": 3, "--trial-rounds": 8, "--timeout": 300.0}
+"""`hppctl plan --trial`'s flags and their defaults (given without --trial, a changed one is refused)."""
+
+
 def make_request(global_batch: int, micro_batch: int) -> PlanRequest:
     """Validate the request, naming the flag at fault."""
     for flag, value in (("--global-batch", global_batch), ("--micro-batch", micro_batch)):
@@ -78,9 +82,9 @@ def plan_command(
     seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Inference profiles (Galaxy): plan for this sequence length; strategies galaxy, megatron, sp, local.")] = None,
     split_backward: Annotated[bool, typer.Option("--split-backward", help="Split every backward into its input-gradient half and a deferred weight-gradient half that fills the pipeline's idle time (zero-bubble; needs a profile with weight_grad_s; docs/schedule.md).")] = False,
     trial: Annotated[Optional[Path], typer.Option("--trial", metavar="CLUSTER", help="With --micro-batch auto: train the simulator's best candidates for a few rounds each on this cluster's devices (synthetic samples) and keep the fastest measured (docs/planner.md, \"Choosing by trial\").")] = None,
-    trial_top: Annotated[int, typer.Option("--trial-top", help="--trial: how many of the best simulated candidates to train.")] = 3,
-    trial_rounds: Annotated[int, typer.Option("--trial-rounds", help="--trial: rounds per candidate; the first 2 are warm-up, the median of the rest is its figure.")] = 8,
-    timeout: Annotated[float, typer.Option("--timeout", help="--trial: seconds to wait for workers to join and for any transfer (1 to 2592000).")] = 300.0,
+    trial_top: Annotated[int, typer.Option("--trial-top", help="--trial: how many of the best simulated candidates to train.")] = TRIAL_DEFAULTS["--trial-top"],
+    trial_rounds: Annotated[int, typer.Option("--trial-rounds", help="--trial: rounds per candidate; the first 2 are warm-up, the median of the rest is its figure.")] = TRIAL_DEFAULTS["--trial-rounds"],
+    timeout: Annotated[float, typer.Option("--timeout", help="--trial: seconds to wait for workers to join and for any transfer (1 to 2592000).")] = TRIAL_DEFAULTS["--timeout"],
 ) -> None:
     """Plan hybrid pipeline parallel training (stages, device groups, samples per device), or collaborative inference on an inference profile (heads, MLP columns, sequence rows per device)."""
     from hppctl import planner
@@ -88,8 +92,7 @@ def plan_command(
 
     writable_path("--out", out)  # before reading the profile and planning
     micro_batch = micro_batch_flag(micro_batch)
-    if trial is not None:
-        _check_trial_flags(micro_batch, compare, existing, trial_top, trial_rounds, timeout)
+    _check_trial_flags(trial, micro_batch, compare, existing, trial_top, trial_rounds, timeout)
     from hppctl.cli.galaxy import is_inference_file
     if is_inference_file(profile):  # collaborative inference (issue 8)
         from hppctl.cli.galaxy import plan_inference
@@ -151,11 +154,18 @@ def plan_command(
     _show(plan, prof, explain_, as_json, explain)
 
 
-def _check_trial_flags(micro_batch, compare: bool, existing: Path | None, top: int, rounds: int,
+def _check_trial_flags(trial: Path | None, micro_batch, compare: bool, existing: Path | None, top: int, rounds: int,
                        timeout: float) -> None:
+    """`--trial` and its flags, before anything is read; a trial flag without `--trial` is refused (it
+    was silently ignored)."""
     from hppctl.cli.flags import seconds
     from hppctl.planner.micro_batch import TRIAL_WARMUP
 
+    if trial is None:
+        given = [flag for flag, value in zip(TRIAL_DEFAULTS, (top, rounds, timeout)) if value != TRIAL_DEFAULTS[flag]]
+        if given:
+            raise BadInput(f"{given[0]}: goes with --trial CLUSTER (it sets how candidates are trained on it)")
+        return
     if compare or existing is not None:
         raise BadInput(f"--trial: trains one strategy's candidates; not with {'--compare' if compare else '--plan'}")
     if micro_batch != "auto":
@@ -184,7 +194,7 @@ def _choose_by_trial(prof: Profile, cluster_file: Path, global_batch: int, strat
     from hppctl.runtime.trial import choose_by_trial  # torch from here on: the planner above needs none
 
     plan = choose_by_trial(tried, inventory, top=top, rounds=rounds, finish=finish, timeout_s=timeout,
-                           announce=lambda line: note(line.replace(" rounds …", f" rounds on {cluster_file} …")))
+                           announce=note, where=str(cluster_file))
     if plan is None:
         raise Infeasible(nothing_fits(prof, global_batch, tried))
     return plan

@@ -224,8 +224,9 @@ bench/peers.py leaves them out)."""
 def trial_candidates(tried: list[Tried], top: int) -> list[Tried]:
     """What `hppctl plan --trial` trains on the cluster: the `top` choosable candidates of highest score
     (the simulated figure when there is one), best first, ties to the smaller micro-batch. The
-    simulator ranks plans well enough to pick a short list, not always the winner: on a CPU-quota lab
-    its replay put the best measured plan second (docs/planner.md, "Choosing by trial")."""
+    simulator ranks plans well enough to pick a short list, not always the winner: on the CPU-quota
+    lab its first choice changed between profiles of labs of one spec, once to a plan 20 % slower
+    (docs/planner.md, "Choosing by trial")."""
     usable = [t for t in tried if t.skipped is None]
     return sorted(usable, key=lambda t: (-t.score, t.micro_batch))[:top]
 

@@ -55,16 +55,17 @@ def measure_plan(plan: HppPlan, cluster: ClusterSpec, *, rounds: int, warmup: in
 
 def choose_by_trial(tried: list[Tried], cluster: ClusterSpec, *, top: int, rounds: int,
                     finish: Callable[[HppPlan], HppPlan] = lambda plan: plan, timeout_s: float = 300.0,
-                    announce: Callable[[str], None] = lambda line: None) -> HppPlan | None:
+                    announce: Callable[[str], None] = lambda line: None, where: str = "") -> HppPlan | None:
     """`--micro-batch auto`'s candidates (`try_micro_batches`, ranked by the simulator): the best `top`,
     each made runnable by `finish` (its split form under --split-backward) and trained `rounds` rounds on
     `cluster`; the plan of the fastest measured, its record ranked by the measurements (None: no
-    candidate can be chosen)."""
+    candidate can be chosen). `announce` gets a line before and after each trial (`where`: the
+    cluster's name in it)."""
     short = trial_candidates(tried, top)
     measured: dict[int, float] = {}
     for i, candidate in enumerate(short, 1):
         announce(f"trial {i}/{len(short)}: micro-batch {candidate.micro_batch} ({candidate.score:.1f} samples/s "
-                 f"simulated), {rounds} rounds …")
+                 f"simulated), {rounds} rounds{f' on {where}' if where else ''} …")
         result = measure_plan(finish(candidate.plan), cluster, rounds=rounds, warmup=TRIAL_WARMUP, timeout_s=timeout_s)
         measured[candidate.micro_batch] = result.samples_per_s
         announce(f"trial {i}/{len(short)}: micro-batch {candidate.micro_batch} measured {result.samples_per_s:.1f} "

@@ -40,3 +40,9 @@ def test_a_missing_cluster_file_is_named(cli, tmp_path):
     code, _, err = cli("plan", "--profile", PROFILE, "--global-batch", 64, "--micro-batch", "auto",
                        "--trial", tmp_path / "nope.yaml")
     assert code == 2 and "nope.yaml" in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("flag, value", [("--trial-top", "2"), ("--trial-rounds", "5"), ("--timeout", "60")])
+def test_a_trial_flag_without_trial_is_refused(cli, tmp_path, flag, value):
+    code, _, err = cli("plan", "--profile", PROFILE, "--global-batch", 64, "--micro-batch", "auto", flag, value)
+    assert code == 2 and err.strip() == f"error: {flag}: goes with --trial CLUSTER (it sets how candidates are trained on it)"

@@ -103,7 +103,8 @@ def plan_for(name: str, profile: Profile, args, cluster: ClusterSpec | None = No
                     else simulated_round_latency(profile))
         if top and cluster is not None:
             plan = choose_by_trial(try_micro_batches(profile, args.global_batch, strategy, simulate), cluster,
-                                   top=top, rounds=args.trial_rounds, finish=finish,
+                                   top=top, rounds=args.trial_rounds, passes=getattr(args, "trial_passes", 1),
+                                   finish=finish,
                                    announce=lambda line: print(f"{name} {line}", flush=True))
             if plan is None:
                 raise SystemExit(f"{name}: no candidate micro-batch fits")

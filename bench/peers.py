@@ -106,6 +106,7 @@ def parser() -> argparse.ArgumentParser:
                    help="with --micro-batch auto: hppctl's strategies keep the fastest of their best simulated "
                         "candidates, each trained --trial-rounds rounds on the lab first (hppctl plan --trial)")
     p.add_argument("--trial-rounds", type=int, default=8)
+    p.add_argument("--trial-passes", type=int, default=1, help="hppctl plan --trial-passes")
     p.add_argument("--rounds", type=int, default=14)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeat", type=int, default=2, help="alternation cycles")

@@ -32,7 +32,7 @@ Examples (from the repository root; files in examples/ and profiles/, outputs un
 """
 
 
-TRIAL_DEFAULTS = {"--trial-top": 3, "--trial-rounds": 8, "--timeout": 300.0}
+TRIAL_DEFAULTS = {"--trial-top": 3, "--trial-rounds": 8, "--trial-passes": 1, "--timeout": 300.0}
 """`hppctl plan --trial`'s flags and their defaults (given without --trial, a changed one is refused)."""
 
 
@@ -84,6 +84,7 @@ def plan_command(
     trial: Annotated[Optional[Path], typer.Option("--trial", metavar="CLUSTER", help="With --micro-batch auto: train the simulator's best candidates for a few rounds each on this cluster's devices (synthetic samples) and keep the fastest measured (docs/planner.md, \"Choosing by trial\").")] = None,
     trial_top: Annotated[int, typer.Option("--trial-top", help="--trial: how many of the best simulated candidates to train.")] = TRIAL_DEFAULTS["--trial-top"],
     trial_rounds: Annotated[int, typer.Option("--trial-rounds", help="--trial: rounds per candidate; the first 2 are warm-up, the median of the rest is its figure.")] = TRIAL_DEFAULTS["--trial-rounds"],
+    trial_passes: Annotated[int, typer.Option("--trial-passes", help="--trial: train the candidates this many times, forwards then backwards (A B C, C B A, …), and rank them by the mean: on a machine whose speed drifts, 2 is fairer.")] = TRIAL_DEFAULTS["--trial-passes"],
     timeout: Annotated[float, typer.Option("--timeout", help="--trial: seconds to wait for workers to join and for any transfer (1 to 2592000).")] = TRIAL_DEFAULTS["--timeout"],
 ) -> None:
     """Plan hybrid pipeline parallel training (stages, device groups, samples per device), or collaborative inference on an inference profile (heads, MLP columns, sequence rows per device)."""
@@ -92,7 +93,7 @@ def plan_command(
 
     writable_path("--out", out)  # before reading the profile and planning
     micro_batch = micro_batch_flag(micro_batch)
-    _check_trial_flags(trial, micro_batch, compare, existing, trial_top, trial_rounds, timeout)
+    _check_trial_flags(trial, micro_batch, compare, existing, trial_top, trial_rounds, trial_passes, timeout)
     from hppctl.cli.galaxy import is_inference_file
     if is_inference_file(profile):  # collaborative inference (issue 8)
         from hppctl.cli.galaxy import plan_inference
@@ -141,7 +142,7 @@ def plan_command(
         if trial is not None:
             finish = (lambda p: _with_split_backward(p, prof, profile)) if split_backward else (lambda p: p)
             plan = _choose_by_trial(prof, trial, check_global_batch(global_batch), strategy or "asteroid", simulate,
-                                    finish, top=trial_top, rounds=trial_rounds, timeout=timeout)
+                                    finish, top=trial_top, rounds=trial_rounds, passes=trial_passes, timeout=timeout)
         else:
             plan = make_auto_plan(prof, check_global_batch(global_batch), strategy or "asteroid", simulate)
     else:
@@ -155,14 +156,14 @@ def plan_command(
 
 
 def _check_trial_flags(trial: Path | None, micro_batch, compare: bool, existing: Path | None, top: int, rounds: int,
-                       timeout: float) -> None:
+                       passes: int, timeout: float) -> None:
     """`--trial` and its flags, before anything is read; a trial flag without `--trial` is refused (it
     was silently ignored)."""
     from hppctl.cli.flags import seconds
     from hppctl.planner.micro_batch import TRIAL_WARMUP
 
     if trial is None:
-        given = [flag for flag, value in zip(TRIAL_DEFAULTS, (top, rounds, timeout)) if value != TRIAL_DEFAULTS[flag]]
+        given = [flag for flag, value in zip(TRIAL_DEFAULTS, (top, rounds, passes, timeout)) if value != TRIAL_DEFAULTS[flag]]
         if given:
             raise BadInput(f"{given[0]}: goes with --trial CLUSTER (it sets how candidates are trained on it)")
         return
@@ -172,6 +173,7 @@ def _check_trial_flags(trial: Path | None, micro_batch, compare: bool, existing:
         raise BadInput("--trial: chooses the micro-batch by measuring candidates; give --micro-batch auto")
     positive("--trial-top", top)
     positive("--trial-rounds", rounds)
+    positive("--trial-passes", passes)
     if rounds <= TRIAL_WARMUP:
         raise BadInput(f"--trial-rounds: {rounds} leaves no round after the {TRIAL_WARMUP} warm-up rounds "
                        f"(give at least {TRIAL_WARMUP + 1})")
@@ -179,7 +181,7 @@ def _check_trial_flags(trial: Path | None, micro_batch, compare: bool, existing:
 
 
 def _choose_by_trial(prof: Profile, cluster_file: Path, global_batch: int, strategy: str, simulate, finish,
-                     *, top: int, rounds: int, timeout: float) -> HppPlan:
+                     *, top: int, rounds: int, passes: int, timeout: float) -> HppPlan:
     """The plan `--trial` keeps (hppctl/runtime/trial.py), after the cluster is checked to hold every
     device the profile plans on."""
     from hppctl.models.cluster import ClusterSpec
@@ -193,7 +195,7 @@ def _choose_by_trial(prof: Profile, cluster_file: Path, global_batch: int, strat
     tried = try_micro_batches(prof, global_batch, strategy, simulate)
     from hppctl.runtime.trial import choose_by_trial  # torch from here on: the planner above needs none
 
-    plan = choose_by_trial(tried, inventory, top=top, rounds=rounds, finish=finish, timeout_s=timeout,
+    plan = choose_by_trial(tried, inventory, top=top, rounds=rounds, passes=passes, finish=finish, timeout_s=timeout,
                            announce=note, where=str(cluster_file))
     if plan is None:
         raise Infeasible(nothing_fits(prof, global_batch, tried))

@@ -53,21 +53,32 @@ def measure_plan(plan: HppPlan, cluster: ClusterSpec, *, rounds: int, warmup: in
     return TrialResult(statistics.median(r["samples_per_s"] for r in rows[warmup:]), [r["round_s"] for r in rows])
 
 
-def choose_by_trial(tried: list[Tried], cluster: ClusterSpec, *, top: int, rounds: int,
+def trial_order(candidates: list, passes: int) -> list[tuple[int, int, object]]:
+    """(pass, index, candidate) in the order the trial trains them: forwards in odd passes, backwards
+    in even ones (A B C, C B A, …), so a machine that speeds up or slows down over the trial shifts
+    every candidate's mean of its passes alike instead of favouring whichever ran first."""
+    order = []
+    for p in range(1, passes + 1):
+        indexed = list(enumerate(candidates, 1))
+        order += [(p, i, c) for i, c in (indexed if p % 2 else reversed(indexed))]
+    return order
+
+
+def choose_by_trial(tried: list[Tried], cluster: ClusterSpec, *, top: int, rounds: int, passes: int = 1,
                     finish: Callable[[HppPlan], HppPlan] = lambda plan: plan, timeout_s: float = 300.0,
                     announce: Callable[[str], None] = lambda line: None, where: str = "") -> HppPlan | None:
     """`--micro-batch auto`'s candidates (`try_micro_batches`, ranked by the simulator): the best `top`,
     each made runnable by `finish` (its split form under --split-backward) and trained `rounds` rounds on
-    `cluster`; the plan of the fastest measured, its record ranked by the measurements (None: no
-    candidate can be chosen). `announce` gets a line before and after each trial (`where`: the
-    cluster's name in it)."""
+    `cluster`, `passes` times in `trial_order`; the plan of the fastest measured (its passes' mean), its
+    record ranked by the measurements (None: no candidate can be chosen). `announce` gets a line before
+    and after each trial (`where`: the cluster's name in it)."""
     short = trial_candidates(tried, top)
-    measured: dict[int, float] = {}
-    for i, candidate in enumerate(short, 1):
-        announce(f"trial {i}/{len(short)}: micro-batch {candidate.micro_batch} ({candidate.score:.1f} samples/s "
-                 f"simulated), {rounds} rounds{f' on {where}' if where else ''} …")
+    figures: dict[int, list[float]] = {t.micro_batch: [] for t in short}
+    for p, i, candidate in trial_order(short, passes):
+        label = f"trial {i}/{len(short)}{f' (pass {p}/{passes})' if passes > 1 else ''}: micro-batch {candidate.micro_batch}"
+        announce(f"{label} ({candidate.score:.1f} samples/s simulated), {rounds} rounds{f' on {where}' if where else ''} …")
         result = measure_plan(finish(candidate.plan), cluster, rounds=rounds, warmup=TRIAL_WARMUP, timeout_s=timeout_s)
-        measured[candidate.micro_batch] = result.samples_per_s
-        announce(f"trial {i}/{len(short)}: micro-batch {candidate.micro_batch} measured {result.samples_per_s:.1f} "
-                 f"samples/s (median of rounds {TRIAL_WARMUP + 1}-{rounds})")
+        figures[candidate.micro_batch].append(result.samples_per_s)
+        announce(f"{label} measured {result.samples_per_s:.1f} samples/s (median of rounds {TRIAL_WARMUP + 1}-{rounds})")
+    measured = {b: statistics.fmean(v) for b, v in figures.items()}
     return with_choice(tried, measured) if short else None

@@ -17,6 +17,7 @@ CLUSTER = ROOT / "examples" / "local.yaml"
     (["--micro-batch", "auto", "--compare"], "--trial: trains one strategy's candidates; not with --compare"),
     (["--micro-batch", "auto", "--trial-rounds", "2"], "--trial-rounds: 2 leaves no round after the 2 warm-up"),
     (["--micro-batch", "auto", "--trial-top", "0"], "--trial-top"),
+    (["--micro-batch", "auto", "--trial-passes", "0"], "--trial-passes"),
     (["--micro-batch", "auto", "--timeout", "0"], "--timeout"),
 ])
 def test_refused_flags(cli, tmp_path, extra, message):
@@ -42,7 +43,8 @@ def test_a_missing_cluster_file_is_named(cli, tmp_path):
     assert code == 2 and "nope.yaml" in err and len(err.strip().splitlines()) == 1, err
 
 
-@pytest.mark.parametrize("flag, value", [("--trial-top", "2"), ("--trial-rounds", "5"), ("--timeout", "60")])
+@pytest.mark.parametrize("flag, value", [("--trial-top", "2"), ("--trial-rounds", "5"), ("--trial-passes", "2"),
+                                         ("--timeout", "60")])
 def test_a_trial_flag_without_trial_is_refused(cli, tmp_path, flag, value):
     code, _, err = cli("plan", "--profile", PROFILE, "--global-batch", 64, "--micro-batch", "auto", flag, value)
     assert code == 2 and err.strip() == f"error: {flag}: goes with --trial CLUSTER (it sets how candidates are trained on it)"

@@ -62,3 +62,16 @@ def test_a_record_whose_chosen_is_not_the_best_measured_is_refused(tried):
         MicroBatchChoice.model_validate({**choice.model_dump(), "chosen": first.micro_batch})
     with pytest.raises(ValidationError, match="a skipped candidate has no"):  # nothing ran: nothing measured
         MicroBatchCandidate(micro_batch=4, skipped="does not fit", measured_samples_per_s=1.0)
+
+
+def test_passes_alternate_direction_so_drift_hits_every_candidate_alike():
+    from hppctl.runtime.trial import trial_order
+
+    assert [(p, i, c) for p, i, c in trial_order(["A", "B", "C"], 1)] == [(1, 1, "A"), (1, 2, "B"), (1, 3, "C")]
+    assert [c for _, _, c in trial_order(["A", "B", "C"], 3)] == list("ABCCBAABC")
+    assert [(p, i) for p, i, _ in trial_order(["A", "B"], 2)] == [(1, 1), (1, 2), (2, 2), (2, 1)]
+    # a machine slowing by 1 per trial: the two-pass means of equal candidates come out equal
+    drift = {c: [] for c in "ABC"}
+    for t, (_, _, c) in enumerate(trial_order(["A", "B", "C"], 2)):
+        drift[c].append(100.0 - t)
+    assert len({sum(v) / 2 for v in drift.values()}) == 1

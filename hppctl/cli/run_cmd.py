@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -89,7 +88,7 @@ def run_command(
     from hppctl.models.profile import Profile
     from hppctl.runtime.checkpoint import CheckpointDir
     from hppctl.runtime.config import TrainOptions
-    from hppctl.runtime.launch import prepare_local_workers
+    from hppctl.runtime.launch import default_threads, prepare_local_workers
     from hppctl.runtime.preflight import check_checkpoint, check_features, plan_kind_text, preflight
     from hppctl.schedule.nf1b import ASYNC_POLICIES
     from hppctl.store import load
@@ -224,9 +223,8 @@ def run_command(
         raise BadInput(f"--warmup-rounds: {warmup_rounds} leaves none of the run's {total - schedule_start} rounds "
                        f"at --lr")
     initial_state = driver.initial_state(init_from, hpp.model, checkpoint_dir if resume else None, view=TrainingView())
-    local = [d for d in hpp.devices() if inventory.device(d).local]
     if threads is None:
-        threads = max(1, (os.cpu_count() or 1) // len(local)) if len(local) == len(hpp.devices()) else 0
+        threads = default_threads(inventory, hpp.devices())
     from hppctl.runtime.optimizer_defaults import recorded_settings, resolve
     chosen = resolve(hpp.model, optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay,
                      lr_schedule=lr_schedule, warmup_rounds=warmup_rounds or None,

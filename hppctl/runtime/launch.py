@@ -79,6 +79,15 @@ class _Tail:
             return list(self.lines) + ([self._partial] if self._partial else [])
 
 
+def default_threads(cluster: ClusterSpec, devices: list[str]) -> int:
+    """torch threads per worker when none are asked for: the machine's cores shared by the local
+    workers when every device is local; 0 (each worker follows its OMP_NUM_THREADS) otherwise."""
+    local = [d for d in devices if cluster.device(d).local]
+    if local and len(local) == len(devices):
+        return max(1, (os.cpu_count() or 1) // len(local))
+    return 0
+
+
 def prepare_local_workers(cluster: ClusterSpec, devices: Iterable[str], env: dict[str, str] | None = None) -> None:
     """Start the zygote now if any of `devices` is local, so that its imports overlap the
     launcher's own preparation (the initial weights) instead of following it."""

@@ -10,7 +10,6 @@ median samples/s of its rounds after `warmup` (the first rounds start workers an
 
 from __future__ import annotations
 
-import os
 import statistics
 from dataclasses import dataclass
 from typing import Callable
@@ -19,6 +18,7 @@ from hppctl.models.cluster import ClusterSpec
 from hppctl.models.plan import HppPlan
 from hppctl.planner.micro_batch import TRIAL_WARMUP, Tried, trial_candidates, with_choice
 from hppctl.runtime.config import TrainOptions
+from hppctl.runtime.launch import default_threads
 from hppctl.runtime.session import RunRequest, Session
 
 TRIAL_DATASET = "synthetic"
@@ -32,21 +32,12 @@ class TrialResult:
     """Every round's time, warm-up included."""
 
 
-def local_threads(plan: HppPlan, cluster: ClusterSpec) -> int:
-    """Threads per worker as `hppctl run` sets them: the machine's cores shared by its local workers
-    when every device is local; 0 (the workers' OMP_NUM_THREADS) otherwise."""
-    local = [d for d in plan.devices() if cluster.device(d).local]
-    if local and len(local) == len(plan.devices()):
-        return max(1, (os.cpu_count() or 1) // len(local))
-    return 0
-
-
 def measure_plan(plan: HppPlan, cluster: ClusterSpec, *, rounds: int, warmup: int, timeout_s: float = 300.0,
                  listen: str | None = None) -> TrialResult:
     """Train `plan` for `rounds` rounds (> `warmup`) and measure it; raises what `hppctl run` would."""
     if rounds <= warmup:
         raise ValueError(f"a trial of {rounds} rounds has none after its {warmup} warm-up rounds")
-    options = TrainOptions(dataset=TRIAL_DATASET, seed=0, rounds=rounds, threads=local_threads(plan, cluster),
+    options = TrainOptions(dataset=TRIAL_DATASET, seed=0, rounds=rounds, threads=default_threads(cluster, plan.devices()),
                            timeout_s=timeout_s, divergence_factor=0.0)  # a few rounds for time: no loss check
     rows: list[dict] = []
     Session(RunRequest(plan, cluster, options, listen=listen)).run(on_round=rows.append)

@@ -141,7 +141,7 @@ def plan_command(
         simulate = _split_round_latency(prof, profile) if split_backward else simulated_round_latency(prof)
         if trial is not None:
             finish = (lambda p: _with_split_backward(p, prof, profile)) if split_backward else (lambda p: p)
-            plan = _choose_by_trial(prof, trial, check_global_batch(global_batch), strategy or "asteroid", simulate,
+            plan = _choose_by_trial(prof, profile, trial, check_global_batch(global_batch), strategy or "asteroid", simulate,
                                     finish, top=trial_top, rounds=trial_rounds, passes=trial_passes, timeout=timeout)
         else:
             plan = make_auto_plan(prof, check_global_batch(global_batch), strategy or "asteroid", simulate)
@@ -163,7 +163,8 @@ def _check_trial_flags(trial: Path | None, micro_batch, compare: bool, existing:
     from hppctl.planner.micro_batch import TRIAL_WARMUP
 
     if trial is None:
-        given = [flag for flag, value in zip(TRIAL_DEFAULTS, (top, rounds, passes, timeout)) if value != TRIAL_DEFAULTS[flag]]
+        values = {"--trial-top": top, "--trial-rounds": rounds, "--trial-passes": passes, "--timeout": timeout}
+        given = [flag for flag, default in TRIAL_DEFAULTS.items() if values[flag] != default]
         if given:
             raise BadInput(f"{given[0]}: goes with --trial CLUSTER (it sets how candidates are trained on it)")
         return
@@ -180,10 +181,10 @@ def _check_trial_flags(trial: Path | None, micro_batch, compare: bool, existing:
     seconds("--timeout", timeout)
 
 
-def _choose_by_trial(prof: Profile, cluster_file: Path, global_batch: int, strategy: str, simulate, finish,
+def _choose_by_trial(prof: Profile, profile_file: Path, cluster_file: Path, global_batch: int, strategy: str, simulate, finish,
                      *, top: int, rounds: int, passes: int, timeout: float) -> HppPlan:
-    """The plan `--trial` keeps (hppctl/runtime/trial.py), after the cluster is checked to hold every
-    device the profile plans on."""
+    """The plan `--trial` keeps (hppctl/runtime/trial.py), after the cluster is checked to hold a
+    machine for every device the profile plans on."""
     from hppctl.models.cluster import ClusterSpec
     from hppctl.planner.micro_batch import nothing_fits, try_micro_batches
 
@@ -192,6 +193,10 @@ def _choose_by_trial(prof: Profile, cluster_file: Path, global_batch: int, strat
     missing = [d.name for d in prof.devices if d.name not in known]
     if missing:
         raise BadInput(f"--trial: {cluster_file}: devices: no device {missing[0]!r} (the profile plans on it)")
+    from hppctl.runtime.preflight import check_machines  # torch-free: a preset device has no machine to train on
+
+    check_machines([("devices", d.name) for d in prof.devices], inventory, str(profile_file), str(cluster_file),
+                   "`hppctl plan --trial`")
     tried = try_micro_batches(prof, global_batch, strategy, simulate)
     from hppctl.runtime.trial import choose_by_trial  # torch from here on: the planner above needs none
 

@@ -183,10 +183,14 @@ def try_micro_batches(profile: Profile, global_batch: int, strategy: str,
     return [try_micro_batch(profile, global_batch, b, strategy, measured, simulate) for b in sizes]
 
 
+def ranked(tried: list[Tried]) -> list[Tried]:
+    """The candidates that can be chosen, highest predicted throughput first; ties: the smaller B."""
+    return sorted((t for t in tried if t.skipped is None), key=lambda t: (-t.score, t.micro_batch))
+
+
 def best(tried: list[Tried]) -> Tried | None:
-    """The highest predicted throughput among the candidates that can be chosen; ties: the smaller B."""
-    usable = [t for t in tried if t.skipped is None]
-    return max(usable, key=lambda t: (t.score, -t.micro_batch), default=None)
+    """The first of `ranked`, or None when no candidate can be chosen."""
+    return next(iter(ranked(tried)), None)
 
 
 def choice_record(tried: list[Tried], chosen: Tried, measured: dict[int, float] | None = None) -> MicroBatchChoice:
@@ -227,8 +231,7 @@ def trial_candidates(tried: list[Tried], top: int) -> list[Tried]:
     simulator ranks plans well enough to pick a short list, not always the winner: on the CPU-quota
     lab its first choice changed between profiles of labs of one spec, once to a plan 20 % slower
     (docs/planner.md, "Choosing by trial")."""
-    usable = [t for t in tried if t.skipped is None]
-    return sorted(usable, key=lambda t: (-t.score, t.micro_batch))[:top]
+    return ranked(tried)[:top]
 
 
 def make_auto_plan(profile: Profile, global_batch: int, strategy: str, simulate: Simulate | None = None) -> HppPlan:

@@ -11,7 +11,6 @@ median samples/s of its rounds after `warmup` (the first rounds start workers an
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
 from typing import Callable
 
 from hppctl.models.cluster import ClusterSpec
@@ -24,24 +23,16 @@ from hppctl.runtime.session import RunRequest, Session
 TRIAL_DATASET = "synthetic"
 
 
-@dataclass(frozen=True)
-class TrialResult:
-    samples_per_s: float
-    """Median over the rounds after the warm-up."""
-    round_s: list[float]
-    """Every round's time, warm-up included."""
-
-
-def measure_plan(plan: HppPlan, cluster: ClusterSpec, *, rounds: int, warmup: int, timeout_s: float = 300.0,
-                 listen: str | None = None) -> TrialResult:
-    """Train `plan` for `rounds` rounds (> `warmup`) and measure it; raises what `hppctl run` would."""
+def measure_plan(plan: HppPlan, cluster: ClusterSpec, *, rounds: int, warmup: int, timeout_s: float = 300.0) -> float:
+    """Train `plan` for `rounds` rounds (> `warmup`): the median samples/s of the rounds after the
+    warm-up; raises what `hppctl run` would."""
     if rounds <= warmup:
         raise ValueError(f"a trial of {rounds} rounds has none after its {warmup} warm-up rounds")
     options = TrainOptions(dataset=TRIAL_DATASET, seed=0, rounds=rounds, threads=default_threads(cluster, plan.devices()),
                            timeout_s=timeout_s, divergence_factor=0.0)  # a few rounds for time: no loss check
     rows: list[dict] = []
-    Session(RunRequest(plan, cluster, options, listen=listen)).run(on_round=rows.append)
-    return TrialResult(statistics.median(r["samples_per_s"] for r in rows[warmup:]), [r["round_s"] for r in rows])
+    Session(RunRequest(plan, cluster, options)).run(on_round=rows.append)
+    return statistics.median(r["samples_per_s"] for r in rows[warmup:])
 
 
 def trial_order(candidates: list, passes: int) -> list[tuple[int, int, object]]:
@@ -68,8 +59,8 @@ def choose_by_trial(tried: list[Tried], cluster: ClusterSpec, *, top: int, round
     for p, i, candidate in trial_order(short, passes):
         label = f"trial {i}/{len(short)}{f' (pass {p}/{passes})' if passes > 1 else ''}: micro-batch {candidate.micro_batch}"
         announce(f"{label} ({candidate.score:.1f} samples/s simulated), {rounds} rounds{f' on {where}' if where else ''} …")
-        result = measure_plan(finish(candidate.plan), cluster, rounds=rounds, warmup=TRIAL_WARMUP, timeout_s=timeout_s)
-        figures[candidate.micro_batch].append(result.samples_per_s)
-        announce(f"{label} measured {result.samples_per_s:.1f} samples/s (median of rounds {TRIAL_WARMUP + 1}-{rounds})")
+        figure = measure_plan(finish(candidate.plan), cluster, rounds=rounds, warmup=TRIAL_WARMUP, timeout_s=timeout_s)
+        figures[candidate.micro_batch].append(figure)
+        announce(f"{label} measured {figure:.1f} samples/s (median of rounds {TRIAL_WARMUP + 1}-{rounds})")
     measured = {b: statistics.fmean(v) for b, v in figures.items()}
     return with_choice(tried, measured) if short else None

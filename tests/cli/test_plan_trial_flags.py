@@ -48,3 +48,14 @@ def test_a_missing_cluster_file_is_named(cli, tmp_path):
 def test_a_trial_flag_without_trial_is_refused(cli, tmp_path, flag, value):
     code, _, err = cli("plan", "--profile", PROFILE, "--global-batch", 64, "--micro-batch", "auto", flag, value)
     assert code == 2 and err.strip() == f"error: {flag}: goes with --trial CLUSTER (it sets how candidates are trained on it)"
+
+
+def test_a_cluster_whose_device_is_a_preset_is_refused_before_any_worker(cli, tmp_path):
+    cluster = tmp_path / "preset.yaml"
+    cluster.write_text("name: p\ndevices:\n  - {name: w0, local: true}\n  - {name: w1, local: true}\n"
+                       "  - {name: w2, preset: jetson-nx}\n")
+    out = tmp_path / "plan.yaml"
+    code, _, err = cli("plan", "--profile", PROFILE, "--global-batch", 64, "--micro-batch", "auto",
+                       "--trial", cluster, "--out", out)
+    assert code == 2 and "device 'w2' is a preset (jetson-nx)" in err and "hppctl plan --trial" in err, err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()

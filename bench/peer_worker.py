@@ -46,6 +46,16 @@ MODES = ("ddp", "pipe-1f1b", "pipe-gpipe")
 RESULT_PREFIX = "PEER_RESULT "
 
 
+def schedule_refusal(mode: str, micro_batches: int, stages: int) -> str | None:
+    """Why torch's schedule for `mode` will not run `micro_batches` per step over `stages` ranks, or None:
+    Schedule1F1B's constructor raises ValueError below one micro-batch per stage (ScheduleGPipe has no
+    such bound). bench/peers.py asks before training anything, so the run is not lost halfway."""
+    if mode == "pipe-1f1b" and micro_batches < stages:
+        return (f"torch's Schedule1F1B needs at least as many micro-batches per step as stages: "
+                f"{micro_batches} micro-batches, {stages} stages")
+    return None
+
+
 def parse_stages(text: str) -> list[tuple[int, int]]:
     """`0:20,20:142` -> [(0, 20), (20, 142)]."""
     return [(int(a), int(b)) for a, b in (part.split(":") for part in text.split(","))]
@@ -209,6 +219,9 @@ def pipe_step(whole, data, order, args, rank: int, world: int):
     stage = PipelineStage(module, rank, world, torch.device("cpu"))
     schedule_class = Schedule1F1B if args.mode == "pipe-1f1b" else ScheduleGPipe
     n_micro = args.global_batch // args.micro_batch
+    refusal = schedule_refusal(args.mode, n_micro, world)
+    if refusal:
+        raise SystemExit(f"{args.mode}: {refusal}")
     schedule = schedule_class(stage, n_microbatches=n_micro, loss_fn=Logits(module))
     first, last = rank == 0, rank == world - 1
 

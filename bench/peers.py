@@ -67,7 +67,7 @@ sys.path.insert(0, str(BENCH))
 import hpp_vs_baselines as hvb  # noqa: E402
 from hppctl.runtime.config import dropout_seed  # noqa: E402
 from hppctl.zoo import layer_costs  # noqa: E402
-from peer_worker import MODES as PEERS, RESULT_PREFIX, equal_share  # noqa: E402
+from peer_worker import MODES as PEERS, RESULT_PREFIX, equal_share, schedule_refusal  # noqa: E402
 
 HOMOGENEOUS_SPEC = "".join(line for line in hvb.SPEC.splitlines(keepends=True) if "jetson-tx2" not in line)
 """Env B's lab spec without its two TX2 hosts: 3 jetson-nx."""
@@ -391,6 +391,22 @@ def run_one(name: str, cluster, profile, plans: dict, args, port: int) -> dict:
     return r
 
 
+def drop_unrunnable_peers(args, plans: dict) -> None:
+    """Take out of `args.strategy_list`, with a line each, the peers whose torch schedule refuses their plan
+    (`peer_worker.schedule_refusal`): found after planning, before the first run, instead of as a crash
+    after every strategy before it has run."""
+    keep = []
+    for name in args.strategy_list:
+        mode, pp_key = peer_mode(name)
+        pp = plans.get(pp_key) if mode.startswith("pipe-") else None
+        refusal = pp and schedule_refusal(mode, pp.global_batch // pp.micro_batch, len(pp.stages))
+        if refusal:
+            print(f"{name}: skipped, {refusal}", flush=True)
+        else:
+            keep.append(name)
+    args.strategy_list = keep
+
+
 def measure(cluster, profile, args) -> dict:
     """Plan, check first losses' references, alternate the strategies; every figure."""
     hppctl_names = [s for s in args.strategy_list if not is_peer(s)]
@@ -406,6 +422,7 @@ def measure(cluster, profile, args) -> dict:
     for name, plan in plans.items():
         print(f"plan {name}: micro-batch {plan.micro_batch}, stages "
               + " | ".join(f"{s.layers[0]}-{s.layers[1]} on {'+'.join(s.devices)}" for s in plan.stages), flush=True)
+    drop_unrunnable_peers(args, plans)
     references = {s: reference_loss(args.model, args.granularity, *layout_of(s, plans, cluster, args), args.global_batch)
                   for s in args.strategy_list}
     cycles, runs = [], {s: [] for s in args.strategy_list}

@@ -181,3 +181,22 @@ def test_a_peer_at_a_micro_batch_runs_pp_planned_there(peers):
     assert plan.strategy == "pp" and plan.micro_batch == 8
     ratios = peers.cycle_ratios({"asteroid": 300.0, "pipe-1f1b@16": 250.0, "pipe-1f1b": 200.0})
     assert ratios["asteroid/best_peer"] == 1.2  # the best of the peer's micro-batches
+
+
+def test_a_1f1b_peer_with_fewer_micro_batches_than_stages_is_dropped_before_any_run(peers, capsys):
+    """torch's Schedule1F1B refuses n_microbatches < stages (ValueError in its constructor); the bench ran
+    every strategy before it and then died, losing the figures. It now drops such a peer up front, saying
+    why, and keeps the rest (GPipe has no such bound)."""
+    from argparse import Namespace
+
+    from hppctl.planner.manual import manual_plan
+
+    five = [((a, b), [f"d{i}"], [64]) for i, (a, b) in enumerate([(0, 18), (18, 49), (49, 88), (88, 112), (112, 142)])]
+    plans = {"pp@64": manual_plan("mobilenetv2", five, global_batch=256, micro_batch=64),
+             "pp@16": manual_plan("mobilenetv2", [((a, b), d, [16]) for (a, b), d, _ in five],
+                                  global_batch=256, micro_batch=16)}
+    args = Namespace(strategy_list=["asteroid", "pipe-1f1b@16", "pipe-1f1b@64", "pipe-gpipe@64"])
+    peers.drop_unrunnable_peers(args, plans)
+    assert args.strategy_list == ["asteroid", "pipe-1f1b@16", "pipe-gpipe@64"]
+    out = capsys.readouterr().out
+    assert "pipe-1f1b@64: skipped" in out and "4 micro-batches" in out and "5 stages" in out

@@ -41,11 +41,12 @@ tests start workers, time heartbeats or probes, or read CPU quotas (runtime, rec
 a second busy worker of their own kind would slow down or starve: they run one at a time in each of two streams
 (SIDE_STREAM_DIRS), or alone."""
 
-SIDE_STREAM_DIRS = frozenset({"lab", "docs"})
+SIDE_STREAM_DIRS = frozenset({"lab", "docs", "recovery"})
 """The `serial` tests marked `lab` or in these folders are also `side`: scripts/test.sh runs them one at a time
 beside the other `serial` tests (also one at a time). A lab's hosts run under CPU quotas of 0.2-1 core, so the lab
-tier alone leaves most of the machine idle; tests/docs (the README's everyday use as written, ~2 min) joins it so
-that the two streams take about as long. No lab test runs beside another (their labs would compete for subnets and
+tier alone leaves most of the machine idle; tests/docs (the README's everyday use as written, ~3 min) and
+tests/recovery (~1.5 min alone) join it so that the two streams take about as long (on the 2-core machine of
+2026-11-27, before recovery moved: 937 s for the other stream, 627 s for this one). No lab test runs beside another (their labs would compete for subnets and
 for the machine's home directory, which the hosts share). Tests that read CPU quotas or compare speeds under them
 are marked `alone` in their files and run last, with nothing beside them."""
 

@@ -398,8 +398,8 @@ def drop_unrunnable_peers(args, plans: dict) -> None:
     keep = []
     for name in args.strategy_list:
         mode, pp_key = peer_mode(name)
-        pp = plans.get(pp_key) if mode.startswith("pipe-") else None
-        refusal = pp and schedule_refusal(mode, pp.global_batch // pp.micro_batch, len(pp.stages))
+        pp = plans.get(pp_key)
+        refusal = schedule_refusal(mode, pp.num_micro_batches, len(pp.stages)) if pp else None
         if refusal:
             print(f"{name}: skipped, {refusal}", flush=True)
         else:

@@ -55,11 +55,12 @@ def choose_by_trial(tried: list[Tried], cluster: ClusterSpec, *, top: int, round
     record ranked by the measurements (None: no candidate can be chosen). `announce` gets a line before
     and after each trial (`where`: the cluster's name in it)."""
     short = trial_candidates(tried, top)
+    runnable = {t.micro_batch: finish(t.plan) for t in short}  # once per candidate, not once per pass
     figures: dict[int, list[float]] = {t.micro_batch: [] for t in short}
     for p, i, candidate in trial_order(short, passes):
         label = f"trial {i}/{len(short)}{f' (pass {p}/{passes})' if passes > 1 else ''}: micro-batch {candidate.micro_batch}"
         announce(f"{label} ({candidate.score:.1f} samples/s simulated), {rounds} rounds{f' on {where}' if where else ''} …")
-        figure = measure_plan(finish(candidate.plan), cluster, rounds=rounds, warmup=TRIAL_WARMUP, timeout_s=timeout_s)
+        figure = measure_plan(runnable[candidate.micro_batch], cluster, rounds=rounds, warmup=TRIAL_WARMUP, timeout_s=timeout_s)
         figures[candidate.micro_batch].append(figure)
         announce(f"{label} measured {figure:.1f} samples/s (median of rounds {TRIAL_WARMUP + 1}-{rounds})")
     measured = {b: statistics.fmean(v) for b, v in figures.items()}

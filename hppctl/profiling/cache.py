@@ -5,11 +5,13 @@ timed pass.
     $HPPCTL_CACHE_DIR/measurements/<key>/key.json         what the key is made of (for people)
                                         /setup.json       the probe's setup record
                                         /memory-<b>.json  the `memory` record of batch size b
-                                        /passes-<b>.json  the timed `pass` records of b so far (a list)
+                                        /passes-<b>.jsonl the timed `pass` records of b so far, a line each
                                         /skip-<b>.json    a batch size that did not fit, with the budget then
 
 (`$HPPCTL_CACHE_DIR`, else `$XDG_CACHE_HOME/hppctl`, else `~/.cache/hppctl`, as for the zoo.)
-Every file is written atomically as soon as its record arrives. Links are not cached: a network
+Every file is written atomically as soon as its record arrives, except that a pass is appended to its
+batch size's lines (and synced): rewriting the list for each pass cost time quadratic in the repeats;
+a line torn by a crash is skipped when read, and that pass is measured again. Links are not cached: a network
 is not a property of the devices, and a pair takes seconds to measure.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -41,11 +44,15 @@ class MeasurementCache:
     def __init__(self, root: Path, parts: dict[str, Any]) -> None:
         self.parts = parts
         self.dir = Path(root) / cache_key(parts)
+        self._pass_counts: dict[int, int] = {}  # batch size -> passes on file, once read (complete() per pass)
 
     def _write(self, name: str, record: Any) -> None:
+        self._write_key()
+        write_text_atomic(self.dir / name, json.dumps(record) + "\n")
+
+    def _write_key(self) -> None:
         if not (self.dir / "key.json").exists():
             write_text_atomic(self.dir / "key.json", json.dumps(self.parts, indent=2, sort_keys=True) + "\n")
-        write_text_atomic(self.dir / name, json.dumps(record) + "\n")
 
     def _read(self, name: str) -> Any:
         try:
@@ -65,20 +72,54 @@ class MeasurementCache:
     def store_memory(self, record: dict[str, Any]) -> None:
         self._write(f"memory-{int(record['batch_size'])}.json", record)
 
+    def _passes_path(self, size: int) -> Path:
+        return self.dir / f"passes-{size}.jsonl"
+
     def passes(self, size: int) -> list[dict[str, Any]]:
-        found = self._read(f"passes-{size}.json")
-        return found if isinstance(found, list) else []
+        try:
+            lines = self._passes_path(size).read_bytes().splitlines()
+        except OSError:
+            lines = []
+        records = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except (ValueError, RecursionError):
+                continue  # torn by a crash mid-append (or edited): that pass is measured again
+            if isinstance(record, dict):
+                records.append(record)
+        self._pass_counts[size] = len(records)
+        return records
 
     def add_pass(self, record: dict[str, Any]) -> None:
+        """Append one timed pass of its batch size, synced before the next pass runs."""
         size = int(record["batch_size"])
-        self._write(f"passes-{size}.json", self.passes(size) + [record])
+        count = self._pass_count(size)
+        self._write_key()
+        line = json.dumps(record).encode() + b"\n"
+        with open(self._passes_path(size), "a+b") as f:
+            if f.seek(0, os.SEEK_END) > 0:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":  # a torn line before: keep this record on a line of its own
+                    line = b"\n" + line
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+        self._pass_counts[size] = count + 1
 
     def forget_passes(self, size: int) -> None:
         """Drop the timed passes of `size` (they are measured again); its memory record stays."""
-        self._write(f"passes-{size}.json", [])
+        self._write_key()
+        write_text_atomic(self._passes_path(size), "")
+        self._pass_counts[size] = 0
+
+    def _pass_count(self, size: int) -> int:
+        if size not in self._pass_counts:
+            self.passes(size)
+        return self._pass_counts[size]
 
     def complete(self, size: int, repeats: int) -> bool:
-        return self.memory(size) is not None and len(self.passes(size)) >= repeats
+        return self.memory(size) is not None and self._pass_count(size) >= repeats
 
     def skip(self, size: int, budget: int | None) -> dict[str, Any] | None:
         """A cached skip still holds when today's budget is no larger than the one it was decided with."""
@@ -95,3 +136,4 @@ class MeasurementCache:
 
     def clear(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
+        self._pass_counts.clear()

@@ -40,7 +40,7 @@ def test_an_interrupted_run_resumes(tmp_path):
     deadline = time.monotonic() + 120
     passes = []
     while time.monotonic() < deadline and not passes:
-        passes = list((tmp_path / "cache").glob("measurements/*/passes-*.json"))
+        passes = list((tmp_path / "cache").glob("measurements/*/passes-*.jsonl"))
         time.sleep(0.05)
     assert passes, "no pass was cached within 2 minutes"
     process.send_signal(signal.SIGINT)
@@ -49,7 +49,7 @@ def test_an_interrupted_run_resumes(tmp_path):
     last = stderr.strip().splitlines()[-1]
     assert last.startswith("error: interrupted") and "resume" in last, stderr
     assert "failed" not in stderr and not (tmp_path / "p.json").exists()
-    kept = {p.name: len(json.loads(p.read_text())) for p in passes}
+    kept = {p.name: len(p.read_text().splitlines()) for p in passes}
     assert 0 < sum(kept.values()) < 2 * REPEATS
 
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
@@ -59,4 +59,4 @@ def test_an_interrupted_run_resumes(tmp_path):
     for name, count in kept.items():  # ... starting from what the first run left
         size = int(name.split("-")[1].split(".")[0])
         path = next((tmp_path / "cache").glob(f"measurements/*/{name}"))
-        assert len(json.loads(path.read_text())) == REPEATS and count <= REPEATS, size
+        assert len(path.read_text().splitlines()) == REPEATS and count <= REPEATS, size

@@ -47,7 +47,6 @@ labs would compete for subnets and for the machine's home directory, which the h
 under CPU quotas of 0.2-1 core with a high CPU weight, so the other workers' tests beside them barely slow them."""
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups
 def pytest_collection_modifyitems(config, items):
     lab_files = {item.path for item in items if item.get_closest_marker("lab")}
     for item in items:

@@ -38,21 +38,25 @@ PARALLEL_SAFE_DIRS = frozenset({"bipartition", "cli", "coordinator", "fuzz", "ga
 """Test folders whose unmarked tests only compute (plans, schedules, files, the CLI's refusals): scripts/test.sh
 runs them on two pytest-xdist workers. Every other test is `serial`: gloo and lab tests, and the folders whose
 tests start workers, time heartbeats or probes, or read CPU quotas (runtime, recovery, profiling, lab, docs), which
-a busy worker of their own kind beside them would slow down or starve: they run one at a time on each of
-scripts/test.sh's SERIAL_STREAMS pytest-xdist workers (`--dist loadgroup`, groups from `serial_group`), or alone."""
+a second busy worker of their own kind would slow down or starve: they run one at a time in each of two streams
+(SIDE_STREAM_DIRS), or alone."""
 
-LAB_GROUP = "lab"
-"""The xdist group of every `lab` test: they all run on one worker, one after another, never two at once (their
-labs would compete for subnets and for the machine's home directory, which the hosts share). A lab's hosts run
-under CPU quotas of 0.2-1 core with a high CPU weight, so the other workers' tests beside them barely slow them."""
+SIDE_STREAM_DIRS = frozenset({"lab", "docs", "recovery"})
+"""The `serial` tests marked `lab` or in these folders are also `side`: scripts/test.sh runs them one at a time
+beside the other `serial` tests (also one at a time). A lab's hosts run under CPU quotas of 0.2-1 core, so the lab
+tier alone leaves most of the machine idle; tests/docs (the README's everyday use as written, ~3 min) and
+tests/recovery (~1.5 min alone) join it so that the two streams take about as long (on the 2-core machine of
+2026-11-27, before recovery moved: 937 s for the other stream, 627 s for this one). No lab test runs beside another (their labs would compete for subnets and
+for the machine's home directory, which the hosts share). Tests that read CPU quotas or compare speeds under them
+are marked `alone` in their files and run last, with nothing beside them."""
 
 
 def pytest_collection_modifyitems(config, items):
-    lab_files = {item.path for item in items if item.get_closest_marker("lab")}
     for item in items:
         if not parallel_safe(item):
             item.add_marker(pytest.mark.serial)
-            item.add_marker(pytest.mark.xdist_group(serial_group(item, lab_files)))
+            if side_stream(item):
+                item.add_marker(pytest.mark.side)
 
 
 def parallel_safe(item) -> bool:
@@ -62,13 +66,9 @@ def parallel_safe(item) -> bool:
     return suite_folder(item) in PARALLEL_SAFE_DIRS
 
 
-def serial_group(item, lab_files) -> str:
-    """The xdist group of a `serial` test: LAB_GROUP for any test of a file that holds a lab test (its
-    module's fixtures may bring a lab up), else its file, so that a module's fixtures (plans, trained
-    references) are made once, on the one worker that runs the module."""
-    if item.path in lab_files:
-        return LAB_GROUP
-    return str(item.path.relative_to(item.session.config.rootpath))
+def side_stream(item) -> bool:
+    """Whether `item`, a `serial` test, runs in the side stream (SIDE_STREAM_DIRS)."""
+    return bool(item.get_closest_marker("lab")) or suite_folder(item) in SIDE_STREAM_DIRS
 
 
 def suite_folder(item) -> str | None:

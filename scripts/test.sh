@@ -10,7 +10,7 @@
 #      reads CPU quotas) in two streams side by side, each one test at a time, so that no two of
 #      them compete for the machine: the side stream (`side`: the lab tier, whose hosts run under
 #      CPU quotas of 0.2-1 core and so left most of the machine idle for ~6 minutes, tests/docs,
-#      the README's lines as written, and tests/recovery, which even the two streams out) and the rest. The side
+#      the README's lines as written, which evens the two streams out) and the rest. The side
 #      stream's output is kept in a file and printed after the rest's, so the two do not interleave;
 #   3. the `alone` tests, which read CPU quotas or compare speeds under them, with nothing beside them.
 # The exit code is pytest's: the first failing part's (in the order above; the rest before the side
@@ -38,7 +38,7 @@ rest=0
 python3 -m pytest -q -m "serial and not side and not alone" "$@" || rest=$?
 side=0
 wait "$side_pid" || side=$?
-echo "--- side stream (the lab tier, tests/docs and tests/recovery, run beside the tests above) ---"
+echo "--- side stream (the lab tier and tests/docs, run beside the tests above) ---"
 cat "$side_log"
 
 alone=0

@@ -41,14 +41,16 @@ tests start workers, time heartbeats or probes, or read CPU quotas (runtime, rec
 a second busy worker of their own kind would slow down or starve: they run one at a time in each of two streams
 (SIDE_STREAM_DIRS), or alone."""
 
-SIDE_STREAM_DIRS = frozenset({"lab", "docs", "recovery"})
+SIDE_STREAM_DIRS = frozenset({"lab", "docs"})
 """The `serial` tests marked `lab` or in these folders are also `side`: scripts/test.sh runs them one at a time
 beside the other `serial` tests (also one at a time). A lab's hosts run under CPU quotas of 0.2-1 core, so the lab
-tier alone leaves most of the machine idle; tests/docs (the README's everyday use as written, ~3 min) and
-tests/recovery (~1.5 min alone) join it so that the two streams take about as long (on the 2-core machine of
-2026-11-27, before recovery moved: 937 s for the other stream, 627 s for this one). No lab test runs beside another (their labs would compete for subnets and
-for the machine's home directory, which the hosts share). Tests that read CPU quotas or compare speeds under them
-are marked `alone` in their files and run last, with nothing beside them."""
+tier alone leaves most of the machine idle; tests/docs (the README's everyday use as written, ~3 min) joins it so
+that the two streams take about as long. Measured on the 2-core machine of 2026-11-27: with tests/recovery here
+too, 752 s for the other stream and 802 s for this one, of which ~65 s were recovery's tests without a lab; then
+test_interrupt lost ~65 s (the profile cache's passes are appended), so recovery went back to the other stream.
+No lab test runs beside another (their labs would compete for subnets and for the machine's home directory, which
+the hosts share). Tests that read CPU quotas or compare speeds under them are marked `alone` in their files and
+run last, with nothing beside them."""
 
 
 def pytest_collection_modifyitems(config, items):

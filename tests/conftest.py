@@ -37,28 +37,33 @@ PARALLEL_SAFE_DIRS = frozenset({"bipartition", "cli", "coordinator", "fuzz", "ga
                                 "schedule", "timeprest", "zoo"})
 """Test folders whose unmarked tests only compute (plans, schedules, files, the CLI's refusals): scripts/test.sh
 runs them on two pytest-xdist workers. Every other test is `serial`: gloo and lab tests, and the folders whose
-tests start workers, time heartbeats or probes, or read CPU quotas (runtime, recovery, profiling, lab, docs), which
-a second busy worker of their own kind would slow down or starve: they run one at a time in each of two streams
-(SIDE_STREAM_DIRS), or alone."""
+tests start workers, time heartbeats or probes, or read CPU quotas (runtime, recovery, profiling, lab, docs): they
+run one at a time on each of two pytest-xdist workers (`--dist loadgroup`, groups from `serial_group`), or alone."""
 
-SIDE_STREAM_DIRS = frozenset({"lab", "docs"})
-"""The `serial` tests marked `lab` or in these folders are also `side`: scripts/test.sh runs them one at a time
-beside the other `serial` tests (also one at a time). A lab's hosts run under CPU quotas of 0.2-1 core, so the lab
-tier alone leaves most of the machine idle; tests/docs (the README's everyday use as written, ~3 min) joins it so
-that the two streams take about as long. Measured on the 2-core machine of 2026-11-27: with tests/recovery here
-too, 752 s for the other stream and 802 s for this one, of which ~65 s were recovery's tests without a lab; then
-test_interrupt lost ~65 s (the profile cache's passes are appended), so recovery went back to the other stream.
-No lab test runs beside another (their labs would compete for subnets and for the machine's home directory, which
-the hosts share). Tests that read CPU quotas or compare speeds under them are marked `alone` in their files and
-run last, with nothing beside them."""
+LAB_GROUP = "lab"
+"""The xdist group of every `lab` test: they all run on one worker, one after another, never two at once (their
+labs would compete for subnets and for the machine's home directory, which the hosts share). A lab's hosts run
+under CPU quotas of 0.2-1 core, so a lab test leaves most of the machine to the test on the other worker. Tests
+that read CPU quotas or compare speeds under them are marked `alone` in their files and run last, with nothing
+beside them."""
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups (else they are ignored)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if not parallel_safe(item):
             item.add_marker(pytest.mark.serial)
-            if side_stream(item):
-                item.add_marker(pytest.mark.side)
+            item.add_marker(pytest.mark.xdist_group(serial_group(item)))
+
+
+def pytest_collection_finish(session):
+    """Under `--dist loadgroup` pytest-xdist has read the groups (it appends each test's group to its id): when
+    it had not (this conftest's hook ran after it), lab tests were spread over both workers silently, and one
+    lab's teardown cut another's run."""
+    if getattr(session.config.option, "loadgroup", False):
+        ignored = [item.nodeid for item in session.items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+        if ignored:
+            raise pytest.UsageError(f"pytest-xdist ignored the xdist_group of {len(ignored)} tests, e.g. {ignored[0]}")
 
 
 def parallel_safe(item) -> bool:
@@ -68,9 +73,13 @@ def parallel_safe(item) -> bool:
     return suite_folder(item) in PARALLEL_SAFE_DIRS
 
 
-def side_stream(item) -> bool:
-    """Whether `item`, a `serial` test, runs in the side stream (SIDE_STREAM_DIRS)."""
-    return bool(item.get_closest_marker("lab")) or suite_folder(item) in SIDE_STREAM_DIRS
+def serial_group(item) -> str:
+    """The xdist group of a `serial` test: LAB_GROUP for a lab test, else its file, so that a module's
+    fixtures (plans, trained references) are made once, on the one worker that runs the module. (No test
+    without the `lab` mark uses a lab: it would fail where there is no root.)"""
+    if item.get_closest_marker("lab"):
+        return LAB_GROUP
+    return str(item.path.relative_to(item.session.config.rootpath))
 
 
 def suite_folder(item) -> str | None:

@@ -11,8 +11,8 @@
 #      two of them compete for the machine (four were slower in all on the 2-core machine of
 #      2026-11-27: their workers' start-ups collided). `--dist loadgroup` hands a worker a whole file
 #      (its module fixtures are made once) or the lab group (every lab test: no two labs up at once),
-#      and the next when it is done, so the two finish together (two fixed streams, the lab tier and
-#      tests/docs beside the rest, were up to 160 s apart);
+#      and the next when it is done, instead of fixed shares (two fixed streams, the lab tier and
+#      tests/docs beside the rest, ended up to 160 s apart as their tests' times moved);
 #   3. the `alone` tests, which read CPU quotas or compare speeds under them, with nothing beside them.
 # The exit code is pytest's: the first failing part's; 5 (no tests collected) only when no part
 # collected any. Arguments with a marker expression of their own (-m) run as one plain pytest,

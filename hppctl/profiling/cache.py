@@ -24,13 +24,25 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from hppctl.store import write_text_atomic
+from hppctl.store import open_output_stream, write_text_atomic
 
 
 def default_root() -> Path:
     from hppctl.zoo.cache import user_cache_dir
 
     return user_cache_dir() / "measurements"
+
+
+def _ends_mid_line(path: Path) -> bool:
+    """Whether `path` exists and its last byte is not a newline."""
+    try:
+        with open(path, "rb") as f:
+            if f.seek(0, os.SEEK_END) == 0:
+                return False
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) != b"\n"
+    except OSError:
+        return False
 
 
 def cache_key(parts: dict[str, Any]) -> str:
@@ -96,12 +108,11 @@ class MeasurementCache:
         size = int(record["batch_size"])
         count = self._pass_count(size)
         self._write_key()
-        line = json.dumps(record).encode() + b"\n"
-        with open(self._passes_path(size), "a+b") as f:
-            if f.seek(0, os.SEEK_END) > 0:
-                f.seek(-1, os.SEEK_END)
-                if f.read(1) != b"\n":  # a torn line before: keep this record on a line of its own
-                    line = b"\n" + line
+        path = self._passes_path(size)
+        line = json.dumps(record) + "\n"
+        if _ends_mid_line(path):  # a line torn by a crash: keep this record on a line of its own
+            line = "\n" + line
+        with open_output_stream(path, append=True) as f:  # refuses a symlink or a device, as the atomic writes do
             f.write(line)
             f.flush()
             os.fsync(f.fileno())

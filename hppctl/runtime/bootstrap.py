@@ -41,6 +41,7 @@ from typing import Callable
 
 from hppctl.errors import BadInput, RuntimeFailure
 from hppctl.runtime import wire
+from hppctl.runtime.address_watch import AddressWatch, is_loopback
 
 CHUNK_BYTES = 4 * 2**20
 """The libuv TCPStore refuses values over 8 MiB; large values (state dicts) travel in chunks."""
@@ -148,21 +149,39 @@ class RunStore:
     token: str
     store: object
     raw: object
+    watch: AddressWatch | None = None
 
     @classmethod
     def start(cls, host: str, port: int = 0, *, token: str | None = None, timeout_s: float = 300.0) -> "RunStore":
         import torch.distributed as dist
 
         sock = listen_socket(host, port)
-        port = sock.getsockname()[1]
+        address, port = sock.getsockname()[:2]
         token = token or secrets.token_hex(32)
         # The store takes the descriptor over (and closes it when it is destroyed).
         raw = dist.TCPStore(host, port, None, True, timeout=datetime.timedelta(seconds=timeout_s),
                             wait_for_workers=False, master_listen_fd=sock.detach())
-        return cls(host, port, token, dist.PrefixStore(key_prefix(token), raw), raw)
+        # A loopback address cannot leave; any other can, and would hang this process's store calls.
+        watch = None if is_loopback(address) else AddressWatch(address, port)
+        return cls(host, port, token, dist.PrefixStore(key_prefix(token), raw), raw, watch)
 
     def close(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
         self.store = self.raw = None
+
+    def failure(self, error: Exception) -> RuntimeFailure | None:
+        """What `error`, met while the run used this store, means for the user: the store's address
+        left this machine (whatever the error), or a store call failed (torch's DistError: one line,
+        not its C++ trace); None for any other error, which speaks for itself."""
+        if self.watch is not None and self.watch.lost:
+            return RuntimeFailure(self.watch.lost)
+        from torch.distributed import DistError
+
+        if isinstance(error, DistError):
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            return RuntimeFailure(f"the run's store on {self.host}:{self.port} failed: {first}")
+        return None
 
     def publish_nonce(self) -> str:
         nonce = secrets.token_hex(16)

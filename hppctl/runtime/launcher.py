@@ -113,6 +113,11 @@ class Launcher:
             notify("all workers joined")
             self.on_phase(self.running_phase)
             return collect()
+        except Exception as e:
+            failure = self.store.failure(e)
+            if failure is None:
+                raise
+            raise failure from e
         finally:
             self._stop_all()
             self.store.close()

@@ -1,0 +1,64 @@
+"""A run whose store address leaves the machine mid-run fails in seconds with one line, not a hang.
+
+Tier 3 (root): the run lives in a network namespace of its own (`unshare -n`) whose only
+non-loopback address sits on a veth; the test takes the address away after the first round. Before
+runtime/address_watch.py the launcher blocked in torch's store client `recv` (its timeout did not
+bound it) for as long as the kernel kept retransmitting, ~15 minutes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+ADDRESS = "10.213.250.1"
+"""Private to the test's own network namespace: no lab or host on the machine sees it."""
+
+SCENARIO = """
+set -u
+ip link set lo up
+ip link add hl0 type veth peer name hl1
+ip addr add {address}/24 dev hl0
+ip link set hl0 up
+ip link set hl1 up
+{hppctl} run --plan plan.yaml --cluster cluster.yaml --rounds 100000 --dataset digits --metrics m.jsonl \\
+    --listen {address}:0 {extra} > out.txt 2> err.txt &
+run=$!
+for _ in $(seq 1200); do [ -s m.jsonl ] && break; kill -0 $run 2>/dev/null || break; sleep 0.1; done
+ip addr del {address}/24 dev hl0
+wait $run
+"""
+
+
+@pytest.mark.lab
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("fault_tolerant", [False, True])
+def test_a_run_whose_store_address_goes_away_fails_with_one_line(cli, tmp_path, fault_tolerant):
+    from hppctl.store import save
+    from tests.recovery.factories import preset_profile
+    from tests.runtime.factories import local_cluster
+
+    save(tmp_path / "cluster.yaml", local_cluster("a", "b"))
+    save(tmp_path / "profile.json", preset_profile("tiny-mlp", {"a": "jetson-nano", "b": "jetson-tx2"}))
+    assert cli("plan", "--profile", tmp_path / "profile.json", "--global-batch", 8, "--micro-batch", 4,
+               "--strategy", "pp", "--out", tmp_path / "plan.yaml")[0] == 0
+    script = SCENARIO.format(address=ADDRESS, hppctl=f"{sys.executable} -m hppctl",
+                             extra="--profile profile.json" if fault_tolerant else "")
+    scenario = subprocess.Popen(["unshare", "-n", "bash", "-c", script], cwd=tmp_path, start_new_session=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:  # the bound is the hang detector: the run takes seconds; before the watch it blocked ~15 minutes
+        said, _ = scenario.communicate(timeout=240)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(scenario.pid, signal.SIGKILL)  # the run and its workers, should it hang again
+    err = (tmp_path / "err.txt").read_text()
+    assert (tmp_path / "m.jsonl").read_text().strip(), f"the run never trained a round:\n{err}\n{said}"
+    assert scenario.returncode == 1, err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: the run's store address {ADDRESS} is no longer this machine's "
+                      "(Cannot assign requested address): an interface went down or its address changed mid-run"], err
+    assert "Traceback" not in err

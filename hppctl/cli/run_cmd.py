@@ -195,7 +195,7 @@ def run_command(
     # The local workers' fork server imports torch from now on, beside the checks and preparation below
     # (it was started once they were done, and the first round waited ~1.3 s more); a run refused
     # below ends it at once (runtime/zygote.py).
-    prepare_local_workers(inventory, hpp.devices())
+    prepare_local_workers(inventory, hpp.devices(), model=hpp.model)
     lineage = None
     if resume:
         hpp, prof, lineage = driver.plan_to_resume(checkpoint_dir, hpp, prof, plan, rejoin, view=TrainingView())

@@ -88,11 +88,22 @@ def default_threads(cluster: ClusterSpec, devices: list[str]) -> int:
     return 0
 
 
-def prepare_local_workers(cluster: ClusterSpec, devices: Iterable[str], env: dict[str, str] | None = None) -> None:
+def prepare_local_workers(cluster: ClusterSpec, devices: Iterable[str], env: dict[str, str] | None = None, *,
+                          model: str | None = None) -> None:
     """Start the zygote now if any of `devices` is local, so that its imports overlap the
-    launcher's own preparation (the initial weights) instead of following it."""
+    launcher's own preparation (the initial weights) instead of following it; with the run's
+    `model`, the zygote also traces it (`models_to_warm`) for every worker it forks."""
     if _local_start() == "fork" and any(cluster.device(d).host is None for d in devices):
-        zygote(PRELOAD, _worker_env(env))
+        zygote(PRELOAD, _worker_env(env), models_to_warm(model))
+
+
+def models_to_warm(model: str | None) -> list[str]:
+    """The models a zygote traces before it forks: the run's, if built in. A user's model
+    (`package.module:factory`) is imported by each worker itself, with its workdir on the path and
+    the code as it is when the worker starts: a zygote kept by the process would hold an old copy."""
+    from hppctl.zoo.user import is_user_ref
+
+    return [] if model is None or is_user_ref(model) else [model]
 
 
 def _worker_env(extra: dict[str, str] | None) -> dict[str, str]:

@@ -90,6 +90,10 @@ class Launcher:
         """The devices that run a worker: the topology's (`self.topo`: a training or PSL run's)."""
         return list(self.topo.devices)
 
+    def _model(self) -> str | None:
+        """The model the run's workers build their stages of, when they trace it (a training run's)."""
+        return None
+
     def _worker_config(self, config: BaseModel) -> BaseModel:
         """What a worker is told, from the subclass's config (fault tolerance adds its coordinator)."""
         return config
@@ -97,7 +101,7 @@ class Launcher:
     # --- the run, owned once --------------------------------------------------------------------------
     def _prepare(self) -> None:
         """Start the local worker zygote early (runtime/launch.py), overlapping the run's own preparation."""
-        prepare_local_workers(self.request.cluster, self._devices(), self.request.env)
+        prepare_local_workers(self.request.cluster, self._devices(), self.request.env, model=self._model())
 
     def _run_workers(self, timeout_s: float, *, ship: Callable[[object], None], config_of: Callable[[str], BaseModel],
                      collect: Callable[[], T], notify: Callable[[str], None] | None = None) -> T:

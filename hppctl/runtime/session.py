@@ -130,6 +130,9 @@ class Session(Launcher):
         """Checkpoint rounds still to write (`_write_due_checkpoints`)."""
         self.loop = RoundLoop()
 
+    def _model(self) -> str:
+        return self.plan.model
+
     # --- the run ------------------------------------------------------------------------------
     def run(self, *, on_round: Callable[[dict], None] | None = None,
             on_event: Callable[[str], None] | None = None) -> RunResult:

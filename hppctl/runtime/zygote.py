@@ -50,10 +50,10 @@ def die_with_parent() -> None:
 
 # --- the zygote process ---------------------------------------------------------------------------
 
-def serve(fd: int, preload: list[str]) -> None:
-    """The zygote's main loop (`python -c "...serve(fd, preload)"`)."""
+def serve(fd: int, preload: list[str], warm: list[str] = ()) -> None:
+    """The zygote's main loop (`python -c "...serve(fd, preload, warm)"`)."""
     channel = socket.socket(fileno=fd)
-    _preload_unless_the_launcher_leaves(channel, preload)
+    _preload_unless_the_launcher_leaves(channel, preload, warm)
     children: set[int] = set()
     while True:
         readable, _, _ = select.select([channel], [], [], 0.05)
@@ -79,8 +79,10 @@ def serve(fd: int, preload: list[str]) -> None:
                 _send_line(channel, {"pid": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
-def _preload_unless_the_launcher_leaves(channel: socket.socket, preload: list[str]) -> None:
-    """Import `preload` (2-3 s of CPU: torch, torch._dynamo) while a watcher thread watches the socket: a
+def _preload_unless_the_launcher_leaves(channel: socket.socket, preload: list[str], warm: list[str] = ()) -> None:
+    """Import `preload` (2-3 s of CPU: torch, torch._dynamo) and trace the `warm` models (the run's
+    built-in model: its builder's imports and its trace are what every worker's stage starts with, ~4 s
+    of CPU per worker for mobilenetv2 on the 2-core VM of 2026-11-27) while a watcher thread watches the socket: a
     launcher that exits meanwhile (a run refused after it started the zygote early) ends this process at
     once, so it neither keeps a core busy for nothing nor holds the launcher's output open. Returns with
     the imports done and no other thread running, as `fork` needs; a request that arrived is left unread.
@@ -106,6 +108,11 @@ def _preload_unless_the_launcher_leaves(channel: socket.socket, preload: list[st
     for name in preload:
         with contextlib.suppress(Exception):  # a worker that needs it will report the error itself
             importlib.import_module(name)
+    for model in warm:
+        with contextlib.suppress(Exception):  # likewise: a model that does not trace fails in the worker
+            from hppctl.zoo import trace
+
+            trace(model)
     imports_done.set()
     watcher.join()
 
@@ -232,9 +239,9 @@ class Zygote:
 
     START_TIMEOUT_S = 120.0
 
-    def __init__(self, preload: list[str], env: dict[str, str]) -> None:
+    def __init__(self, preload: list[str], env: dict[str, str], warm: list[str] = ()) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        code = f"from hppctl.runtime.zygote import serve; serve({theirs.fileno()}, {preload!r})"
+        code = f"from hppctl.runtime.zygote import serve; serve({theirs.fileno()}, {preload!r}, {list(warm)!r})"
         # No PR_SET_PDEATHSIG here: it fires when the *thread* that started the zygote ends, and a
         # launcher may start its first run from a thread. The zygote ends when its socket reads EOF,
         # which the kernel gives when the launcher process is gone, however it ended.
@@ -307,15 +314,16 @@ def startup_env(env: dict[str, str]) -> frozenset:
     return frozenset((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME_ENV) and k not in SET_BY_TORCH)
 
 
-def zygote(preload: list[str], env: dict[str, str]) -> Zygote | None:
+def zygote(preload: list[str], env: dict[str, str], warm: list[str] = ()) -> Zygote | None:
     """The zygote for workers with environment `env`, started (again) if it is not running: one per
     start-up environment (a forked worker keeps what its zygote read when torch started, such as the
-    thread count from OMP_NUM_THREADS). None past MAX_ZYGOTES environments: start with exec."""
+    thread count from OMP_NUM_THREADS). None past MAX_ZYGOTES environments: start with exec. `warm`
+    counts only when the zygote starts here (a running one keeps what it traced)."""
     key = startup_env(env)
     with _ZYGOTES_LOCK:
         found = _ZYGOTES.get(key)
         if found is None or not found.alive():
             if found is None and len(_ZYGOTES) >= MAX_ZYGOTES:
                 return None
-            found = _ZYGOTES[key] = Zygote(preload, env)
+            found = _ZYGOTES[key] = Zygote(preload, env, warm)
         return found

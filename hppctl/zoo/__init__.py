@@ -95,6 +95,12 @@ def trace(name: str, mode: str | None = None) -> TracedModel:
     return _TRACES[key]
 
 
+def is_traced(name: str, mode: str | None = None) -> bool:
+    """Whether this process holds `name`'s trace already (a zygote-forked worker inherits its zygote's)."""
+    spec = get_model(name)
+    return (spec.name, spec.fingerprint(), mode or spec.trace_mode) in _TRACES
+
+
 def _traced(spec: ModelSpec, mode: str) -> TracedModel:
     """A zoo model always traces (tests check each); a user model's failure is one `BadInput` line."""
     from hppctl.zoo.layers import TracedModel

@@ -170,3 +170,32 @@ def test_torchs_own_cache_variable_does_not_ask_for_a_second_zygote():
     base = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin"}
     assert startup_env({**base, "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_root"}) == startup_env(base)
     assert startup_env({**base, "OMP_NUM_THREADS": "2"}) != startup_env(base)
+
+
+@pytest.mark.parametrize("warm, traced", [(["tiny-mlp"], True), ([], False), (["no-such-model", "tiny-mlp"], True)])
+def test_a_worker_inherits_the_trace_its_zygote_warmed(warm, traced):
+    """Every worker of a run builds its stage from the model's trace: for mobilenetv2, ~4 s of CPU each
+    (transformers' model class and the meta trace) before its first round. The zygote now traces the
+    run's built-in model once and its forks start with it; a model it cannot trace is skipped (the
+    worker reports it)."""
+    from hppctl.runtime.zygote import Zygote
+
+    zygote = Zygote(["hppctl.zoo"], dict(os.environ, PYTHONPATH=str(REPO)), warm)
+    read, write = os.pipe()
+    try:
+        child = zygote.fork("tests.runtime.trace_probe", "", dict(os.environ, PYTHONPATH=str(REPO)), REPO, write)
+        os.close(write)
+        with os.fdopen(read) as out:
+            said = out.read()
+        assert child.wait(timeout=60) == 0, said
+        assert json.loads(said.splitlines()[-1]) == {"traced": traced}
+    finally:
+        zygote.proc.kill()
+        zygote.proc.wait()
+
+
+def test_only_a_built_in_model_is_warmed():
+    from hppctl.runtime.launch import models_to_warm
+
+    assert models_to_warm("mobilenetv2") == ["mobilenetv2"] and models_to_warm("hf:models/tiny-bert") == ["hf:models/tiny-bert"]
+    assert models_to_warm("examples.mynet:make") == [] and models_to_warm(None) == []

@@ -31,7 +31,7 @@ import threading
 from collections.abc import Iterable
 from typing import Protocol
 
-from hppctl.errors import BadInput, HppctlError, RuntimeFailure
+from hppctl.errors import BadInput, HppctlError, RuntimeFailure, one_line
 from hppctl.models.cluster import ClusterSpec, DeviceSpec
 from hppctl.runtime.zygote import die_with_parent, zygote
 from hppctl.ssh import connect
@@ -193,8 +193,9 @@ def stop_workers(workers: Iterable[WorkerProcess]) -> None:
     def stop(worker: WorkerProcess) -> None:
         try:
             worker.stop()
-        except Exception as e:
-            print(f"warning: could not stop worker {worker.device}: {e}", file=sys.stderr)
+        except Exception as e:  # torch's errors carry their C++ trace after the first line
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            print(f"warning: could not stop worker {worker.device}: {one_line(first)}", file=sys.stderr)
 
     threads = [threading.Thread(target=stop, args=(w,), daemon=True) for w in workers]
     for t in threads:
@@ -314,9 +315,11 @@ class SshWorker:
     def stop(self) -> None:
         if self.poll() is not None:
             return
-        pid = self._pid_of(self.device) if self._pid_of else None
-        if pid:
-            with contextlib.suppress(Exception), connect(self.cluster, self.device) as c:
-                c.run(_term_then_kill(int(pid)), hide=True, warn=True, in_stream=False)
-        with contextlib.suppress(Exception):
-            self.conn.close()
+        try:  # the pid comes from the run's store, which may be what failed (runtime/address_watch.py)
+            pid = self._pid_of(self.device) if self._pid_of else None
+            if pid:
+                with contextlib.suppress(Exception), connect(self.cluster, self.device) as c:
+                    c.run(_term_then_kill(int(pid)), hide=True, warn=True, in_stream=False)
+        finally:
+            with contextlib.suppress(Exception):
+                self.conn.close()

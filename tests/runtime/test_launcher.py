@@ -104,3 +104,19 @@ def test_session_still_exports_the_names_that_moved():
     for name in ("Lineage", "run_fingerprint", "resume_fingerprint", "plan_document", "plan_digest"):
         assert getattr(session, name) is getattr(lineage, name)
     assert session.WorkerFailed is launcher.WorkerFailed
+
+
+def test_a_worker_that_cannot_be_stopped_is_one_warning_line(capsys):
+    """Stopping an SSH worker reads its pid from the run's store; once the store's address is gone the
+    read fails with torch's error, whose C++ trace (dozens of lines) was printed whole per worker."""
+    from hppctl.runtime.launch import stop_workers
+
+    class Unstoppable:  # a stand-in WorkerProcess whose stop meets the store's failure
+        device = "a"
+
+        def stop(self) -> None:
+            raise RuntimeError("Failed to recv, got 0 bytes.\nException raised from recvBytes at Utils.hpp:787\n"
+                               "frame #0: c10::Error::Error(...)")
+
+    stop_workers([Unstoppable()])
+    assert capsys.readouterr().err == "warning: could not stop worker a: Failed to recv, got 0 bytes.\n"

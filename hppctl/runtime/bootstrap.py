@@ -170,6 +170,13 @@ class RunStore:
             self.watch.stop()
         self.store = self.raw = None
 
+    @property
+    def answers(self) -> bool:
+        """Whether store calls can still be made: not once closed, nor once its address left (the
+        watch cut the launcher's connection; another call would only fail, with torch's C++ trace
+        on stderr)."""
+        return self.raw is not None and not (self.watch is not None and self.watch.lost)
+
     def failure(self, error: Exception) -> RuntimeFailure | None:
         """What `error`, met while the run used this store, means for the user: the store's address
         left this machine (whatever the error), or a store call failed (torch's DistError: one line,

@@ -161,7 +161,7 @@ class Launcher:
 
     def _pid_of(self, device: str) -> int | None:
         key = wire.pid(device)
-        if self.store is None or not self.store.store.check([key]):
+        if self.store is None or not self.store.answers or not self.store.store.check([key]):
             return None
         words = bootstrap.read_line(self.store.store, key).split()
         return int(words[-1]) if words and words[-1].isdigit() else None
@@ -226,7 +226,7 @@ class Launcher:
     def _reported_failure(self, device: str) -> str:
         """The error `device` reported (`failed/…`), "" if none."""
         key = wire.failed(device)
-        if self.store is None or not self.store.store.check([key]):
+        if self.store is None or not self.store.answers or not self.store.store.check([key]):
             return ""
         return bootstrap.read_line(self.store.store, key, bootstrap.MAX_MESSAGE_BYTES)[:2000]
 

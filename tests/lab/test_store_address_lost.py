@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -62,3 +63,53 @@ def test_a_run_whose_store_address_goes_away_fails_with_one_line(cli, tmp_path, 
     assert errors == [f"error: the run's store address {ADDRESS} is no longer this machine's "
                       "(Cannot assign requested address): an interface went down or its address changed mid-run"], err
     assert "Traceback" not in err
+
+
+LAB_SPEC = """\
+name: pytest-addr
+bandwidth: 100mbit
+subnet: {subnet}
+hosts:
+  - {name: xa, cpu: 0.5, memory: 1GB}
+  - {name: xb, cpu: 0.5, memory: 1GB}
+"""
+
+
+@pytest.mark.lab
+@pytest.mark.gloo
+@pytest.mark.timeout(300)
+def test_a_run_over_ssh_whose_store_address_goes_away_fails_with_one_line(tmp_path_factory, tmp_path):
+    """The case first met (2026-11-27): a lab removed under a run whose store listened on its bridge.
+    The launcher's store calls are cut, and stopping the SSH workers asks the store nothing more (it
+    printed torch's 50-line C++ trace per worker while looking up their pids)."""
+    from hppctl.lab.network import sh
+    from tests.lab.conftest import built_lab, checkout_cluster
+    from tests.runtime.factories import make_plan
+    from hppctl.store import save
+
+    with built_lab(tmp_path_factory, "pytest-addr", LAB_SPEC) as lab:
+        cluster = checkout_cluster(lab)
+        save(tmp_path / "plan.yaml", make_plan("tiny-mlp", [((0, 2), ["xa"], [4]), ((2, 5), ["xb"], [4])],
+                                               global_batch=8, micro_batch=4))
+        bridge_address = lab.subnet.rsplit(".", 1)[0] + ".1"  # the host side of the lab's bridge: the route to its hosts
+        metrics = tmp_path / "m.jsonl"
+        run = subprocess.Popen([sys.executable, "-m", "hppctl", "run", "--plan", tmp_path / "plan.yaml", "--cluster",
+                                cluster, "--rounds", "100000", "--dataset", "digits", "--metrics", metrics],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 120
+            while not (metrics.exists() and metrics.read_text().strip()) and run.poll() is None \
+                    and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert metrics.read_text().strip(), "the run never trained a round"
+            bridge = sh(["ip", "-o", "-4", "addr", "show", "to", bridge_address]).stdout.split()[1]
+            sh(["ip", "addr", "del", f"{bridge_address}/24", "dev", bridge])
+            _, err = run.communicate(timeout=120)  # the hang detector
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(run.pid, signal.SIGKILL)
+    assert run.returncode == 1, err
+    said = [line for line in err.splitlines() if line.startswith(("error:", "warning:"))]
+    assert said == [f"error: the run's store address {bridge_address} is no longer this machine's "
+                    "(Cannot assign requested address): an interface went down or its address changed mid-run"], err
+    assert err.count("Exception raised from") <= 1, err  # torch's own warning for the call that was cut

@@ -35,6 +35,7 @@ import sys
 import threading
 import traceback
 import warnings
+from collections.abc import Sequence
 
 HEADER = struct.Struct(">Q")
 
@@ -50,7 +51,7 @@ def die_with_parent() -> None:
 
 # --- the zygote process ---------------------------------------------------------------------------
 
-def serve(fd: int, preload: list[str], warm: list[str] = ()) -> None:
+def serve(fd: int, preload: list[str], warm: Sequence[str] = ()) -> None:
     """The zygote's main loop (`python -c "...serve(fd, preload, warm)"`)."""
     channel = socket.socket(fileno=fd)
     _preload_unless_the_launcher_leaves(channel, preload, warm)
@@ -79,7 +80,7 @@ def serve(fd: int, preload: list[str], warm: list[str] = ()) -> None:
                 _send_line(channel, {"pid": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
-def _preload_unless_the_launcher_leaves(channel: socket.socket, preload: list[str], warm: list[str] = ()) -> None:
+def _preload_unless_the_launcher_leaves(channel: socket.socket, preload: list[str], warm: Sequence[str] = ()) -> None:
     """Import `preload` (2-3 s of CPU: torch, torch._dynamo) and trace the `warm` models (the run's
     built-in model: its builder's imports and its trace are what every worker's stage starts with, ~4 s
     of CPU per worker for mobilenetv2 on the 2-core VM of 2026-11-27) while a watcher thread watches the socket: a
@@ -239,7 +240,7 @@ class Zygote:
 
     START_TIMEOUT_S = 120.0
 
-    def __init__(self, preload: list[str], env: dict[str, str], warm: list[str] = ()) -> None:
+    def __init__(self, preload: list[str], env: dict[str, str], warm: Sequence[str] = ()) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         code = f"from hppctl.runtime.zygote import serve; serve({theirs.fileno()}, {preload!r}, {list(warm)!r})"
         # No PR_SET_PDEATHSIG here: it fires when the *thread* that started the zygote ends, and a
@@ -314,7 +315,7 @@ def startup_env(env: dict[str, str]) -> frozenset:
     return frozenset((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME_ENV) and k not in SET_BY_TORCH)
 
 
-def zygote(preload: list[str], env: dict[str, str], warm: list[str] = ()) -> Zygote | None:
+def zygote(preload: list[str], env: dict[str, str], warm: Sequence[str] = ()) -> Zygote | None:
     """The zygote for workers with environment `env`, started (again) if it is not running: one per
     start-up environment (a forked worker keeps what its zygote read when torch started, such as the
     thread count from OMP_NUM_THREADS). None past MAX_ZYGOTES environments: start with exec. `warm`

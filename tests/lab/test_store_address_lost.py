@@ -1,7 +1,8 @@
 """A run whose store address leaves the machine mid-run fails in seconds with one line, not a hang.
 
 Tier 3 (root): the run lives in a network namespace of its own (`unshare -n`) whose only
-non-loopback address sits on a veth; the test takes the address away after the first round. Before
+non-loopback address sits on a veth, and the test takes the address away after the first round; or
+the run trains on two SSH hosts of a lab, and the test takes the lab bridge's address away. Before
 runtime/address_watch.py the launcher blocked in torch's store client `recv` (its timeout did not
 bound it) for as long as the kernel kept retransmitting, ~15 minutes."""
 

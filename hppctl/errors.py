@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from hppctl.limits import MAX_ERROR_LINE_CHARS, MAX_VALUE_CHARS
 
 
@@ -9,6 +11,13 @@ def shorten(text: str, limit: int = MAX_VALUE_CHARS) -> str:
     """`text` cut to `limit` characters with an ellipsis: an error line never repeats a huge value
     from a file or a flag (a 1 MB preset name was a 1 MB error line)."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an exception's message, at most 80 characters (torch's run to a page)."""
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip().splitlines()  # no terminal escapes
+    text = lines[0] if lines else error.__class__.__name__
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def one_line(message: str, limit: int = MAX_ERROR_LINE_CHARS) -> str:

@@ -58,16 +58,25 @@ def sockets_connected_to(address: str, port: int) -> list[socket.socket]:
     return found
 
 
+def bound_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to (host, port); OSError (socket.gaierror for a name that does not resolve)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def address_gone(address: str) -> OSError | None:
     """The error binding `address` meets when it is no longer this machine's, else None (other
     errors, such as running out of descriptors, say nothing about the address)."""
-    probe = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
     try:
-        probe.bind((address, 0))
+        bound_socket(address, 0).close()
     except OSError as e:
         return e if e.errno == errno.EADDRNOTAVAIL else None
-    finally:
-        probe.close()
     return None
 
 

@@ -39,9 +39,9 @@ from dataclasses import dataclass
 from collections.abc import Sequence
 from typing import Callable
 
-from hppctl.errors import BadInput, RuntimeFailure
+from hppctl.errors import BadInput, RuntimeFailure, first_line
 from hppctl.runtime import wire
-from hppctl.runtime.address_watch import AddressWatch, is_loopback
+from hppctl.runtime.address_watch import AddressWatch, bound_socket, is_loopback
 
 CHUNK_BYTES = 4 * 2**20
 """The libuv TCPStore refuses values over 8 MiB; large values (state dicts) travel in chunks."""
@@ -94,7 +94,7 @@ def check_listen(text: str | None, flag: str = "--listen") -> None:
         return
     host, _ = parse_listen(text, flag)
     try:
-        _bound(host, 0).close()
+        bound_socket(host, 0).close()
     except OSError as e:
         raise BadInput(f"{flag}: {text!r}: this machine cannot listen on {host} ({e.strerror or e})") from None
 
@@ -102,22 +102,10 @@ def check_listen(text: str | None, flag: str = "--listen") -> None:
 def listen_socket(host: str, port: int = 0) -> socket.socket:
     """A listening TCP socket bound to `host` only (never 0.0.0.0 unless asked for)."""
     try:
-        sock = _bound(host, port)
+        sock = bound_socket(host, port)
     except OSError as e:
         raise RuntimeFailure(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     sock.listen(512)
-    return sock
-
-
-def _bound(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to (host, port); OSError (socket.gaierror for a name that does not resolve)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
     return sock
 
 
@@ -171,23 +159,26 @@ class RunStore:
         self.store = self.raw = None
 
     @property
+    def lost(self) -> str | None:
+        """Why the store's address is gone (the watch cut the launcher's connection), None while it is there."""
+        return self.watch.lost if self.watch is not None else None
+
+    @property
     def answers(self) -> bool:
-        """Whether store calls can still be made: not once closed, nor once its address left (the
-        watch cut the launcher's connection; another call would only fail, with torch's C++ trace
-        on stderr)."""
-        return self.raw is not None and not (self.watch is not None and self.watch.lost)
+        """Whether store calls can still be made: not once closed, nor once its address left (another
+        call would only fail, with torch's C++ trace on stderr)."""
+        return self.raw is not None and self.lost is None
 
     def failure(self, error: Exception) -> RuntimeFailure | None:
         """What `error`, met while the run used this store, means for the user: the store's address
         left this machine (whatever the error), or a store call failed (torch's DistError: one line,
         not its C++ trace); None for any other error, which speaks for itself."""
-        if self.watch is not None and self.watch.lost:
-            return RuntimeFailure(self.watch.lost)
+        if self.lost:
+            return RuntimeFailure(self.lost)
         from torch.distributed import DistError
 
         if isinstance(error, DistError):
-            first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            return RuntimeFailure(f"the run's store on {self.host}:{self.port} failed: {first}")
+            return RuntimeFailure(f"the run's store on {self.host}:{self.port} failed: {first_line(error)}")
         return None
 
     def publish_nonce(self) -> str:

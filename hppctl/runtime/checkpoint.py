@@ -35,7 +35,7 @@ import stat
 import time
 from pathlib import Path
 
-from hppctl.errors import BadInput, LockHeld
+from hppctl.errors import BadInput, LockHeld, first_line
 from hppctl.store import write_bytes_atomic, write_text_atomic
 
 KEEP = 2
@@ -312,13 +312,6 @@ def _check_meta_plan(path: Path, document: object, stage_count: int) -> None:
 def short_repr(value: object) -> str:
     """`repr(value)`, at most 80 characters: an error line never echoes a whole file."""
     text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def first_line(error: BaseException) -> str:
-    """The first line of an exception's message, at most 80 characters (torch's run to a page)."""
-    lines = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip().splitlines()  # no terminal escapes
-    text = lines[0] if lines else error.__class__.__name__
     return text if len(text) <= 80 else text[:77] + "..."
 
 

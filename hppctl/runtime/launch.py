@@ -31,7 +31,7 @@ import threading
 from collections.abc import Iterable
 from typing import Protocol
 
-from hppctl.errors import BadInput, HppctlError, RuntimeFailure, one_line
+from hppctl.errors import BadInput, HppctlError, RuntimeFailure, first_line
 from hppctl.models.cluster import ClusterSpec, DeviceSpec
 from hppctl.runtime.zygote import die_with_parent, zygote
 from hppctl.ssh import connect
@@ -194,8 +194,7 @@ def stop_workers(workers: Iterable[WorkerProcess]) -> None:
         try:
             worker.stop()
         except Exception as e:  # torch's errors carry their C++ trace after the first line
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            print(f"warning: could not stop worker {worker.device}: {one_line(first)}", file=sys.stderr)
+            print(f"warning: could not stop worker {worker.device}: {first_line(e)}", file=sys.stderr)
 
     threads = [threading.Thread(target=stop, args=(w,), daemon=True) for w in workers]
     for t in threads:

@@ -159,9 +159,14 @@ class Launcher:
                 if code is not None and code.workdir is not None:
                     code.sent[device] = None
 
+    def _stored(self, key: str) -> bool:
+        """Whether `key` is in the run's store, asked only while the store answers (not once closed,
+        nor once its address left: runtime/address_watch.py)."""
+        return self.store is not None and self.store.answers and self.store.store.check([key])
+
     def _pid_of(self, device: str) -> int | None:
         key = wire.pid(device)
-        if self.store is None or not self.store.answers or not self.store.store.check([key]):
+        if not self._stored(key):
             return None
         words = bootstrap.read_line(self.store.store, key).split()
         return int(words[-1]) if words and words[-1].isdigit() else None
@@ -226,7 +231,7 @@ class Launcher:
     def _reported_failure(self, device: str) -> str:
         """The error `device` reported (`failed/…`), "" if none."""
         key = wire.failed(device)
-        if self.store is None or not self.store.answers or not self.store.store.check([key]):
+        if not self._stored(key):
             return ""
         return bootstrap.read_line(self.store.store, key, bootstrap.MAX_MESSAGE_BYTES)[:2000]
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from hppctl.errors import BadInput, PlanMismatch
+from hppctl.errors import BadInput, PlanMismatch, first_line
 from hppctl.models.cluster import ClusterSpec
 from hppctl.models.plan import HppPlan
 from hppctl.models.profile import Profile
-from hppctl.runtime.checkpoint import (COMPLETE, DIGESTS, CheckpointDir, check_lock_file, first_line, short_repr,
+from hppctl.runtime.checkpoint import (COMPLETE, DIGESTS, CheckpointDir, check_lock_file, short_repr,
                                        stage_file_name)
 
 

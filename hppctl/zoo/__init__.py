@@ -88,17 +88,19 @@ def trace(name: str, mode: str | None = None) -> TracedModel:
     """The model traced on the meta device (cached per process). `mode` is `train` or `eval`; it
     defaults to the model's task (training models keep dropout active in the graph)."""
     spec = get_model(name)
-    mode = mode or spec.trace_mode
-    key = (spec.name, spec.fingerprint(), mode)
+    key = _trace_key(spec, mode)
     if key not in _TRACES:
-        _TRACES[key] = _traced(spec, mode)
+        _TRACES[key] = _traced(spec, key[2])
     return _TRACES[key]
 
 
 def is_traced(name: str, mode: str | None = None) -> bool:
     """Whether this process holds `name`'s trace already (a zygote-forked worker inherits its zygote's)."""
-    spec = get_model(name)
-    return (spec.name, spec.fingerprint(), mode or spec.trace_mode) in _TRACES
+    return _trace_key(get_model(name), mode) in _TRACES
+
+
+def _trace_key(spec: ModelSpec, mode: str | None) -> tuple[str, str, str]:
+    return spec.name, spec.fingerprint(), mode or spec.trace_mode
 
 
 def _traced(spec: ModelSpec, mode: str) -> TracedModel:

@@ -8,6 +8,13 @@ retransmitting (~15 min) — the run hung with nothing said (measured: a 5 s sto
 end a `check` in 120 s). No Python API reaches that socket's options, so this watch checks once a
 second that the address can still be bound here and, when it cannot, shuts the client socket
 down: the blocked call returns at once with a DistNetworkError, and the launcher reports `lost`.
+
+The workers' side of the same silence (`hang_up_when_silent`): a worker's connection to the store
+sees the launcher's address vanish, or its laptop sleep, as no answer at all; the worker trained on,
+its requests queued in the kernel, for those ~15 minutes (measured on a lab: both SSH workers still
+ran 90 s after their launcher had gone). Its store socket now carries TCP keepalive and a user
+timeout, so the kernel ends the connection after `silence_s` without an acknowledgement, and the
+worker's next (or pending) store call fails and ends it.
 """
 
 from __future__ import annotations
@@ -113,3 +120,33 @@ class AddressWatch:
         for sock in self._clients:
             sock.close()
         self._clients = []
+
+
+def hang_up_when_silent(host: str, port: int, silence_s: float) -> int:
+    """Have the kernel end this process's connections to the store at (`host`, `port`) once the other
+    end has acknowledged nothing for `silence_s`: keepalive probes while the connection is idle, a user
+    timeout on data sent. A healthy launcher's kernel answers both however busy the launcher is, so
+    only a vanished (or unreachable) one trips them. Returns how many connections were set (options
+    this platform lacks are skipped)."""
+    addresses = {plain_address(info[4][0]) for info in _resolved(host, port)}
+    sockets = [sock for address in addresses for sock in sockets_connected_to(address, port)]
+    probe_every = max(1, int(silence_s / 4))
+    options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+               (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPIDLE", None), probe_every),
+               (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPINTVL", None), probe_every),
+               (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPCNT", None), 4),
+               (socket.IPPROTO_TCP, getattr(socket, "TCP_USER_TIMEOUT", None), int(silence_s * 1000))]
+    for sock in sockets:
+        with sock:
+            for level, option, value in options:
+                if option is not None:
+                    with contextlib.suppress(OSError):
+                        sock.setsockopt(level, option, value)
+    return len(sockets)
+
+
+def _resolved(host: str, port: int) -> list:
+    try:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return []

@@ -41,7 +41,7 @@ from typing import Callable
 
 from hppctl.errors import BadInput, RuntimeFailure, first_line
 from hppctl.runtime import wire
-from hppctl.runtime.address_watch import AddressWatch, bound_socket, is_loopback
+from hppctl.runtime.address_watch import AddressWatch, bound_socket, hang_up_when_silent, is_loopback
 
 CHUNK_BYTES = 4 * 2**20
 """The libuv TCPStore refuses values over 8 MiB; large values (state dicts) travel in chunks."""
@@ -197,10 +197,16 @@ class RunStore:
 
 # --- the worker side -------------------------------------------------------------------------------
 
+STORE_SILENCE_S = 30.0
+"""How long a worker's store connection may go unacknowledged before the kernel ends it (and the
+worker with it): a launcher whose machine slept or left the network (runtime/address_watch.py)."""
+
+
 def connect_store(host: str, port: int, token: str, *, timeout_s: float = 300.0):
     import torch.distributed as dist
 
     raw = dist.TCPStore(host, port, None, False, timeout=datetime.timedelta(seconds=timeout_s))
+    hang_up_when_silent(host, port, STORE_SILENCE_S)
     return dist.PrefixStore(key_prefix(token), raw)
 
 

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -106,11 +107,38 @@ def test_a_run_over_ssh_whose_store_address_goes_away_fails_with_one_line(tmp_pa
             bridge = sh(["ip", "-o", "-4", "addr", "show", "to", bridge_address]).stdout.split()[1]
             sh(["ip", "addr", "del", f"{bridge_address}/24", "dev", bridge])
             _, err = run.communicate(timeout=120)  # the hang detector
+            # The hosts' workers cannot hear from the launcher either: nothing answers at its address
+            # (no FIN, no reset, as when a laptop sleeps or leaves the network). They must not train on
+            # for the kernel's ~15 minutes of retransmissions.
+            left = workers_in(lab_name="pytest-addr", within_s=WORKERS_GONE_WITHIN_S)
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(run.pid, signal.SIGKILL)
+    assert not left, f"SSH workers still running {WORKERS_GONE_WITHIN_S:.0f} s after their launcher went silent: {left}"
     assert run.returncode == 1, err
     said = [line for line in err.splitlines() if line.startswith(("error:", "warning:"))]
     assert said == [f"error: the run's store address {bridge_address} is no longer this machine's "
                     "(Cannot assign requested address): an interface went down or its address changed mid-run"], err
     assert err.count("Exception raised from") <= 1, err  # torch's own warning for the call that was cut
+
+
+WORKERS_GONE_WITHIN_S = 90.0
+"""A hang detector, not a speed target: a worker keeps a silent store ~30 s (runtime/bootstrap.py)."""
+
+
+def workers_in(lab_name: str, within_s: float) -> list[str]:
+    """The worker processes still running in the lab's hosts' cgroups after waiting up to `within_s`."""
+    deadline = time.monotonic() + within_s
+    while True:
+        found = []
+        for proc in Path("/proc").iterdir():
+            try:
+                cgroup = (proc / "cgroup").read_text()
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if f"/hppctl-lab-{lab_name}/" in cgroup and "hppctl.runtime.worker" in cmdline:
+                found.append(f"{proc.name}: {cmdline.strip()}")
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(1.0)

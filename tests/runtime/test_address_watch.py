@@ -1,6 +1,7 @@
 """The address watch's parts on loopback (no root): finding this process's client socket, cutting a
 call blocked on it, telling a gone address from others. The whole path (a run whose address is taken
-away) is tests/lab/test_store_address_lost.py."""
+away) is tests/lab/test_store_address_lost.py, which also checks that SSH workers whose launcher
+went silent end (`hang_up_when_silent`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import errno
 import socket
 import threading
 
-from hppctl.runtime.address_watch import AddressWatch, address_gone, is_loopback, plain_address, sockets_connected_to
+from hppctl.runtime.address_watch import (AddressWatch, address_gone, hang_up_when_silent, is_loopback, plain_address,
+                                          sockets_connected_to)
 
 
 def test_an_ipv4_mapped_peer_reads_as_its_ipv4_address():
@@ -74,3 +76,26 @@ def test_a_failed_store_call_is_one_line_naming_the_store_and_other_errors_pass_
     assert str(failure) == "the run's store on 10.213.0.1:29500 failed: Failed to recv, got 0 bytes."
     assert failure.exit_code == 1
     assert store.failure(ValueError("a bug")) is None
+
+
+def test_a_workers_store_connection_is_ended_by_the_kernel_after_the_silence_it_is_given():
+    """The options `hang_up_when_silent` leaves on the client connection, found through a name
+    (`localhost`), and only on connections to the store's port; an unresolvable name sets nothing."""
+    server = socket.create_server(("127.0.0.1", 0))
+    other = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    unrelated = socket.create_connection(("127.0.0.1", other.getsockname()[1]))
+    try:
+        assert hang_up_when_silent("localhost", port, 30.0) == 1
+        assert client.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 30_000
+        idle = client.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE)
+        every = client.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL)
+        count = client.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT)
+        assert idle + every * count <= 30 + every  # the probes fit the silence allowed
+        assert unrelated.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 0
+        assert hang_up_when_silent("no-such-host.invalid", port, 30.0) == 0
+    finally:
+        for sock in (client, unrelated, server, other):
+            sock.close()

@@ -125,6 +125,16 @@ class _Pending:
     posted: float
 
 
+def _receive_from(pending: _Pending, what: str) -> None:
+    """Wait for a posted receive. Its failure names the sender: a timeout or a reset here means that
+    device (its process, host or link) stopped answering, and gloo's own words name neither device."""
+    try:
+        for w in pending.works:
+            w.wait()
+    except RuntimeError as e:
+        raise RuntimeError(f"receiving {what} from {pending.peer}: {e}") from e
+
+
 PREPOSTED = frozenset({"RA", "RG"})
 """Receive kinds posted at the start of a round (Executor._post_receives)."""
 FINISHING = ("B", "W")
@@ -388,8 +398,7 @@ class Executor:
             raise ExecutionError(f"{self.device}: {a} found {what} for {covered}, needs [{self.lo}:{self.hi})")
         begin = time.perf_counter()
         for p in pending:
-            for w in p.works:
-                w.wait()
+            _receive_from(p, what)
             done = time.perf_counter()
             self._span(f"{a.micro_batch}{'A' if what == 'activations' else 'G'}[{p.first}:{p.first + p.samples}]",
                        what, f"{p.peer}->{self.device}", p.posted, done, {"micro_batch": a.micro_batch})

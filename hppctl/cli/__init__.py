@@ -132,4 +132,7 @@ def _silence_stdout() -> None:
 
 
 def main() -> None:
+    from hppctl.runtime.zygote import this_process_is_a_launcher
+
+    this_process_is_a_launcher()  # its local workers' fork server may be a fork of it (runtime/zygote.py)
     exit_process(run(sys.argv[1:]))  # without the collector's shutdown passes: hppctl/shutdown.py

@@ -106,6 +106,13 @@ def _preload_unless_the_launcher_leaves(channel: socket.socket, preload: list[st
 
     watcher = threading.Thread(target=watch, name="launcher-watch", daemon=True)
     watcher.start()
+    preload_and_warm(preload, warm)
+    imports_done.set()
+    watcher.join()
+
+
+def preload_and_warm(preload: Sequence[str], warm: Sequence[str]) -> None:
+    """Import `preload` and trace the `warm` models in this process (on its main thread: see above)."""
     for name in preload:
         with contextlib.suppress(Exception):  # a worker that needs it will report the error itself
             importlib.import_module(name)
@@ -114,8 +121,6 @@ def _preload_unless_the_launcher_leaves(channel: socket.socket, preload: list[st
             from hppctl.zoo import trace
 
             trace(model)
-    imports_done.set()
-    watcher.join()
 
 
 def _launcher_gone(channel: socket.socket) -> bool:
@@ -242,12 +247,15 @@ class Zygote:
 
     def __init__(self, preload: list[str], env: dict[str, str], warm: Sequence[str] = ()) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        code = f"from hppctl.runtime.zygote import serve; serve({theirs.fileno()}, {preload!r}, {list(warm)!r})"
-        # No PR_SET_PDEATHSIG here: it fires when the *thread* that started the zygote ends, and a
-        # launcher may start its first run from a thread. The zygote ends when its socket reads EOF,
-        # which the kernel gives when the launcher process is gone, however it ended.
-        self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(),), env=env,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        if may_fork_from_here(env):
+            self.proc: "subprocess.Popen | ForkedZygote" = ForkedZygote(theirs, preload, warm)
+        else:
+            code = f"from hppctl.runtime.zygote import serve; serve({theirs.fileno()}, {preload!r}, {list(warm)!r})"
+            # No PR_SET_PDEATHSIG here: it fires when the *thread* that started the zygote ends, and a
+            # launcher may start its first run from a thread. The zygote ends when its socket reads EOF,
+            # which the kernel gives when the launcher process is gone, however it ended.
+            self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(),), env=env,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
         theirs.close()
         self._channel = ours
         self._send_lock = threading.Lock()
@@ -301,6 +309,84 @@ class Zygote:
     def _lost_code(self) -> int | None:
         """A worker's code once the zygote itself is gone: its children got SIGTERM with it."""
         return -15 if self._closed else None
+
+
+_LAUNCHER_PROCESS = False
+
+
+def this_process_is_a_launcher() -> None:
+    """Said by the CLI's entry point (`python -m hppctl`, the `hppctl` script), never by a library
+    caller: the process is the command and nothing else, so its zygote may be a fork of it."""
+    global _LAUNCHER_PROCESS
+    _LAUNCHER_PROCESS = True
+
+
+def may_fork_from_here(env: dict[str, str]) -> bool:
+    """Whether the zygote for `env` can be a fork of this process rather than a fresh interpreter:
+    only in the CLI's own process, on its main thread with no other Python thread (a fork keeps only
+    the forking thread, and a lock another thread held would stay held), and for the environment this
+    process started torch with (a fork keeps what torch read at its import)."""
+    return (_LAUNCHER_PROCESS and threading.current_thread() is threading.main_thread()
+            and threading.active_count() == 1 and startup_env(env) == startup_env(dict(os.environ)))
+
+
+class ForkedZygote:
+    """A zygote forked from the launcher once the launcher has done the zygote's imports itself.
+
+    Why: the launcher imports torch and torch._dynamo and traces the model for its own checks anyway;
+    a zygote started as a fresh interpreter did all of it again (~3.6 s of CPU on the 2-core VM of
+    2026-11-27, a third of a small run's CPU). The fork happens before the launcher loads data, builds
+    weights or imports a user's module (prepare_local_workers runs first), on its main thread, so the
+    zygote holds what a fresh one would: torch's imports, made on the thread whose id stays alive while
+    the launcher lives (MKL's thread-id record: see _preload_unless_the_launcher_leaves).
+
+    The child keeps nothing else of the launcher: a session of its own, stdin from /dev/null, every
+    descriptor but its socket and stdout/stderr closed (the launcher's end of the socket among them:
+    its EOF is how the zygote learns the launcher is gone), and the collector frozen first, so that no
+    launcher object it inherited is ever finalized there (one would close a descriptor number the
+    zygote has since reused)."""
+
+    def __init__(self, theirs: socket.socket, preload: Sequence[str], warm: Sequence[str]) -> None:
+        preload_and_warm(preload, warm)
+        self.pid = os.fork()
+        if self.pid == 0:
+            _serve_as_fork(theirs.fileno())
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        return self._reap(os.WNOHANG)
+
+    def wait(self) -> int:
+        return self._reap(0)
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+    def _reap(self, flags: int) -> int | None:
+        if self.returncode is None:
+            with contextlib.suppress(ChildProcessError):
+                pid, status = os.waitpid(self.pid, flags)
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
+def _serve_as_fork(fd: int) -> None:
+    import gc
+
+    gc.freeze()
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        os.closerange(3, fd)
+        os.closerange(fd + 1, 1 << 20)
+        serve(fd, [], ())
+    finally:
+        os._exit(0)
 
 
 MAX_ZYGOTES = 4

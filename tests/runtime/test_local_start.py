@@ -199,3 +199,85 @@ def test_only_a_built_in_model_is_warmed():
 
     assert models_to_warm("mobilenetv2") == ["mobilenetv2"] and models_to_warm("hf:models/tiny-bert") == ["hf:models/tiny-bert"]
     assert models_to_warm("examples.mynet:make") == [] and models_to_warm(None) == []
+
+
+def test_the_cli_forks_its_zygote_from_itself_and_the_zygote_keeps_none_of_its_descriptors(tmp_path):
+    """`python -m hppctl run`: the launcher does the zygote's imports itself (it needs them for its own
+    checks) and forks the zygote from that state, instead of a fresh interpreter importing torch and
+    torch._dynamo again (~3.6 s of CPU per run on the 2-core VM of 2026-11-27). The fork must keep none
+    of the launcher's descriptors but its socket and output (a held lock or log file, or the launcher's
+    end of the socket, whose EOF is how the zygote learns the launcher died), run in a session of its
+    own, and end with the launcher and its workers."""
+    from hppctl.store import save
+    from tests.recovery.factories import children
+    from tests.runtime.factories import local_cluster, make_plan
+    from tests.runtime.test_schedule_matrix import reported_round, wait_for
+
+    save(tmp_path / "plan.yaml", make_plan("tiny-mlp", [((0, 2), ["a"], [4]), ((2, 5), ["b"], [4])],
+                                           global_batch=8, micro_batch=4))
+    save(tmp_path / "cluster.yaml", local_cluster("a", "b"))
+    metrics = tmp_path / "m.jsonl"
+    launcher = subprocess.Popen([sys.executable, "-m", "hppctl", "run", "--plan", tmp_path / "plan.yaml", "--cluster",
+                                 tmp_path / "cluster.yaml", "--dataset", "digits", "--rounds", "100000", "--threads",
+                                 "1", "--metrics", metrics, "--checkpoint-dir", tmp_path / "ck", "--log",
+                                 tmp_path / "log.txt"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: reported_round(metrics) >= 1, launcher, "round 1")
+        zygotes = [pid for pid in children(launcher.pid) if children(pid)]
+        assert len(zygotes) == 1, zygotes
+        zygote = zygotes[0]
+        assert Path(f"/proc/{zygote}/cmdline").read_bytes() == Path(f"/proc/{launcher.pid}/cmdline").read_bytes()
+        assert os.getsid(zygote) == zygote
+        held = {int(fd): os.readlink(f"/proc/{zygote}/fd/{fd}") for fd in os.listdir(f"/proc/{zygote}/fd")}
+        assert held[0] == os.devnull
+        assert held[1] == os.readlink(f"/proc/{launcher.pid}/fd/1")
+        assert held[2] == os.readlink(f"/proc/{launcher.pid}/fd/2")
+        others = {fd: target for fd, target in held.items() if fd > 2}
+        assert len(others) == 1 and next(iter(others.values())).startswith("socket:"), held
+        workers = children(zygote)
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 30  # a hang bound
+        while any(Path(f"/proc/{pid}").exists() and not _zombie(pid) for pid in [zygote, *workers]):
+            assert time.monotonic() < deadline, "the zygote or a worker outlived the launcher"
+            time.sleep(0.1)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_the_zygote_is_forked_from_here_only_by_the_cli_on_its_only_thread_with_its_own_environment(monkeypatch):
+    """A library caller's process (a test, a user's script) may hold threads, locks and modules a fork
+    would copy half-made: its zygote is a fresh interpreter, as is one for another start-up environment."""
+    import threading
+
+    from hppctl.runtime import zygote
+
+    env = dict(os.environ)
+    monkeypatch.setattr(zygote, "_LAUNCHER_PROCESS", False)
+    assert not zygote.may_fork_from_here(env)
+    monkeypatch.setattr(zygote, "_LAUNCHER_PROCESS", True)
+    if threading.active_count() == 1:  # pytest-timeout's thread method, or a plugin's, may run one
+        assert zygote.may_fork_from_here(env)
+    assert not zygote.may_fork_from_here({**env, "OMP_NUM_THREADS": str(int(env.get("OMP_NUM_THREADS", "1")) + 7)})
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert not zygote.may_fork_from_here(env)
+    finally:
+        stop.set()
+        other.join()
+    seen: list[bool] = []
+    helper = threading.Thread(target=lambda: seen.append(zygote.may_fork_from_here(env)))
+    helper.start()
+    helper.join()
+    assert seen == [False]

@@ -205,8 +205,8 @@ def run_inference_command(plan_path: Path, cluster_path: Path, *, text: str | No
     known = set(plan.devices()) <= {d.name for d in inventory.devices}
     if known:
         from hppctl.runtime.launch import prepare_local_workers
-        # the local workers' zygote imports torch beside the tokenizer and the checks below (runtime/zygote.py)
-        prepare_local_workers(inventory, [s.device for s in plan.shares])
+        # the local workers' zygote, before the tokenizer and any torch work (runtime/zygote.py ForkedZygote)
+        prepare_local_workers(inventory, [s.device for s in plan.shares], fork_from_here=True)
     ids = (driver.text_ids(plan.model, text, note) if text is not None
            else driver.read_input_ids(input_ids) if input_ids else None)
     if known:

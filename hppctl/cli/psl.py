@@ -289,8 +289,8 @@ def run_psl(
     refuse_cuda(cluster, "psl plans", cluster_source=str(cluster_file))
     if {*plan.clients, *plan.helpers} <= {c.name for c in cluster.devices}:
         from hppctl.runtime.launch import prepare_local_workers
-        # the local workers' zygote imports torch beside the pre-flight below (runtime/zygote.py)
-        prepare_local_workers(cluster, [*plan.clients, *plan.helpers])
+        # the local workers' zygote, before the pre-flight and any torch work (runtime/zygote.py ForkedZygote)
+        prepare_local_workers(cluster, [*plan.clients, *plan.helpers], fork_from_here=True)
     share_values = _parse_shares(shares)
     data = preflight(plan, cluster, dataset, share_values, plan_source=str(plan_file), cluster_source=str(cluster_file))
     if threads is None:

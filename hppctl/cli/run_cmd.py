@@ -192,10 +192,10 @@ def run_command(
                                 else None})
     # after the refusals: a refused run (a Bi-Partition --resume) makes no checkpoint folder
     writable_path("--checkpoint-dir", checkpoint_dir, directory=True)
-    # The local workers' fork server imports torch from now on, beside the checks and preparation below
-    # (it was started once they were done, and the first round waited ~1.3 s more); a run refused
-    # below ends it at once (runtime/zygote.py).
-    prepare_local_workers(inventory, hpp.devices(), model=hpp.model)
+    # The local workers' fork server, before any other torch work here: this process imports torch and
+    # forks it (the first torch computation must come after, runtime/zygote.py ForkedZygote); called
+    # as a library, a fresh one imports torch beside the checks below, and a run refused ends it.
+    prepare_local_workers(inventory, hpp.devices(), model=hpp.model, fork_from_here=True)
     lineage = None
     if resume:
         hpp, prof, lineage = driver.plan_to_resume(checkpoint_dir, hpp, prof, plan, rejoin, view=TrainingView())

@@ -89,12 +89,14 @@ def default_threads(cluster: ClusterSpec, devices: list[str]) -> int:
 
 
 def prepare_local_workers(cluster: ClusterSpec, devices: Iterable[str], env: dict[str, str] | None = None, *,
-                          model: str | None = None) -> None:
+                          model: str | None = None, fork_from_here: bool = False) -> None:
     """Start the zygote now if any of `devices` is local, so that its imports overlap the
     launcher's own preparation (the initial weights) instead of following it; with the run's
-    `model`, the zygote also traces it (`models_to_warm`) for every worker it forks."""
+    `model`, the zygote also traces it (`models_to_warm`) for every worker it forks.
+    `fork_from_here`: the caller is a run command that has computed nothing with torch yet, so in the
+    CLI's process the zygote may be a fork of it (`zygote.ForkedZygote`: the imports made once)."""
     if _local_start() == "fork" and any(cluster.device(d).host is None for d in devices):
-        zygote(PRELOAD, _worker_env(env), models_to_warm(model))
+        zygote(PRELOAD, _worker_env(env), models_to_warm(model), fork_from_here=fork_from_here)
 
 
 def models_to_warm(model: str | None) -> list[str]:

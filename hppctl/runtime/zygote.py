@@ -245,9 +245,10 @@ class Zygote:
 
     START_TIMEOUT_S = 120.0
 
-    def __init__(self, preload: list[str], env: dict[str, str], warm: Sequence[str] = ()) -> None:
+    def __init__(self, preload: list[str], env: dict[str, str], warm: Sequence[str] = (), *,
+                 fork_from_here: bool = False) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        if may_fork_from_here(env):
+        if fork_from_here and may_fork_from_here(env):
             self.proc: "subprocess.Popen | ForkedZygote" = ForkedZygote(theirs, preload, warm)
         else:
             code = f"from hppctl.runtime.zygote import serve; serve({theirs.fileno()}, {preload!r}, {list(warm)!r})"
@@ -316,7 +317,7 @@ _LAUNCHER_PROCESS = False
 
 def this_process_is_a_launcher() -> None:
     """Said by the CLI's entry point (`python -m hppctl`, the `hppctl` script), never by a library
-    caller: the process is the command and nothing else, so its zygote may be a fork of it."""
+    caller: the process is one command and nothing else, so its zygote may be a fork of it."""
     global _LAUNCHER_PROCESS
     _LAUNCHER_PROCESS = True
 
@@ -325,7 +326,10 @@ def may_fork_from_here(env: dict[str, str]) -> bool:
     """Whether the zygote for `env` can be a fork of this process rather than a fresh interpreter:
     only in the CLI's own process, on its main thread with no other Python thread (a fork keeps only
     the forking thread, and a lock another thread held would stay held), and for the environment this
-    process started torch with (a fork keeps what torch read at its import)."""
+    process started torch with (a fork keeps what torch read at its import). The caller vouches for
+    the rest (`fork_from_here`): that this process has computed nothing with torch yet, since a fork
+    made after torch's OpenMP threads ran hangs in its first parallel region (libgomp; seen here: a
+    child of such a parent never finished a 2-thread `relu`)."""
     return (_LAUNCHER_PROCESS and threading.current_thread() is threading.main_thread()
             and threading.active_count() == 1 and startup_env(env) == startup_env(dict(os.environ)))
 
@@ -335,10 +339,12 @@ class ForkedZygote:
 
     Why: the launcher imports torch and torch._dynamo and traces the model for its own checks anyway;
     a zygote started as a fresh interpreter did all of it again (~3.6 s of CPU on the 2-core VM of
-    2026-11-27, a third of a small run's CPU). The fork happens before the launcher loads data, builds
-    weights or imports a user's module (prepare_local_workers runs first), on its main thread, so the
-    zygote holds what a fresh one would: torch's imports, made on the thread whose id stays alive while
-    the launcher lives (MKL's thread-id record: see _preload_unless_the_launcher_leaves).
+    2026-11-27, a third of a small run's CPU). Only the run commands ask for it (`hppctl run`, `psl run`,
+    Galaxy's `run`: `launch.prepare_local_workers(fork_from_here=True)`), as the first thing they do with
+    torch: before the launcher loads data, builds weights or imports a user's module, so the zygote
+    holds what a fresh one would: torch's imports, made on the thread whose id stays alive while the
+    launcher lives (MKL's thread-id record: see _preload_unless_the_launcher_leaves), and no OpenMP
+    threads that ran.
 
     The child keeps nothing else of the launcher: a session of its own, stdin from /dev/null, every
     descriptor but its socket and stdout/stderr closed (the launcher's end of the socket among them:
@@ -401,7 +407,8 @@ def startup_env(env: dict[str, str]) -> frozenset:
     return frozenset((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME_ENV) and k not in SET_BY_TORCH)
 
 
-def zygote(preload: list[str], env: dict[str, str], warm: Sequence[str] = ()) -> Zygote | None:
+def zygote(preload: list[str], env: dict[str, str], warm: Sequence[str] = (), *,
+           fork_from_here: bool = False) -> Zygote | None:
     """The zygote for workers with environment `env`, started (again) if it is not running: one per
     start-up environment (a forked worker keeps what its zygote read when torch started, such as the
     thread count from OMP_NUM_THREADS). None past MAX_ZYGOTES environments: start with exec. `warm`
@@ -412,5 +419,5 @@ def zygote(preload: list[str], env: dict[str, str], warm: Sequence[str] = ()) ->
         if found is None or not found.alive():
             if found is None and len(_ZYGOTES) >= MAX_ZYGOTES:
                 return None
-            found = _ZYGOTES[key] = Zygote(preload, env, warm)
+            found = _ZYGOTES[key] = Zygote(preload, env, warm, fork_from_here=fork_from_here)
         return found

@@ -255,8 +255,9 @@ def _zombie(pid: int) -> bool:
 
 
 def test_the_zygote_is_forked_from_here_only_by_the_cli_on_its_only_thread_with_its_own_environment(monkeypatch):
-    """A library caller's process (a test, a user's script) may hold threads, locks and modules a fork
-    would copy half-made: its zygote is a fresh interpreter, as is one for another start-up environment."""
+    """A library caller's process (a test, a user's script) may hold threads, locks, modules and used
+    OpenMP threads a fork would copy half-made: its zygote is a fresh interpreter, as is one for another
+    start-up environment, one started from a thread, and one a run command did not ask for."""
     import threading
 
     from hppctl.runtime import zygote
@@ -281,3 +282,4 @@ def test_the_zygote_is_forked_from_here_only_by_the_cli_on_its_only_thread_with_
     helper.start()
     helper.join()
     assert seen == [False]
+

@@ -385,6 +385,10 @@ def _serve_as_fork(fd: int) -> None:
     gc.freeze()
     try:
         os.setsid()
+        # a fresh interpreter's handlers, whatever the launcher set (its workers are forked from here)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_DFL)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)

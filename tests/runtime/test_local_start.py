@@ -208,19 +208,12 @@ def test_the_cli_forks_its_zygote_from_itself_and_the_zygote_keeps_none_of_its_d
     of the launcher's descriptors but its socket and output (a held lock or log file, or the launcher's
     end of the socket, whose EOF is how the zygote learns the launcher died), run in a session of its
     own, and end with the launcher and its workers."""
-    from hppctl.store import save
     from tests.recovery.factories import children
-    from tests.runtime.factories import local_cluster, make_plan
+    from tests.runtime.factories import start_endless_two_device_run
     from tests.runtime.test_schedule_matrix import reported_round, wait_for
 
-    save(tmp_path / "plan.yaml", make_plan("tiny-mlp", [((0, 2), ["a"], [4]), ((2, 5), ["b"], [4])],
-                                           global_batch=8, micro_batch=4))
-    save(tmp_path / "cluster.yaml", local_cluster("a", "b"))
-    metrics = tmp_path / "m.jsonl"
-    launcher = subprocess.Popen([sys.executable, "-m", "hppctl", "run", "--plan", tmp_path / "plan.yaml", "--cluster",
-                                 tmp_path / "cluster.yaml", "--dataset", "digits", "--rounds", "100000", "--threads",
-                                 "1", "--metrics", metrics, "--checkpoint-dir", tmp_path / "ck", "--log",
-                                 tmp_path / "log.txt"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    launcher, metrics = start_endless_two_device_run(tmp_path, "--checkpoint-dir", tmp_path / "ck", "--log",
+                                                     tmp_path / "log.txt")
     try:
         wait_for(lambda: reported_round(metrics) >= 1, launcher, "round 1")
         zygotes = [pid for pid in children(launcher.pid) if children(pid)]

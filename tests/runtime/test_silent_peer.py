@@ -11,26 +11,17 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 
 import pytest
 
-from hppctl.store import save
-from tests.runtime.factories import local_cluster, make_plan
+from tests.runtime.factories import start_endless_two_device_run
 from tests.runtime.test_schedule_matrix import local_workers, reported_round, wait_for
 
 pytestmark = [pytest.mark.gloo, pytest.mark.timeout(300)]
 
 
 def test_a_device_that_stops_answering_is_named_by_the_worker_that_waited_for_it(tmp_path):
-    save(tmp_path / "plan.yaml", make_plan("tiny-mlp", [((0, 2), ["a"], [4]), ((2, 5), ["b"], [4])],
-                                           global_batch=8, micro_batch=4))
-    save(tmp_path / "cluster.yaml", local_cluster("a", "b"))
-    metrics = tmp_path / "m.jsonl"
-    launcher = subprocess.Popen([sys.executable, "-m", "hppctl", "run", "--plan", tmp_path / "plan.yaml", "--cluster",
-                                 tmp_path / "cluster.yaml", "--dataset", "digits", "--rounds", "100000", "--threads",
-                                 "1", "--timeout", "6", "--metrics", metrics],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    launcher, metrics = start_endless_two_device_run(tmp_path, "--timeout", 6, stderr=subprocess.PIPE)
     try:
         wait_for(lambda: reported_round(metrics) >= 1, launcher, "round 1")
         first, _ = local_workers(launcher.pid)  # started in the plan's order: a, then b

@@ -248,8 +248,9 @@ class Zygote:
     def __init__(self, preload: list[str], env: dict[str, str], warm: Sequence[str] = (), *,
                  fork_from_here: bool = False) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        if fork_from_here and may_fork_from_here(env):
-            self.proc: "subprocess.Popen | ForkedZygote" = ForkedZygote(theirs, preload, warm)
+        forked = ForkedZygote.start(theirs, preload, warm) if fork_from_here and may_fork_from_here(env) else None
+        if forked is not None:
+            self.proc: "subprocess.Popen | ForkedZygote" = forked
         else:
             code = f"from hppctl.runtime.zygote import serve; serve({theirs.fileno()}, {preload!r}, {list(warm)!r})"
             # No PR_SET_PDEATHSIG here: it fires when the *thread* that started the zygote ends, and a
@@ -352,12 +353,21 @@ class ForkedZygote:
     launcher object it inherited is ever finalized there (one would close a descriptor number the
     zygote has since reused)."""
 
-    def __init__(self, theirs: socket.socket, preload: Sequence[str], warm: Sequence[str]) -> None:
+    def __init__(self, pid: int) -> None:
+        self.pid, self.returncode = pid, None
+
+    @classmethod
+    def start(cls, theirs: socket.socket, preload: Sequence[str], warm: Sequence[str]) -> "ForkedZygote | None":
+        """Do the imports here and fork the zygote serving `theirs`; None if the fork fails (no
+        memory or process slot for it now: the caller starts a fresh interpreter instead, or fails there)."""
         preload_and_warm(preload, warm)
-        self.pid = os.fork()
-        if self.pid == 0:
+        try:
+            pid = os.fork()
+        except OSError:
+            return None
+        if pid == 0:
             _serve_as_fork(theirs.fileno())
-        self.returncode: int | None = None
+        return cls(pid)
 
     def poll(self) -> int | None:
         return self._reap(os.WNOHANG)
@@ -393,7 +403,7 @@ def _serve_as_fork(fd: int) -> None:
         os.dup2(null, 0)
         os.close(null)
         os.closerange(3, fd)
-        os.closerange(fd + 1, 1 << 20)
+        os.closerange(fd + 1, max(fd + 1, os.sysconf("SC_OPEN_MAX")))
         serve(fd, [], ())
     finally:
         os._exit(0)

@@ -83,7 +83,9 @@ hosts:
 def test_a_run_over_ssh_whose_store_address_goes_away_fails_with_one_line(tmp_path_factory, tmp_path):
     """The case first met (2026-11-27): a lab removed under a run whose store listened on its bridge.
     The launcher's store calls are cut, and stopping the SSH workers asks the store nothing more (it
-    printed torch's 50-line C++ trace per worker while looking up their pids)."""
+    printed torch's 50-line C++ trace per worker while looking up their pids). The workers, which can
+    no longer be stopped from here, end by themselves once their store connection has been silent for
+    `bootstrap.STORE_SILENCE_S` (before, they trained on: both still ran 90 s after the launcher)."""
     from hppctl.lab.network import sh
     from tests.lab.conftest import built_lab, checkout_cluster
     from tests.runtime.factories import make_plan

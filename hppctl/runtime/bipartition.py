@@ -36,7 +36,7 @@ from torch.func import functional_call
 
 from hppctl.models.schedule import Action
 from hppctl.runtime.accelerator import to_wire
-from hppctl.runtime.executor import Executor, _Pending
+from hppctl.runtime.executor import Executor, _Pending, receive_from
 from hppctl.runtime.reducer import unflatten_into
 from hppctl.runtime.stage import TensorSpec, assign_by_name, backward_into, cut_specs, host_copy, input_grads, join
 
@@ -282,7 +282,8 @@ class BiExecutor(Executor):
             return
         flat = torch.empty(sum(w.numel() for w in weights), dtype=weights[0].dtype)
         begin = time.perf_counter()
-        self.comm.irecv(flat, a.peer, WEIGHTS_TAG).wait()  # the next round's forwards need them
+        # the next round's forwards need them
+        receive_from(a.peer, "weights", [self.comm.irecv(flat, a.peer, WEIGHTS_TAG)])
         self.stats.wait_s += time.perf_counter() - begin
         unflatten_into(flat, weights)
 

@@ -125,14 +125,14 @@ class _Pending:
     posted: float
 
 
-def _receive_from(pending: _Pending, what: str) -> None:
-    """Wait for a posted receive. Its failure names the sender: a timeout or a reset here means that
-    device (its process, host or link) stopped answering, and gloo's own words name neither device."""
+def receive_from(peer: str, what: str, works: list[Work]) -> None:
+    """Wait for receives posted to `peer`. Their failure names the sender: a timeout or a reset here
+    means that device (its process, host or link) stopped answering, and gloo's words name neither."""
     try:
-        for w in pending.works:
+        for w in works:
             w.wait()
     except RuntimeError as e:
-        raise RuntimeError(f"receiving {what} from {pending.peer}: {e}") from e
+        raise RuntimeError(f"receiving {what} from {peer}: {e}") from e
 
 
 PREPOSTED = frozenset({"RA", "RG"})
@@ -398,7 +398,7 @@ class Executor:
             raise ExecutionError(f"{self.device}: {a} found {what} for {covered}, needs [{self.lo}:{self.hi})")
         begin = time.perf_counter()
         for p in pending:
-            _receive_from(p, what)
+            receive_from(p.peer, what, p.works)
             done = time.perf_counter()
             self._span(f"{a.micro_batch}{'A' if what == 'activations' else 'G'}[{p.first}:{p.first + p.samples}]",
                        what, f"{p.peer}->{self.device}", p.posted, done, {"micro_batch": a.micro_batch})

@@ -247,32 +247,28 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-def test_the_zygote_is_forked_from_here_only_by_the_cli_on_its_only_thread_with_its_own_environment(monkeypatch):
+def test_the_zygote_is_forked_from_here_only_by_the_cli_on_its_only_thread_with_its_own_environment():
     """A library caller's process (a test, a user's script) may hold threads, locks, modules and used
     OpenMP threads a fork would copy half-made: its zygote is a fresh interpreter, as is one for another
-    start-up environment, one started from a thread, and one a run command did not ask for."""
-    import threading
-
-    from hppctl.runtime import zygote
-
-    env = dict(os.environ)
-    monkeypatch.setattr(zygote, "_LAUNCHER_PROCESS", False)
-    assert not zygote.may_fork_from_here(env)
-    monkeypatch.setattr(zygote, "_LAUNCHER_PROCESS", True)
-    if threading.active_count() == 1:  # pytest-timeout's thread method, or a plugin's, may run one
-        assert zygote.may_fork_from_here(env)
-    assert not zygote.may_fork_from_here({**env, "OMP_NUM_THREADS": str(int(env.get("OMP_NUM_THREADS", "1")) + 7)})
-    stop = threading.Event()
-    other = threading.Thread(target=stop.wait)
-    other.start()
-    try:
-        assert not zygote.may_fork_from_here(env)
-    finally:
-        stop.set()
-        other.join()
-    seen: list[bool] = []
-    helper = threading.Thread(target=lambda: seen.append(zygote.may_fork_from_here(env)))
-    helper.start()
-    helper.join()
-    assert seen == [False]
-
+    start-up environment, one started from a thread, and one a run command did not ask for. Asked in a
+    fresh interpreter: this test's own process (a pytest-xdist worker) runs threads of its own."""
+    probe = """
+import json, os, threading
+from hppctl.runtime import zygote
+env = dict(os.environ)
+seen = {"library": zygote.may_fork_from_here(env)}
+zygote.this_process_is_a_launcher()
+seen["cli"] = zygote.may_fork_from_here(env)
+seen["other environment"] = zygote.may_fork_from_here({**env, "OMP_NUM_THREADS": str(int(env.get("OMP_NUM_THREADS", "1")) + 7)})
+helper = threading.Thread(target=lambda: seen.update(thread=zygote.may_fork_from_here(env)))
+helper.start(); helper.join()
+stop = threading.Event()
+other = threading.Thread(target=stop.wait); other.start()
+seen["another thread running"] = zygote.may_fork_from_here(env)
+stop.set(); other.join()
+print(json.dumps(seen))
+"""
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"library": False, "cli": True, "other environment": False, "thread": False,
+                                       "another thread running": False}

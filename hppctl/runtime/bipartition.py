@@ -249,8 +249,7 @@ class BiExecutor(Executor):
         tensors = [to_wire(s.rows_of(v.detach(), a.start - self.lo, a.end - self.lo).contiguous(), s.dtype)
                    for v, s in zip(values, st.specs(st.b1))]
         for i, t in enumerate(tensors):
-            self._sends.append((self.comm.isend(t, a.peer, SPLIT_INPUT_TAG + a.micro_batch * 64 + i), t))
-            self.stats.bytes_sent += t.numel() * t.element_size()
+            self.post_send(t, a.peer, SPLIT_INPUT_TAG + a.micro_batch * 64 + i, "split-layer inputs")
 
     def _receive_split_input(self, a: Action) -> None:
         if (a.micro_batch, a.start) in self._split_posted:  # posted at the start of the round
@@ -273,8 +272,7 @@ class BiExecutor(Executor):
         if not weights:
             return
         flat = to_wire(torch.cat([w.detach().reshape(-1) for w in weights]))
-        self._sends.append((self.comm.isend(flat, a.peer, WEIGHTS_TAG), flat))
-        self.stats.bytes_sent += flat.numel() * flat.element_size()
+        self.post_send(flat, a.peer, WEIGHTS_TAG, "weights")
 
     def _receive_weights(self, a: Action) -> None:
         weights = self.bi.weights_between(*self._split_block(self.topo.stage_of[a.peer]))

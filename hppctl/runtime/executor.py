@@ -42,9 +42,9 @@ the forward and the loss in its autocast, scales the tail's loss and unscales be
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -125,14 +125,34 @@ class _Pending:
     posted: float
 
 
-def receive_from(peer: str, what: str, works: list[Work]) -> None:
-    """Wait for receives posted to `peer`. Their failure names the sender: a timeout or a reset here
-    means that device (its process, host or link) stopped answering, and gloo's words name neither."""
+@contextmanager
+def naming(doing: str) -> Iterator[None]:
+    """A communication failure inside says what was being done with whom ("receiving activations
+    from a"): a timeout or a reset there means that device (its process, host or link) stopped
+    answering, and gloo's words name no peer — the waiting device alone would be blamed.
+    hppctl's own failures (the fault-tolerant worker's PeerLost, Interrupted) pass unchanged."""
     try:
+        yield
+    except RuntimeError as e:
+        raise RuntimeError(f"{doing}: {e}") from e
+
+
+def receive_from(peer: str, what: str, works: list[Work]) -> None:
+    """Wait for receives posted to `peer`; their failure names the sender."""
+    with naming(f"receiving {what} from {peer}"):
         for w in works:
             w.wait()
-    except RuntimeError as e:
-        raise RuntimeError(f"receiving {what} from {peer}: {e}") from e
+
+
+@dataclass
+class Outgoing:
+    """A posted send, kept until it completes: its tensor must live that long, and a failure of
+    its wait names the receiver."""
+
+    work: Work
+    tensor: torch.Tensor
+    peer: str
+    what: str
 
 
 PREPOSTED = frozenset({"RA", "RG"})
@@ -214,7 +234,7 @@ class Executor:
         self._deferred: dict[int, DeferredWeights] = {}
         self._recv_act: dict[int, list[_Pending]] = {}
         self._recv_grad: dict[int, list[_Pending]] = {}
-        self._sends: list[tuple[Work, torch.Tensor]] = []
+        self._sends: list[Outgoing] = []
         self._post_receives()
         backwards = 0
         for position, action in enumerate(self.actions):
@@ -369,10 +389,15 @@ class Executor:
         self._send(a, tensors, GRADIENTS)
 
     def _send(self, a: Action, tensors: list[torch.Tensor], channel: int) -> None:
+        what = "activations" if channel == ACTIVATIONS else "gradients"
         for i, t in enumerate(tensors):
-            self._sends.append((self.comm.isend(t, a.peer, tag(a.micro_batch, channel, i)), t))
-            self.stats.bytes_sent += t.numel() * t.element_size()
-        self._sends = [(w, t) for w, t in self._sends if not w.is_completed()]
+            self.post_send(t, a.peer, tag(a.micro_batch, channel, i), what)
+        self._sends = [s for s in self._sends if not s.work.is_completed()]
+
+    def post_send(self, tensor: torch.Tensor, peer: str, message_tag: int, what: str) -> None:
+        """Start sending `tensor` to `peer`; `_wait_sends` (at `AR`, `STEP` and the round's end) waits for it."""
+        self._sends.append(Outgoing(self.comm.isend(tensor, peer, message_tag), tensor, peer, what))
+        self.stats.bytes_sent += tensor.numel() * tensor.element_size()
 
     def _receive_activations(self, a: Action) -> None:
         specs = self.stage.inputs
@@ -411,8 +436,9 @@ class Executor:
     # --- group ----------------------------------------------------------------------------------
     def _wait_sends(self) -> None:
         begin = time.perf_counter()
-        for w, _ in self._sends:
-            w.wait()
+        for s in self._sends:
+            with naming(f"sending {s.what} to {s.peer}"):  # gloo sends once the receiver is ready for it
+                s.work.wait()
         self._sends = []
         self.stats.wait_s += time.perf_counter() - begin
 
@@ -420,8 +446,11 @@ class Executor:
         """The exposed part of the AllReduce: what the last backward's buckets left to wait for."""
         self._wait_sends()
         begin = time.perf_counter()
-        buckets = self.reducer.finish()
-        self._average_buffers()
+        stage = self.topo.stage_of[self.device]
+        others = ", ".join(d for d in self.topo.groups[stage] if d != self.device)
+        with naming(f"all-reducing stage {stage}'s gradients with {others}"):  # any of them may be the silent one
+            buckets = self.reducer.finish()
+            self._average_buffers()
         now = time.perf_counter()
         self.stats.allreduce_s += now - begin
         self._span(str(a), "allreduce", self.device, begin, now, {"buckets": len(buckets)})

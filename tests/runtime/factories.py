@@ -29,17 +29,18 @@ def local_cluster(*names: str) -> ClusterSpec:
     return ClusterSpec(name="local", devices=[DeviceSpec(name=n, local=True) for n in names])
 
 
-def start_endless_two_device_run(where, *flags, stderr=None):
-    """`python -m hppctl run` of tiny-mlp on two local devices (a: layers 0-2, b: 2-5) for 100000
-    rounds of digits, one thread each, `--metrics` to `where/m.jsonl`: a run to disturb while it
-    trains. Returns (the launcher process, the metrics path); stdout is discarded, stderr as given."""
+def start_endless_two_device_run(where, *flags, stderr=None, replicated=False):
+    """`python -m hppctl run` of tiny-mlp on two local devices (a: layers 0-2, b: 2-5; `replicated`:
+    one stage of every layer on both, two samples each) for 100000 rounds of digits, one thread
+    each, `--metrics` to `where/m.jsonl`: a run to disturb while it trains. Returns (the launcher
+    process, the metrics path); stdout is discarded, stderr as given."""
     import subprocess
     import sys
 
     from hppctl.store import save
 
-    save(where / "plan.yaml", make_plan("tiny-mlp", [((0, 2), ["a"], [4]), ((2, 5), ["b"], [4])],
-                                        global_batch=8, micro_batch=4))
+    stages = [((0, 5), ["a", "b"], [2, 2])] if replicated else [((0, 2), ["a"], [4]), ((2, 5), ["b"], [4])]
+    save(where / "plan.yaml", make_plan("tiny-mlp", stages, global_batch=8, micro_batch=4))
     save(where / "cluster.yaml", local_cluster("a", "b"))
     metrics = where / "m.jsonl"
     launcher = subprocess.Popen([sys.executable, "-m", "hppctl", "run", "--plan", where / "plan.yaml", "--cluster",

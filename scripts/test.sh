@@ -30,7 +30,7 @@ parallel=0
 python3 -m pytest -q -n 2 -m "not serial" "$@" || parallel=$?
 
 serial=0
-python3 -m pytest -q -n 3 --dist loadgroup --no-loadscope-reorder -m "serial and not alone" "$@" || serial=$?
+python3 -m pytest -q -n 2 --dist loadgroup -m "serial and not alone" "$@" || serial=$?
 
 alone=0
 python3 -m pytest -q -m alone "$@" || alone=$?

@@ -38,13 +38,12 @@ PARALLEL_SAFE_DIRS = frozenset({"bipartition", "cli", "coordinator", "fuzz", "ga
 """Test folders whose unmarked tests only compute (plans, schedules, files, the CLI's refusals): scripts/test.sh
 runs them on two pytest-xdist workers. Every other test is `serial`: gloo and lab tests, and the folders whose
 tests start workers, time heartbeats or probes, or read CPU quotas (runtime, recovery, profiling, lab, docs): they
-run one at a time on each of three pytest-xdist workers (`--dist loadgroup`, groups from `serial_group`, the lab
-group first: `handed_out_in_order`), or alone."""
+run one at a time on each of two pytest-xdist workers (`--dist loadgroup`, groups from `serial_group`), or alone."""
 
 LAB_GROUP = "lab"
 """The xdist group of every `lab` test: they all run on one worker, one after another, never two at once (their
 labs would compete for subnets and for the machine's home directory, which the hosts share). A lab's hosts run
-under CPU quotas of 0.2-1 core, so a lab test leaves most of the machine to the tests on the other workers. Tests
+under CPU quotas of 0.2-1 core, so a lab test leaves most of the machine to the test on the other worker. Tests
 that read CPU quotas or compare speeds under them are marked `alone` in their files and run last, with nothing
 beside them."""
 
@@ -55,30 +54,6 @@ def pytest_collection_modifyitems(config, items):
         if not parallel_safe(item):
             item.add_marker(pytest.mark.serial)
             item.add_marker(pytest.mark.xdist_group(serial_group(item)))
-    if config.getoption("dist", "no") == "loadgroup":
-        items[:] = handed_out_in_order(items)
-
-
-def handed_out_in_order(items: list) -> list:
-    """The order in which `--dist loadgroup --no-loadscope-reorder` hands groups to workers: the lab group
-    first, so that its worker runs the lab tier from the start while the others take everything else (the
-    tier is ~450 s of mostly idle machine: its hosts run under CPU quotas); then the groups that hold a
-    `slow` test, so that no long test is left to start last; then the larger groups first (what
-    pytest-xdist's own reordering does). Stable: a group's tests keep their order."""
-    groups: dict[str, list] = {}
-    for item in items:
-        groups.setdefault(group_of(item), []).append(item)
-
-    def rank(group: list) -> tuple:
-        first = group[0]
-        return (group_of(first) != LAB_GROUP, not any(i.get_closest_marker("slow") for i in group), -len(group))
-
-    return [item for group in sorted(groups.values(), key=rank) for item in group]
-
-
-def group_of(item) -> str:
-    marker = item.get_closest_marker("xdist_group")
-    return marker.args[0] if marker and marker.args else item.nodeid.split("::")[0]
 
 
 def pytest_collection_finish(session):

@@ -198,23 +198,39 @@ def connect(address: str, port: int, timeout_s: float) -> socket.socket:
             time.sleep(0.05)
 
 
+SILENT_S = 0.5
+"""A sender from which nothing came for this long before the deadline went silent; one heard from more
+recently was still sending (the read that spans the deadline times out either way: its timeout is the
+time left, and it may have begun between two of a sender's bursts, or while the machine paused it)."""
+
+
 def receive(conn: socket.socket, deadline: float) -> dict[str, Any]:
     """Read until the sender shuts its side: the `recv` record (closing tells the sender all arrived).
     A sender still sending, or silent, at `deadline` (monotonic) is a LinkFailure."""
     total, readings = 0, Readings()
+    heard = time.monotonic()
     while True:
         conn.settimeout(time_left(deadline, f"the sender was still sending ({total} bytes so far)"))
         try:
             data = conn.recv(CHUNK)
         except TimeoutError:
-            raise LinkFailure(f"the sender went silent without closing ({total} bytes so far)") from None
+            raise deadline_failure(total, time.monotonic() - heard) from None
         if not data:
             break
+        heard = time.monotonic()
         total += len(data)
         readings.add(time.perf_counter(), total)
     points = readings.points()
     seconds = points[-1][0] - points[0][0] if points else 0.0
     return {"type": "recv", "bytes": total, "seconds": seconds, "bytes_per_s": steady_rate(points)}
+
+
+def deadline_failure(total: int, quiet_s: float) -> LinkFailure:
+    """What a receive that reached the deadline says: silent or still sending (SILENT_S)."""
+    if quiet_s >= SILENT_S:
+        return LinkFailure(f"the sender went silent without closing ({total} bytes so far, nothing for the last "
+                           f"{quiet_s:.1f} s)")
+    return LinkFailure(f"the sender was still sending ({total} bytes so far) at the step's deadline; closed")
 
 
 def steady_rate(readings: list[tuple[float, int]], ramp: float = 0.1) -> float:

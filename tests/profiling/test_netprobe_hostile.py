@@ -111,6 +111,38 @@ def test_a_prober_streaming_past_the_deadline_ends_the_step_with_bounded_reading
     assert 0 < spy.most <= 65  # the kept readings plus the latest one
 
 
+@pytest.mark.parametrize("pause_s, said", [(0.3, "still sending"), (None, "went silent")])
+def test_a_sender_at_the_deadline_is_called_silent_only_when_it_was(pause_s, said):
+    """A sender that sends a burst every 0.3 s past the deadline was called silent: the receive that
+    spans the deadline (its timeout is the time left) always waits between two bursts. Seen under
+    load in the suite with the continuous streamer above, whose thread the machine had paused.
+    One that sends once and then nothing is silent."""
+    port = free_port()
+    served, errors, thread = serve(port=port, seconds=0.1, timeout_s=1)
+    conn = connect_from("127.0.0.1", port)
+    conn.sendall(TOKEN.encode())
+    stop = threading.Event()
+
+    def bursts():
+        try:
+            while not stop.is_set():
+                conn.sendall(b"z" * 1000)
+                if pause_s is None:
+                    return
+                time.sleep(pause_s)
+        except OSError:
+            pass
+
+    sender = threading.Thread(target=bursts, daemon=True)
+    sender.start()
+    thread.join(20)
+    stop.set()
+    sender.join(10)
+    conn.close()
+    assert not thread.is_alive() and not served and len(errors) == 1, errors
+    assert said in str(errors[0]), errors[0]
+
+
 def test_echo_ends_after_the_round_trips_it_was_told_of():
     port = free_port()
     served, errors, thread = serve(port=port, count=5)

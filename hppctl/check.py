@@ -237,9 +237,13 @@ def check_training(cluster: ClusterSpec, timeout_s: float, threads: int) -> tupl
     """Train `check_plan(cluster)` through the runtime; (detail, per-round losses); StepFailed when a
     worker fails or the loss does not fall."""
     from hppctl.runtime.config import TrainOptions
+    from hppctl.runtime.launch import prepare_local_workers
     from hppctl.runtime.preflight import preflight
     from hppctl.runtime.session import RunRequest, Session
 
+    # The local workers' fork server first, as `hppctl run` starts it: nothing before has computed with
+    # torch (step 1 only imports it), so from the CLI it is a fork of this process (runtime/zygote.py).
+    prepare_local_workers(cluster, [d.name for d in cluster.devices], model=MODEL, fork_from_here=True)
     plan = check_plan(cluster)
     preflight(plan, cluster, DATASET)
     options = TrainOptions(dataset=DATASET, seed=0, rounds=ROUNDS, optimizer=OPTIMIZER, lr=LR, threads=threads,

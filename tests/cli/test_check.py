@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -46,9 +47,23 @@ def write_cluster(tmp_path: Path, devices: str) -> Path:
 @pytest.mark.gloo
 def test_local_workers_pass_with_one_line_per_step_exit_0_and_one_json_document():
     """One run (the slow part of this file): the step lines (on stderr with --json, on stdout
-    otherwise: the failures below) and the document."""
-    done = hppctl("check", "--json", "--timeout", "60")
+    otherwise: the failures below) and the document; and its workers' zygote, a fork of the check's own
+    process as `hppctl run`'s is (tests/runtime/test_local_start.py), not a second interpreter that
+    imports torch again."""
+    check = subprocess.Popen([sys.executable, "-m", "hppctl", "check", "--json", "--timeout", "60"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        zygote, own = zygote_command_line(check)
+        out, err = check.communicate(timeout=180)
+    finally:
+        if check.poll() is None:
+            check.kill()
+            check.wait()
+    done = subprocess.CompletedProcess(check.args, check.returncode, out, err)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert zygote is not None, "the check ended before its workers' zygote was seen"
+    assert zygote == own, (zygote, own)  # a fresh zygote runs `-c <hppctl.runtime.zygote's code>`
     lines = done.stderr.splitlines()
     assert [line.split()[:2] for line in lines[:4]] == [["ok", "install"], ["ok", "cluster"], ["ok", "devices"],
                                                        ["ok", "train"]]
@@ -59,6 +74,24 @@ def test_local_workers_pass_with_one_line_per_step_exit_0_and_one_json_document(
     assert [s["name"] for s in doc["steps"]] == ["install", "cluster", "devices", "train"]
     assert all(s["ok"] and s["seconds"] >= 0 and s["exit_code"] == 0 for s in doc["steps"])
     assert doc["steps"][1]["detail"] == "3 local workers (no --cluster): 3 devices (3 local): check0, check1, check2"
+
+
+def zygote_command_line(process: subprocess.Popen) -> tuple[bytes | None, bytes | None]:
+    """(command line of the child of `process` that has children of its own — the zygote and its
+    forked workers —, `process`'s own command line), read together while it runs; (None, None) if
+    it ended first."""
+    from tests.recovery.factories import children
+
+    while process.poll() is None:
+        try:
+            own = Path(f"/proc/{process.pid}/cmdline").read_bytes()
+            for pid in children(process.pid):
+                if children(pid):
+                    return Path(f"/proc/{pid}/cmdline").read_bytes(), own
+        except OSError:  # a process ended between the listing and the read
+            pass
+        time.sleep(0.05)
+    return None, None
 
 
 # --- fail ------------------------------------------------------------------------------------------

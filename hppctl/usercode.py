@@ -48,9 +48,20 @@ def _put_first() -> None:
 
 
 def import_module(name: str):
-    """Import the user's module `name` with the workdir first on the path (exceptions propagate)."""
+    """Import the user's module `name` with the workdir first on the path (exceptions propagate).
+
+    No bytecode is written for what this imports: Python's cache keys on the source's mtime in whole
+    seconds and its size, so a module edited within the second after hppctl imported it, to the same
+    size (`channels=6` -> `channels=5`, by a script), ran from the old bytecode in the next command
+    while hppctl's fingerprint of the source said it had changed. A user's module is small; it is
+    compiled again each time."""
     _put_first()
-    return importlib.import_module(name)
+    writing = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.dont_write_bytecode = writing
 
 
 def module_of(spec: str) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
 import sys
 import tarfile
 
@@ -168,6 +169,31 @@ def test_the_workdir_comes_first_on_the_import_path(tmp_path, monkeypatch):
         assert usercode.import_module("wdfirst_mod").WHERE == "workdir"
     finally:
         sys.modules.pop("wdfirst_mod", None)
+
+
+def test_a_module_edited_in_the_second_after_hppctl_imported_it_runs_as_edited(tmp_path, monkeypatch):
+    """Python's bytecode cache keys on the source's mtime in whole seconds and its size: a module
+    hppctl imported, then edited within that second to the same size (`channels=6` -> `channels=5`),
+    ran from the old bytecode in the next command, while hppctl's fingerprint of the source said it
+    had changed (tests/zoo/test_user_model.py's edit test failed so once bytecode was written).
+    hppctl writes no bytecode for a user's modules."""
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)  # as for most users (not this machine's shell)
+    module = tmp_path / "edited_in_the_second.py"
+    module.write_text("CHANNELS = 6\n")
+    usercode.set_root(str(tmp_path))
+    try:
+        assert usercode.import_module("edited_in_the_second").CHANNELS == 6
+    finally:
+        sys.modules.pop("edited_in_the_second", None)
+    imported = module.stat()
+    module.write_text("CHANNELS = 5\n")
+    os.utime(module, ns=(imported.st_atime_ns, imported.st_mtime_ns))  # within the same second
+    code = ("import sys; from hppctl import usercode; usercode.set_root(sys.argv[1]); "
+            "print(usercode.import_module('edited_in_the_second').CHANNELS)")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.stdout.strip() == "5", done.stdout + done.stderr
 
 
 def test_user_modules_are_named_by_module_specs_only():

@@ -58,6 +58,7 @@ def demo_command(
 ) -> None:
     """Three local worker processes: profile them, plan with asteroid, train on digits, print plan, throughput and accuracy."""
     from hppctl.models.cluster import ClusterSpec, DeviceSpec
+    from hppctl.runtime.launch import prepare_local_workers
     from hppctl.store import save
 
     if profiler not in ("measured", "quick"):
@@ -82,6 +83,10 @@ def demo_command(
     save(where / "cluster.yaml", cluster)
     note(f"[1/4] cluster: {len(DEVICES)} local worker processes ({', '.join(DEVICES)}) -> {where / 'cluster.yaml'}")
 
+    # The workers' fork server before the profile computes with torch and before the progress log's
+    # thread starts: from the CLI it is then a fork of this process (runtime/zygote.py), not a second
+    # interpreter importing torch and tracing the model again.
+    prepare_local_workers(cluster, DEVICES, model=model, fork_from_here=True)
     threads = max(1, (os.cpu_count() or 1) // len(DEVICES))
     lines = progress_log(log_every)
     with lines or contextlib.nullcontext():

@@ -341,7 +341,8 @@ class ForkedZygote:
     Why: the launcher imports torch and torch._dynamo and traces the model for its own checks anyway;
     a zygote started as a fresh interpreter did all of it again (~3.6 s of CPU on the 2-core VM of
     2026-11-27, a third of a small run's CPU). Only the run commands ask for it (`hppctl run`, `psl run`,
-    Galaxy's `run`, and `hppctl check`'s training step: `launch.prepare_local_workers(fork_from_here=True)`), as the first thing they do with
+    Galaxy's `run`, `hppctl check`'s training step and `hppctl demo`: `launch.prepare_local_workers(fork_from_here=True)`),
+    as the first thing they do with
     torch: before the launcher loads data, builds weights or imports a user's module, so the zygote
     holds what a fresh one would: torch's imports, made on the thread whose id stays alive while the
     launcher lives (MKL's thread-id record: see _preload_unless_the_launcher_leaves), and no OpenMP

@@ -11,13 +11,13 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from hppctl.check import LEARNED_RATIO, ROUNDS, check_plan, judge_learning
 from hppctl.models.cluster import ClusterSpec, DeviceSpec
+from tests.runtime.factories import zygote_command_line
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,24 +74,6 @@ def test_local_workers_pass_with_one_line_per_step_exit_0_and_one_json_document(
     assert [s["name"] for s in doc["steps"]] == ["install", "cluster", "devices", "train"]
     assert all(s["ok"] and s["seconds"] >= 0 and s["exit_code"] == 0 for s in doc["steps"])
     assert doc["steps"][1]["detail"] == "3 local workers (no --cluster): 3 devices (3 local): check0, check1, check2"
-
-
-def zygote_command_line(process: subprocess.Popen) -> tuple[bytes | None, bytes | None]:
-    """(command line of the child of `process` that has children of its own — the zygote and its
-    forked workers —, `process`'s own command line), read together while it runs; (None, None) if
-    it ended first."""
-    from tests.recovery.factories import children
-
-    while process.poll() is None:
-        try:
-            own = Path(f"/proc/{process.pid}/cmdline").read_bytes()
-            for pid in children(process.pid):
-                if children(pid):
-                    return Path(f"/proc/{pid}/cmdline").read_bytes(), own
-        except OSError:  # a process ended between the listing and the read
-            pass
-        time.sleep(0.05)
-    return None, None
 
 
 # --- fail ------------------------------------------------------------------------------------------

@@ -49,3 +49,24 @@ def start_endless_two_device_run(where, *flags, stderr=None, replicated=False):
                                 stdout=subprocess.DEVNULL, stderr=stderr if stderr is not None else subprocess.DEVNULL,
                                 text=True)
     return launcher, metrics
+
+
+def zygote_command_line(process: subprocess.Popen) -> tuple[bytes | None, bytes | None]:
+    """(command line of the child of `process` that has children of its own — the zygote and its
+    forked workers —, `process`'s own command line), read together while it runs; (None, None) if
+    it ended first."""
+    import time
+    from pathlib import Path
+
+    from tests.recovery.factories import children
+
+    while process.poll() is None:
+        try:
+            own = Path(f"/proc/{process.pid}/cmdline").read_bytes()
+            for pid in children(process.pid):
+                if children(pid):
+                    return Path(f"/proc/{pid}/cmdline").read_bytes(), own
+        except OSError:  # a process ended between the listing and the read
+            pass
+        time.sleep(0.05)
+    return None, None

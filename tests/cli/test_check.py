@@ -17,7 +17,7 @@ import pytest
 
 from hppctl.check import LEARNED_RATIO, ROUNDS, check_plan, judge_learning
 from hppctl.models.cluster import ClusterSpec, DeviceSpec
-from tests.runtime.factories import zygote_command_line
+from tests.runtime.factories import hppctl_watching_its_zygote
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,20 +50,10 @@ def test_local_workers_pass_with_one_line_per_step_exit_0_and_one_json_document(
     otherwise: the failures below) and the document; and its workers' zygote, a fork of the check's own
     process as `hppctl run`'s is (tests/runtime/test_local_start.py), not a second interpreter that
     imports torch again."""
-    check = subprocess.Popen([sys.executable, "-m", "hppctl", "check", "--json", "--timeout", "60"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                             env={**os.environ, "PYTHONPATH": str(ROOT)})
-    try:
-        zygote, own = zygote_command_line(check)
-        out, err = check.communicate(timeout=180)
-    finally:
-        if check.poll() is None:
-            check.kill()
-            check.wait()
-    done = subprocess.CompletedProcess(check.args, check.returncode, out, err)
+    done, forked = hppctl_watching_its_zygote("check", "--json", "--timeout", "60", timeout=180, cwd=ROOT,
+                                              env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stdout + done.stderr
-    assert zygote is not None, "the check ended before its workers' zygote was seen"
-    assert zygote == own, (zygote, own)  # a fresh zygote runs `-c <hppctl.runtime.zygote's code>`
+    assert forked is True, (forked, done.stderr)
     lines = done.stderr.splitlines()
     assert [line.split()[:2] for line in lines[:4]] == [["ok", "install"], ["ok", "cluster"], ["ok", "devices"],
                                                        ["ok", "train"]]

@@ -51,6 +51,26 @@ def start_endless_two_device_run(where, *flags, stderr=None, replicated=False):
     return launcher, metrics
 
 
+def hppctl_watching_its_zygote(*argv, timeout: float, env: dict | None = None, cwd=None):
+    """`python -m hppctl *argv` to its end: (the CompletedProcess, whether the zygote of its local workers
+    was a fork of it). A fork keeps the command's own command line; a fresh zygote runs
+    `-c <hppctl.runtime.zygote's code>`. None when the command ended before its zygote was seen."""
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-m", "hppctl", *map(str, argv)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+    try:
+        zygote, own = zygote_command_line(process)
+        out, err = process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    forked = None if zygote is None else zygote == own
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err), forked
+
+
 def zygote_command_line(process: subprocess.Popen) -> tuple[bytes | None, bytes | None]:
     """(command line of the child of `process` that has children of its own — the zygote and its
     forked workers —, `process`'s own command line), read together while it runs; (None, None) if

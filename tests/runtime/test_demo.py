@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.runtime.factories import zygote_command_line
+from tests.runtime.factories import hppctl_watching_its_zygote
 
 pytestmark = [pytest.mark.gloo, pytest.mark.timeout(300)]
 
@@ -18,20 +16,13 @@ def test_demo_profiles_plans_trains_and_reports(tmp_path):
     learned nothing exited 0: CI could not use it as a smoke test). With --micro-batch auto the plan
     chooses the micro-batch on a profile measured up to the global batch (issue 28 item 2); the demo's
     default micro-batch runs in tests/zoo/test_user_model_run.py and tests/runtime/test_progress.py."""
-    demo = subprocess.Popen([sys.executable, "-m", "hppctl", "demo", "--model", "tiny-cnn", "--epochs", "1", "--profiler",
-                             "quick", "--micro-batch", "auto", "--out-dir", tmp_path, "--json", "--min-accuracy", "100"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        zygote, own = zygote_command_line(demo)
-        out, err = demo.communicate(timeout=280)
-    finally:
-        if demo.poll() is None:
-            demo.kill()
-            demo.wait()
-    code = demo.returncode
+    demo, forked = hppctl_watching_its_zygote("demo", "--model", "tiny-cnn", "--epochs", "1", "--profiler", "quick",
+                                              "--micro-batch", "auto", "--out-dir", tmp_path, "--json",
+                                              "--min-accuracy", "100", timeout=280)
+    code, out, err = demo.returncode, demo.stdout, demo.stderr
     # its workers' zygote is a fork of the demo's process, made before the profile computed anything
     # (a fresh one imports torch and traces the model again: runtime/zygote.py)
-    assert zygote is not None and zygote == own, (zygote, own, err)
+    assert forked is True, (forked, err)
     summary = json.loads(out)  # one document: the summary, not an error document after it
     assert summary["test_accuracy"] < 1.0
     assert code == 1 and err.strip().splitlines()[-1] == (

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from hppctl.errors import RuntimeFailure
-from hppctl.runtime.executor import ACTIVATIONS, GRADIENTS, tag
+from hppctl.runtime.executor import ACTIVATIONS, GRADIENTS, naming, tag
 from hppctl.runtime.stage import Stage, TensorSpec, backward_into, input_grads
 
 
@@ -52,9 +52,16 @@ def _send(tensors: list[torch.Tensor], peer: int, step: int, channel: int) -> li
     return [(dist.isend(t, peer, tag=tag(step, channel, i)), t) for i, t in enumerate(tensors)]
 
 
-def _wait(works) -> None:
-    for w in works:
-        w.wait()
+WHAT = {ACTIVATIONS: "activations", GRADIENTS: "gradients", "F": "activations", "B": "gradients"}
+"""What travels on a channel, or into a helper's task of that kind: the words of a failed wait."""
+
+
+def _wait(works, doing: str) -> None:
+    """Wait for `works`; a failure says what was being done with whom (executor.naming: a silent peer
+    is named by the device that waited for it)."""
+    with naming(doing):
+        for w in works:
+            w.wait()
 
 
 def _input_grads(values: list[torch.Tensor], specs: list[TensorSpec]) -> list[torch.Tensor]:
@@ -81,9 +88,10 @@ class ClientBatch:
 class Client:
     """Parts 1 and 3 of one client, its optimizer over both, and its samples."""
 
-    def __init__(self, part1: Stage, part3: Stage, optimizer, helper_rank: int, samples, data, batch: int) -> None:
+    def __init__(self, part1: Stage, part3: Stage, optimizer, helper: str, helper_rank: int, samples, data,
+                 batch: int) -> None:
         self.part1, self.part3, self.optimizer = part1, part3, optimizer
-        self.helper_rank, self.samples, self.data, self.batch = helper_rank, samples, data, batch
+        self.helper, self.helper_rank, self.samples, self.data, self.batch = helper, helper_rank, samples, data, batch
         self.grad_outputs = [s for s in part1.outputs if s.carries_grad]
         self.grad_inputs = [s for s in part3.inputs if s.carries_grad]
 
@@ -95,9 +103,9 @@ class Client:
         t0 = time.perf_counter()
         outputs = self.part1(x)
         sends = _send([o.detach().contiguous() for o in outputs], self.helper_rank, step, ACTIVATIONS)
-        _wait(w for w, _ in sends)
+        _wait((w for w, _ in sends), f"sending activations to {self.helper}")
         out.sent_s = time.perf_counter() - t0
-        _wait(acts_work)
+        _wait(acts_work, f"receiving activations from {self.helper}")
         out.activations_s = time.perf_counter() - t0
         for v, s in zip(acts, self.part3.inputs):
             v.requires_grad_(s.carries_grad)
@@ -105,9 +113,9 @@ class Client:
         loss = F.cross_entropy(logits, y)
         loss.backward()
         sends = _send(_input_grads(acts, self.part3.inputs), self.helper_rank, step, GRADIENTS)
-        _wait(w for w, _ in sends)
+        _wait((w for w, _ in sends), f"sending gradients to {self.helper}")
         out.gradients_sent_s = time.perf_counter() - t0
-        _wait(grads_work)
+        _wait(grads_work, f"receiving gradients from {self.helper}")
         out.gradients_s = time.perf_counter() - t0
         backward_into(outputs, self.part1.outputs, grads)
         self.optimizer.step()
@@ -138,7 +146,9 @@ class _Copy:
 class Arrivals:
     """Which posted receives have completed, as they complete: one waiter thread per task blocks in
     gloo's `wait()` (a gloo receive reports nothing to `is_completed()` before someone waits on it)
-    and then queues the task; `take` hands them to the helper's thread."""
+    and then queues the task, or the failure of its wait (naming the client); `take` hands them to
+    the helper's thread, raising a failure there. (A failure raised in the waiter thread itself was
+    printed as that thread's traceback, and the helper said only that no input came.)"""
 
     def __init__(self, received: dict, timeout_s: float) -> None:
         self._queue: queue.Queue = queue.Queue()
@@ -147,8 +157,12 @@ class Arrivals:
             threading.Thread(target=self._wait, args=(task, works), daemon=True).start()
 
     def _wait(self, task, works) -> None:
-        for w in works:
-            w.wait()
+        kind, client = task
+        try:
+            _wait(works, f"receiving {WHAT[kind]} from {client}")
+        except RuntimeError as e:
+            self._queue.put(e)
+            return
         self._queue.put(task)
 
     def take(self, block: bool) -> list[tuple[tuple[str, str], float]]:
@@ -164,8 +178,12 @@ class Arrivals:
             try:
                 out.append(self._queue.get_nowait())
             except queue.Empty:
-                now = time.perf_counter()
-                return [(task, now) for task in out]
+                break
+        for item in out:
+            if isinstance(item, BaseException):
+                raise item
+        now = time.perf_counter()
+        return [(task, now) for task in out]
 
 
 class Helper:
@@ -187,11 +205,13 @@ class Helper:
         self._t0 = time.perf_counter()
         if self.tails is None:
             for task in self.order:
-                _wait(self._received[task][1])
+                kind, client = task
+                _wait(self._received[task][1], f"receiving {WHAT[kind]} from {client}")
                 self._run(task, time.perf_counter())
         else:
             self._serve_largest_tail_first(Arrivals(self._received, self.timeout_s).take)
-        _wait(w for w, _ in self._sends)
+        for work, _, client, what in self._sends:
+            _wait([work], f"sending {what} to {client}")
         return self._out
 
     def _serve_largest_tail_first(self, take) -> None:
@@ -215,13 +235,15 @@ class Helper:
                 v.requires_grad_(s.carries_grad)
             outputs = copy.part2(*tensors)
             self._saved[client] = (tensors, outputs)
-            self._sends += _send([o.detach().contiguous() for o in outputs], copy.rank, step, ACTIVATIONS)
+            self._sends += [(w, t, client, "activations")
+                            for w, t in _send([o.detach().contiguous() for o in outputs], copy.rank, step, ACTIVATIONS)]
         else:
             values, outputs = self._saved.pop(client)
             backward_into(outputs, copy.part2.outputs, tensors)
-            self._sends += _send(_input_grads(values, copy.part2.inputs), copy.rank, step, GRADIENTS)
+            self._sends += [(w, t, client, "gradients")
+                            for w, t in _send(_input_grads(values, copy.part2.inputs), copy.rank, step, GRADIENTS)]
             copy.optimizer.step()
             copy.optimizer.zero_grad(set_to_none=True)
         t0 = self._t0
         self._out.tasks.append([kind, client, start - t0, time.perf_counter() - t0, min(ready, start) - t0])
-        self._sends = [(w, t) for w, t in self._sends if not w.is_completed()]
+        self._sends = [s for s in self._sends if not s[0].is_completed()]

@@ -71,8 +71,8 @@ class PslWorker:
         shard = shards(len(self.data.train), opts.shares or [1.0] * len(plan.clients), opts.train.seed)[index]
         samples = ClientSamples(shard, plan.batch, opts.train.seed, index)
         optimizer = make_optimizer(part1.parameters() + part3.parameters(), opts.train)
-        helper_rank = topo.rank(topo.helper_of[self.device])
-        client = Client(part1, part3, optimizer, helper_rank, samples, self.data.train, plan.batch)
+        helper = topo.helper_of[self.device]
+        client = Client(part1, part3, optimizer, helper, topo.rank(helper), samples, self.data.train, plan.batch)
         self.parts = {"part1": part1, "part3": part3}
         w = self.weights[self.device]
         return client, [(w, part1.module), (w, part3.module)]

@@ -59,6 +59,8 @@ from hppctl.runtime.stage import Stage, TensorSpec, join
 from hppctl.runtime.topology import Topology
 
 ACTIVATIONS, GRADIENTS = 0, 1
+CARRIES = {ACTIVATIONS: "activations", GRADIENTS: "gradients"}
+"""What a channel's messages are, in the words of a failed wait (`naming`)."""
 MAX_TENSORS_PER_CUT = 64
 
 
@@ -153,6 +155,13 @@ class Outgoing:
     tensor: torch.Tensor
     peer: str
     what: str
+
+
+def wait_sent(sends: Sequence[Outgoing]) -> None:
+    """Wait for `sends`; a failure names the receiver (gloo sends once the receiver is ready for it)."""
+    for s in sends:
+        with naming(f"sending {s.what} to {s.peer}"):
+            s.work.wait()
 
 
 PREPOSTED = frozenset({"RA", "RG"})
@@ -389,9 +398,8 @@ class Executor:
         self._send(a, tensors, GRADIENTS)
 
     def _send(self, a: Action, tensors: list[torch.Tensor], channel: int) -> None:
-        what = "activations" if channel == ACTIVATIONS else "gradients"
         for i, t in enumerate(tensors):
-            self.post_send(t, a.peer, tag(a.micro_batch, channel, i), what)
+            self.post_send(t, a.peer, tag(a.micro_batch, channel, i), CARRIES[channel])
         self._sends = [s for s in self._sends if not s.work.is_completed()]
 
     def post_send(self, tensor: torch.Tensor, peer: str, message_tag: int, what: str) -> None:
@@ -436,9 +444,7 @@ class Executor:
     # --- group ----------------------------------------------------------------------------------
     def _wait_sends(self) -> None:
         begin = time.perf_counter()
-        for s in self._sends:
-            with naming(f"sending {s.what} to {s.peer}"):  # gloo sends once the receiver is ready for it
-                s.work.wait()
+        wait_sent(self._sends)
         self._sends = []
         self.stats.wait_s += time.perf_counter() - begin
 

@@ -52,9 +52,14 @@ def die_with_parent() -> None:
 # --- the zygote process ---------------------------------------------------------------------------
 
 def serve(fd: int, preload: list[str], warm: Sequence[str] = ()) -> None:
-    """The zygote's main loop (`python -c "...serve(fd, preload, warm)"`)."""
+    """A fresh zygote's life (`python -c "...serve(fd, preload, warm)"`): the imports, then requests."""
     channel = socket.socket(fileno=fd)
     _preload_unless_the_launcher_leaves(channel, preload, warm)
+    _fork_on_request(channel)
+
+
+def _fork_on_request(channel: socket.socket) -> None:
+    """The zygote's main loop: fork a worker per request, report its pid and exit code; end with the launcher."""
     children: set[int] = set()
     while True:
         readable, _, _ = select.select([channel], [], [], 0.05)
@@ -340,10 +345,10 @@ class ForkedZygote:
 
     Why: the launcher imports torch and torch._dynamo and traces the model for its own checks anyway;
     a zygote started as a fresh interpreter did all of it again (~3.6 s of CPU on the 2-core VM of
-    2026-11-27, a third of a small run's CPU). Only the run commands ask for it (`hppctl run`, `psl run`,
-    Galaxy's `run`, `hppctl check`'s training step and `hppctl demo`: `launch.prepare_local_workers(fork_from_here=True)`),
-    as the first thing they do with
-    torch: before the launcher loads data, builds weights or imports a user's module, so the zygote
+    2026-11-27, a third of a small run's CPU). Only the commands that start local workers ask for it
+    (`hppctl run`, `psl run`, Galaxy's `run`, `hppctl check`'s training step and `hppctl demo`:
+    `launch.prepare_local_workers(fork_from_here=True)`), as the first thing they do with torch:
+    before the launcher loads data, builds weights or imports a user's module, so the zygote
     holds what a fresh one would: torch's imports, made on the thread whose id stays alive while the
     launcher lives (MKL's thread-id record: see _preload_unless_the_launcher_leaves), and no OpenMP
     threads that ran.
@@ -405,7 +410,7 @@ def _serve_as_fork(fd: int) -> None:
         os.close(null)
         os.closerange(3, fd)
         os.closerange(fd + 1, max(fd + 1, os.sysconf("SC_OPEN_MAX")))
-        serve(fd, [], ())
+        _fork_on_request(socket.socket(fileno=fd))  # the imports were made before the fork
     finally:
         os._exit(0)
 

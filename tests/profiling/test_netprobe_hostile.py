@@ -131,7 +131,7 @@ def test_a_sender_at_the_deadline_is_called_silent_only_when_it_was(pause_s, sai
                     return
                 time.sleep(pause_s)
         except OSError:
-            pass
+            pass  # the server closed at its deadline
 
     sender = threading.Thread(target=bursts, daemon=True)
     sender.start()

@@ -5,6 +5,7 @@ c0's activations, rank 1 the client c0, which never sends (a silent device). Ran
 from __future__ import annotations
 
 import datetime
+import os
 import sys
 import time
 
@@ -29,7 +30,6 @@ def main(rank: int, port: int) -> None:
     except Exception as e:  # noqa: BLE001 - the probe reports whatever came
         print(f"raised {e.__class__.__name__}: {str(e).splitlines()[0]}")
     sys.stdout.flush()
-    import os
     os._exit(0)  # the peer is still asleep: no teardown handshake
 
 

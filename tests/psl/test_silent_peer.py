@@ -6,12 +6,13 @@ real gloo processes on loopback (tests/psl/arrivals_probe.py)."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.hostile_peers import free_port
 
 pytestmark = [pytest.mark.gloo, pytest.mark.timeout(120)]
 
@@ -19,9 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_failed_wait_for_a_clients_input_names_the_client_and_prints_no_thread_traceback():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ranks = [subprocess.Popen([sys.executable, "-m", "tests.psl.arrivals_probe", str(rank), str(port)], cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
     try:

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from hppctl.errors import RuntimeFailure
-from hppctl.runtime.executor import ACTIVATIONS, GRADIENTS, naming, tag
+from hppctl.runtime.executor import ACTIVATIONS, CARRIES, GRADIENTS, Outgoing, receive_from, tag, wait_sent
 from hppctl.runtime.stage import Stage, TensorSpec, backward_into, input_grads
 
 
@@ -46,22 +46,15 @@ def _post_receives(specs: list[TensorSpec], batch: int, peer: int, step: int, ch
     return tensors, works
 
 
-def _send(tensors: list[torch.Tensor], peer: int, step: int, channel: int) -> list:
+def _send(tensors: list[torch.Tensor], peer: str, rank: int, step: int, channel: int) -> list[Outgoing]:
     import torch.distributed as dist
 
-    return [(dist.isend(t, peer, tag=tag(step, channel, i)), t) for i, t in enumerate(tensors)]
+    return [Outgoing(dist.isend(t, rank, tag=tag(step, channel, i)), t, peer, CARRIES[channel])
+            for i, t in enumerate(tensors)]
 
 
-WHAT = {ACTIVATIONS: "activations", GRADIENTS: "gradients", "F": "activations", "B": "gradients"}
-"""What travels on a channel, or into a helper's task of that kind: the words of a failed wait."""
-
-
-def _wait(works, doing: str) -> None:
-    """Wait for `works`; a failure says what was being done with whom (executor.naming: a silent peer
-    is named by the device that waited for it)."""
-    with naming(doing):
-        for w in works:
-            w.wait()
+TASK_INPUT = {"F": CARRIES[ACTIVATIONS], "B": CARRIES[GRADIENTS]}
+"""What a helper's task of each kind waits for from its client."""
 
 
 def _input_grads(values: list[torch.Tensor], specs: list[TensorSpec]) -> list[torch.Tensor]:
@@ -102,20 +95,18 @@ class Client:
         out = ClientBatch(step)
         t0 = time.perf_counter()
         outputs = self.part1(x)
-        sends = _send([o.detach().contiguous() for o in outputs], self.helper_rank, step, ACTIVATIONS)
-        _wait((w for w, _ in sends), f"sending activations to {self.helper}")
+        wait_sent(_send([o.detach().contiguous() for o in outputs], self.helper, self.helper_rank, step, ACTIVATIONS))
         out.sent_s = time.perf_counter() - t0
-        _wait(acts_work, f"receiving activations from {self.helper}")
+        receive_from(self.helper, CARRIES[ACTIVATIONS], acts_work)
         out.activations_s = time.perf_counter() - t0
         for v, s in zip(acts, self.part3.inputs):
             v.requires_grad_(s.carries_grad)
         logits = self.part3(*acts)[0]
         loss = F.cross_entropy(logits, y)
         loss.backward()
-        sends = _send(_input_grads(acts, self.part3.inputs), self.helper_rank, step, GRADIENTS)
-        _wait((w for w, _ in sends), f"sending gradients to {self.helper}")
+        wait_sent(_send(_input_grads(acts, self.part3.inputs), self.helper, self.helper_rank, step, GRADIENTS))
         out.gradients_sent_s = time.perf_counter() - t0
-        _wait(grads_work, f"receiving gradients from {self.helper}")
+        receive_from(self.helper, CARRIES[GRADIENTS], grads_work)
         out.gradients_s = time.perf_counter() - t0
         backward_into(outputs, self.part1.outputs, grads)
         self.optimizer.step()
@@ -159,7 +150,7 @@ class Arrivals:
     def _wait(self, task, works) -> None:
         kind, client = task
         try:
-            _wait(works, f"receiving {WHAT[kind]} from {client}")
+            receive_from(client, TASK_INPUT[kind], works)
         except RuntimeError as e:
             self._queue.put(e)
             return
@@ -206,12 +197,11 @@ class Helper:
         if self.tails is None:
             for task in self.order:
                 kind, client = task
-                _wait(self._received[task][1], f"receiving {WHAT[kind]} from {client}")
+                receive_from(client, TASK_INPUT[kind], self._received[task][1])
                 self._run(task, time.perf_counter())
         else:
             self._serve_largest_tail_first(Arrivals(self._received, self.timeout_s).take)
-        for work, _, client, what in self._sends:
-            _wait([work], f"sending {what} to {client}")
+        wait_sent(self._sends)
         return self._out
 
     def _serve_largest_tail_first(self, take) -> None:
@@ -235,15 +225,13 @@ class Helper:
                 v.requires_grad_(s.carries_grad)
             outputs = copy.part2(*tensors)
             self._saved[client] = (tensors, outputs)
-            self._sends += [(w, t, client, "activations")
-                            for w, t in _send([o.detach().contiguous() for o in outputs], copy.rank, step, ACTIVATIONS)]
+            self._sends += _send([o.detach().contiguous() for o in outputs], client, copy.rank, step, ACTIVATIONS)
         else:
             values, outputs = self._saved.pop(client)
             backward_into(outputs, copy.part2.outputs, tensors)
-            self._sends += [(w, t, client, "gradients")
-                            for w, t in _send(_input_grads(values, copy.part2.inputs), copy.rank, step, GRADIENTS)]
+            self._sends += _send(_input_grads(values, copy.part2.inputs), client, copy.rank, step, GRADIENTS)
             copy.optimizer.step()
             copy.optimizer.zero_grad(set_to_none=True)
         t0 = self._t0
         self._out.tasks.append([kind, client, start - t0, time.perf_counter() - t0, min(ready, start) - t0])
-        self._sends = [s for s in self._sends if not s[0].is_completed()]
+        self._sends = [s for s in self._sends if not s.work.is_completed()]

@@ -43,11 +43,9 @@ run one at a time on each of two pytest-xdist workers (`--dist loadgroup`, group
 LAB_GROUP = "lab"
 """The xdist group of every `lab` test: they all run on one worker, one after another, never two at once (their
 labs would compete for subnets and for the machine's home directory, which the hosts share). A lab's hosts run
-under CPU quotas of 0.25-1 core. The tests that check what a run over SSH does, not how fast, give their hosts a
-whole core: most of such a test is each host's worker importing torch, and at 0.5 core their four slowest files took
-316 s against 220 s at 1.0 (alone on the 2-core machine of 2026-11-27); the Env D recovery test keeps its
-presets. Tests that read CPU quotas or compare speeds under them are marked `alone` in their files and run last,
-with nothing beside them."""
+under CPU quotas of 0.2-1 core, so a lab test leaves most of the machine to the test on the other worker. Tests
+that read CPU quotas or compare speeds under them are marked `alone` in their files and run last, with nothing
+beside them."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups (else they are ignored)

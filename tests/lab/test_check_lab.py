@@ -24,9 +24,9 @@ name: {NAME}
 bandwidth: 100mbit
 subnet: {{subnet}}
 hosts:
-  - {{name: ka, cpu: 1.0, memory: 1GB}}
-  - {{name: kb, cpu: 1.0, memory: 1GB}}
-  - {{name: kc, cpu: 1.0, memory: 1GB}}
+  - {{name: ka, cpu: 0.5, memory: 1GB}}
+  - {{name: kb, cpu: 0.5, memory: 1GB}}
+  - {{name: kc, cpu: 0.5, memory: 1GB}}
 """
 
 

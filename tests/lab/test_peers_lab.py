@@ -20,8 +20,8 @@ SPEC = """name: peerst28
 bandwidth: 100mbit
 subnet: {subnet}
 hosts:
-  - {name: a, cpu: 1.0, memory: 1GB}
-  - {name: b, cpu: 1.0, memory: 1GB}
+  - {name: a, cpu: 0.5, memory: 1GB}
+  - {name: b, cpu: 0.5, memory: 1GB}
 """
 
 

@@ -30,8 +30,8 @@ name: {NAME}
 bandwidth: 100mbit
 subnet: {{subnet}}
 hosts:
-  - {{name: pa, cpu: 1.0, memory: 1GB}}
-  - {{name: pb, cpu: 1.0, memory: 1GB}}
+  - {{name: pa, cpu: 0.5, memory: 1GB}}
+  - {{name: pb, cpu: 0.5, memory: 1GB}}
 """
 
 

@@ -72,8 +72,8 @@ name: pytest-addr
 bandwidth: 100mbit
 subnet: {subnet}
 hosts:
-  - {name: xa, cpu: 1.0, memory: 1GB}
-  - {name: xb, cpu: 1.0, memory: 1GB}
+  - {name: xa, cpu: 0.5, memory: 1GB}
+  - {name: xb, cpu: 0.5, memory: 1GB}
 """
 
 

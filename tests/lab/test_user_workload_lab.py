@@ -31,8 +31,8 @@ name: {NAME}
 bandwidth: 100mbit
 subnet: {{subnet}}
 hosts:
-  - {{name: ua, cpu: 1.0, memory: 1GB}}
-  - {{name: ub, cpu: 1.0, memory: 1GB}}
+  - {{name: ua, cpu: 0.5, memory: 1GB}}
+  - {{name: ub, cpu: 0.5, memory: 1GB}}
 """
 
 NET = '''

@@ -31,8 +31,8 @@ name: {NAME}
 bandwidth: 100mbit
 subnet: {{subnet}}
 hosts:
-  - {{name: wa, cpu: 1.0, memory: 1GB}}
-  - {{name: wb, cpu: 1.0, memory: 1GB}}
+  - {{name: wa, cpu: 0.5, memory: 1GB}}
+  - {{name: wb, cpu: 0.5, memory: 1GB}}
 """
 
 PICKY = """\

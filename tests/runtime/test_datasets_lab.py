@@ -26,8 +26,8 @@ name: {NAME}
 bandwidth: 100mbit
 subnet: {{subnet}}
 hosts:
-  - {{name: da, cpu: 1.0, memory: 1GB}}
-  - {{name: db, cpu: 1.0, memory: 1GB}}
+  - {{name: da, cpu: 0.5, memory: 1GB}}
+  - {{name: db, cpu: 0.5, memory: 1GB}}
 """
 REPO = str(Path(__file__).resolve().parents[2])
 

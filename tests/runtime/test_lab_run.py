@@ -23,9 +23,9 @@ name: {NAME}
 bandwidth: 100mbit
 subnet: {{subnet}}
 hosts:
-  - {{name: ra, cpu: 1.0, memory: 1GB}}
-  - {{name: rb, cpu: 1.0, memory: 1GB}}
-  - {{name: rc, cpu: 1.0, memory: 1GB}}
+  - {{name: ra, cpu: 0.5, memory: 1GB}}
+  - {{name: rb, cpu: 0.5, memory: 1GB}}
+  - {{name: rc, cpu: 0.5, memory: 1GB}}
 """
 
 

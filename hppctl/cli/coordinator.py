@@ -19,7 +19,7 @@ from hppctl.cli.output import emit_json, note, stdout, writable_path
 from hppctl.cli.view import TrainingView
 from hppctl import driver
 from hppctl.runtime.bootstrap import check_listen
-from hppctl.errors import BadInput
+from hppctl.errors import BadInput, one_line
 from hppctl.models.events import (Armed, DeviceAnswered, DeviceLost, DevicesLate, DeviceSuspected, Dropped, RunEvent,
                                   RunReplanned, RunResumed, run_event)
 
@@ -57,8 +57,11 @@ def describe(event: dict | RunEvent) -> str:
 
 
 def _replanned(e: RunReplanned) -> str:
-    return (f"re-planned ({e.method}) without {', '.join(e.lost)} in {e.replan_s:.2f} s; "
+    line = (f"re-planned ({e.method}) without {', '.join(e.lost)} in {e.replan_s:.2f} s; "
             f"replaying from round {e.resume_round}")
+    if e.split_dropped:
+        line += f"; whole backwards from now on ({one_line(e.split_dropped, 160)})"
+    return line
 
 
 def _resumed(e: RunResumed) -> str:

@@ -134,6 +134,10 @@ class RunReplanned(RunEventBase):
     gathered_bytes: NonNegInt
     layout: NonNegInt
     """The generation of the layout the state was rebuilt from."""
+    split_backward: bool = False
+    """Whether the new plan defers its weight gradients (`I`/`W`), as a split-backward run's re-plan does."""
+    split_dropped: str = ""
+    """Why a split-backward run's new plan runs whole backwards ("" otherwise: planner/replan.py)."""
 
 
 class RunResumed(RunEventBase):

@@ -13,12 +13,14 @@ Heavy ("straw-man rescheduling"): the full planner on the surviving devices, fro
 Both return a plan over a profile without the lost devices, and the layer migrations the new
 plan needs (which layers each device must receive and from whom). Devices lost together (a power
 strip, a switch: one seen while the re-plan for the other was being prepared) are dropped at once.
+A split-backward plan is re-planned with split backwards too when the survivors allow it
+(`keeping_split_backward`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hppctl.errors import BadInput, Infeasible
 from hppctl.models.plan import HppPlan, PlanRequest
@@ -27,6 +29,7 @@ from hppctl.planner import DEFAULT_STRATEGY, cost_model, make_plan, to_plan
 from hppctl.planner.allocation import allocate
 from hppctl.planner.cost import CostModel, StageChoice, asteroid_warmup
 from hppctl.planner.registry import Candidate
+from hppctl.planner.split_backward import with_split_backward
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,24 @@ class Replan:
     migrations: list[Migration]
     method: str  # "light" or "heavy"
     fallback_reason: str = ""
+    split_dropped: str = ""
+    """Why a split-backward plan's re-plan runs whole backwards ("" when it splits, or never did)."""
+
+
+def keeping_split_backward(old: HppPlan, result: Replan) -> Replan:
+    """`result` with split backwards when `old` had them: the run keeps the schedule it was planned
+    with, each new stage deferring its weight gradients by the survivors' profiled times. Cuts and
+    devices stay the re-planner's (the migrations were computed for them): split backwards change
+    when each stage's work runs, not which layers it holds. Whole backwards, saying why, when the
+    survivors' profile has no weight-gradient times or a stage would not fit its memory budget with
+    the micro-batches its deferred weight gradients keep."""
+    if not old.split_backward:
+        return result
+    try:
+        split = with_split_backward(result.plan, result.profile)
+    except (ValueError, Infeasible) as e:  # the planner's advice to plan without the flag does not apply here
+        return replace(result, split_dropped=str(e).removesuffix(": plan without --split-backward"))
+    return replace(result, plan=split)
 
 
 def lost_devices(lost: str | Collection[str]) -> tuple[str, ...]:
@@ -97,10 +118,9 @@ def replan_light(plan: HppPlan, profile: Profile, lost: str | Collection[str]) -
         stages = refine_cuts(cm, stages)
     if stages is None or not cm.evaluate(stages, plan.schedule).feasible:
         heavy = replan_heavy(plan, profile, lost)
-        return Replan(heavy.plan, heavy.profile, heavy.migrations, "heavy",
-                      "the light plan does not fit the memory budgets")
+        return replace(heavy, fallback_reason="the light plan does not fit the memory budgets")
     new_plan = to_plan(cm, survivors, request, "asteroid-replan", Candidate(stages, plan.schedule), 0.0)
-    return Replan(new_plan, survivors, migrations(plan, new_plan, lost), "light")
+    return keeping_split_backward(plan, Replan(new_plan, survivors, migrations(plan, new_plan, lost), "light"))
 
 
 def replan_heavy(plan: HppPlan, profile: Profile, lost: str | Collection[str],
@@ -109,7 +129,7 @@ def replan_heavy(plan: HppPlan, profile: Profile, lost: str | Collection[str],
     survivors = without_devices(profile, lost)
     request = PlanRequest(global_batch=plan.global_batch, micro_batch=plan.micro_batch, schedule=plan.schedule)
     new_plan = make_plan(survivors, request, strategy)
-    return Replan(new_plan, survivors, migrations(plan, new_plan, lost), "heavy")
+    return keeping_split_backward(plan, Replan(new_plan, survivors, migrations(plan, new_plan, lost), "heavy"))
 
 
 def stage_capacity(cm: CostModel, group: tuple[int, ...], start: int, end: int) -> float:

@@ -176,8 +176,7 @@ class Executor:
     def __init__(self, device: str, actions: Sequence[Action], topology: Topology, stage: Stage,
                  optimizer: torch.optim.Optimizer, comm: Comm, feed: Feed, *, trace: bool = False,
                  accelerator: torch.device | None = None, precision: Precision | None = None,
-                 bucket_bytes: int = BUCKET_BYTES, overlap_allreduce: bool = True,
-                 split_backward: bool = True) -> None:
+                 bucket_bytes: int = BUCKET_BYTES, overlap_allreduce: bool = True) -> None:
         self.device, self.actions, self.topo, self.stage = device, list(actions), topology, stage
         self.optimizer, self.comm, self.feed, self.trace = optimizer, comm, feed, trace
         self.accelerator = accelerator or getattr(stage, "device", None) or torch.device("cpu")
@@ -195,7 +194,7 @@ class Executor:
             "SG": self._send_gradients, "RG": self._receive_gradients,
             "AR": self._allreduce, "STEP": self._step,
         }
-        if split_backward and self.splits_backward:
+        if self.splits_backward:
             self.handlers.update({"I": self._backward_input, "W": self._backward_weight})
         self.handlers.update(self.more_handlers())
         self.backwards_per_round = sum(a.kind in FINISHING for a in self.actions)
@@ -210,8 +209,7 @@ class Executor:
             raise ExecutionError(f"{device}: the schedule has actions of unknown kind {unknown}")
 
     splits_backward = True
-    """Whether `I` and `W` run (a subclass with its own `B` refuses them as actions of unknown kind;
-    `split_backward=False` refuses them for one executor: the fault-tolerant worker's)."""
+    """Whether `I` and `W` run (a subclass with its own `B` refuses them as actions of unknown kind)."""
 
     overlaps_allreduce = True
     """Whether the last backward may start the AllReduce (a subclass whose backward does not

@@ -255,7 +255,8 @@ class FtSession(Session):
                     resume_round=resume, replan_s=round(replan_s, 4), devices=self.plan.devices(),
                     stages=[{"layers": s.layers, "devices": s.devices, "samples": s.samples} for s in self.plan.stages],
                     moved_bytes=doc.moved_bytes, gathered_bytes=doc.gathered_bytes,
-                    layout=base.generation)
+                    layout=base.generation, split_backward=self.plan.split_backward,
+                    split_dropped=result.split_dropped)
         self.ft.resumed_pending = detected
 
     def _next_generation(self) -> int:

@@ -87,9 +87,11 @@ class FtRun:
     # --- the loop -------------------------------------------------------------------------------
     def train(self) -> None:
         self._connect()
-        # Split backwards (I/W) are refused here (preflight refuses the plan first): replays and
-        # backups were built for rounds whose weight gradients are all in after each B.
-        self.executor = self.w.new_executor(self.comm, split_backward=False)
+        # Split backwards (I/W) need nothing of their own here: every W of a round runs before its
+        # AR, so snapshots and backups, taken after the round's STEP, never miss a deferred weight
+        # gradient, and an interrupted round's executor (with the graphs its pending Ws hold) is
+        # dropped by the rebuild that every re-plan makes.
+        self.executor = self.w.new_executor(self.comm)
         self.executor.on_step = self.steps.report
         r = self.opts.start_round
         self._protect(r)
@@ -378,7 +380,7 @@ class FtRun:
         built = build_training_state(config, config.schedule, self.w.stage_index, state["tensors"], self.w.feed)
         restore_optimizer(built.optimizer, built.stage, state["optim"])
         self.w.adopt(built)
-        self.executor = self.w.new_executor(self.comm, split_backward=False)
+        self.executor = self.w.new_executor(self.comm)
         self.executor.on_step = self.steps.report
 
 

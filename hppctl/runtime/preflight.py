@@ -149,9 +149,7 @@ RUN_KINDS = {kind.name: kind for kind in (
                            f"rebuild; {_NO_FT}"}) for policy in ("nf1b", "pipedream")),
     RunKind("split", "training plan with split backwards (`split_backward: true`)", SPLIT_DOC, {
         "asynchronous schedule": "and asynchronous windows back-propagate whole (their versions tag `F` and `B`), "
-                                 "which would drop its split",
-        "fault tolerance": "which cannot survive a lost device yet: the fault-tolerant workers refuse the deferred "
-                           f"weight halves (`W`) that its rounds keep until `AR`; {_NO_FT}"}),
+                                 "which would drop its split"}),
     RunKind("bipartition", "Bi-Partition plan (a stage backwards other layers than it forwards)", LIMITS_DOC, {
         "resume": "which cannot resume from a checkpoint yet: its workers' stage files hold only the layers each "
                   "steps or forwards",

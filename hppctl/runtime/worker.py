@@ -57,12 +57,12 @@ class Worker:
         self.stage, self.optimizer, self.feed = state.stage, state.optimizer, state.feed
         self.executor_class = state.executor_class
 
-    def new_executor(self, comm, **options):
-        """The executor of this device's actions; `options`: more keywords for it (`split_backward`)."""
+    def new_executor(self, comm):
+        """The executor of this device's actions (the plain and the fault-tolerant worker's alike)."""
         return self.executor_class(self.device, self.config.schedule.actions[self.device], self.topo, self.stage,
                                    self.optimizer, comm, self.feed, trace=self.config.options.trace,
                                    bucket_bytes=self.config.options.allreduce_bucket_bytes,
-                                   overlap_allreduce=self.config.options.allreduce_overlap, **options)
+                                   overlap_allreduce=self.config.options.allreduce_overlap)
 
     def state_blob(self, completed_rounds: int) -> bytes:
         from hppctl.runtime.replication import to_bytes

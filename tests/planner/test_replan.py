@@ -110,3 +110,42 @@ def test_losing_two_devices_at_once_drops_both_and_fetches_each_stage_from_its_o
         if m.source is None:  # a lost stage's layers: from that stage's own device's backup
             assert {owner[layer] for layer in range(m.start, m.end)} == {m.backup_of}
     assert {m.backup_of for m in result.migrations} - {None} == set(lost)
+
+
+def split_run(lost_index: int = 1):
+    """A split-backward pp plan over a profile with weight-gradient times, and the device to lose."""
+    from hppctl.planner.split_backward import with_split_backward
+    from tests.planner.test_split_backward_plan import with_weight_times
+
+    profile = with_weight_times(make_profile(layers=12, speeds=(2, 1, 1, 1), memory_gb=(8, 8, 8, 8)), 0.3)
+    plan = with_split_backward(make_plan(profile, PlanRequest(global_batch=256, micro_batch=32), "pp"), profile)
+    return profile, plan, plan.stages[lost_index].devices[0]
+
+
+@pytest.mark.parametrize("replanner", [replan_light, replan_heavy])
+def test_a_split_backward_plan_is_replanned_with_split_backwards(replanner):
+    """The run keeps the schedule it was planned with: its re-planned stages defer their weight
+    gradients too, each with its weight time from the survivors' profile."""
+    from hppctl.planner.split_backward import with_split_backward
+    from hppctl.schedule import check_schedule, schedule_for_plan
+
+    profile, plan, lost = split_run()
+    result = replanner(plan, profile, lost)
+    assert result.plan.split_backward and result.split_dropped == ""
+    assert result.plan.stages == with_split_backward(result.plan, result.profile).stages
+    assert [(s.layers, s.devices) for s in result.plan.stages] == \
+        [(s.layers, s.devices) for s in replanner(plan.model_copy(update={"split_backward": False}), profile, lost).plan.stages]
+    check_schedule(schedule_for_plan(result.plan))
+
+
+def test_a_split_plan_whose_survivors_cannot_split_is_replanned_with_whole_backwards_saying_why():
+    profile, plan, lost = split_run()
+    bare = profile.model_copy(update={"devices": [d.model_copy(update={"weight_grad_s": None}) for d in profile.devices]})
+    result = replan_light(plan, bare, lost)
+    assert not result.plan.split_backward and "no weight_grad_s" in result.split_dropped
+
+
+def test_a_plan_with_whole_backwards_stays_so():
+    profile, plan, lost = split_run()
+    result = replan_light(plan.model_copy(update={"split_backward": False}), profile, lost)
+    assert not result.plan.split_backward and result.split_dropped == ""

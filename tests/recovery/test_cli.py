@@ -103,6 +103,10 @@ def replanned(lost: list[str]) -> RunReplanned:
 def test_events_read_as_one_line_each():
     assert describe(replanned(["b"])) == "re-planned (light) without b in 0.05 s; replaying from round 7"
     assert describe(replanned(["b", "d"])) == "re-planned (light) without b, d in 0.05 s; replaying from round 7"
+    # a split-backward run whose survivors cannot defer their weight gradients says so
+    dropped = replanned(["b"]).model_copy(update={"split_dropped": "no weight_grad_s for a, c\nin the profile"})
+    assert describe(dropped) == ("re-planned (light) without b in 0.05 s; replaying from round 7; whole backwards "
+                                 "from now on (no weight_grad_s for a, c\\nin the profile)")
     assert describe(replanned(["b"]).wire()) == describe(replanned(["b"]))  # the --metrics line reads the same
     suspected = DeviceSuspected(at=1.0, generation=0, device="b", silent_s=3.1, why="silent for 3.1 s")
     assert describe(suspected) == "suspected: b silent for 3.1 s"

@@ -28,6 +28,7 @@ from hppctl.runtime.checkpoint import CheckpointDir
 from hppctl.runtime.preflight import FEATURES, RUN_KINDS, feature_table
 from hppctl.store import save
 from tests.bipartition.factories import bi_plan
+from tests.planner.test_split_backward_plan import with_weight_times
 from tests.recovery.factories import children, preset_profile
 from tests.runtime.factories import local_cluster, make_plan
 from tests.runtime.test_split_backward_run import split_plan
@@ -74,7 +75,8 @@ def files(tmp_path_factory) -> dict:
     asynchronous schedules need one device per stage), the same with split backwards, a Bi-Partition
     plan whose first stage backwards fewer layers than it forwards, and the example psl plan."""
     root = tmp_path_factory.mktemp("matrix")
-    profile = preset_profile("tiny-mlp", {"a": "jetson-nano", "b": "jetson-nano", "c": "jetson-tx2"})
+    profile = with_weight_times(preset_profile("tiny-mlp", {"a": "jetson-nano", "b": "jetson-nano", "c": "jetson-tx2"}),
+                                0.5)  # so that the split plan's re-plan splits its backwards too
     save(root / "profile.json", profile)
     save(root / "cluster.yaml", local_cluster(*DEVICES))
     digest = {"profile_digest": profile.digest()}  # fault tolerance re-plans from the plan's profile
@@ -166,7 +168,10 @@ def lost_a_device(kind: str, files: dict, tmp_path: Path) -> dict:
         summary = run_and_kill_a_worker(kind, files, tmp_path)
         lost = [e["device"] for e in summary["events"] if e["event"] == "lost"]
         if lost:
-            assert any(e["event"] == "replanned" for e in summary["events"]), summary["events"]
+            replanned = [e for e in summary["events"] if e["event"] == "replanned"]
+            assert replanned, summary["events"]
+            # a split run keeps splitting (the profile has weight-gradient times); the others never split
+            assert all(e["split_backward"] == (kind == "split") and e["split_dropped"] == "" for e in replanned)
             assert not set(lost) & {d for s in summary["final_stages"] for d in s["devices"]}, summary["final_stages"]
             assert summary["rounds_run"] == EPOCHS * BATCHES_PER_EPOCH
             return torch.load(tmp_path / "model.pt")

@@ -182,8 +182,8 @@ def reachable(roots):
 
 
 def test_only_the_plain_executor_runs_split_backwards():
-    """Bi-Partition's and the asynchronous executors, and the fault-tolerant worker's executor
-    (`split_backward=False`), refuse `I` and `W` as before: actions of unknown kind."""
+    """Bi-Partition's and the asynchronous executors refuse `I` and `W` as before: actions of unknown
+    kind. (The fault-tolerant worker runs the plain executor: tests/runtime/test_schedule_matrix.py.)"""
     from hppctl.runtime.async_exec.executor import AsyncExecutor
     from hppctl.runtime.bipartition import BiExecutor, BiStage
     from hppctl.runtime.executor import ExecutionError, Executor
@@ -208,7 +208,6 @@ def test_only_the_plain_executor_runs_split_backwards():
     assert plain.backwards_per_round == 2  # progress counts the W of each micro-batch (I alone is not done)
     assert plain.last_backward == next(a for a in reversed(actions) if a.kind == "W")  # the reducer's hooks
     refused = {
-        "split_backward=False": lambda: Executor("b", actions, topo, st, optimizer(st), None, None, split_backward=False),
         "BiExecutor": lambda: BiExecutor("b", actions, topo, bi, optimizer(bi), None, None),
         "AsyncExecutor": lambda: AsyncExecutor("b", actions, topo, st, optimizer(st), None, None, policy="nf1b",
                                                micro_batches_per_update=2),

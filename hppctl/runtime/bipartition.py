@@ -19,10 +19,11 @@ next round's first forward. The loss is computed by the worker whose backward ra
 last layer. Cuts 0 (the data, which every worker reads itself) and L carry no message.
 
 Stage state (checkpoints, the final model) holds the parameters a worker steps and the buffers of
-the layers it forwards, so the workers' states join into the whole model without overlap.
+the layers it forwards, so the workers' states join into the whole model without overlap; a resumed
+worker gets every tensor of the layers it holds from that join (runtime/checkpoint.py: `recut`).
 Limitations (docs/bipartition.md, "Limits"; refused before any worker starts by runtime/preflight.py):
-no replicated stages, no checkpoint resume, no fault tolerance, no asynchronous windows; recomputing
-a layer with dropout draws a different mask than its forward (the built-in training models have none).
+no replicated stages, no fault tolerance, no asynchronous windows; recomputing a layer with dropout
+draws a different mask than its forward (the built-in training models have none).
 """
 
 from __future__ import annotations

@@ -236,7 +236,7 @@ class CheckpointDir:
             return None
         where, meta, blobs = found
         old, new = meta.get("plan"), expected.get("plan")
-        if new is None or old == new:
+        if new is None or (old == new and not needs_recut(new)):
             return meta["round"], blobs
         refuse_unless_recuttable(where / COMPLETE, old, new)
         return meta["round"], recut(blobs, old, new)
@@ -334,36 +334,88 @@ def why_not_recut(old: object, new: dict) -> str | None:
     ends = [plan["stages"][-1]["layers"][1] for plan in (old, new)]
     if ends[0] != ends[1]:  # a record cut past the model (recut would fail on it, not refuse it)
         return f"its stages end at layer {ends[0]} where this run's end at {ends[1]}"
-    if any(s.get("backward_layers") for plan in (old, new) for s in plan["stages"]):
-        return "Bi-Partition stages cannot be re-cut"
     return None
 
 
+def needs_recut(new: dict | None) -> bool:
+    """Whether a round must be re-cut even for the plan that wrote it: a Bi-Partition worker's file
+    holds the parameters it steps and the buffers of the layers it forwards (so a round's files join
+    into the model without overlap), and a resumed worker needs every tensor of the layers it holds."""
+    return new is not None and any(s.get("backward_layers") for s in new["stages"])
+
+
+class StageTensors:
+    """What a stage of a plan document holds, by the model's tensor names, from stages built on the
+    meta device (shapes only: nothing is allocated)."""
+
+    def __init__(self, plan: dict) -> None:
+        from hppctl.zoo import get_model
+
+        self.granularity = plan["granularity"]
+        self.whole = get_model(plan["model"]).build(device="meta").train()
+
+    def module(self, start: int, end: int):
+        """Layers [start, end) as a stage module; an empty module for an empty range (a Bi-Partition
+        worker may backward no layer: the tail's whose backward its neighbour runs)."""
+        import torch
+
+        from hppctl.zoo import build_stage
+
+        if start == end:
+            return torch.nn.Module()
+        return build_stage(self.whole, self.granularity, start, end, mode="train")
+
+    def stepped(self, stage: dict) -> list[str]:
+        """The parameters the stage steps, in its optimizer's order: those of the layers it backwards."""
+        return [n for n, _ in self.module(*backward_layers(stage)).named_parameters()]
+
+    def written(self, stage: dict) -> dict[str, tuple[int, ...]]:
+        """Name -> shape of each tensor in the stage's checkpoint file: its layers' parameters and
+        buffers; under Bi-Partition, the parameters it steps and the buffers of the layers it forwards."""
+        forward = self.module(*stage["layers"])
+        if not stage.get("backward_layers"):
+            return {n: tuple(t.shape) for n, t in forward.state_dict().items()}
+        backward = self.module(*stage["backward_layers"])
+        return {**{n: tuple(t.shape) for n, t in backward.named_parameters()},
+                **{n: tuple(t.shape) for n, t in forward.named_buffers()}}
+
+    def held(self, stage: dict) -> list[str]:
+        """The tensors a worker of the stage loads on resume: those of every layer it holds (both
+        ranges under Bi-Partition), as its module's `state_dict` names them."""
+        return list(self.module(*held_layers(stage)).state_dict())
+
+
+def backward_layers(stage: dict) -> tuple[int, int]:
+    """The layers a stage (plan document) backwards: its own unless Bi-Partition gives it others."""
+    return tuple(stage.get("backward_layers") or stage["layers"])
+
+
+def held_layers(stage: dict) -> tuple[int, int]:
+    """The layers a worker of a stage holds: under Bi-Partition, both its ranges (as
+    `bipartition.union_layers` builds them)."""
+    (start, end), (b0, b1) = stage["layers"], backward_layers(stage)
+    return min(start, b0), max(end, b1)
+
+
 def recut(blobs: dict[int, bytes], old: dict, new: dict) -> dict[int, bytes]:
-    """The stage files of plan document `old` re-cut to the stages of `new` (same model and granularity).
+    """The stage files of plan document `old` re-cut to the stages of `new` (same model and granularity),
+    layer-wise or Bi-Partition either way.
 
     Parameters and buffers are named the same in every stage (the model's names), so they are
-    joined and split by the new stages' names. The optimizer's state is kept per parameter *index*
-    of its stage (torch's `state_dict`); the indices are mapped through each stage's parameter
-    names, which a stage built on the meta device gives without allocating anything."""
+    joined and split by the new stages' names: each new stage gets every tensor of the layers it
+    holds. The optimizer's state is kept per parameter *index* of its stage (torch's `state_dict`);
+    the indices are mapped through the parameters each stage steps (`StageTensors.stepped`)."""
     import io
 
     import torch
 
-    from hppctl.zoo import build_stage, get_model
-
-    granularity = new["granularity"]
-    whole = get_model(new["model"]).build(device="meta").train()  # shapes only: nothing is allocated
-
-    def stage(start: int, end: int):
-        return build_stage(whole, granularity, start, end, mode="train")
-
+    layout = StageTensors(new)
     tensors, per_param, groups, rounds = {}, {}, None, set()
     for p, blob in blobs.items():
         state = torch.load(io.BytesIO(blob), weights_only=True)
         rounds.add(state["round"])
         tensors.update(state["model"])
-        names = [n for n, _ in stage(*old["stages"][p]["layers"]).named_parameters()]
+        names = layout.stepped(old["stages"][p])
         optimizer = state["optimizer"]
         for index, value in optimizer.get("state", {}).items():
             per_param[names[int(index)]] = value
@@ -372,15 +424,13 @@ def recut(blobs: dict[int, bytes], old: dict, new: dict) -> dict[int, bytes]:
     (completed,) = rounds
     out = {}
     for p, stage_doc in enumerate(new["stages"]):
-        start, end = stage_doc["layers"]
-        module = stage(start, end)
-        names = [n for n, _ in module.named_parameters()]
+        names = layout.stepped(stage_doc)
         optimizer = {} if not names else {
             "state": {i: per_param[n] for i, n in enumerate(names) if n in per_param},
             "param_groups": [{**(groups or {}), "params": list(range(len(names)))}]}
         buf = io.BytesIO()
-        torch.save({"round": completed, "stage": p, "layers": [start, end],
-                    "model": {k: tensors[k] for k in module.state_dict()}, "optimizer": optimizer}, buf)
+        torch.save({"round": completed, "stage": p, "layers": list(held_layers(stage_doc)),
+                    "model": {k: tensors[k] for k in layout.held(stage_doc)}, "optimizer": optimizer}, buf)
         out[p] = buf.getvalue()
     return out
 

@@ -151,10 +151,6 @@ RUN_KINDS = {kind.name: kind for kind in (
         "asynchronous schedule": "and asynchronous windows back-propagate whole (their versions tag `F` and `B`), "
                                  "which would drop its split"}),
     RunKind("bipartition", "Bi-Partition plan (a stage backwards other layers than it forwards)", LIMITS_DOC, {
-        "resume": "which cannot resume from a checkpoint yet: its workers' stage files hold only the layers each "
-                  "steps or forwards",
-        "checkpoint": "which cannot resume from a checkpoint yet, so it writes none; --save-model keeps the "
-                      "trained model",
         "asynchronous schedule": "and asynchronous windows run layer-wise stages, which would drop its backward "
                                  "ranges",
         "fault tolerance": "which cannot survive a lost device yet (re-planning, replay and state backups know "
@@ -325,27 +321,21 @@ def check_stage_files(where, meta: dict, blobs: dict[int, bytes]) -> None:
 
 
 def _stage_layout(plan_document, source) -> list[tuple[dict, list[str]]] | None:
-    """Per stage of a plan document: (tensor name -> shape, parameter names in the optimizer's order),
-    from stages built on the meta device (nothing is allocated). None: no plan recorded (the resume
-    is refused by the plan check), or Bi-Partition stages, whose workers hold other layer sets."""
-    from hppctl.models.plan import HppPlan
-    from hppctl.zoo import build_stage, get_model
+    """Per stage of a plan document: (tensor name -> shape of what its file holds, parameter names in
+    the optimizer's order: `checkpoint.StageTensors`), from stages built on the meta device (nothing
+    is allocated). None: no plan recorded (the resume is refused by the plan check)."""
+    from hppctl.runtime.checkpoint import StageTensors
 
     if plan_document is None:
         return None
-    plan = HppPlan.model_validate(plan_document)  # read_meta validated it
-    if any(s.backward_layers is not None for s in plan.stages):
-        return None
-    whole = get_model(plan.model).build(device="meta").train()
-    layout = []
-    for p, stage in enumerate(plan.stages):
+    layout, stages = StageTensors(plan_document), plan_document["stages"]  # read_meta validated it
+    out = []
+    for p, stage in enumerate(stages):
         try:
-            module = build_stage(whole, plan.granularity, stage.start, stage.end, mode="train")
+            out.append((layout.written(stage), layout.stepped(stage)))
         except BadInput as e:  # a recorded plan cut past the model's layers
             raise BadInput(f"--resume: {source}: plan.stages.{p}.layers: {e}") from None
-        shapes = {name: tuple(t.shape) for name, t in module.state_dict().items()}
-        layout.append((shapes, [name for name, _ in module.named_parameters()]))
-    return layout
+    return out
 
 
 def _load_stage_file(path, blob: bytes) -> object:

@@ -2,9 +2,9 @@
 item 3; docs/bipartition.md, "Limits").
 
 Before: `--replan` (on by default with `--profile`) and `hppctl coordinator` started the workers,
-which failed on the split actions (exit 1); `--resume` failed in the workers loading a partial stage
-state (exit 1); `--checkpoint-dir` wrote checkpoints nothing could resume; `--schedule nf1b` trained
-the forward cuts alone as layer-wise stages (exit 0).
+which failed on the split actions (exit 1); `--schedule nf1b` trained the forward cuts alone as
+layer-wise stages (exit 0). (`--resume` and `--checkpoint-dir` were refused here too until they
+worked: tests/bipartition/test_checkpoint.py.)
 """
 
 from __future__ import annotations
@@ -69,16 +69,6 @@ def test_run_refuses_fault_tolerance(cli, files):
             paths["plan.yaml"])
     with pytest.raises(WorkersStarted):  # what the refusal advises runs
         cli(*run_args(paths, "--profile", paths["profile.json"], "--replan", "off"))
-
-
-def test_run_refuses_resume_and_checkpoints(cli, files):
-    paths, _ = files
-    paths["ck"].mkdir()
-    line = refused(cli, run_args(paths, "--checkpoint-dir", paths["ck"], "--resume"), "--resume", paths["plan.yaml"])
-    assert "cannot resume from a checkpoint" in line
-    line = refused(cli, run_args(paths, "--checkpoint-dir", paths["ck"]), "--checkpoint-dir", paths["plan.yaml"])
-    assert "--save-model" in line
-    assert list(paths["ck"].iterdir()) == []  # not even the lock file
 
 
 def test_run_refuses_asynchronous_windows(cli, files):

@@ -26,6 +26,7 @@ Pairing contract (W: writer, R: reader; L launcher, w worker):
 | `gather(generation)` / `reconf(generation)` | JSON documents (fault tolerance) | L | w |
 | `heavy_old(generation, stage)` / `heavy_new(generation, stage)` | torch blob | w / L | L / w |
 | `arrived(generation, device)` / `moved(generation, device)` | "1" between workers | w | w |
+| `batch_ready(step, device)` | "1" between PSL workers, deleted by its writer two steps on | w | w |
 | `shard(device)` / `ids()` / `output()` / `timings(device)` | inference blobs / JSON | L, L, w, w | w, w, L, L |
 """
 
@@ -140,6 +141,13 @@ def arrived(generation: int, device: str) -> str:
 
 def moved(generation: int, device: str) -> str:
     return f"{generation_prefix(generation)}moved/{device}"
+
+
+# --- parallel split learning --------------------------------------------------------------------------
+
+def batch_ready(step: int, device: str) -> str:
+    """A PSL device reached the barrier before batch `step` (psl/worker.py: `BatchBarrier`)."""
+    return f"batch/{step}/{device}"
 
 
 # --- inference ----------------------------------------------------------------------------------------

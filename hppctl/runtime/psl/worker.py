@@ -39,6 +39,37 @@ def num_layers(model: str, granularity: str) -> int:
     return len(layer_costs(model, granularity))
 
 
+class BatchBarrier:
+    """Every device of the run meets here before each batch, through the run's store: each sets its
+    `batch_ready(step, device)` key and waits for everyone's. gloo's barrier cannot say who is
+    missing ("Timed out waiting … for recv operation"); this one names the devices whose key never
+    came. A device deletes its key of the step before once it has passed a step: everyone had
+    left that barrier by then (they set this step's keys after it), so the store holds at most two
+    steps' keys."""
+
+    def __init__(self, store, device: str, everyone: list[str], timeout_s: float) -> None:
+        self.store, self.device, self.everyone, self.timeout_s = store, device, list(everyone), timeout_s
+
+    def wait(self, step: int) -> None:
+        from datetime import timedelta
+
+        self.store.set(wire.batch_ready(step, self.device), "1")
+        keys = [wire.batch_ready(step, d) for d in self.everyone]
+        try:
+            self.store.wait(keys, timedelta(seconds=self.timeout_s))
+        except RuntimeError:  # torch's DistStoreError: a timeout, naming no key
+            missing = [d for d, key in zip(self.everyone, keys) if not self.store.check([key])]
+            if not missing:  # they all came as the wait gave up
+                return self._passed(step)
+            raise RuntimeError(f"{self.device}: waiting for every device before batch {step}: nothing from "
+                               f"{', '.join(missing)} within {self.timeout_s:g} s") from None
+        self._passed(step)
+
+    def _passed(self, step: int) -> None:
+        if step > 0:
+            self.store.delete_key(wire.batch_ready(step - 1, self.device))
+
+
 class PslWorker:
     """The device's role (client or helper) and what a round does with it."""
 
@@ -48,6 +79,7 @@ class PslWorker:
 
         self.config, self.store, self.device = config, store, config.device
         self.topo = PslTopology.of(config.plan)
+        self.barrier = BatchBarrier(store, self.device, list(self.topo.devices), config.timeout_s)
         plan = config.plan
         self.holder_groups = holder_groups(self.topo, plan.model, plan.granularity, num_layers(plan.model, plan.granularity))
         self.gloo_groups: dict[tuple[int, ...], object] = {}
@@ -106,11 +138,14 @@ class PslWorker:
     def _allreduce(self, tensor, group) -> None:
         import torch.distributed as dist
 
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.gloo_groups[group.ranks])
+        from hppctl.runtime.executor import naming
+
+        others = [self.topo.devices[r] for r in group.ranks if self.topo.devices[r] != self.device]
+        with naming(f"averaging the model (FedAvg) with {', '.join(others)}"):  # gloo names no one
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.gloo_groups[group.ranks])
 
     def run_round(self, r: int, cgroup: str) -> PslRoundReport:
         import torch
-        import torch.distributed as dist
 
         from hppctl.runtime.psl.fedavg import fedavg
 
@@ -120,7 +155,7 @@ class PslWorker:
         for k in range(opts.local_batches):
             step = r * opts.local_batches + k
             torch.manual_seed(dropout_seed(opts.train.seed, step, self.topo.rank(self.device)))
-            dist.barrier()
+            self.barrier.wait(step)
             batches.append(vars(self.role.run_batch(step)))
         begin = time.perf_counter()
         fedavg(self.holder_groups, self.holdings, self.topo.rank(self.device), self._allreduce)

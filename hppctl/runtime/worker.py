@@ -87,11 +87,11 @@ class Worker:
         self.publish_final()
 
     def run_round(self, executor, r: int):
-        import torch
+        from hppctl.runtime.accelerator import seed_generators
 
         opts = self.config.options
         cpu = time.process_time()
-        torch.manual_seed(dropout_seed(opts.seed, r, self.rank))
+        seed_generators(dropout_seed(opts.seed, r, self.rank), executor.accelerator)
         set_learning_rate(self.optimizer, opts.learning_rate(r))
         stats = executor.run_round(r)
         stats.cpu_s = time.process_time() - cpu

@@ -259,3 +259,30 @@ def test_optimizer_state_restored_after_a_replan_follows_the_stage_onto_its_devi
     restore_optimizer(meta_optimizer, meta_stage, state["optim"])
     entries = [meta_optimizer.state[p] for p in meta_stage.parameters()]
     assert entries and all(e["exp_avg"].device.type == "meta" and e["step"].device.type == "cpu" for e in entries)
+
+
+def test_a_round_seeds_the_generators_it_draws_from_without_formatting_stack_traces(monkeypatch):
+    """torch.manual_seed also queued a seeding of every CUDA, XPU and MTIA device, formatting a stack
+    trace for each (none is initialised on a CPU worker), every round; the draws stay the same."""
+    import traceback
+    from types import SimpleNamespace
+
+    from hppctl.runtime.worker import Worker
+
+    torch.manual_seed(5)
+    expected = torch.rand(4)
+    accelerator.seed_generators(5, torch.device("cpu"))
+    assert torch.equal(torch.rand(4), expected)
+
+    def no_stack(*args, **kwargs):
+        raise AssertionError("a stack trace was formatted")
+
+    monkeypatch.setattr(traceback, "format_stack", no_stack)
+    worker = SimpleNamespace(config=SimpleNamespace(options=TrainOptions(rounds=1)), rank=0, optimizer=torch.optim.SGD(
+        [torch.nn.Parameter(torch.zeros(1))], lr=0.1))
+    drawn = []
+    executor = SimpleNamespace(accelerator=torch.device("cpu"), run_round=lambda r: drawn.append(torch.rand(4)) or
+                               SimpleNamespace(cpu_s=0.0))
+    Worker.run_round(worker, executor, 0)
+    Worker.run_round(worker, executor, 0)
+    assert torch.equal(drawn[0], drawn[1])  # seeded the same for the same round and rank

@@ -147,6 +147,7 @@ class PslWorker:
     def run_round(self, r: int, cgroup: str) -> PslRoundReport:
         import torch
 
+        from hppctl.runtime.accelerator import seed_generators
         from hppctl.runtime.psl.fedavg import fedavg
 
         opts = self.config.options
@@ -154,7 +155,7 @@ class PslWorker:
         batches = []
         for k in range(opts.local_batches):
             step = r * opts.local_batches + k
-            torch.manual_seed(dropout_seed(opts.train.seed, step, self.topo.rank(self.device)))
+            seed_generators(dropout_seed(opts.train.seed, step, self.topo.rank(self.device)), torch.device("cpu"))
             self.barrier.wait(step)
             batches.append(vars(self.role.run_batch(step)))
         begin = time.perf_counter()

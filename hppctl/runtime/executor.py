@@ -128,15 +128,24 @@ class _Pending:
 
 
 @contextmanager
-def naming(doing: str) -> Iterator[None]:
+def naming(doing: str | Callable[[], str]) -> Iterator[None]:
     """A communication failure inside says what was being done with whom ("receiving activations
     from a"): a timeout or a reset there means that device (its process, host or link) stopped
     answering, and gloo's words name no peer — the waiting device alone would be blamed.
-    hppctl's own failures (the fault-tolerant worker's PeerLost, Interrupted) pass unchanged."""
+    hppctl's own failures (the fault-tolerant worker's PeerLost, Interrupted) pass unchanged.
+    `doing` may be a function, asked only on a failure (what it says may need a look around)."""
     try:
         yield
     except RuntimeError as e:
-        raise RuntimeError(f"{doing}: {e}") from e
+        raise RuntimeError(f"{doing() if callable(doing) else doing}: {e}") from e
+
+
+class AllReduceArrivals(Protocol):
+    """Where the replicas of a stage say they reached a round's AllReduce (the worker's: the run's
+    store), so that one whose AllReduce times out can name those that never did."""
+
+    def reached(self, round_index: int) -> None: ...
+    def missing(self, round_index: int, devices: Sequence[str]) -> list[str]: ...
 
 
 def receive_from(peer: str, what: str, works: list[Work]) -> None:
@@ -201,6 +210,13 @@ class Executor:
         self.reducer = GradientReducer(stage.parameters(), comm, bucket_bytes=bucket_bytes,
                                        overlap=overlap_allreduce and self.overlaps_allreduce)
         self.last_backward = self._last_backward_before_allreduce()
+        self.reduce_starts = self.last_backward if self.reducer.overlap else next(
+            (a for a in self.actions if a.kind == "AR"), None)
+        """The action before which this device takes part in the round's AllReduce: the last backward,
+        whose gradient hooks start the buckets, or the `AR` itself."""
+        self.arrivals: AllReduceArrivals | None = None
+        """Set by the worker for a replicated stage: told when this device reaches each round's
+        AllReduce (`reduce_starts`), asked on a timeout which of the others never did."""
         self.on_step: Callable[[int, int, int], None] | None = None
         """Called after each `B` or `W` with (round, backwards done, backwards per round): the
         worker's progress report (runtime/progress.py), for rounds long enough to need one."""
@@ -247,6 +263,8 @@ class Executor:
         for position, action in enumerate(self.actions):
             if action.kind in PREPOSTED:
                 continue
+            if action is self.reduce_starts and self.arrivals is not None:
+                self.arrivals.reached(round_index)
             try:
                 self.handlers[action.kind](action)
             except ExecutionError:
@@ -451,8 +469,7 @@ class Executor:
         self._wait_sends()
         begin = time.perf_counter()
         stage = self.topo.stage_of[self.device]
-        others = ", ".join(d for d in self.topo.groups[stage] if d != self.device)
-        with naming(f"all-reducing stage {stage}'s gradients with {others}"):  # any of them may be the silent one
+        with naming(lambda: self._reducing_with(stage)):
             buckets = self.reducer.finish()
             self._average_buffers()
         now = time.perf_counter()
@@ -461,6 +478,14 @@ class Executor:
         for b in buckets:  # each bucket from its start (maybe within the last backward) to its sum
             self._span(f"{a} bucket {b.bucket}", "allreduce", allreduce_lane(self.device), b.started, min(b.ended),
                        {"bucket": b.bucket, "bytes": b.flat.numel() * b.flat.element_size()})
+
+    def _reducing_with(self, stage: int) -> str:
+        """What a failed AllReduce was doing, naming the replicas that never reached it when the
+        arrivals say (gloo's timeout names no one; any of the others may be the silent one)."""
+        others = [d for d in self.topo.groups[stage] if d != self.device]
+        doing = f"all-reducing stage {stage}'s gradients with {', '.join(others)}"
+        absent = self.arrivals.missing(self.round, others) if self.arrivals is not None and len(others) > 1 else []
+        return f"{doing} ({', '.join(absent)} never reached it)" if absent else doing
 
     def _average_buffers(self) -> None:
         """BatchNorm running statistics: each replica saw only its own samples; after the round the

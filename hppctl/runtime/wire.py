@@ -27,6 +27,7 @@ Pairing contract (W: writer, R: reader; L launcher, w worker):
 | `heavy_old(generation, stage)` / `heavy_new(generation, stage)` | torch blob | w / L | L / w |
 | `arrived(generation, device)` / `moved(generation, device)` | "1" between workers | w | w |
 | `batch_ready(step, device)` | "1" between PSL workers, deleted by its writer two steps on | w | w |
+| `reduce_arrived(round, device)` | "1" between the replicas of a stage of 3+, deleted by its writer two rounds on | w | w |
 | `shard(device)` / `ids()` / `output()` / `timings(device)` | inference blobs / JSON | L, L, w, w | w, w, L, L |
 """
 
@@ -141,6 +142,11 @@ def arrived(generation: int, device: str) -> str:
 
 def moved(generation: int, device: str) -> str:
     return f"{generation_prefix(generation)}moved/{device}"
+
+
+def reduce_arrived(round_index: int, device: str) -> str:
+    """A replica reached round `round_index`'s AllReduce (worker.py: `StoreArrivals`)."""
+    return f"reduce/{round_index}/{device}"
 
 
 # --- parallel split learning --------------------------------------------------------------------------

@@ -21,6 +21,27 @@ from hppctl.runtime.worker_entry import (WorkerContext, cpu_cgroup, load_blob, p
                                          run_worker_process, worker_main)
 
 
+class StoreArrivals:
+    """`executor.AllReduceArrivals` in the run's store: each replica sets `reduce_arrived(round,
+    device)` as it reaches the round's AllReduce, and deletes its key of two rounds before (every
+    replica had finished that AllReduce, so no one can still ask about it). On the failure path a
+    store that no longer answers makes `missing` say nothing rather than hide the failure."""
+
+    def __init__(self, store, device: str) -> None:
+        self.store, self.device = store, device
+
+    def reached(self, round_index: int) -> None:
+        self.store.set(wire.reduce_arrived(round_index, self.device), "1")
+        if round_index >= 2:
+            self.store.delete_key(wire.reduce_arrived(round_index - 2, self.device))
+
+    def missing(self, round_index: int, devices) -> list[str]:
+        try:
+            return [d for d in devices if not self.store.check([wire.reduce_arrived(round_index, d)])]
+        except Exception:  # noqa: BLE001 - torch's store errors vary; the AllReduce's own failure is the news
+            return []
+
+
 class Worker:
     """One device's training state in a schedule, and what a round does with it."""
 
@@ -81,6 +102,8 @@ class Worker:
 
         opts = self.config.options
         executor = self.new_executor(comm)
+        if len(self.topo.groups[self.stage_index]) > 2:  # with one other replica, a timeout names it already
+            executor.arrivals = StoreArrivals(self.store, self.device)
         executor.on_step = StepReporter(self.store, self.device, "micro-batches", opts.progress_every_s).report
         for r in range(opts.start_round, opts.rounds):
             self.publish_round(self.run_round(executor, r))

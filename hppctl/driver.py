@@ -338,12 +338,12 @@ def spec_profile(spec, source: str):
 
 
 def train_psl(plan, cluster, options, data, *, view: RunView | None = None, metrics=None, save_model=None,
-              listen=None, log=None, user_code=None) -> dict:
-    """Run a PSL session (runtime/psl/), write metrics and the model; return the summary.
+              listen=None, log=None, user_code=None, trace=None) -> dict:
+    """Run a PSL session (runtime/psl/), write metrics, the trace and the model; return the summary.
     user_code: as `train`'s."""
     from hppctl.runtime.psl.session import PslRunRequest, PslSession, summarize as summarize_psl
     from hppctl.runtime.results import save_model as write_model
-    from hppctl.store import open_output_stream
+    from hppctl.store import open_output_stream, write_text_atomic
 
     view = view or RunView()
     rounds = options.train.rounds
@@ -360,7 +360,8 @@ def train_psl(plan, cluster, options, data, *, view: RunView | None = None, metr
         def on_phase(name: str) -> None:
             view.began(name, f"{len(session.topo.devices)} workers" if name == "workers" else f"{rounds} rounds")
 
-        session = PslSession(PslRunRequest(plan, cluster, options, listen=listen, log=log_file))
+        session = PslSession(PslRunRequest(plan, cluster, options, listen=listen, log=log_file,
+                                           trace=trace is not None))
         session.user_code = user_code
         session.on_phase = on_phase
         result = session.run(on_round=on_round, on_event=view.event)
@@ -375,7 +376,10 @@ def train_psl(plan, cluster, options, data, *, view: RunView | None = None, metr
     if save_model is not None:
         with view.phase("saving"):
             write_model(plan.model, state, save_model)
-    summary.update(saved_model=str(save_model) if save_model else None, metrics=str(metrics) if metrics else None)
+    if trace is not None:
+        write_text_atomic(trace, json.dumps(result.trace) + "\n")
+    summary.update(saved_model=str(save_model) if save_model else None, metrics=str(metrics) if metrics else None,
+                   trace=str(trace) if trace else None)
     summary["workdir"] = shipped_workdir(user_code, view)
     return summary
 

@@ -249,6 +249,7 @@ def run_psl(
     weight_decay: Annotated[Optional[float], typer.Option("--weight-decay", help="L2 weight decay (default 0).")] = None,
     metrics: Annotated[Optional[Path], typer.Option("--metrics", help="Per-round metrics (.jsonl): loss, every batch's makespan and tasks.")] = None,
     save_model: Annotated[Optional[Path], typer.Option("--save-model", help="Write the FedAvg'd model as one state dict (the model's own names).")] = None,
+    trace: Annotated[Optional[Path], typer.Option("--trace", help="Write Chrome trace events (.json) of the batches and FedAvg as run, laid out as `hppctl psl simulate --trace` (ui.perfetto.dev).")] = None,
     threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads per worker, at most 1024 (default: cores / local workers; SSH workers follow OMP_NUM_THREADS).")] = None,
     listen: Annotated[Optional[str], typer.Option("--listen", help="HOST[:PORT] for the run's store.")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for workers to join and for any transfer (1 to 2592000, 30 days).")] = 300.0,
@@ -265,7 +266,7 @@ def run_psl(
 
     # `hppctl psl run`, and `hppctl run` on a psl plan (which calls this with its own flags).
     # Outputs first, before the plan is read (`hppctl run` on a psl plan checked its own already).
-    for flag, path in (("--metrics", metrics), ("--save-model", save_model), ("--log", log)):
+    for flag, path in (("--metrics", metrics), ("--save-model", save_model), ("--log", log), ("--trace", trace)):
         writable_path(flag, path)
     for flag, value in (("--rounds", rounds), ("--local-batches", local_batches)):
         positive(flag, value)
@@ -279,6 +280,8 @@ def run_psl(
         raise BadInput(f"--order: unknown value {order!r} (plan or ltf)")
     if metrics is not None and metrics.suffix.lower() not in (".jsonl", ".json"):
         raise BadInput(f"--metrics: {metrics}: use a .jsonl file")
+    if trace is not None and trace.suffix.lower() != ".json":
+        raise BadInput(f"--trace: {trace}: use a .json file")
     check_listen(listen)
     from hppctl.runtime.workdir import Workdir, open_workdir, user_code
     if not isinstance(workdir, Workdir):  # (`hppctl run` passes the one it opened)
@@ -306,7 +309,7 @@ def run_psl(
     lines = progress_log(log_every)
     with lines or contextlib.nullcontext():
         summary = driver.train_psl(plan, cluster, options, data, view=PslView(lines), metrics=metrics,
-                                   save_model=save_model, listen=listen, log=log,
+                                   save_model=save_model, listen=listen, log=log, trace=trace,
                                    user_code=user_code(workdir, dataset=dataset))
     summary["optimizer"] = {**chosen.as_options(), "source": chosen.source}
     emit_json(summary) if as_json else _render_run(summary)
@@ -351,6 +354,8 @@ def _render_run(summary: dict) -> None:
     stdout.print("; ".join(parts))
     if summary["saved_model"]:
         note(f"saved model: {summary['saved_model']}")
+    if summary["trace"]:
+        note(f"wrote {summary['trace']} (open in https://ui.perfetto.dev)")
 
 
 def register(app: typer.Typer) -> None:

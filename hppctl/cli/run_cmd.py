@@ -156,7 +156,7 @@ def run_command(
                 raise BadInput(f"{flag}: not supported for psl plans (see `hppctl psl run --help`)")
         return run_psl(plan, cluster, rounds=rounds or 1, dataset=dataset, seed=seed, optimizer=optimizer, lr=lr,
                        momentum=momentum, weight_decay=weight_decay, metrics=metrics, save_model=save_model,
-                       threads=threads, listen=listen, timeout=timeout, log=log, as_json=as_json,
+                       trace=trace, threads=threads, listen=listen, timeout=timeout, log=log, as_json=as_json,
                        divergence_factor=divergence_factor, log_every=log_every, workdir=shipped)
     if rounds is not None and epochs is not None:
         raise BadInput("--rounds and --epochs: give one of them")

@@ -102,6 +102,8 @@ class ClientBatch(FrozenModel):
     model_config = NAN_SAFE
 
     step: NonNegInt
+    started_at: float = 0.0
+    """Wall-clock time (time.time()) of the batch's start, which the other times count from."""
     completion_s: float
     sent_s: float
     activations_s: float
@@ -115,6 +117,8 @@ class HelperBatch(FrozenModel):
     """A PSL helper's batch: its tasks [kind, client, start_s, end_s, ready_s] in the order run."""
 
     step: NonNegInt
+    started_at: float = 0.0
+    """Wall-clock time (time.time()) of the batch's start, which the tasks' times count from."""
     tasks: list[tuple[str, str, float, float, float]]
 
 

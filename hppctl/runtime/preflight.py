@@ -162,8 +162,7 @@ RUN_KINDS = {kind.name: kind for kind in (
                       "(--save-model keeps the trained model)",
         "asynchronous schedule": "which follows its own order of clients and helpers (`hppctl psl run "
                                  "--order`), not an HPP schedule",
-        "fault tolerance": "which cannot survive a lost device: a failed client or helper fails the run (exit 1)",
-        "trace": "which reports per-batch timings in its --metrics rows; the Chrome trace lays out HPP rounds only"}),
+        "fault tolerance": "which cannot survive a lost device: a failed client or helper fails the run (exit 1)"}),
     RunKind("inference", "inference (galaxy) plan", FEATURES_DOC, {
         "resume": "which runs forward passes only and keeps no training state to resume",
         "checkpoint": "which runs forward passes only: there is no training state to checkpoint",

@@ -202,9 +202,15 @@ def _segments(plan: PslPlan, t: _Times, i: int, pieces: list[Piece], f_done: dic
 
 def psl_trace(result: PslSimResult, title: str = "psl") -> dict:
     """Chrome trace events (ui.perfetto.dev): one row per helper and per client, microseconds."""
-    rows = {d: k for k, d in enumerate(dict.fromkeys(d for d, *_ in result.segments))}
+    return segments_trace(result.segments, title)
+
+
+def segments_trace(segments: list[tuple[str, str, str, float, float]], title: str) -> dict:
+    """Chrome trace events of (device, label, category, start s, end s) segments: one row per device,
+    in the order they first appear; the replay's (`psl_trace`) and a real run's (runtime/psl/session.py)."""
+    rows = {d: k for k, d in enumerate(dict.fromkeys(d for d, *_ in segments))}
     events: list[dict] = [{"ph": "M", "name": "process_name", "pid": 0, "args": {"name": title}}]
     events += [{"ph": "M", "name": "thread_name", "pid": 0, "tid": k, "args": {"name": d}} for d, k in rows.items()]
     events += [{"ph": "X", "name": label, "cat": cat, "pid": 0, "tid": rows[d], "ts": s * 1e6, "dur": (e - s) * 1e6}
-               for d, label, cat, s, e in result.segments]
+               for d, label, cat, s, e in segments]
     return {"traceEvents": events, "displayTimeUnit": "ms"}

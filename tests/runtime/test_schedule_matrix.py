@@ -203,9 +203,36 @@ def traced(kind: str, files: dict, tmp_path: Path) -> dict:
     trace = tmp_path / "trace.json"
     args = [*base_args(kind, files), "--trace", trace, "--save-model", tmp_path / "model.pt"]
     summary = finish(args, "the traced run")
-    assert_chrome_trace(json.loads(trace.read_text()), rounds=summary["rounds_run"],
-                        steps=EPOCHS * BATCHES_PER_EPOCH)
+    if kind == "psl":
+        assert_psl_trace(json.loads(trace.read_text()), summary)
+    else:
+        assert_chrome_trace(json.loads(trace.read_text()), rounds=summary["rounds_run"],
+                            steps=EPOCHS * BATCHES_PER_EPOCH)
     return torch.load(tmp_path / "model.pt")
+
+
+def assert_psl_trace(doc: dict, summary: dict) -> None:
+    """A PSL run's trace, laid out as `hppctl psl simulate --trace`: one row per client and helper;
+    per batch, each client's three steps and each helper's two tasks per client it serves; one
+    FedAvg per device and round; every span within the run."""
+    events = doc["traceEvents"]
+    rows = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    spans = [e for e in events if e["ph"] == "X"]
+    assert doc["otherData"]["rounds"] == summary["rounds"]
+    batches = summary["batches"]
+    served = {h: 0 for h in summary["helper_orders"]}
+    for client in summary["clients"].values():
+        served[client["helper"]] += 1
+    assert sorted(rows.values()) == sorted([*summary["clients"], *served])
+    for tid, device in rows.items():
+        mine = [e for e in spans if e["tid"] == tid]
+        kinds = [e["cat"] for e in mine]
+        assert kinds.count("fedavg") == summary["rounds"], device
+        if device in summary["clients"]:
+            assert kinds.count("client") == 3 * batches, device
+        else:
+            assert kinds.count("helper-F") == kinds.count("helper-B") == served[device] * batches, device
+        assert all(e["ts"] >= 0 and e["dur"] >= 0 for e in mine), device
 
 
 def assert_chrome_trace(doc: dict, *, rounds: int, steps: int) -> None:

@@ -64,6 +64,8 @@ def _input_grads(values: list[torch.Tensor], specs: list[TensorSpec]) -> list[to
 @dataclass
 class ClientBatch:
     step: int
+    started_at: float = 0.0
+    """Wall-clock time (time.time()) of the batch's start; the times below count from it."""
     completion_s: float = 0.0
     """c_j: from the batch's start to the end of the part-1 backward and the optimizer step."""
     sent_s: float = 0.0
@@ -92,7 +94,7 @@ class Client:
         x, y = self.data.take(self.samples.indices(step))
         acts, acts_work = _post_receives(self.part3.inputs, self.batch, self.helper_rank, step, ACTIVATIONS)
         grads, grads_work = _post_receives(self.grad_outputs, self.batch, self.helper_rank, step, GRADIENTS)
-        out = ClientBatch(step)
+        out = ClientBatch(step, started_at=time.time())
         t0 = time.perf_counter()
         outputs = self.part1(x)
         wait_sent(_send([o.detach().contiguous() for o in outputs], self.helper, self.helper_rank, step, ACTIVATIONS))
@@ -120,6 +122,8 @@ class Client:
 @dataclass
 class HelperBatch:
     step: int
+    started_at: float = 0.0
+    """Wall-clock time (time.time()) of the batch's start; the tasks' times count from it."""
     tasks: list[list] = field(default_factory=list)
     """[kind, client, start_s, end_s, ready_s] in the order run; start = the input had arrived and the
     helper was free; ready = when the helper learnt that the input was there (`ltf`; `plan` waits in
@@ -192,7 +196,7 @@ class Helper:
                           for c, k in self.copies.items()}
         self._received.update({("B", c): _post_receives(k.grad_outputs, self.batch, k.rank, step, GRADIENTS)
                                for c, k in self.copies.items()})
-        self._out, self._sends, self._saved, self._step = HelperBatch(step), [], {}, step
+        self._out, self._sends, self._saved, self._step = HelperBatch(step, started_at=time.time()), [], {}, step
         self._t0 = time.perf_counter()
         if self.tails is None:
             for task in self.order:

@@ -41,6 +41,8 @@ class PslRunRequest:
     """HOST or HOST:PORT for the store (as `hppctl run --listen`)."""
     log: object = None
     env: dict = field(default_factory=dict)
+    trace: bool = False
+    """Lay the batches out as run (`PslRunResult.trace`, Chrome trace events)."""
 
 
 @dataclass
@@ -53,6 +55,8 @@ class PslRunResult:
     workers: dict[str, dict] = field(default_factory=dict)
     order: str = "plan"
     """How the helpers picked their tasks (`PslOptions.order`)."""
+    trace: dict | None = None
+    """Chrome trace events of the batches and FedAvg as run (`PslRunRequest.trace`)."""
 
     def client_model(self, client: str) -> dict:
         """Client's whole model (ZooModule names): its parts 1 and 3 and its helper's copy of part 2."""
@@ -81,11 +85,14 @@ class PslSession(Launcher):
         self.on_phase("workers")
         self._prepare()
 
+        segments: list | None = [] if self.request.trace else None
         rows, workers, finals = self._run_workers(self.request.options.train.timeout_s, ship=self._ship_initial_parts,
-                                                  config_of=self._config(), collect=lambda: self._collect(on_round),
-                                                  notify=on_event)
+                                                  config_of=self._config(),
+                                                  collect=lambda: self._collect(on_round, segments), notify=on_event)
+        trace = None if segments is None else run_trace(segments, f"hppctl psl run: {self.request.plan.model}",
+                                                        len(rows))
         return PslRunResult(self.request.plan, rows, finals, time.perf_counter() - started, workers,
-                            self.request.options.order)
+                            self.request.options.order, trace)
 
     def _ship_initial_parts(self, store) -> None:
         from hppctl.runtime.psl.worker import num_layers
@@ -112,8 +119,9 @@ class PslSession(Launcher):
         return lambda device: PslWorkerConfig(device=device, store_host=self.store.host, store_port=self.store.port,
                                               plan=req.plan, options=req.options, fedavg_weights=weights)
 
-    def _collect(self, on_round) -> tuple[list[dict], dict, dict]:
-        """The rounds' rows, every device's memory figures and final parts."""
+    def _collect(self, on_round, segments: list | None) -> tuple[list[dict], dict, dict]:
+        """The rounds' rows, every device's memory figures and final parts; with `segments`, each
+        round's segments as run added to it."""
         rounds = self.request.options.train.rounds
         rows, workers = [], {}
         while True:
@@ -121,6 +129,8 @@ class PslSession(Launcher):
             r = len(rows)
             if r < rounds and (reports := self._take_round(r)) is not None:
                 workers.update({d: report.memory() for d, report in reports.items()})
+                if segments is not None:
+                    segments += [s for d in self.topo.devices for s in round_segments(reports[d])]
                 row = round_row(reports, self.topo, last_end(rows), self.request.plan.batch)
                 add_row(rows, row, on_round)
                 self._guard.check(r, row.get("loss"))  # PSL keeps no checkpoints: nothing to write first
@@ -149,6 +159,32 @@ def round_row(reports: dict[str, PslRoundReport], topo: PslTopology, previous_en
             "round_s": end - start, "ended_at": end,
             "fedavg_s": max(r.fedavg_s for r in reports.values()), "batches": batches,
             "devices": {d: {k: getattr(reports[d], k) for k in DEVICE_FIELDS} for d in topo.devices}}
+
+
+def round_segments(report: PslRoundReport) -> list[tuple[str, str, str, float, float]]:
+    """A device's round as run, as (device, label, category, start, end) in wall-clock seconds, the
+    simulator's segments (`hppctl psl simulate --trace`) measured: a client's three steps of each
+    batch (the gaps between them are its waits for its helper), a helper's tasks, and FedAvg."""
+    d, out = report.device, []
+    for b in report.batches:
+        t = b.started_at
+        if report.role == "client":
+            out += [(d, "part-1 fwd + upload (r)", "client", t, t + b.sent_s),
+                    (d, "part-3 fwd (l) + bwd (l') + upload", "client", t + b.activations_s, t + b.gradients_sent_s),
+                    (d, "part-1 bwd (r') + step", "client", t + b.gradients_s, t + b.completion_s)]
+        else:
+            out += [(d, f"{kind}:{client}", "helper-" + kind, t + start, t + end) for kind, client, start, end, _ in b.tasks]
+    end = report.started_at + report.duration_s
+    return out + [(d, f"FedAvg (round {report.round})", "fedavg", end - report.fedavg_s, end)]
+
+
+def run_trace(segments: list[tuple[str, str, str, float, float]], title: str, rounds: int) -> dict:
+    """Chrome trace events of a run's segments, in seconds from the first one's start."""
+    from hppctl.schedule.psl_sim import segments_trace
+
+    origin = min((s for *_, s, _ in segments), default=0.0)
+    doc = segments_trace([(d, label, cat, s - origin, e - origin) for d, label, cat, s, e in segments], title)
+    return {**doc, "otherData": {"title": title, "source": "hppctl psl run", "rounds": rounds}}
 
 
 CLIENT_TIMES = ("completion_s", "sent_s", "activations_s", "gradients_sent_s", "gradients_s")

@@ -57,8 +57,11 @@ class BatchBarrier:
         keys = [wire.batch_ready(step, d) for d in self.everyone]
         try:
             self.store.wait(keys, timedelta(seconds=self.timeout_s))
-        except RuntimeError:  # torch's DistStoreError: a timeout, naming no key
-            missing = [d for d, key in zip(self.everyone, keys) if not self.store.check([key])]
+        except RuntimeError as timed_out:  # torch's DistStoreError: a timeout, naming no key
+            try:
+                missing = [d for d, key in zip(self.everyone, keys) if not self.store.check([key])]
+            except RuntimeError:  # the store itself stopped answering: that is the news
+                raise timed_out from None
             if not missing:  # they all came as the wait gave up
                 return self._passed(step)
             raise RuntimeError(f"{self.device}: waiting for every device before batch {step}: nothing from "

@@ -44,7 +44,7 @@ def _rank(rank: int, port: int, out: str) -> None:
     topo, device = Topology.of(schedule), DEVICES[rank]
     stage_group = dist.new_group(list(range(len(DEVICES))), backend="gloo", timeout=datetime.timedelta(seconds=TIMEOUT_S))
     if device == "c":  # joined every group, then silent: never reaches round 0's AllReduce
-        return wait_for_both_reports(store)
+        return leave_together(store, rank)
     options = TrainOptions(rounds=1, dataset="synthetic", lr=0.1)
     stage = Stage("tiny-mlp", "fine", 0, 5, seed=0)
     data = load_data(options.dataset, "tiny-mlp")
@@ -60,14 +60,23 @@ def _rank(rank: int, port: int, out: str) -> None:
         message = str(e)
     Path(out, f"{device}.txt").write_text(message)
     store.add("reported", 1)
-    wait_for_both_reports(store)
+    leave_together(store, rank)
 
 
-def wait_for_both_reports(store) -> None:
+def leave_together(store, rank: int) -> None:
     """No rank leaves (closing its gloo connections) before a and b have their messages: a peer gone
-    would fail the other's wait with "Connection closed" instead of its own timeout."""
+    would fail the other's wait with "Connection closed" instead of its own timeout. Rank 0 holds the
+    store, so it leaves last (it ended c's polling once: "Failed to recv, got 0 bytes")."""
+    wait_until(store, "reported", 2)
+    if rank == 0:
+        wait_until(store, "left", len(DEVICES) - 1)
+    else:
+        store.add("left", 1)
+
+
+def wait_until(store, counter: str, value: int) -> None:
     deadline = time.monotonic() + 60
-    while store.add("reported", 0) < 2 and time.monotonic() < deadline:
+    while store.add(counter, 0) < value and time.monotonic() < deadline:
         time.sleep(0.05)
 
 

@@ -385,16 +385,16 @@ class StageTensors:
         return list(self.module(*held_layers(stage)).state_dict())
 
 
+def held_layers(stage: dict) -> tuple[int, int]:
+    """The layers a worker of a stage (plan document) holds: under Bi-Partition, both its ranges."""
+    from hppctl.runtime.bipartition import union_layers
+
+    return union_layers(stage["layers"], stage.get("backward_layers"))
+
+
 def backward_layers(stage: dict) -> tuple[int, int]:
     """The layers a stage (plan document) backwards: its own unless Bi-Partition gives it others."""
     return tuple(stage.get("backward_layers") or stage["layers"])
-
-
-def held_layers(stage: dict) -> tuple[int, int]:
-    """The layers a worker of a stage holds: under Bi-Partition, both its ranges (as
-    `bipartition.union_layers` builds them)."""
-    (start, end), (b0, b1) = stage["layers"], backward_layers(stage)
-    return min(start, b0), max(end, b1)
 
 
 def recut(blobs: dict[int, bytes], old: dict, new: dict) -> dict[int, bytes]:

@@ -484,7 +484,7 @@ class Executor:
         arrivals say (gloo's timeout names no one; any of the others may be the silent one)."""
         others = [d for d in self.topo.groups[stage] if d != self.device]
         doing = f"all-reducing stage {stage}'s gradients with {', '.join(others)}"
-        absent = self.arrivals.missing(self.round, others) if self.arrivals is not None and len(others) > 1 else []
+        absent = self.arrivals.missing(self.round, others) if self.arrivals is not None else []
         return f"{doing} ({', '.join(absent)} never reached it)" if absent else doing
 
     def _average_buffers(self) -> None:

@@ -190,11 +190,12 @@ class Session(Launcher):
                                    f"try again")
 
     def _initial_blobs(self, seed: int) -> list[bytes]:
+        from hppctl.runtime.bipartition import union_layers
         from hppctl.runtime.stage import initial_stage_tensors
 
         plan = self.request.plan
         # Bi-Partition: a worker holds the layers it forwards and those it backwards.
-        held = [(min(s.start, s.backward[0]), max(s.end, s.backward[1])) for s in plan.stages]
+        held = [union_layers(s.layers, s.backward_layers) for s in plan.stages]
         return [to_blob(tensors) for tensors in initial_stage_tensors(plan.model, plan.granularity, held, seed=seed,
                                                                       state=self.request.initial_state)]
 

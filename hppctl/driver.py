@@ -229,12 +229,14 @@ def plan_to_resume(checkpoint_dir: Path, plan, profile, plan_file: Path, rejoin:
     its re-planned plan, over the profile of the devices left (the re-planned plan was made from it),
     unless `rejoin`; a checkpoint of another plan of the same model is re-cut to `plan`'s stages."""
     from hppctl.planner.replan import without_devices
-    from hppctl.runtime.checkpoint import CheckpointDir, refuse_unless_recuttable, stages_line
+    from hppctl.runtime.checkpoint import HPP_KIND, CheckpointDir, check_kind, refuse_unless_recuttable, stages_line
     from hppctl.runtime.checkpoint import plan_to_resume as checkpoint_plan
     from hppctl.runtime.session import Lineage, plan_digest, plan_document
 
     view = view or RunView()
     meta = CheckpointDir(checkpoint_dir).newest_meta()
+    if meta is not None:
+        check_kind(meta["_file"], meta, HPP_KIND)
     resumed, lineage = (plan, Lineage(origin=plan_digest(plan))) if rejoin else checkpoint_plan(meta, plan)
     if resumed is plan:
         if meta is not None and meta.get("plan") != plan_document(plan):
@@ -338,20 +340,29 @@ def spec_profile(spec, source: str):
 
 
 def train_psl(plan, cluster, options, data, *, view: RunView | None = None, metrics=None, save_model=None,
-              listen=None, log=None, user_code=None, trace=None) -> dict:
+              listen=None, log=None, user_code=None, trace=None, checkpoint_dir=None, checkpoint_every: int = 1,
+              resume: bool = False, announce=None) -> dict:
     """Run a PSL session (runtime/psl/), write metrics, the trace and the model; return the summary.
-    user_code: as `train`'s."""
+    user_code, announce: as `train`'s. With `checkpoint_dir`, every device's state is written there every
+    `checkpoint_every` rounds and at the end; `resume` starts from the newest round there."""
     from hppctl.runtime.psl.session import PslRunRequest, PslSession, summarize as summarize_psl
     from hppctl.runtime.results import save_model as write_model
     from hppctl.store import open_output_stream, write_text_atomic
 
     view = view or RunView()
     rounds = options.train.rounds
-    log_file = open_output_stream(log, append=True) if log else None
+    log_file = open_output_stream(log, append=True) if log else None  # appended to: a refused run adds nothing
     metrics_file = None
+    session = PslSession(PslRunRequest(plan, cluster, options, listen=listen, log=log_file, trace=trace is not None,
+                                       checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                                       resume=resume))
     try:
+        session.lock_checkpoint()  # another run active: exit 75 before any output, --metrics untouched
+        session.resume_point()  # a checkpoint it cannot resume: exit 2, likewise
+        if announce:
+            view.note(announce)
         if metrics is not None:
-            metrics_file = open_output_stream(metrics)
+            metrics_file = open_output_stream(metrics, append=resume)
 
         def on_round(row: dict) -> None:
             _write_row(metrics_file, row)
@@ -360,13 +371,12 @@ def train_psl(plan, cluster, options, data, *, view: RunView | None = None, metr
         def on_phase(name: str) -> None:
             view.began(name, f"{len(session.topo.devices)} workers" if name == "workers" else f"{rounds} rounds")
 
-        session = PslSession(PslRunRequest(plan, cluster, options, listen=listen, log=log_file,
-                                           trace=trace is not None))
         session.user_code = user_code
         session.on_phase = on_phase
         result = session.run(on_round=on_round, on_event=view.event)
         view.ended()
     finally:
+        session.unlock_checkpoint()
         for f in (metrics_file, log_file):
             if f is not None:
                 f.close()
@@ -379,7 +389,7 @@ def train_psl(plan, cluster, options, data, *, view: RunView | None = None, metr
     if trace is not None:
         write_text_atomic(trace, json.dumps(result.trace) + "\n")
     summary.update(saved_model=str(save_model) if save_model else None, metrics=str(metrics) if metrics else None,
-                   trace=str(trace) if trace else None)
+                   trace=str(trace) if trace else None, checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None)
     summary["workdir"] = shipped_workdir(user_code, view)
     return summary
 

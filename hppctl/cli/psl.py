@@ -236,7 +236,7 @@ def is_psl_file(path: Path) -> bool:
 def run_psl(
     plan_file: Annotated[Path, typer.Option("--plan", help="PSL plan (.json/.yaml) from `hppctl psl plan`.")],
     cluster_file: Annotated[Path, typer.Option("--cluster", help="Cluster inventory naming every client and helper (local: or host:).")],
-    rounds: Annotated[int, typer.Option("--rounds", help="Training rounds; each ends with FedAvg.")] = 1,
+    rounds: Annotated[Optional[int], typer.Option("--rounds", help="Training rounds; each ends with FedAvg. Default 1.")] = None,
     local_batches: Annotated[int, typer.Option("--local-batches", help="Batch updates per client per round.")] = 1,
     shares: Annotated[Optional[str], typer.Option("--shares", help="Relative data shard sizes per client, e.g. 3,1,1 (default: equal).")] = None,
     order: Annotated[str, typer.Option("--order", help="plan: helpers serve the plan's order; ltf: online, the ready task with the most client work after it.")] = "plan",
@@ -247,7 +247,11 @@ def run_psl(
     lr: Annotated[Optional[float], typer.Option("--lr", help="Learning rate. Default: the family's (adam), 0.05 for sgd.")] = None,
     momentum: Annotated[Optional[float], typer.Option("--momentum", help="SGD momentum (default 0.9).")] = None,
     weight_decay: Annotated[Optional[float], typer.Option("--weight-decay", help="L2 weight decay (default 0).")] = None,
-    metrics: Annotated[Optional[Path], typer.Option("--metrics", help="Per-round metrics (.jsonl): loss, every batch's makespan and tasks.")] = None,
+    checkpoint_dir: Annotated[Optional[Path], typer.Option("--checkpoint-dir", help="Every device's parts and optimizers, written atomically after FedAvg; locked while the run lasts.")] = None,
+    checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Checkpoint every K rounds (and at the end).")] = 1,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from the newest complete round in --checkpoint-dir (written by a run of the same plan layout and settings).")] = False,
+    more_rounds: Annotated[Optional[int], typer.Option("--more-rounds", help="With --resume: train N rounds past the checkpoint's newest round (from 0 if it has none), so one command continues every day.")] = None,
+    metrics: Annotated[Optional[Path], typer.Option("--metrics", help="Per-round metrics (.jsonl): loss, every batch's makespan and tasks; appended to on --resume.")] = None,
     save_model: Annotated[Optional[Path], typer.Option("--save-model", help="Write the FedAvg'd model as one state dict (the model's own names).")] = None,
     trace: Annotated[Optional[Path], typer.Option("--trace", help="Write Chrome trace events (.json) of the batches and FedAvg as run, laid out as `hppctl psl simulate --trace` (ui.perfetto.dev).")] = None,
     threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads per worker, at most 1024 (default: cores / local workers; SSH workers follow OMP_NUM_THREADS).")] = None,
@@ -268,8 +272,10 @@ def run_psl(
     # Outputs first, before the plan is read (`hppctl run` on a psl plan checked its own already).
     for flag, path in (("--metrics", metrics), ("--save-model", save_model), ("--log", log), ("--trace", trace)):
         writable_path(flag, path)
-    for flag, value in (("--rounds", rounds), ("--local-batches", local_batches)):
+    for flag, value in (("--rounds", rounds), ("--local-batches", local_batches), ("--checkpoint-every", checkpoint_every),
+                        ("--more-rounds", more_rounds)):
         positive(flag, value)
+    rounds = _total_rounds(rounds, more_rounds, checkpoint_dir, resume)
     check_optimizer_flags(optimizer, lr, momentum, weight_decay)
     check_divergence_factor("--divergence-factor", divergence_factor)
     seconds("--timeout", timeout)
@@ -299,10 +305,9 @@ def run_psl(
     if threads is None:
         local = [d for d in (*plan.clients, *plan.helpers) if cluster.device(d).local]
         threads = max(1, (os.cpu_count() or 1) // len(local)) if local else 0
-    from hppctl.runtime.optimizer_defaults import resolve
-    chosen = resolve(plan.model, optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    if chosen.line():
-        note(chosen.line())
+    from hppctl.runtime.optimizer_defaults import recorded_settings, resolve
+    chosen = resolve(plan.model, optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay,
+                     recorded=recorded_settings(checkpoint_dir) if resume else None)
     options = PslOptions(train=TrainOptions(dataset=dataset, seed=seed, rounds=rounds, **chosen.as_options(), threads=threads,
                                             timeout_s=timeout, divergence_factor=divergence_factor),
                          local_batches=local_batches, shares=share_values, order=order)
@@ -310,9 +315,30 @@ def run_psl(
     with lines or contextlib.nullcontext():
         summary = driver.train_psl(plan, cluster, options, data, view=PslView(lines), metrics=metrics,
                                    save_model=save_model, listen=listen, log=log, trace=trace,
-                                   user_code=user_code(workdir, dataset=dataset))
+                                   user_code=user_code(workdir, dataset=dataset), checkpoint_dir=checkpoint_dir,
+                                   checkpoint_every=checkpoint_every, resume=resume, announce=chosen.line())
     summary["optimizer"] = {**chosen.as_options(), "source": chosen.source}
     emit_json(summary) if as_json else _render_run(summary)
+
+
+def _total_rounds(rounds: Optional[int], more_rounds: Optional[int], checkpoint_dir: Optional[Path],
+                  resume: bool) -> int:
+    """The run's total rounds: --rounds (default 1), or --more-rounds past the checkpoint's newest round."""
+    from hppctl.runtime.checkpoint import CheckpointDir, check_lock_file
+
+    if resume and checkpoint_dir is None:
+        raise BadInput("--resume: needs --checkpoint-dir")
+    if checkpoint_dir is not None:
+        writable_path("--checkpoint-dir", checkpoint_dir, directory=True)
+        check_lock_file(checkpoint_dir / "LOCK")
+    if more_rounds is None:
+        return 1 if rounds is None else rounds
+    if rounds is not None:
+        raise BadInput("--more-rounds: counts past the checkpoint's newest round; --rounds gives the total instead: "
+                       "give one of them")
+    if not resume:
+        raise BadInput("--more-rounds: goes with --resume and --checkpoint-dir (it counts past the newest round there)")
+    return CheckpointDir(checkpoint_dir).newest_round_number() + more_rounds
 
 
 def _parse_shares(text: Optional[str]) -> Optional[list[float]]:

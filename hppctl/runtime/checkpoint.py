@@ -40,6 +40,10 @@ from hppctl.store import write_bytes_atomic, write_text_atomic
 
 KEEP = 2
 COMPLETE = "COMPLETE.json"
+HPP_KIND = "hpp"
+"""The `kind` of a round whose COMPLETE.json records none: a layer-wise (or Bi-Partition) run's; a PSL run
+records "psl" (runtime/psl/checkpoint.py)."""
+_KIND_NAMES = {HPP_KIND: "training plan's run (`hppctl run`)", "psl": "psl plan's run (`hppctl psl run`)"}
 DIGESTS = "sha256"
 """COMPLETE.json key: {"stage-0.pt": "<64 hex digits>", …}, the SHA-256 of each stage file."""
 MAX_META_BYTES = 64 * 2**20
@@ -214,6 +218,7 @@ class CheckpointDir:
             return None
         where = _round_dir(self.path, rounds[-1])
         meta = read_meta(where / COMPLETE, rounds[-1])
+        check_kind(where / COMPLETE, meta, expected.get("kind", HPP_KIND))
         for key, value in expected.items():
             if key != "plan" and meta.get(key) != value:
                 raise BadInput(f"--resume: {where / COMPLETE}: {key} is {meta.get(key)!r}, this run has {value!r}; "
@@ -240,6 +245,15 @@ class CheckpointDir:
             return meta["round"], blobs
         refuse_unless_recuttable(where / COMPLETE, old, new)
         return meta["round"], recut(blobs, old, new)
+
+
+def check_kind(path: Path, meta: dict, wanted: str) -> None:
+    """`BadInput` unless the round `meta` records (its COMPLETE.json at `path`) was written by a run of
+    kind `wanted`: a psl round's files are devices' states, a layer-wise round's are stages'."""
+    kind = meta.get("kind", HPP_KIND)
+    if kind != wanted:
+        raise BadInput(f"--resume: {path}: written by a {_KIND_NAMES[kind]}; this is a {_KIND_NAMES[wanted]}, "
+                       f"which cannot start from its files: give another directory")
 
 
 def check_digest(path: Path, blob: bytes, meta: dict) -> None:
@@ -285,6 +299,8 @@ def _check_meta_fields(path: Path, meta: dict, round_index: int) -> None:
     if (not isinstance(stages, list) or not stages or any(type(p) is not int for p in stages)
             or stages != list(range(len(stages)))):
         raise bad("stages", "must list the stage numbers 0, 1, … in order")
+    if "kind" in meta and not (isinstance(meta["kind"], str) and meta["kind"] in _KIND_NAMES):
+        raise bad("kind", f"must be one of {', '.join(_KIND_NAMES)}")
     if "plan" in meta:
         _check_meta_plan(path, meta["plan"], len(stages))
     if "origin_plan" in meta and not (isinstance(meta["origin_plan"], str)

@@ -156,10 +156,6 @@ RUN_KINDS = {kind.name: kind for kind in (
         "fault tolerance": "which cannot survive a lost device yet (re-planning, replay and state backups know "
                            f"layer-wise stages only); {_NO_FT}"}),
     RunKind("psl", "psl plan (`hppctl run` or `hppctl psl run`)", FEATURES_DOC, {
-        "resume": "which keeps no checkpoint to resume from: its clients' models are averaged (FedAvg) every round "
-                  "and gathered once, at the end",
-        "checkpoint": "which writes no checkpoints: its clients' models are gathered once, at the end "
-                      "(--save-model keeps the trained model)",
         "asynchronous schedule": "which follows its own order of clients and helpers (`hppctl psl run "
                                  "--order`), not an HPP schedule",
         "fault tolerance": "which cannot survive a lost device: a failed client or helper fails the run (exit 1)"}),

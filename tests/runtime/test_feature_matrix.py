@@ -65,18 +65,22 @@ def psl_plan(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("flags, flag, why", [
-    (["--checkpoint-dir", "CK", "--resume"], "--resume", "keeps no checkpoint to resume from"),
-    (["--rejoin"], "--rejoin", "keeps no checkpoint to resume from"),
-    (["--checkpoint-every", "5"], "--checkpoint-every", "writes no checkpoints"),
-    (["--checkpoint-dir", "CK"], "--checkpoint-dir", "writes no checkpoints"),
     (["--schedule", "nf1b"], "--schedule nf1b", "follows its own order of clients and helpers"),
     (["--replan", "heavy"], "--replan", "cannot survive a lost device"),
     (["--heartbeat", "0.5"], "--heartbeat", "cannot survive a lost device"),
-])  # (--trace was refused too until PSL runs traced their batches: tests/psl/test_trace.py)
+])  # (--trace was refused too until PSL runs traced their batches: tests/psl/test_trace.py; --checkpoint-dir
+#     and --resume until PSL runs wrote checkpoints: tests/psl/test_checkpoint.py)
 def test_a_psl_plan_refuses_what_it_ignored(cli, psl_plan, tmp_path, flags, flag, why):
     flags = [str(tmp_path / f) if f in ("CK", "T.json") else f for f in flags]
     line = refused(cli, "run", "--plan", psl_plan, "--cluster", EXAMPLES / "psl-cluster.yaml", *flags)
     assert line.startswith(f"error: {flag}: {psl_plan} is a psl plan, which ") and why in line, line
+    assert not (tmp_path / "CK").exists()
+
+
+def test_a_psl_plan_refuses_rejoin_which_only_fault_tolerance_needs(cli, psl_plan, tmp_path):
+    line = refused(cli, "run", "--plan", psl_plan, "--cluster", EXAMPLES / "psl-cluster.yaml", "--checkpoint-dir",
+                   tmp_path / "CK", "--resume", "--rejoin")
+    assert line == "error: --rejoin: not supported for psl plans (see `hppctl psl run --help`)", line
     assert not (tmp_path / "CK").exists()
 
 

@@ -52,6 +52,20 @@ SCHEDULES = [kind for kind in RUN_KINDS if kind != "inference"]
 
 ASYNCHRONOUS = {"nf1b", "pipedream"}
 
+PSL_SPEC = """\
+name: matrix-psl
+model: tiny-mlp
+granularity: fine
+cut: [2, 4]
+batch: 8
+clients:
+  - {name: pi, preset: rpi4, count: 3}
+helpers:
+  - {name: lap, preset: laptop-cpu}
+  - {name: nx, preset: jetson-nx}
+"""
+"""Names as examples/psl-cluster.yaml's devices; tiny-mlp reads `DATASET` (three shards of 21-22 samples)."""
+
 
 def test_every_training_kind_has_a_set_up():
     assert set(DISTURBANCES.values()) <= set(FEATURES)
@@ -73,7 +87,8 @@ def cells():
 def files(tmp_path_factory) -> dict:
     """Plan, cluster and profile files of each kind: three single-device stages of tiny-mlp (the
     asynchronous schedules need one device per stage), the same with split backwards, a Bi-Partition
-    plan whose first stage backwards fewer layers than it forwards, and the example psl plan."""
+    plan whose first stage backwards fewer layers than it forwards, and a psl plan of tiny-mlp for the
+    devices of examples/psl-cluster.yaml."""
     root = tmp_path_factory.mktemp("matrix")
     profile = with_weight_times(preset_profile("tiny-mlp", {"a": "jetson-nano", "b": "jetson-nano", "c": "jetson-tx2"}),
                                 0.5)  # so that the split plan's re-plan splits its backwards too
@@ -86,15 +101,17 @@ def files(tmp_path_factory) -> dict:
     save(root / "split.yaml", split_plan(layer_wise))
     save(root / "bi.yaml", bi_plan("tiny-mlp", [0, 3, 4, 5], [0, 2, 5, 5], DEVICES, global_batch=16,
                                    micro_batch=4).model_copy(update=digest))
-    assert run(["psl", "plan", "--spec", str(EXAMPLES / "psl.yaml"), "--out", str(root / "psl.yaml")]) == 0
+    (root / "psl-spec.yaml").write_text(PSL_SPEC)
+    assert run(["psl", "plan", "--spec", str(root / "psl-spec.yaml"), "--out", str(root / "psl.yaml")]) == 0
     return {"root": root, "profile": root / "profile.json", "cluster": root / "cluster.yaml",
             "plan": root / "plan.yaml", "split": root / "split.yaml", "bi": root / "bi.yaml", "psl": root / "psl.yaml"}
 
 
 def base_args(kind: str, files: dict) -> list[str]:
     """`hppctl run` of `kind`, before the disturbance's flags."""
-    if kind == "psl":
-        return ["run", "--plan", str(files["psl"]), "--cluster", str(EXAMPLES / "psl-cluster.yaml")]
+    if kind == "psl":  # a round is a batch of each client, then FedAvg: as many rounds as the others' steps
+        return ["run", "--plan", str(files["psl"]), "--cluster", str(EXAMPLES / "psl-cluster.yaml"), "--dataset",
+                DATASET, "--rounds", str(EPOCHS * BATCHES_PER_EPOCH), "--threads", "1", "--seed", "3"]
     plan = {"bipartition": files["bi"], "split": files["split"]}.get(kind, files["plan"])
     args = ["run", "--plan", str(plan), "--cluster", str(files["cluster"]), "--dataset", DATASET,
             "--epochs", str(EPOCHS), "--threads", "1", "--seed", "3"]

@@ -35,6 +35,10 @@ class PslWorkerConfig(FrozenModel):
     options: PslOptions
     fedavg_weights: list[Annotated[float, Field(ge=0, le=1)]]
     """w_j = n_j / Σ n per client (plan order), from the shard sizes; helpers need them and never load data."""
+    checkpoint_every: Annotated[int, Field(ge=0)] = 0
+    """Hand the state in every K rounds (`ckpt/<round>/<rank>`); 0: no checkpoints."""
+    resume: bool = False
+    """Load the state at `resume/<rank>` (a checkpoint round) and train from `options.train.start_round`."""
     user_code: UserCode | None = None
     """The run's `--workdir` on this device and its user modules (runtime/workdir.py; the launcher
     fills it, runtime/worker_entry.py reads it); None: neither."""

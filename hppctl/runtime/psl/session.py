@@ -7,8 +7,9 @@
 It is a `runtime.launcher.Launcher` with PSL's devices: the same store on one address, per-run token
 and join proofs, local subprocesses or fabric over SSH, liveness checks and failure messages as the
 HPP launcher — only what is launched (`python -m hppctl.runtime.psl.worker`), what is shipped (each
-distinct part's initial weights, cut from one model built from the seed) and what is collected
-(per-round batch timings, the final parts) differ.
+distinct part's initial weights, cut from one model built from the seed, and a resumed round's
+device states) and what is collected (per-round batch timings, checkpoint rounds of every device's
+state: psl/checkpoint.py, the final parts) differ.
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
+from hppctl.errors import BadInput, Diverged
 from hppctl.models.cluster import ClusterSpec
 from hppctl.models.psl import PslPlan
 from hppctl.models.reports import PslRoundReport
 from hppctl.runtime import bootstrap, wire
+from hppctl.runtime.checkpoint import CheckpointDir
 from hppctl.runtime.divergence import DivergenceGuard
 from hppctl.runtime.launcher import Launcher, add_row, from_blob, last_end, to_blob
 from hppctl.runtime.psl.config import PslOptions, PslWorkerConfig
@@ -43,6 +47,11 @@ class PslRunRequest:
     env: dict = field(default_factory=dict)
     trace: bool = False
     """Lay the batches out as run (`PslRunResult.trace`, Chrome trace events)."""
+    checkpoint_dir: Path | None = None
+    """Write every device's state there every `checkpoint_every` rounds and at the end (psl/checkpoint.py)."""
+    checkpoint_every: int = 1
+    resume: bool = False
+    """Start from the newest round in `checkpoint_dir` (its settings must be this run's)."""
 
 
 @dataclass
@@ -52,6 +61,8 @@ class PslRunResult:
     finals: dict[str, dict]
     """Per device: its parts' state dicts (client: part1, part3; helper: one per client)."""
     wall_s: float
+    start_round: int = 0
+    """The round the run started from (a resumed run's checkpoint round; `rounds` hold the rounds after it)."""
     workers: dict[str, dict] = field(default_factory=dict)
     order: str = "plan"
     """How the helpers picked their tasks (`PslOptions.order`)."""
@@ -68,8 +79,8 @@ class PslRunResult:
 
 
 class PslSession(Launcher):
-    """The launcher with a PSL plan: ships the initial parts, turns reports into PSL rows, collects
-    every device's final parts (no checkpoints)."""
+    """The launcher with a PSL plan: ships the initial parts (and a resumed round's device states),
+    turns reports into PSL rows, writes due checkpoints, collects every device's final state."""
 
     worker_module = WORKER_MODULE
     report_type = PslRoundReport
@@ -78,21 +89,62 @@ class PslSession(Launcher):
         super().__init__(request)
         self.topo = PslTopology.of(request.plan)
         self._guard = DivergenceGuard(request.options.train.divergence_factor)
+        self.ckpt = CheckpointDir(request.checkpoint_dir) if request.checkpoint_dir else None
+        self._resumed: tuple[int, dict[int, bytes]] | None = None
+
+    def lock_checkpoint(self) -> None:
+        """Take the checkpoint directory's lock (`CheckpointLocked`, exit 75, if another run holds it):
+        the driver takes it before any output, `run` again (a no-op then) and releases it."""
+        if self.ckpt:
+            self.ckpt.lock()
+
+    def unlock_checkpoint(self) -> None:
+        if self.ckpt:
+            self.ckpt.unlock()
 
     def run(self, *, on_round: Callable[[dict], None] | None = None,
             on_event: Callable[[str], None] | None = None) -> PslRunResult:
         started = time.perf_counter()
-        self.on_phase("workers")
-        self._prepare()
+        self.lock_checkpoint()
+        try:
+            start, resumed = self.resume_point()
+            options = self.request.options
+            options = options.model_copy(update={"train": options.train.model_copy(update={"start_round": start})})
+            self.on_phase("workers")
+            self._prepare()
 
-        segments: list | None = [] if self.request.trace else None
-        rows, workers, finals = self._run_workers(self.request.options.train.timeout_s, ship=self._ship_initial_parts,
-                                                  config_of=self._config(),
-                                                  collect=lambda: self._collect(on_round, segments), notify=on_event)
+            def ship(store) -> None:
+                self._ship_initial_parts(store)
+                for rank, blob in resumed.items():
+                    bootstrap.put_blob(store, wire.resume(rank), blob)
+
+            segments: list | None = [] if self.request.trace else None
+            rows, workers, finals = self._run_workers(
+                options.train.timeout_s, ship=ship, config_of=self._config(options, bool(resumed)),
+                collect=lambda: self._collect(options, on_round, segments), notify=on_event)
+        finally:
+            self.unlock_checkpoint()
         trace = None if segments is None else run_trace(segments, f"hppctl psl run: {self.request.plan.model}",
                                                         len(rows))
-        return PslRunResult(self.request.plan, rows, finals, time.perf_counter() - started, workers,
-                            self.request.options.order, trace)
+        return PslRunResult(self.request.plan, rows, finals, time.perf_counter() - started, start, workers,
+                            options.order, trace)
+
+    def resume_point(self) -> tuple[int, dict[int, bytes]]:
+        """(the round to start from, each device's state by rank): (0, {}) unless resuming. Read and
+        checked once, under the lock (the driver asks before it opens any output: a refusal writes
+        nothing); `BadInput` for a checkpoint this run cannot resume, or one that leaves nothing to run."""
+        from hppctl.runtime.psl.checkpoint import resume_point
+
+        if self._resumed is None:
+            found = (0, {})
+            if self.ckpt and self.request.resume:
+                found = resume_point(self.ckpt, self.request.plan, self.request.options)
+            rounds = self.request.options.train.rounds
+            if found[0] >= rounds:
+                raise BadInput(f"--resume: {self.request.checkpoint_dir} already holds round {found[0]} of "
+                               f"{rounds}: nothing to run (--more-rounds K trains K rounds more)")
+            self._resumed = found
+        return self._resumed
 
     def _ship_initial_parts(self, store) -> None:
         from hppctl.runtime.psl.worker import num_layers
@@ -114,31 +166,74 @@ class PslSession(Launcher):
         n = len(load_data(opts.train.dataset, plan.model).train)
         return fedavg_weights(n, opts.shares or [1.0] * len(plan.clients))
 
-    def _config(self) -> Callable[[str], PslWorkerConfig]:
+    def _config(self, options: PslOptions, resume: bool) -> Callable[[str], PslWorkerConfig]:
         req, weights = self.request, self._weights()
+        every = req.checkpoint_every if self.ckpt else 0
         return lambda device: PslWorkerConfig(device=device, store_host=self.store.host, store_port=self.store.port,
-                                              plan=req.plan, options=req.options, fedavg_weights=weights)
+                                              plan=req.plan, options=options, fedavg_weights=weights,
+                                              checkpoint_every=every, resume=resume)
 
-    def _collect(self, on_round, segments: list | None) -> tuple[list[dict], dict, dict]:
+    def _collect(self, options: PslOptions, on_round, segments: list | None) -> tuple[list[dict], dict, dict]:
         """The rounds' rows, every device's memory figures and final parts; with `segments`, each
-        round's segments as run added to it."""
-        rounds = self.request.options.train.rounds
+        round's segments as run added to it. Checkpoint round c (the state round c trains from) is
+        written once round c's loss passed the divergence check, as a layer-wise run's is."""
+        start, rounds = options.train.start_round, options.train.rounds
+        every = self.request.checkpoint_every if self.ckpt else 0
+        due = {c for c in range(start + 1, rounds) if every and c % every == 0}
         rows, workers = [], {}
         while True:
             self._check_alive()
-            r = len(rows)
+            r = start + len(rows)
             if r < rounds and (reports := self._take_round(r)) is not None:
                 workers.update({d: report.memory() for d, report in reports.items()})
                 if segments is not None:
                     segments += [s for d in self.topo.devices for s in round_segments(reports[d])]
                 row = round_row(reports, self.topo, last_end(rows), self.request.plan.batch)
                 add_row(rows, row, on_round)
-                self._guard.check(r, row.get("loss"))  # PSL keeps no checkpoints: nothing to write first
+                try:
+                    self._guard.check(r, row.get("loss"))
+                except Diverged:
+                    self._write_checkpoints(due, checked=r, options=options)
+                    raise
                 continue
+            self._write_checkpoints(due, checked=r, options=options)
             if r >= rounds and self._all_done():
-                return rows, workers, {d: from_blob(bootstrap.get_blob(self.store.store, wire.final(d), delete=True))
-                                       for d in self.topo.devices}
+                return rows, workers, self._final_states(options)
             time.sleep(0.02)
+
+    def _write_checkpoints(self, due: set[int], *, checked: int, options: PslOptions) -> None:
+        """Write each due checkpoint round c < `checked` whose device states have all arrived."""
+        store, ranks = self.store.store, range(len(self.topo.devices))
+        for c in sorted(due):
+            if c < checked and all(bootstrap.has_blob(store, wire.ckpt(c, p)) for p in ranks):
+                blobs = {p: bootstrap.get_blob(store, wire.ckpt(c, p), delete=True) for p in ranks}
+                self.ckpt.write_round(c, blobs, self._checkpoint_meta(options))
+                due.discard(c)
+
+    def _final_states(self, options: PslOptions) -> dict[str, dict]:
+        """Every device's final parts, by device; written as the last checkpoint round, or `Diverged`
+        if one holds NaN or infinity (the last round's update can break weights its loss never saw)."""
+        from hppctl.runtime.divergence import first_nonfinite_tensor
+
+        store, devices = self.store.store, self.topo.devices
+        blobs = {p: bootstrap.get_blob(store, wire.final(d), delete=True) for p, d in enumerate(devices)}
+        parts = {d: from_blob(blobs[p])["parts"] for p, d in enumerate(devices)}
+        if self._guard.enabled:
+            for d, held in parts.items():
+                for name, state in held.items():
+                    bad = first_nonfinite_tensor({"model": state})
+                    if bad is not None:
+                        raise Diverged(f"training diverged: after round {options.train.rounds - 1}, {d}'s {name} "
+                                       f"{bad} holds NaN or infinity (lower --lr; --divergence-factor 0 turns this "
+                                       f"check off)")
+        if self.ckpt:
+            self.ckpt.write_round(options.train.rounds, blobs, self._checkpoint_meta(options))
+        return parts
+
+    def _checkpoint_meta(self, options: PslOptions) -> dict:
+        from hppctl.runtime.psl.checkpoint import psl_fingerprint
+
+        return psl_fingerprint(self.request.plan, options)
 
 
 def round_row(reports: dict[str, PslRoundReport], topo: PslTopology, previous_end: float | None, batch: int) -> dict:
@@ -215,7 +310,8 @@ def summarize(result: PslRunResult) -> dict:
     return {
         "plan": {"method": plan.method, "model": plan.model, "batch": plan.batch, "clients": len(plan.clients),
                  "helpers": len(plan.helpers), "preemptive": is_preemptive(plan)},
-        "rounds": len(result.rounds), "batches": len(makespans),
+        "rounds": len(result.rounds), "rounds_run": len(result.rounds), "start_round": result.start_round,
+        "batches": len(makespans),
         "loss": result.rounds[-1]["loss"] if result.rounds else None,
         "train_accuracy": result.rounds[-1]["train_accuracy"] if result.rounds else None,
         "batch_makespan_s": {"median": measured, "min": min(steady), "max": max(steady), "first": makespans[0],

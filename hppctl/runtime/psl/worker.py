@@ -8,8 +8,11 @@ cut them out of one model built from the seed, so every client starts from the s
 the gloo group (rank = its place in `PslTopology.devices`), and runs the rounds: every round is
 `local_batches` batch updates — each after a barrier, so that every client starts its batch
 together as in the paper's batch makespan — then FedAvg (psl/fedavg.py). It reports each round as
-`metrics/<round>/<device>`, its final parts as `final/<device>`, then `done/<device>`; any exception
-becomes `failed/<device>` (traceback on stderr) and exit code 1.
+`metrics/<round>/<device>`, its state (parts and optimizers, `state_blob`) as `ckpt/<round>/<rank>`
+when a checkpoint is due and as `final/<device>` at the end, then `done/<device>`; any exception
+becomes `failed/<device>` (traceback on stderr) and exit code 1. A resumed worker (`config.resume`)
+loads its state from `resume/<rank>` over the initial parts and trains from `start_round` on: batch
+`step`'s samples and dropout draws follow from (seed, step) alone, so nothing else carries over.
 """
 
 from __future__ import annotations
@@ -109,6 +112,7 @@ class PslWorker:
         helper = topo.helper_of[self.device]
         client = Client(part1, part3, optimizer, helper, topo.rank(helper), samples, self.data.train, plan.batch)
         self.parts = {"part1": part1, "part3": part3}
+        self.optimizers = {"client": optimizer}
         w = self.weights[self.device]
         return client, [(w, part1.module), (w, part3.module)]
 
@@ -122,6 +126,7 @@ class PslWorker:
             part2 = build_part(self.config, self.store, *topo.cuts[client])
             copies[client] = (part2, make_optimizer(part2.parameters(), self.config.options.train), topo.rank(client))
         self.parts = {c: stage for c, (stage, _, _) in copies.items()}
+        self.optimizers = {c: optimizer for c, (_, optimizer, _) in copies.items()}
         tails = task_tails(plan, self.device) if self.config.options.order == "ltf" else None
         helper = Helper(copies, list(topo.orders[self.device]), plan.batch, tails, self.config.options.train.timeout_s)
         return helper, [(self.weights[c], copies[c][0].module) for c in copies]
@@ -169,10 +174,20 @@ class PslWorker:
              "started_at": started, "duration_s": time.time() - started, "cpu_s": time.process_time() - cpu,
              "fedavg_s": fedavg_s, "batches": batches, **process_report(), "cgroup": cgroup}, strict=False)
 
-    def final_blob(self) -> bytes:
+    def state_blob(self) -> bytes:
+        """This device's training state: its parts (a client: part1, part3; a helper: one part-2 copy per
+        client) and its optimizers (a client: one over parts 1 and 3; a helper: one per copy)."""
         from hppctl.runtime.replication import to_bytes
 
-        return to_bytes({name: stage.state_dict() for name, stage in self.parts.items()})
+        return to_bytes({"parts": {name: stage.state_dict() for name, stage in self.parts.items()},
+                         "optimizers": {name: opt.state_dict() for name, opt in self.optimizers.items()}})
+
+    def load_state(self, state: dict) -> None:
+        """A checkpointed `state_blob` over the initial parts (the launcher checked its names and shapes)."""
+        for name, stage in self.parts.items():
+            stage.module.load_state_dict(state["parts"][name])
+        for name, optimizer in self.optimizers.items():
+            optimizer.load_state_dict(state["optimizers"][name])
 
 
 def serve(ctx: WorkerContext) -> None:
@@ -181,12 +196,23 @@ def serve(ctx: WorkerContext) -> None:
 
     config, store, cgroup = ctx.config, ctx.store, cpu_cgroup()
     worker = PslWorker(config, store)
-    bootstrap.init_process_groups(store, worker.topo.rank(config.device), worker.topo.world_size, [], 0,
+    rank, train = worker.topo.rank(config.device), config.options.train
+    if config.resume:
+        worker.load_state(load_blob(store, wire.resume(rank)))
+    bootstrap.init_process_groups(store, rank, worker.topo.world_size, [], 0,
                                   store_host=config.store_host, timeout_s=config.timeout_s)
     worker.make_groups(config.timeout_s)
-    for r in range(config.options.train.rounds):
+    for r in range(train.start_round, train.rounds):
         store.set(wire.metrics(r, config.device), worker.run_round(r, cgroup).model_dump_json())
-    bootstrap.put_blob(store, wire.final(config.device), worker.final_blob())
+        if checkpoint_due(config, r + 1):
+            bootstrap.put_blob(store, wire.ckpt(r + 1, rank), worker.state_blob())
+    bootstrap.put_blob(store, wire.final(config.device), worker.state_blob())
+
+
+def checkpoint_due(config: PslWorkerConfig, completed: int) -> bool:
+    """Whether the state after `completed` rounds is a checkpoint round (the last one is the final state)."""
+    every = config.checkpoint_every
+    return bool(every and completed % every == 0 and completed < config.options.train.rounds)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,173 @@
+"""PSL runs write checkpoints and resume from them (`hppctl psl run --checkpoint-dir … --resume`,
+`--more-rounds`); refused before (exit 2: "which keeps no checkpoint to resume from"). A resumed run
+ends with the uninterrupted run's parameters: every device's parts and optimizer state carry over
+(Adam here: without its moments the resumed run differs). A checkpoint this run cannot resume is
+refused before any worker starts, with one line naming the file, and nothing written. The SIGKILL
+case: tests/runtime/test_schedule_matrix.py (psl × resume after SIGKILL)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from hppctl.cli import run
+from hppctl.runtime.checkpoint import COMPLETE, CheckpointDir
+
+pytestmark = [pytest.mark.gloo, pytest.mark.timeout(600)]
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+CLUSTER = EXAMPLES / "psl-cluster.yaml"
+SETTINGS = ["--dataset", "digits", "--local-batches", "2", "--shares", "2,1,1", "--threads", "1", "--seed", "5"]
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("psl") / "psl.yaml"
+    assert run(["psl", "plan", "--spec", str(EXAMPLES / "psl.yaml"), "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def written(plan, tmp_path_factory) -> Path:
+    """A checkpoint directory a real 2-round run wrote (rounds 1 and 2)."""
+    ck = tmp_path_factory.mktemp("written") / "ck"
+    assert run(["psl", "run", "--plan", str(plan), "--cluster", str(CLUSTER), *SETTINGS, "--rounds", "2",
+                "--checkpoint-dir", str(ck)]) == 0
+    assert CheckpointDir(ck).complete_rounds() == [1, 2]
+    return ck
+
+
+def psl_run(cli, plan: Path, *flags) -> tuple[int, str, str]:
+    return cli("psl", "run", "--plan", plan, "--cluster", CLUSTER, *SETTINGS, *flags)
+
+
+def test_two_cron_starts_of_more_rounds_end_with_the_uninterrupted_runs_parameters(cli, plan, tmp_path):
+    code, _, err = psl_run(cli, plan, "--rounds", "4", "--save-model", tmp_path / "whole.pt")
+    assert code == 0, err
+    for start in (0, 2):  # a cron line: the same command each time
+        code, out, err = psl_run(cli, plan, "--checkpoint-dir", tmp_path / "ck", "--resume", "--more-rounds", "2",
+                                 "--metrics", tmp_path / "m.jsonl", "--save-model", tmp_path / "resumed.pt", "--json")
+        assert code == 0, err
+        summary = json.loads(out)
+        assert (summary["start_round"], summary["rounds_run"]) == (start, 2)
+    whole, resumed = torch.load(tmp_path / "whole.pt"), torch.load(tmp_path / "resumed.pt")
+    assert sorted(whole) == sorted(resumed)
+    for name in whole:
+        torch.testing.assert_close(resumed[name], whole[name], rtol=0, atol=0, msg=lambda m: f"{name}: {m}")
+    rows = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [row["round"] for row in rows] == [0, 1, 2, 3]  # appended to on --resume
+    assert CheckpointDir(tmp_path / "ck").complete_rounds() == [3, 4]
+
+
+def refusal(cli, plan, ck: Path, tmp_path: Path, *flags) -> str:
+    """Resume from `ck`: exit 2, one `error:` line and nothing else, no metrics file, `ck` unchanged."""
+    before = sorted((p.relative_to(ck), p.read_bytes()) for p in ck.rglob("*") if p.is_file() and p.name != "LOCK")
+    code, out, err = psl_run(cli, plan, "--checkpoint-dir", ck, "--resume", "--metrics", tmp_path / "m.jsonl", *flags)
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "" and len(lines) == 1 and lines[0].startswith("error: --"), (code, out, err)
+    assert not (tmp_path / "m.jsonl").exists()
+    assert sorted((p.relative_to(ck), p.read_bytes()) for p in ck.rglob("*") if p.is_file() and p.name != "LOCK") == before
+    return lines[0]
+
+
+def copy_of(written: Path, tmp_path: Path) -> Path:
+    ck = tmp_path / "ck"
+    shutil.copytree(written, ck)
+    return ck
+
+
+def rewrite_device_file(ck: Path, rank: int, state: dict) -> None:
+    """Replace round 2's file of `rank` and record its digest, as if a run had written it."""
+    where = ck / "round-00000002"
+    torch.save(state, buf := io.BytesIO())
+    (where / f"stage-{rank}.pt").write_bytes(buf.getvalue())
+    meta = json.loads((where / COMPLETE).read_text())
+    meta["sha256"][f"stage-{rank}.pt"] = hashlib.sha256(buf.getvalue()).hexdigest()
+    (where / COMPLETE).write_text(json.dumps(meta))
+
+
+def device_state(ck: Path, rank: int) -> dict:
+    return torch.load(ck / "round-00000002" / f"stage-{rank}.pt", weights_only=True)
+
+
+def test_other_settings_are_refused_naming_the_record(cli, plan, written, tmp_path):
+    line = refusal(cli, plan, copy_of(written, tmp_path), tmp_path, "--rounds", "3", "--shares", "1,1,1")
+    assert line == (f"error: --resume: {tmp_path / 'ck' / 'round-00000002' / COMPLETE}: shares is [2.0, 1.0, 1.0], "
+                    f"this run has [1.0, 1.0, 1.0]; resume with the same settings or use another --checkpoint-dir")
+
+
+def test_a_plan_of_another_layout_is_refused(cli, plan, written, tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text((EXAMPLES / "psl.yaml").read_text().replace("cut: [3, 8]", "cut: [2, 8]"))
+    other = tmp_path / "other.yaml"
+    assert cli("psl", "plan", "--spec", spec, "--out", other)[0] == 0
+    line = refusal(cli, other, copy_of(written, tmp_path), tmp_path, "--rounds", "3")
+    assert ": psl_layout is 'tiny-cnn fine batch 16: pi0 [3, 8] on " in line and "this run has 'tiny-cnn fine batch 16: " \
+        "pi0 [2, 8] on " in line, line
+
+
+def test_a_round_that_leaves_nothing_to_run_is_refused(cli, plan, written, tmp_path):
+    line = refusal(cli, plan, copy_of(written, tmp_path), tmp_path, "--rounds", "2")
+    assert line == f"error: --resume: {tmp_path / 'ck'} already holds round 2 of 2: nothing to run " \
+                   f"(--more-rounds K trains K rounds more)"
+
+
+def test_a_training_plans_checkpoint_is_refused_and_a_psl_one_by_a_training_plan(cli, plan, written, tmp_path):
+    ck = copy_of(written, tmp_path)
+    code, out, err = cli("run", "--plan", EXAMPLES / "plan-local.yaml", "--cluster", EXAMPLES / "local.yaml",
+                         "--dataset", "digits", "--rounds", "3", "--checkpoint-dir", ck, "--resume")
+    assert code == 2 and out == "" and err.strip() == (
+        f"error: --resume: {ck / 'round-00000002' / COMPLETE}: written by a psl plan's run (`hppctl psl run`); this "
+        f"is a training plan's run (`hppctl run`), which cannot start from its files: give another directory"), err
+    meta = json.loads((ck / "round-00000002" / COMPLETE).read_text())
+    del meta["kind"]  # what a training plan's run records
+    (ck / "round-00000002" / COMPLETE).write_text(json.dumps(meta))
+    line = refusal(cli, plan, ck, tmp_path, "--rounds", "3")
+    assert line.endswith(": written by a training plan's run (`hppctl run`); this is a psl plan's run "
+                         "(`hppctl psl run`), which cannot start from its files: give another directory"), line
+
+
+def test_an_unknown_kind_is_refused_naming_the_field(cli, plan, written, tmp_path):
+    ck = copy_of(written, tmp_path)
+    meta = json.loads((ck / "round-00000002" / COMPLETE).read_text())
+    (ck / "round-00000002" / COMPLETE).write_text(json.dumps({**meta, "kind": {"nested": 1}}))
+    line = refusal(cli, plan, ck, tmp_path, "--rounds", "3")
+    assert line == (f"error: --resume: {ck / 'round-00000002' / COMPLETE}: kind: must be one of hpp, psl "
+                    f"(got {{'nested': 1}})"), line
+
+
+def test_a_device_file_holding_another_devices_parts_is_refused(cli, plan, written, tmp_path):
+    ck = copy_of(written, tmp_path)
+    rewrite_device_file(ck, 0, device_state(ck, 3))  # client pi0's file now holds helper lap's copies
+    line = refusal(cli, plan, ck, tmp_path, "--rounds", "3")
+    assert line.startswith(f"error: --resume: {ck / 'round-00000002' / 'stage-0.pt'}: parts: ") \
+        and line.endswith(", where pi0 holds part1, part3"), line
+
+
+def test_a_part_of_the_wrong_shape_or_not_finite_is_refused(cli, plan, written, tmp_path):
+    ck = copy_of(written, tmp_path)
+    state = device_state(ck, 1)
+    name = next(iter(state["parts"]["part1"]))
+    good = state["parts"]["part1"][name]
+    state["parts"]["part1"][name] = torch.zeros(good.numel() + 1)
+    rewrite_device_file(ck, 1, state)
+    line = refusal(cli, plan, ck, tmp_path, "--rounds", "3")
+    assert f"stage-1.pt: parts.part1.{name}: shape ({good.numel() + 1},), the plan's part has {tuple(good.shape)}" \
+        in line, line
+    state["parts"]["part1"][name] = torch.full_like(good, float("nan"))
+    rewrite_device_file(ck, 1, state)
+    line = refusal(cli, plan, ck, tmp_path, "--rounds", "3")
+    assert line.endswith(f"stage-1.pt: parts.part1.{name} holds NaN or infinity"), line
+
+
+def test_a_device_file_that_is_not_a_state_is_refused(cli, plan, written, tmp_path):
+    ck = copy_of(written, tmp_path)
+    rewrite_device_file(ck, 4, [1, 2, 3])  # type: ignore[arg-type]
+    line = refusal(cli, plan, ck, tmp_path, "--rounds", "3")
+    assert line.endswith("stage-4.pt: not a PSL device state (a list)"), line

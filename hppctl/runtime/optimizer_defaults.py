@@ -12,8 +12,11 @@ rate lets `--resume` continue a run for more rounds).
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
+
+from hppctl.errors import BadInput
 
 SGD_LR = 0.05
 """`--optimizer sgd` without `--lr`: the rate SGD had as the default before (with momentum 0.9)."""
@@ -107,11 +110,29 @@ def resolve(model: str, *, optimizer: str | None = None, lr: float | None = None
 
 
 def _recorded_settings(meta: dict) -> dict:
-    """A COMPLETE.json's optimizer settings (runtime/session.py `run_fingerprint`)."""
+    """A COMPLETE.json's optimizer settings (runtime/session.py `run_fingerprint`), checked: `BadInput`
+    naming the file and the field for one no run writes (a missing `lr` was a KeyError traceback)."""
+    def bad(field: str, what: str) -> BadInput:
+        from hppctl.runtime.checkpoint import short_repr
+
+        return BadInput(f"--resume: {meta.get('_file', 'the checkpoint')}: {field}: {what} "
+                        f"(got {short_repr(meta.get(field))})")
+
+    def number(field: str, default: float | None, *, positive: bool) -> float:
+        value = meta.get(field, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or value < 0 or (positive and value == 0):
+            raise bad(field, f"must be a {'positive' if positive else 'non-negative'} finite number")
+        return float(value)
+
+    if meta["optimizer"] not in ("sgd", "adam"):
+        raise bad("optimizer", "must be sgd or adam")
+    if not (meta.get("lr_schedule") is None or isinstance(meta["lr_schedule"], str)):
+        raise bad("lr_schedule", "must be text or null")
     schedule, warmup = _parse_schedule(meta.get("lr_schedule"))
-    return {"optimizer": meta["optimizer"], "lr": float(meta["lr"]),
-            "momentum": float(meta.get("momentum", SGD_MOMENTUM)),
-            "weight_decay": float(meta.get("weight_decay", 0.0)), "lr_schedule": schedule, "warmup_rounds": warmup}
+    return {"optimizer": meta["optimizer"], "lr": number("lr", None, positive=True),
+            "momentum": number("momentum", SGD_MOMENTUM, positive=False),
+            "weight_decay": number("weight_decay", 0.0, positive=False), "lr_schedule": schedule, "warmup_rounds": warmup}
 
 
 def _parse_schedule(text: str | None) -> tuple[str, int]:

@@ -22,7 +22,7 @@ from hypothesis import given, note, strategies as st
 from tests.fuzz.harness import assert_contract, invoke, invoke_subprocess
 from tests.fuzz.mutations import mutants
 from tests.fuzz.settings import fuzz_settings
-from tests.fuzz.targets import LOCAL_CLUSTER, TINY_PLAN
+from tests.fuzz.targets import LOCAL_CLUSTER, PSL_CLUSTER, TINY_PLAN
 
 ROUND = "round-00000001"
 
@@ -107,6 +107,10 @@ REFUSED = {
     "complete-json-lineage-not-a-digest": lambda ck: _write_meta(ck, {**_meta(ck), "origin_plan": 5, "lost": "tx0"}),
     "complete-json-stages-out-of-range": lambda ck: _write_meta(ck, {**_meta(ck), "stages": [0, 1, 7]}),
     "complete-json-not-utf8": lambda ck: (ck / ROUND / "COMPLETE.json").write_bytes(b"\xff\xfe{}"),
+    # found by the psl checkpoint's fuzzing: `--resume` read the recorded optimizer unchecked (KeyError, ValueError)
+    "complete-json-without-lr": lambda ck: _write_meta(ck, {k: v for k, v in _meta(ck).items() if k != "lr"}),
+    "complete-json-lr-text": lambda ck: _write_meta(ck, {**_meta(ck), "lr": "fast"}),
+    "complete-json-schedule-a-number": lambda ck: _write_meta(ck, {**_meta(ck), "lr_schedule": 5}),
     "stage-file-truncated": lambda ck: _truncate(ck / ROUND / "stage-0.pt"),
     "stage-file-missing": lambda ck: (ck / ROUND / "stage-1.pt").unlink(),
     "stage-files-swapped": lambda ck: [(ck / ROUND / "stage-0.pt").rename(ck / ROUND / "x"),
@@ -145,3 +149,74 @@ def test_a_resume_refused_for_its_settings_leaves_no_metrics_file(checkpoint, tm
     and left an empty metrics file."""
     argv, outputs = resume(damaged_copy(checkpoint, tmp_path), tmp_path)
     assert_contract(invoke([*argv, "--seed", 1]), outputs, allowed={2})
+
+
+# --- a psl run's checkpoint (every device's parts and optimizers: runtime/psl/checkpoint.py) --------------
+
+PSL_PLAN = Path(__file__).parent / "seeds" / "psl-plan.yaml"
+
+
+@pytest.fixture(scope="session")
+def psl_checkpoint(tmp_path_factory) -> Path:
+    where = tmp_path_factory.mktemp("psl-checkpoint") / "ck"
+    made = invoke_subprocess(["psl", "run", "--plan", PSL_PLAN, "--cluster", PSL_CLUSTER, "--rounds", 1, "--threads", 1,
+                              "--checkpoint-dir", where], gated=False, bound_s=120)
+    assert made.code == 0 and (where / ROUND / "COMPLETE.json").exists(), made.describe()
+    return where
+
+
+def psl_resume(ck: Path, out: Path, rounds: int = 2) -> tuple[list, tuple[Path, ...]]:
+    metrics = out / "metrics.jsonl"
+    return (["psl", "run", "--plan", PSL_PLAN, "--cluster", PSL_CLUSTER, "--rounds", rounds, "--checkpoint-dir", ck,
+             "--resume", "--metrics", metrics], (metrics,))
+
+
+def test_the_psl_checkpoint_resumes_undamaged(psl_checkpoint, tmp_path):
+    argv, outputs = psl_resume(damaged_copy(psl_checkpoint, tmp_path), tmp_path)
+    assert_contract(invoke(argv), outputs, allowed={0})
+
+
+@fuzz_settings(max_examples=30)
+@given(data=st.data())
+def test_a_mutated_psl_complete_json_keeps_the_contract(psl_checkpoint, data):
+    meta = json.loads((psl_checkpoint / ROUND / "COMPLETE.json").read_text())
+    mutant = data.draw(mutants(meta, "json"), label="mutant")
+    note(f"COMPLETE.json: {mutant.how}")
+    with tempfile.TemporaryDirectory(prefix="hppctl-fuzz-") as tmp:
+        ck = damaged_copy(psl_checkpoint, Path(tmp))
+        (ck / ROUND / "COMPLETE.json").write_bytes(mutant.data)
+        argv, outputs = psl_resume(ck, Path(tmp))
+        assert_contract(invoke(argv), outputs)
+
+
+def _nan_parts(state) -> None:
+    for part in state["parts"].values():
+        for tensor in part.values():
+            if tensor.is_floating_point():
+                tensor.fill_(float("nan"))
+
+
+def _swap(ck: Path, a: str, b: str) -> None:
+    (ck / ROUND / a).rename(ck / ROUND / "x")
+    (ck / ROUND / b).rename(ck / ROUND / a)
+    (ck / ROUND / "x").rename(ck / ROUND / b)
+
+
+PSL_REFUSED = {
+    "complete-json-a-training-plans": lambda ck: _write_meta(ck, {k: v for k, v in _meta(ck).items() if k != "kind"}),
+    "complete-json-without-layout": lambda ck: _write_meta(ck, {k: v for k, v in _meta(ck).items() if k != "psl_layout"}),
+    "complete-json-stages-of-fewer-devices": lambda ck: _write_meta(ck, {**_meta(ck), "stages": [0, 1]}),
+    "device-file-truncated": lambda ck: _truncate(ck / ROUND / "stage-0.pt"),
+    "device-file-missing": lambda ck: (ck / ROUND / "stage-1.pt").unlink(),
+    "device-files-swapped": lambda ck: _swap(ck, "stage-0.pt", "stage-1.pt"),
+    "device-file-a-pickled-object": lambda ck: _pickled_object(ck / ROUND / "stage-0.pt"),
+    "device-file-nan-parts": lambda ck: _torch_edit(ck / ROUND / "stage-0.pt", _nan_parts),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(PSL_REFUSED))
+def test_a_damaged_psl_checkpoint_is_refused_before_workers_start(psl_checkpoint, tmp_path, damage):
+    ck = damaged_copy(psl_checkpoint, tmp_path)
+    PSL_REFUSED[damage](ck)
+    argv, outputs = psl_resume(ck, tmp_path)
+    assert_contract(invoke(argv), outputs, allowed={2})

@@ -41,6 +41,7 @@ Examples (from the repository root; the spec format is in docs/psl.md, outputs u
   hppctl psl run --plan out/psl.yaml --cluster examples/psl-cluster.yaml --rounds 20 --dataset digits --metrics out/m.jsonl
   hppctl psl run --plan out/psl.yaml --cluster examples/psl-cluster.yaml --local-batches 4 --shares 3,1,1 --json
   hppctl psl run --plan out/psl.yaml --cluster examples/psl-cluster.yaml --order ltf   # online largest-tail-first
+  hppctl psl run --plan out/psl.yaml --cluster examples/psl-cluster.yaml --dataset digits --checkpoint-dir out/psl-ck --resume --more-rounds 5   # cron: 5 rounds more each start
 """
 
 AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]

@@ -18,9 +18,9 @@ Pairing contract (W: writer, R: reader; L launcher, w worker):
 | `pid(device)` | "host pid" | w | L (to signal SSH workers) |
 | `done(device)` / `failed(device)` | time / "Error: message" | w | L |
 | `progress(device)` | JSON step progress, overwritten | w | L |
-| `init(stage)` / `init_part(start, end)` / `resume(stage)` | torch blob | L | w |
+| `init(stage)` / `init_part(start, end)` / `resume(stage)` | torch blob (a PSL run's `resume(rank)`: a device's state) | L | w |
 | `metrics(round, device)` | JSON round report, deleted once read | w | L |
-| `ckpt(round, stage)` / `final(owner)` | torch blob of stage state | w | L |
+| `ckpt(round, stage)` / `final(owner)` | torch blob of stage state (PSL: `ckpt(round, rank)`, `final(device)`: parts and optimizers) | w | L |
 | `ready(device)` / `finished(generation, device)` / `end()` | "1" (fault tolerance) | w / w / L | L / L / w |
 | `stall(generation, device)` | JSON inventory (fault tolerance) | w | L |
 | `gather(generation)` / `reconf(generation)` | JSON documents (fault tolerance) | L | w |

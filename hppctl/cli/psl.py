@@ -276,6 +276,7 @@ def run_psl(
     for flag, value in (("--rounds", rounds), ("--local-batches", local_batches), ("--checkpoint-every", checkpoint_every),
                         ("--more-rounds", more_rounds)):
         positive(flag, value)
+    _check_checkpoint_flags(checkpoint_dir, checkpoint_every, resume)
     rounds = _total_rounds(rounds, more_rounds, checkpoint_dir, resume)
     check_optimizer_flags(optimizer, lr, momentum, weight_decay)
     check_divergence_factor("--divergence-factor", divergence_factor)
@@ -322,16 +323,23 @@ def run_psl(
     emit_json(summary) if as_json else _render_run(summary)
 
 
+def _check_checkpoint_flags(checkpoint_dir: Optional[Path], checkpoint_every: int, resume: bool) -> None:
+    from hppctl.runtime.checkpoint import check_lock_file
+
+    if checkpoint_dir is None:
+        for flag, given in (("--resume", resume), ("--checkpoint-every", checkpoint_every != 1)):
+            if given:
+                raise BadInput(f"{flag}: needs --checkpoint-dir")
+        return
+    writable_path("--checkpoint-dir", checkpoint_dir, directory=True)
+    check_lock_file(checkpoint_dir / "LOCK")
+
+
 def _total_rounds(rounds: Optional[int], more_rounds: Optional[int], checkpoint_dir: Optional[Path],
                   resume: bool) -> int:
     """The run's total rounds: --rounds (default 1), or --more-rounds past the checkpoint's newest round."""
-    from hppctl.runtime.checkpoint import CheckpointDir, check_lock_file
+    from hppctl.runtime.checkpoint import CheckpointDir
 
-    if resume and checkpoint_dir is None:
-        raise BadInput("--resume: needs --checkpoint-dir")
-    if checkpoint_dir is not None:
-        writable_path("--checkpoint-dir", checkpoint_dir, directory=True)
-        check_lock_file(checkpoint_dir / "LOCK")
     if more_rounds is None:
         return 1 if rounds is None else rounds
     if rounds is not None:

@@ -172,6 +172,8 @@ def run_command(
     check_optimizer_flags(optimizer, lr, momentum, weight_decay)
     if resume and checkpoint_dir is None:
         raise BadInput("--resume: needs --checkpoint-dir")
+    if checkpoint_every != 1 and checkpoint_dir is None:  # it was ignored without a word
+        raise BadInput("--checkpoint-every: needs --checkpoint-dir")
     if rejoin and not resume:
         raise BadInput("--rejoin: goes with --resume")
     if lr_schedule not in (None, "constant", "cosine"):

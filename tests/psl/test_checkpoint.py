@@ -171,3 +171,22 @@ def test_a_device_file_that_is_not_a_state_is_refused(cli, plan, written, tmp_pa
     rewrite_device_file(ck, 4, [1, 2, 3])  # type: ignore[arg-type]
     line = refusal(cli, plan, ck, tmp_path, "--rounds", "3")
     assert line.endswith("stage-4.pt: not a PSL device state (a list)"), line
+
+
+@pytest.mark.parametrize("command", [["psl", "run"], ["run"]])
+@pytest.mark.parametrize("flags, line", [
+    (["--resume"], "error: --resume: needs --checkpoint-dir"),
+    (["--checkpoint-every", "2"], "error: --checkpoint-every: needs --checkpoint-dir"),  # was ignored
+    (["--more-rounds", "2"], "error: --more-rounds: goes with --resume and --checkpoint-dir (it counts past the "
+                             "newest round there)"),
+])
+def test_checkpoint_flags_without_a_directory_are_refused(cli, plan, command, flags, line):
+    code, out, err = cli(*command, "--plan", plan, "--cluster", CLUSTER, *flags)
+    assert (code, out, err.strip()) == (2, "", line)
+
+
+def test_a_training_plan_refuses_checkpoint_every_without_a_directory(cli):
+    """It trained without a checkpoint and said nothing."""
+    code, out, err = cli("run", "--plan", EXAMPLES / "plan-local.yaml", "--cluster", EXAMPLES / "local.yaml",
+                         "--checkpoint-every", "2")
+    assert (code, out, err.strip()) == (2, "", "error: --checkpoint-every: needs --checkpoint-dir")

@@ -306,12 +306,12 @@ def check_stage_files(where, meta: dict, blobs: dict[int, bytes]) -> None:
     layout = _stage_layout(meta.get("plan"), where / COMPLETE)
     for p, blob in sorted(blobs.items()):
         path = where / stage_file_name(p)
-        state = _load_stage_file(path, blob)
+        state = load_stage_file(path, blob)
         _check_stage_record(path, state, meta["round"], p)
         if layout is not None:
             shapes, params = layout[p]
             _check_tensor_shapes(path, state["model"], shapes)
-            _check_optimizer_state(path, state["optimizer"], params, shapes)
+            check_optimizer_state(path, state["optimizer"], params, shapes)
         _check_finite(path, state)
 
 
@@ -333,7 +333,7 @@ def _stage_layout(plan_document, source) -> list[tuple[dict, list[str]]] | None:
     return out
 
 
-def _load_stage_file(path, blob: bytes) -> object:
+def load_stage_file(path, blob: bytes) -> object:
     import io
 
     import torch
@@ -342,10 +342,10 @@ def _load_stage_file(path, blob: bytes) -> object:
         return torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
     except Exception as e:  # noqa: BLE001 - torch.load raises a dozen types on a damaged or hostile file
         raise BadInput(f"--resume: {path}: not a stage file torch loads with weights_only "
-                       f"({_load_failure(e)})") from None
+                       f"({load_failure(e)})") from None
 
 
-def _load_failure(error: Exception) -> str:
+def load_failure(error: Exception) -> str:
     """What torch.load said, in a few words: its UnpicklingError is a page with terminal escapes
     whose useful part is the global it refused (`builtins.print` in a planted payload)."""
     refused = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(error))
@@ -393,7 +393,7 @@ def _check_tensor_shapes(path, tensors: dict, shapes: dict) -> None:
             raise BadInput(f"--resume: {path}: tensor {name} has shape {list(got)}, the stage's is {list(want)}")
 
 
-def _check_optimizer_state(path, optimizer: dict, params: list[str], shapes: dict) -> None:
+def check_optimizer_state(path, optimizer: dict, params: list[str], shapes: dict) -> None:
     """What `Optimizer.load_state_dict` in the worker would refuse, or load and then fail on: a
     group of another size, state for a parameter index the stage lacks, a moment of another shape."""
     import torch

@@ -69,7 +69,7 @@ def _model_file_tensors(path: Path) -> dict:
     """A `--save-model` file's tensors under the wrapper's names (the file holds the model's own)."""
     import torch
 
-    from hppctl.runtime.preflight import _load_failure as load_failure
+    from hppctl.runtime.preflight import load_failure
 
     try:
         blob = read_regular_file(path)

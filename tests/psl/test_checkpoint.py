@@ -190,3 +190,14 @@ def test_a_training_plan_refuses_checkpoint_every_without_a_directory(cli):
     code, out, err = cli("run", "--plan", EXAMPLES / "plan-local.yaml", "--cluster", EXAMPLES / "local.yaml",
                          "--checkpoint-every", "2")
     assert (code, out, err.strip()) == (2, "", "error: --checkpoint-every: needs --checkpoint-dir")
+
+
+def test_an_optimizer_state_that_does_not_fit_its_parameters_is_refused(cli, plan, written, tmp_path):
+    """Adam would load it and fail at its first step, in a worker, after every process started."""
+    ck = copy_of(written, tmp_path)
+    state = device_state(ck, 3)  # helper lap: one optimizer per client copy
+    client, optimizer = next(iter(state["optimizers"].items()))
+    optimizer["state"][0]["exp_avg"] = torch.zeros(3, 3, 3)
+    rewrite_device_file(ck, 3, state)
+    line = refusal(cli, plan, ck, tmp_path, "--rounds", "3")
+    assert "stage-3.pt: optimizer.state.0.exp_avg (for " in line and "has shape [3, 3, 3]" in line, line

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from hppctl.errors import BadInput
 from hppctl.models.psl import PslPlan
-from hppctl.runtime.checkpoint import COMPLETE, CheckpointDir, stage_file_name
+from hppctl.runtime.checkpoint import COMPLETE, CheckpointDir, short_repr, stage_file_name
 from hppctl.runtime.psl.config import PslOptions
 from hppctl.runtime.psl.topology import PslTopology
 
@@ -56,49 +56,47 @@ def resume_point(ckpt: CheckpointDir, plan: PslPlan, options: PslOptions) -> tup
 
 def check_device_files(where: Path, plan: PslPlan, blobs: dict[int, bytes]) -> None:
     """Every device's file of a round: one per device, loads safely (tensors only), holds the parts its
-    device holds with the names and shapes the plan cuts, an optimizer state for each, finite values."""
+    device holds with the plan's names and shapes, an optimizer state for each that fits its
+    parameters (`preflight.check_optimizer_state`, as a layer-wise stage's), finite values."""
+    from hppctl.runtime.checkpoint import StageTensors
+    from hppctl.runtime.preflight import check_optimizer_state, load_stage_file
     from hppctl.runtime.psl.worker import num_layers
 
     topo, layers = PslTopology.of(plan), num_layers(plan.model, plan.granularity)
     if sorted(blobs) != list(range(len(topo.devices))):
         raise BadInput(f"--resume: {where / COMPLETE}: stages: {len(blobs)} files for the {len(topo.devices)} "
                        f"devices of the plan")
-    shapes = _part_shapes(plan, topo, layers)
+    cut = StageTensors({"model": plan.model, "granularity": plan.granularity})
     for rank, device in enumerate(topo.devices):
         path = where / stage_file_name(rank)
-        state = _load(path, blobs[rank])
-        expected = {name: shapes[_range(topo, device, name, layers)] for name in _part_names(topo, device)}
+        state = load_stage_file(path, blobs[rank])
+        if not isinstance(state, dict):
+            raise BadInput(f"--resume: {path}: not a PSL device state (a {type(state).__name__})")
+        held = {name: cut.module(*_range(topo, device, name, layers)) for name in _part_names(topo, device)}
+        optimized = _optimized(topo, device, held)
         parts, optimizers = state.get("parts"), state.get("optimizers")
-        if not isinstance(parts, dict) or sorted(parts) != sorted(expected):
-            raise BadInput(f"--resume: {path}: parts: {_names(parts)}, where {device} holds {_names(expected)}")
-        if not isinstance(optimizers, dict) or sorted(optimizers) != sorted(_optimizer_names(topo, device)):
-            raise BadInput(f"--resume: {path}: optimizers: {_names(optimizers)}, where {device} has "
-                           f"{_names(_optimizer_names(topo, device))}")
-        for name, tensors in parts.items():
-            _check_part(path, name, tensors, expected[name])
+        if not isinstance(parts, dict) or sorted(parts) != sorted(held):
+            raise BadInput(f"--resume: {path}: parts: {_names(parts)}, where {device} holds {_names(held)}")
+        if not isinstance(optimizers, dict) or sorted(optimizers) != sorted(optimized):
+            raise BadInput(f"--resume: {path}: optimizers: {_names(optimizers)}, where {device} has {_names(optimized)}")
+        for name, module in held.items():
+            _check_part(path, name, parts[name], {k: tuple(v.shape) for k, v in module.state_dict().items()})
+        for name, modules in optimized.items():
+            named = [(n, tuple(t.shape)) for module in modules for n, t in module.named_parameters()]
+            _check_optimizer_record(path, name, optimizers[name])
+            check_optimizer_state(path, optimizers[name], [n for n, _ in named], dict(named))
         _check_finite(path, state)
-
-
-def _load(path: Path, blob: bytes) -> dict:
-    import io
-
-    import torch
-
-    try:
-        state = torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
-    except Exception as e:  # noqa: BLE001 - any unpickling failure means the same: not our file
-        raise BadInput(f"--resume: {path}: not a PSL device state ({e.__class__.__name__})") from None
-    if not isinstance(state, dict):
-        raise BadInput(f"--resume: {path}: not a PSL device state (a {type(state).__name__})")
-    return state
 
 
 def _part_names(topo: PslTopology, device: str) -> list[str]:
     return ["part1", "part3"] if device in topo.clients else list(topo.clients_of(device))
 
 
-def _optimizer_names(topo: PslTopology, device: str) -> list[str]:
-    return ["client"] if device in topo.clients else list(topo.clients_of(device))
+def _optimized(topo: PslTopology, device: str, held: dict) -> dict[str, list]:
+    """Each optimizer of `device` and the parts it steps, in its parameters' order (`PslWorker`)."""
+    if device in topo.clients:
+        return {"client": [held["part1"], held["part3"]]}
+    return {client: [held[client]] for client in topo.clients_of(device)}
 
 
 def _range(topo: PslTopology, device: str, part: str, layers: int) -> tuple[int, int]:
@@ -109,14 +107,14 @@ def _range(topo: PslTopology, device: str, part: str, layers: int) -> tuple[int,
     return tuple(topo.cuts[part])
 
 
-def _part_shapes(plan: PslPlan, topo: PslTopology, layers: int) -> dict[tuple[int, int], dict[str, tuple[int, ...]]]:
-    """Names and shapes of every part's state dict, by layer range (built on the meta device)."""
-    from hppctl.zoo import build_stage, get_model
-
-    whole = get_model(plan.model).build(device="meta").train()
-    ranges = {tuple(r) for r in topo.part_ranges(layers)}
-    return {r: {k: tuple(v.shape) for k, v in build_stage(whole, plan.granularity, *r, mode="train").state_dict().items()}
-            for r in ranges}
+def _check_optimizer_record(path: Path, name: str, optimizer: object) -> None:
+    """The shape of an optimizer state dict, before `check_optimizer_state` reads it."""
+    if not isinstance(optimizer, dict):
+        raise BadInput(f"--resume: {path}: optimizers.{name}: expected a state dict, got {short_repr(optimizer)}")
+    moments = optimizer.get("state", {})
+    if not isinstance(moments, dict) or not all(isinstance(v, dict) for v in moments.values()):
+        raise BadInput(f"--resume: {path}: optimizers.{name}.state: expected per-parameter dicts, got "
+                       f"{short_repr(moments)}")
 
 
 def _check_part(path: Path, name: str, tensors: object, shapes: dict[str, tuple[int, ...]]) -> None:

@@ -168,17 +168,20 @@ class PslSession(Launcher):
 
     def _config(self, options: PslOptions, resume: bool) -> Callable[[str], PslWorkerConfig]:
         req, weights = self.request, self._weights()
-        every = req.checkpoint_every if self.ckpt else 0
         return lambda device: PslWorkerConfig(device=device, store_host=self.store.host, store_port=self.store.port,
                                               plan=req.plan, options=options, fedavg_weights=weights,
-                                              checkpoint_every=every, resume=resume)
+                                              checkpoint_every=self._checkpoint_every, resume=resume)
+
+    @property
+    def _checkpoint_every(self) -> int:
+        """Rounds between checkpoints; 0: no checkpoint directory, none written."""
+        return self.request.checkpoint_every if self.ckpt else 0
 
     def _collect(self, options: PslOptions, on_round, segments: list | None) -> tuple[list[dict], dict, dict]:
         """The rounds' rows, every device's memory figures and final parts; with `segments`, each
         round's segments as run added to it. Checkpoint round c (the state round c trains from) is
         written once round c's loss passed the divergence check, as a layer-wise run's is."""
-        start, rounds = options.train.start_round, options.train.rounds
-        every = self.request.checkpoint_every if self.ckpt else 0
+        start, rounds, every = options.train.start_round, options.train.rounds, self._checkpoint_every
         due = {c for c in range(start + 1, rounds) if every and c % every == 0}
         rows, workers = [], {}
         while True:

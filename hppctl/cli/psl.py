@@ -252,6 +252,7 @@ def run_psl(
     checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Checkpoint every K rounds (and at the end).")] = 1,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the newest complete round in --checkpoint-dir (written by a run of the same plan layout and settings).")] = False,
     more_rounds: Annotated[Optional[int], typer.Option("--more-rounds", help="With --resume: train N rounds past the checkpoint's newest round (from 0 if it has none), so one command continues every day.")] = None,
+    init_from: Annotated[Optional[Path], typer.Option("--init-from", help="Start every client and helper from trained weights: a --save-model file or a training plan's checkpoint directory (ignored when --resume finds a round to continue).")] = None,
     metrics: Annotated[Optional[Path], typer.Option("--metrics", help="Per-round metrics (.jsonl): loss, every batch's makespan and tasks; appended to on --resume.")] = None,
     save_model: Annotated[Optional[Path], typer.Option("--save-model", help="Write the FedAvg'd model as one state dict (the model's own names).")] = None,
     trace: Annotated[Optional[Path], typer.Option("--trace", help="Write Chrome trace events (.json) of the batches and FedAvg as run, laid out as `hppctl psl simulate --trace` (ui.perfetto.dev).")] = None,
@@ -307,6 +308,7 @@ def run_psl(
     if threads is None:
         local = [d for d in (*plan.clients, *plan.helpers) if cluster.device(d).local]
         threads = max(1, (os.cpu_count() or 1) // len(local)) if local else 0
+    initial = driver.initial_state(init_from, plan.model, checkpoint_dir if resume else None, view=PslView(None))
     from hppctl.runtime.optimizer_defaults import recorded_settings, resolve
     chosen = resolve(plan.model, optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay,
                      recorded=recorded_settings(checkpoint_dir) if resume else None)
@@ -318,7 +320,8 @@ def run_psl(
         summary = driver.train_psl(plan, cluster, options, data, view=PslView(lines), metrics=metrics,
                                    save_model=save_model, listen=listen, log=log, trace=trace,
                                    user_code=user_code(workdir, dataset=dataset), checkpoint_dir=checkpoint_dir,
-                                   checkpoint_every=checkpoint_every, resume=resume, announce=chosen.line())
+                                   checkpoint_every=checkpoint_every, resume=resume, announce=chosen.line(),
+                                   initial_state=initial)
     summary["optimizer"] = {**chosen.as_options(), "source": chosen.source}
     emit_json(summary) if as_json else _render_run(summary)
 

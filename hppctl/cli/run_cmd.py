@@ -150,13 +150,13 @@ def run_command(
         check_features("psl", f"{plan} is a psl plan", {**requested, "fault tolerance": asked})
         for flag, value in (("--epochs", epochs), ("--profile", profile), ("--lr-schedule", lr_schedule),
                             ("--warmup-rounds", warmup_rounds or None), ("--bn-recalibrate", bn_recalibrate or None),
-                            ("--init-from", init_from), ("--more-epochs", more_epochs), ("--rejoin", rejoin or None),
+                            ("--more-epochs", more_epochs), ("--rejoin", rejoin or None),
                             ("--precision", None if precision == "fp32" else precision)):
             if value is not None:
                 raise BadInput(f"{flag}: not supported for psl plans (see `hppctl psl run --help`)")
         return run_psl(plan, cluster, rounds=rounds, dataset=dataset, seed=seed, optimizer=optimizer, lr=lr,
                        momentum=momentum, weight_decay=weight_decay, checkpoint_dir=checkpoint_dir,
-                       checkpoint_every=checkpoint_every, resume=resume, more_rounds=more_rounds,
+                       checkpoint_every=checkpoint_every, resume=resume, more_rounds=more_rounds, init_from=init_from,
                        metrics=metrics, save_model=save_model,
                        trace=trace, threads=threads, listen=listen, timeout=timeout, log=log, as_json=as_json,
                        divergence_factor=divergence_factor, log_every=log_every, workdir=shipped)

@@ -46,6 +46,10 @@ def _checkpoint_tensors(path: Path, model: str) -> tuple[Path, dict]:
     from hppctl.runtime.preflight import check_stage_files
 
     try:
+        meta = CheckpointDir(path).newest_meta()
+        if meta is not None and meta.get("kind") == "psl":  # (newest_meta checked `kind`)
+            raise BadInput(f"{meta['_file']}: written by a psl plan's run (`hppctl psl run`), whose files "
+                           f"hold devices' states, not a model's stages: give that run's --save-model file")
         found = CheckpointDir(path).newest_round({})
         if found is None:
             raise BadInput(f"{FLAG}: {path}: a directory without a complete round (no round-*/{COMPLETE}); "

@@ -20,13 +20,17 @@ from hppctl.runtime.worker import make_optimizer
 from hppctl.zoo import get_model
 
 
-def psl_reference(model: str, batch: int, num_clients: int, options: PslOptions) -> list[dict[str, torch.Tensor]]:
-    """Every client's model state after `options.train.rounds` rounds."""
+def psl_reference(model: str, batch: int, num_clients: int, options: PslOptions,
+                  initial: dict[str, torch.Tensor] | None = None) -> list[dict[str, torch.Tensor]]:
+    """Every client's model state after `options.train.rounds` rounds, from `initial` (the model's own
+    state names) if given, else from the model built from the seed."""
     train = options.train
     data = load_data(train.dataset, model).train
     parts = shards(len(data), options.shares or [1.0] * num_clients, train.seed)
     weights = [len(p) / len(data) for p in parts]
     models = [get_model(model).build(seed=train.seed).train() for _ in range(num_clients)]
+    for m in models if initial is not None else ():
+        m.load_state_dict(initial)
     optimizers = [make_optimizer(m.parameters(), train) for m in models]
     samples = [ClientSamples(p, batch, train.seed, j) for j, p in enumerate(parts)]
     for r in range(train.rounds):

@@ -201,3 +201,33 @@ def test_an_optimizer_state_that_does_not_fit_its_parameters_is_refused(cli, pla
     rewrite_device_file(ck, 3, state)
     line = refusal(cli, plan, ck, tmp_path, "--rounds", "3")
     assert "stage-3.pt: optimizer.state.0.exp_avg (for " in line and "has shape [3, 3, 3]" in line, line
+
+
+def test_init_from_a_saved_model_starts_every_part_from_it(cli, plan, tmp_path):
+    """`--init-from` (refused for psl plans before): the run equals the single-process reference
+    started from the same weights; a psl checkpoint directory is not a model to start from."""
+    from hppctl.models.psl import PslPlan
+    from hppctl.runtime.config import TrainOptions
+    from hppctl.runtime.psl.config import PslOptions
+    from hppctl.store import load
+    from hppctl.zoo import get_model
+    from tests.psl.reference import psl_reference
+
+    psl = load(plan, PslPlan)
+    trained = get_model(psl.model).build(seed=99).train().state_dict()  # the wrapper's names: "model.…"
+    torch.save({k.removeprefix("model."): v for k, v in trained.items()}, tmp_path / "trained.pt")
+    code, _, err = psl_run(cli, plan, "--rounds", "2", "--init-from", tmp_path / "trained.pt",
+                           "--save-model", tmp_path / "out.pt")
+    assert code == 0, err
+    options = PslOptions(train=TrainOptions(rounds=2, dataset="digits", seed=5, optimizer="adam", lr=0.02),
+                         local_batches=2, shares=[2.0, 1.0, 1.0])
+    expected = psl_reference(psl.model, psl.batch, len(psl.clients), options, initial=trained)[0]
+    torch.testing.assert_close(torch.load(tmp_path / "out.pt", weights_only=True),
+                               {k.removeprefix("model."): v for k, v in expected.items()}, rtol=1e-4, atol=1e-5)
+
+
+def test_init_from_a_psl_checkpoint_directory_is_refused(cli, plan, written, tmp_path):
+    code, out, err = psl_run(cli, plan, "--rounds", "1", "--init-from", written)
+    assert (code, out) == (2, "") and err.strip() == (
+        f"error: --init-from: {written / 'round-00000002' / COMPLETE}: written by a psl plan's run (`hppctl psl run`), "
+        f"whose files hold devices' states, not a model's stages: give that run's --save-model file"), err

@@ -52,6 +52,9 @@ class PslRunRequest:
     checkpoint_every: int = 1
     resume: bool = False
     """Start from the newest round in `checkpoint_dir` (its settings must be this run's)."""
+    initial_state: dict | None = None
+    """Trained weights every part starts from (`--init-from`, checked by runtime/warmstart.py); None:
+    the model built from the seed."""
 
 
 @dataclass
@@ -152,7 +155,8 @@ class PslSession(Launcher):
 
         plan = self.request.plan
         ranges = self.topo.part_ranges(num_layers(plan.model, plan.granularity))
-        tensors = initial_stage_tensors(plan.model, plan.granularity, ranges, seed=self.request.options.train.seed)
+        tensors = initial_stage_tensors(plan.model, plan.granularity, ranges, seed=self.request.options.train.seed,
+                                        state=self.request.initial_state)
         for (a, b), part in zip(ranges, tensors):
             bootstrap.put_blob(store, wire.init_part(a, b), to_blob(part))
 

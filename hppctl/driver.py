@@ -386,10 +386,11 @@ def train_psl(plan, cluster, options, data, *, view: RunView | None = None, metr
     if save_model is not None:
         with view.phase("saving"):
             write_model(plan.model, state, save_model)
-    if trace is not None:
+    traced = trace is not None and result.trace is not None  # (a resumed run with nothing to run traced nothing)
+    if traced:
         write_text_atomic(trace, json.dumps(result.trace) + "\n")
     summary.update(saved_model=str(save_model) if save_model else None, metrics=str(metrics) if metrics else None,
-                   trace=str(trace) if trace else None, checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None)
+                   trace=str(trace) if traced else None, checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None)
     summary["workdir"] = shipped_workdir(user_code, view)
     return summary
 

@@ -368,7 +368,11 @@ def _parse_shares(text: Optional[str]) -> Optional[list[float]]:
 def _render_run(summary: dict) -> None:
     p, span = summary["plan"], summary["batch_makespan_s"]
     stdout.print(f"psl run: {p['model']}, {p['clients']} clients, {p['helpers']} helpers ({p['method']} plan), "
-                 f"{summary['rounds']} rounds, {summary['batches']} batches per client in {summary['wall_s']:.1f} s")
+                 f"{summary['rounds']} rounds, {summary['batches']} batches per client in {summary['wall_s']:.1f} s"
+                 + (f" (from round {summary['start_round']})" if summary["start_round"] else ""))
+    if span is None:  # resumed with nothing left to run: the checkpoint's model was tested and saved
+        _render_outputs(summary, [])
+        return
     stdout.print(f"batch makespan: median {span['median'] * 1e3:.1f} ms (min {span['min'] * 1e3:.1f}, max "
                  f"{span['max'] * 1e3:.1f}; first batch {span['first'] * 1e3:.1f}); plan predicted "
                  f"{summary['predicted_makespan_s'] * 1e3:.1f} ms ({summary['measured_vs_predicted']:+.1%})"
@@ -386,10 +390,15 @@ def _render_run(summary: dict) -> None:
     else:
         followed = "ltf orders run: " + "; ".join(f"{h}: " + ", ".join(f"{k} x{n}" for k, n in runs.items())
                                                   for h, runs in summary["helper_orders"].items())
-    parts = [f"loss {summary['loss']:.4f}", f"FedAvg {summary['fedavg_s'] * 1e3:.1f} ms per round", followed]
+    _render_outputs(summary, [f"loss {summary['loss']:.4f}", f"FedAvg {summary['fedavg_s'] * 1e3:.1f} ms per round",
+                              followed])
+
+
+def _render_outputs(summary: dict, parts: list[str]) -> None:
     if summary["test_accuracy"] is not None:
         parts.append(f"test accuracy {summary['test_accuracy']:.1%}")
-    stdout.print("; ".join(parts))
+    if parts:
+        stdout.print("; ".join(parts))
     if summary["saved_model"]:
         note(f"saved model: {summary['saved_model']}")
     if summary["trace"]:

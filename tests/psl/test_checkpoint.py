@@ -112,10 +112,18 @@ def test_a_plan_of_another_layout_is_refused(cli, plan, written, tmp_path):
         "pi0 [2, 8] on " in line, line
 
 
-def test_a_round_that_leaves_nothing_to_run_is_refused(cli, plan, written, tmp_path):
-    line = refusal(cli, plan, copy_of(written, tmp_path), tmp_path, "--rounds", "2")
-    assert line == f"error: --resume: {tmp_path / 'ck'} already holds round 2 of 2: nothing to run " \
-                   f"(--more-rounds K trains K rounds more)"
+def test_a_round_that_leaves_nothing_to_run_tests_and_saves_the_checkpoints_model(cli, plan, written, tmp_path):
+    """As `hppctl run` does: exit 0 with a note, no worker started, the checkpoint's model tested and saved."""
+    code, out, err = psl_run(cli, plan, "--rounds", "2", "--checkpoint-dir", copy_of(written, tmp_path), "--resume",
+                             "--save-model", tmp_path / "model.pt", "--trace", tmp_path / "t.json", "--json")
+    assert code == 0, err
+    assert "the checkpoint already holds round 2 of 2; nothing to run (--more-rounds K trains K rounds more)" in err
+    summary = json.loads(out)
+    assert (summary["start_round"], summary["rounds_run"], summary["batch_makespan_s"]) == (2, 0, None)
+    assert 0 <= summary["test_accuracy"] <= 1 and summary["trace"] is None and not (tmp_path / "t.json").exists()
+    assert "stem.0.weight" in torch.load(tmp_path / "model.pt", weights_only=True)
+    code, out, err = psl_run(cli, plan, "--rounds", "2", "--checkpoint-dir", tmp_path / "ck", "--resume")
+    assert code == 0 and "psl run: tiny-cnn, 3 clients, 2 helpers" in out and "0 rounds" in out and "test accuracy" in out
 
 
 def test_a_training_plans_checkpoint_is_refused_and_a_psl_one_by_a_training_plan(cli, plan, written, tmp_path):

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from hppctl.errors import BadInput, Diverged
+from hppctl.errors import Diverged
 from hppctl.models.cluster import ClusterSpec
 from hppctl.models.psl import PslPlan
 from hppctl.models.reports import PslRoundReport
@@ -113,6 +113,13 @@ class PslSession(Launcher):
             start, resumed = self.resume_point()
             options = self.request.options
             options = options.model_copy(update={"train": options.train.model_copy(update={"start_round": start})})
+            if start >= options.train.rounds:  # as `hppctl run`: the checkpoint's model is the result
+                (on_event or (lambda message: None))(
+                    f"the checkpoint already holds round {start} of {options.train.rounds}; nothing to run "
+                    f"(--more-rounds K trains K rounds more)")
+                finals = {d: from_blob(resumed[p])["parts"] for p, d in enumerate(self.topo.devices)}
+                return PslRunResult(self.request.plan, [], finals, time.perf_counter() - started, start,
+                                    order=options.order)
             self.on_phase("workers")
             self._prepare()
 
@@ -135,17 +142,13 @@ class PslSession(Launcher):
     def resume_point(self) -> tuple[int, dict[int, bytes]]:
         """(the round to start from, each device's state by rank): (0, {}) unless resuming. Read and
         checked once, under the lock (the driver asks before it opens any output: a refusal writes
-        nothing); `BadInput` for a checkpoint this run cannot resume, or one that leaves nothing to run."""
+        nothing); `BadInput` for a checkpoint this run cannot resume."""
         from hppctl.runtime.psl.checkpoint import resume_point
 
         if self._resumed is None:
             found = (0, {})
             if self.ckpt and self.request.resume:
                 found = resume_point(self.ckpt, self.request.plan, self.request.options)
-            rounds = self.request.options.train.rounds
-            if found[0] >= rounds:
-                raise BadInput(f"--resume: {self.request.checkpoint_dir} already holds round {found[0]} of "
-                               f"{rounds}: nothing to run (--more-rounds K trains K rounds more)")
             self._resumed = found
         return self._resumed
 
@@ -307,8 +310,8 @@ def summarize(result: PslRunResult) -> dict:
     steady = makespans[1:] or makespans
     batches = [b for row in result.rounds for b in row["batches"]]
     planned = {c.client: c.completion_s for c in plan.prediction.clients}
-    measured = statistics.median(steady)
-    followed = all([tuple(t[:2]) for t in b["helpers"][h]] == list(topo.orders[h]) for b in batches for h in topo.helpers)
+    measured = statistics.median(steady) if steady else None  # None: a resumed run with nothing left to run
+    followed = bool(batches) and all([tuple(t[:2]) for t in b["helpers"][h]] == list(topo.orders[h]) for b in batches for h in topo.helpers)
     ran: dict[str, dict[str, int]] = {h: {} for h in topo.helpers}
     for b in batches:
         for h in topo.helpers:
@@ -321,13 +324,14 @@ def summarize(result: PslRunResult) -> dict:
         "batches": len(makespans),
         "loss": result.rounds[-1]["loss"] if result.rounds else None,
         "train_accuracy": result.rounds[-1]["train_accuracy"] if result.rounds else None,
-        "batch_makespan_s": {"median": measured, "min": min(steady), "max": max(steady), "first": makespans[0],
-                             "all": makespans},
+        "batch_makespan_s": None if measured is None else {
+            "median": measured, "min": min(steady), "max": max(steady), "first": makespans[0], "all": makespans},
         "predicted_makespan_s": plan.prediction.makespan_s,
         "replayed_makespan_s": simulate_psl(collapsed_plan(plan)).makespan_s,
-        "measured_vs_predicted": measured / plan.prediction.makespan_s - 1,
+        "measured_vs_predicted": None if measured is None else measured / plan.prediction.makespan_s - 1,
         "clients": {c: {"helper": topo.helper_of[c], "planned_completion_s": planned[c],
-                        "median_completion_s": statistics.median(b["clients"][c]["completion_s"] for b in batches[1:] or batches)}
+                        "median_completion_s": statistics.median(b["clients"][c]["completion_s"]
+                                                                 for b in batches[1:] or batches) if batches else None}
                     for c in topo.clients},
         "order": result.order, "helper_order_followed": followed, "helper_orders": ran,
         "fedavg_s": statistics.median(row["fedavg_s"] for row in result.rounds) if result.rounds else None,

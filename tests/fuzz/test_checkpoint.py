@@ -56,13 +56,18 @@ def test_the_checkpoint_resumes_undamaged(checkpoint, tmp_path):
 @fuzz_settings(max_examples=30)
 @given(data=st.data())
 def test_a_mutated_complete_json_keeps_the_contract(checkpoint, data):
+    resume_mutated_complete_json(checkpoint, resume, data)
+
+
+def resume_mutated_complete_json(checkpoint: Path, resumer, data) -> None:
+    """Resume (`resumer`) a copy of `checkpoint` whose COMPLETE.json is a drawn mutant of its own."""
     meta = json.loads((checkpoint / ROUND / "COMPLETE.json").read_text())
     mutant = data.draw(mutants(meta, "json"), label="mutant")
     note(f"COMPLETE.json: {mutant.how}")
     with tempfile.TemporaryDirectory(prefix="hppctl-fuzz-") as tmp:
         ck = damaged_copy(checkpoint, Path(tmp))
         (ck / ROUND / "COMPLETE.json").write_bytes(mutant.data)
-        argv, outputs = resume(ck, Path(tmp))
+        argv, outputs = resumer(ck, Path(tmp))
         assert_contract(invoke(argv), outputs)
 
 
@@ -179,14 +184,7 @@ def test_the_psl_checkpoint_resumes_undamaged(psl_checkpoint, tmp_path):
 @fuzz_settings(max_examples=30)
 @given(data=st.data())
 def test_a_mutated_psl_complete_json_keeps_the_contract(psl_checkpoint, data):
-    meta = json.loads((psl_checkpoint / ROUND / "COMPLETE.json").read_text())
-    mutant = data.draw(mutants(meta, "json"), label="mutant")
-    note(f"COMPLETE.json: {mutant.how}")
-    with tempfile.TemporaryDirectory(prefix="hppctl-fuzz-") as tmp:
-        ck = damaged_copy(psl_checkpoint, Path(tmp))
-        (ck / ROUND / "COMPLETE.json").write_bytes(mutant.data)
-        argv, outputs = psl_resume(ck, Path(tmp))
-        assert_contract(invoke(argv), outputs)
+    resume_mutated_complete_json(psl_checkpoint, psl_resume, data)
 
 
 def _nan_parts(state) -> None:

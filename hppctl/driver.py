@@ -341,9 +341,9 @@ def spec_profile(spec, source: str):
 
 def train_psl(plan, cluster, options, data, *, view: RunView | None = None, metrics=None, save_model=None,
               listen=None, log=None, user_code=None, trace=None, checkpoint_dir=None, checkpoint_every: int = 1,
-              resume: bool = False, announce=None, initial_state=None) -> dict:
+              resume: bool = False, announce=None, initial_state=None, expected_start=None) -> dict:
     """Run a PSL session (runtime/psl/), write metrics, the trace and the model; return the summary.
-    user_code, announce, initial_state: as `train`'s. With `checkpoint_dir`, every device's state is written
+    user_code, announce, initial_state, expected_start: as `train`'s. With `checkpoint_dir`, every device's state is written
     there every `checkpoint_every` rounds and at the end; `resume` starts from the newest round there."""
     from hppctl.runtime.psl.session import PslRunRequest, PslSession, summarize as summarize_psl
     from hppctl.runtime.results import save_model as write_model
@@ -355,7 +355,7 @@ def train_psl(plan, cluster, options, data, *, view: RunView | None = None, metr
     metrics_file = None
     session = PslSession(PslRunRequest(plan, cluster, options, listen=listen, log=log_file, trace=trace is not None,
                                        checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-                                       resume=resume, initial_state=initial_state))
+                                       resume=resume, initial_state=initial_state, expected_start=expected_start))
     try:
         session.lock_checkpoint()  # another run active: exit 75 before any output, --metrics untouched
         session.resume_point()  # a checkpoint it cannot resume: exit 2, likewise

@@ -278,7 +278,7 @@ def run_psl(
                         ("--more-rounds", more_rounds)):
         positive(flag, value)
     _check_checkpoint_flags(checkpoint_dir, checkpoint_every, resume)
-    rounds = _total_rounds(rounds, more_rounds, checkpoint_dir, resume)
+    rounds, counted_from = _total_rounds(rounds, more_rounds, checkpoint_dir, resume)
     check_optimizer_flags(optimizer, lr, momentum, weight_decay)
     check_divergence_factor("--divergence-factor", divergence_factor)
     seconds("--timeout", timeout)
@@ -321,7 +321,7 @@ def run_psl(
                                    save_model=save_model, listen=listen, log=log, trace=trace,
                                    user_code=user_code(workdir, dataset=dataset), checkpoint_dir=checkpoint_dir,
                                    checkpoint_every=checkpoint_every, resume=resume, announce=chosen.line(),
-                                   initial_state=initial)
+                                   initial_state=initial, expected_start=counted_from)
     summary["optimizer"] = {**chosen.as_options(), "source": chosen.source}
     emit_json(summary) if as_json else _render_run(summary)
 
@@ -339,18 +339,20 @@ def _check_checkpoint_flags(checkpoint_dir: Optional[Path], checkpoint_every: in
 
 
 def _total_rounds(rounds: Optional[int], more_rounds: Optional[int], checkpoint_dir: Optional[Path],
-                  resume: bool) -> int:
-    """The run's total rounds: --rounds (default 1), or --more-rounds past the checkpoint's newest round."""
+                  resume: bool) -> tuple[int, Optional[int]]:
+    """(the run's total rounds, the newest round it counted from or None): --rounds (default 1), or
+    --more-rounds past the checkpoint's newest round (counted before the lock: the session checks it)."""
     from hppctl.runtime.checkpoint import CheckpointDir
 
     if more_rounds is None:
-        return 1 if rounds is None else rounds
+        return (1 if rounds is None else rounds), None
     if rounds is not None:
         raise BadInput("--more-rounds: counts past the checkpoint's newest round; --rounds gives the total instead: "
                        "give one of them")
     if not resume:
         raise BadInput("--more-rounds: goes with --resume and --checkpoint-dir (it counts past the newest round there)")
-    return CheckpointDir(checkpoint_dir).newest_round_number() + more_rounds
+    newest = CheckpointDir(checkpoint_dir).newest_round_number()
+    return newest + more_rounds, newest
 
 
 def _parse_shares(text: Optional[str]) -> Optional[list[float]]:

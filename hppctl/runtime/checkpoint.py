@@ -247,6 +247,15 @@ class CheckpointDir:
         return meta["round"], recut(blobs, old, new)
 
 
+def check_expected_start(checkpoint_dir: object, expected: int | None, start_round: int) -> None:
+    """The CLI counted `--more-rounds` from the newest round before the lock was held; a run that
+    held it meanwhile may have written a newer one (`CheckpointLocked`, exit 75, as if it still held
+    the lock). `expected` None: the run gave its total, nothing was counted."""
+    if expected is not None and start_round != expected:
+        raise CheckpointLocked(f"--checkpoint-dir {checkpoint_dir}: another run wrote round {start_round} after "
+                               f"this one counted its rounds from round {expected}; try again")
+
+
 def check_kind(path: Path, meta: dict, wanted: str) -> None:
     """`BadInput` unless the round `meta` records (its COMPLETE.json at `path`) was written by a run of
     kind `wanted`: a psl round's files are devices' states, a layer-wise round's are stages'."""

@@ -24,7 +24,7 @@ from hppctl.models.cluster import ClusterSpec
 from hppctl.models.plan import HppPlan
 from hppctl.models.reports import RoundReport
 from hppctl.runtime import bootstrap, wire
-from hppctl.runtime.checkpoint import CheckpointDir, CheckpointLocked
+from hppctl.runtime.checkpoint import CheckpointDir, CheckpointLocked, check_expected_start
 from hppctl.runtime.config import TrainOptions, WorkerConfig
 from hppctl.runtime.divergence import DivergenceGuard, first_nonfinite_tensor
 from hppctl.runtime.launcher import Launcher, WorkerFailed, add_row, from_blob, last_end, to_blob  # noqa: F401
@@ -141,7 +141,7 @@ class Session(Launcher):
         self.lock_checkpoint()
         try:
             start_round, init = self._resume_point()
-            self._check_expected_start(start_round)
+            check_expected_start(self.request.checkpoint_dir, self.request.expected_start, start_round)
             options = self.request.options.model_copy(update={"start_round": start_round})
             if start_round >= options.rounds:
                 notify(f"the checkpoint already holds round {start_round} of {options.rounds}; nothing to run")
@@ -179,15 +179,6 @@ class Session(Launcher):
         resume = self.ckpt and self.request.resume
         found = self.ckpt.latest(resume_fingerprint(self.request.plan, self.request.options)) if resume else None
         return found or (0, {})
-
-    def _check_expected_start(self, start_round: int) -> None:
-        """The CLI counted `--more-rounds` from the newest round before the lock was held; a run that
-        held it meanwhile may have written a newer one (exit 75, as if it still held the lock)."""
-        expected = self.request.expected_start
-        if expected is not None and start_round != expected:
-            raise CheckpointLocked(f"--checkpoint-dir {self.request.checkpoint_dir}: another run wrote round "
-                                   f"{start_round} after this one counted its rounds from round {expected}; "
-                                   f"try again")
 
     def _initial_blobs(self, seed: int) -> list[bytes]:
         from hppctl.runtime.bipartition import union_layers

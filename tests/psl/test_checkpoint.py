@@ -239,3 +239,23 @@ def test_init_from_a_psl_checkpoint_directory_is_refused(cli, plan, written, tmp
     assert (code, out) == (2, "") and err.strip() == (
         f"error: --init-from: {written / 'round-00000002' / COMPLETE}: written by a psl plan's run (`hppctl psl run`), "
         f"whose files hold devices' states, not a model's stages: give that run's --save-model file"), err
+
+
+def test_a_round_written_after_more_rounds_was_counted_is_refused_as_locked(plan, written, tmp_path):
+    """`--more-rounds` counts from the newest round before the lock is held; a run that wrote a newer
+    round meanwhile makes this one stop (exit 75, try again), as `hppctl run` does."""
+    from hppctl.models.cluster import ClusterSpec
+    from hppctl.models.psl import PslPlan
+    from hppctl.runtime.checkpoint import CheckpointLocked
+    from hppctl.runtime.config import TrainOptions
+    from hppctl.runtime.psl.config import PslOptions
+    from hppctl.runtime.psl.session import PslRunRequest, PslSession
+    from hppctl.store import load
+
+    options = PslOptions(train=TrainOptions(dataset="digits", seed=5, rounds=4, optimizer="adam", lr=0.02),
+                         local_batches=2, shares=[2.0, 1.0, 1.0])
+    session = PslSession(PslRunRequest(load(plan, PslPlan), load(CLUSTER, ClusterSpec), options,
+                                       checkpoint_dir=copy_of(written, tmp_path), resume=True, expected_start=1))
+    with pytest.raises(CheckpointLocked, match="another run wrote round 2 after this one counted its rounds from "
+                                               "round 1; try again"):
+        session.resume_point()

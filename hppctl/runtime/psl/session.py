@@ -25,7 +25,7 @@ from hppctl.models.cluster import ClusterSpec
 from hppctl.models.psl import PslPlan
 from hppctl.models.reports import PslRoundReport
 from hppctl.runtime import bootstrap, wire
-from hppctl.runtime.checkpoint import CheckpointDir
+from hppctl.runtime.checkpoint import CheckpointDir, check_expected_start
 from hppctl.runtime.divergence import DivergenceGuard
 from hppctl.runtime.launcher import Launcher, add_row, from_blob, last_end, to_blob
 from hppctl.runtime.psl.config import PslOptions, PslWorkerConfig
@@ -52,6 +52,8 @@ class PslRunRequest:
     checkpoint_every: int = 1
     resume: bool = False
     """Start from the newest round in `checkpoint_dir` (its settings must be this run's)."""
+    expected_start: int | None = None
+    """The round the CLI counted `--more-rounds` from, checked again under the lock (`check_expected_start`)."""
     initial_state: dict | None = None
     """Trained weights every part starts from (`--init-from`, checked by runtime/warmstart.py); None:
     the model built from the seed."""
@@ -149,6 +151,7 @@ class PslSession(Launcher):
             found = (0, {})
             if self.ckpt and self.request.resume:
                 found = resume_point(self.ckpt, self.request.plan, self.request.options)
+            check_expected_start(self.request.checkpoint_dir, self.request.expected_start, found[0])
             self._resumed = found
         return self._resumed
 

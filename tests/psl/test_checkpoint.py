@@ -50,9 +50,10 @@ def psl_run(cli, plan: Path, *flags) -> tuple[int, str, str]:
 def test_two_cron_starts_of_more_rounds_end_with_the_uninterrupted_runs_parameters(cli, plan, tmp_path):
     code, _, err = psl_run(cli, plan, "--rounds", "4", "--save-model", tmp_path / "whole.pt")
     assert code == 0, err
-    for start in (0, 2):  # a cron line: the same command each time
+    for start, order in ((0, "plan"), (2, "ltf")):  # a cron line; --order is not recorded: it changes no number
         code, out, err = psl_run(cli, plan, "--checkpoint-dir", tmp_path / "ck", "--resume", "--more-rounds", "2",
-                                 "--metrics", tmp_path / "m.jsonl", "--save-model", tmp_path / "resumed.pt", "--json")
+                                 "--metrics", tmp_path / "m.jsonl", "--save-model", tmp_path / "resumed.pt", "--json",
+                                 "--order", order)
         assert code == 0, err
         summary = json.loads(out)
         assert (summary["start_round"], summary["rounds_run"]) == (start, 2)

@@ -120,10 +120,14 @@ def _recorded_settings(meta: dict) -> dict:
 
     def number(field: str, default: float | None, *, positive: bool) -> float:
         value = meta.get(field, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                or value < 0 or (positive and value == 0):
+        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+        try:
+            number = float(value) if numeric else math.nan
+        except OverflowError:  # a JSON integer past float's range
+            number = math.inf
+        if not math.isfinite(number) or number < 0 or (positive and number == 0):
             raise bad(field, f"must be a {'positive' if positive else 'non-negative'} finite number")
-        return float(value)
+        return number
 
     if meta["optimizer"] not in ("sgd", "adam"):
         raise bad("optimizer", "must be sgd or adam")

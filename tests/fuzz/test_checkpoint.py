@@ -115,6 +115,7 @@ REFUSED = {
     # found by the psl checkpoint's fuzzing: `--resume` read the recorded optimizer unchecked (KeyError, ValueError)
     "complete-json-without-lr": lambda ck: _write_meta(ck, {k: v for k, v in _meta(ck).items() if k != "lr"}),
     "complete-json-lr-text": lambda ck: _write_meta(ck, {**_meta(ck), "lr": "fast"}),
+    "complete-json-momentum-past-float": lambda ck: _write_meta(ck, {**_meta(ck), "momentum": 10 ** 400}),
     "complete-json-schedule-a-number": lambda ck: _write_meta(ck, {**_meta(ck), "lr_schedule": 5}),
     "stage-file-truncated": lambda ck: _truncate(ck / ROUND / "stage-0.pt"),
     "stage-file-missing": lambda ck: (ck / ROUND / "stage-1.pt").unlink(),

@@ -1,7 +1,8 @@
 """`hppctl run --init-from PATH`: a new run that starts from trained weights instead of the seed's.
 
 PATH is either a `--save-model` file (one state dict under the model's own names, runtime/results.py)
-or a checkpoint directory (its newest complete round, the stages' tensors joined by name). Only the
+or a checkpoint directory (its newest complete round, the stages' tensors joined by name; a psl run's
+round, every device's parts joined: after FedAvg they hold one model). Only the
 weights carry over — parameters and persistent buffers (BatchNorm statistics); the optimizer state,
 the round counter and the learning-rate schedule start afresh, and the dataset and seed may differ.
 The weights are checked here, before the lock is taken and any worker starts: everything a strict
@@ -48,8 +49,7 @@ def _checkpoint_tensors(path: Path, model: str) -> tuple[Path, dict]:
     try:
         meta = CheckpointDir(path).newest_meta()
         if meta is not None and meta.get("kind") == "psl":  # (newest_meta checked `kind`)
-            raise BadInput(f"{meta['_file']}: written by a psl plan's run (`hppctl psl run`), whose files "
-                           f"hold devices' states, not a model's stages: give that run's --save-model file")
+            return _psl_checkpoint_tensors(path, model)
         found = CheckpointDir(path).newest_round({})
         if found is None:
             raise BadInput(f"{FLAG}: {path}: a directory without a complete round (no round-*/{COMPLETE}); "
@@ -66,6 +66,33 @@ def _checkpoint_tensors(path: Path, model: str) -> tuple[Path, dict]:
     joined: dict = {}
     for p in sorted(blobs):
         joined.update(torch.load(io.BytesIO(blobs[p]), weights_only=True, map_location="cpu")["model"])
+    return where, joined
+
+
+def _psl_checkpoint_tensors(path: Path, model: str) -> tuple[Path, dict]:
+    """A psl run's newest round (record, digests) as one model: the union of every device's parts. Its
+    files are taken after FedAvg, when every copy of a tensor holds the same average, and every tensor
+    of the model is in a part of each client (runtime/psl/fedavg.py): any holder's copy is the model's.
+    Raises `BadInput` with `--resume:` messages (the caller re-flags them)."""
+    from hppctl.runtime.checkpoint import stage_file_name
+    from hppctl.runtime.preflight import load_stage_file
+
+    where, meta, blobs = CheckpointDir(path).newest_round({"kind": "psl"})
+    layout = meta.get("psl_layout")
+    trained = layout.split(" ", 1)[0] if isinstance(layout, str) else None  # `psl.checkpoint.layout_line`
+    if trained != model:
+        raise BadInput(f"--resume: {where / COMPLETE}: psl_layout: {short_repr(layout)} trained "
+                       f"{short_repr(trained)}, this run trains {model!r}")
+    joined: dict = {}
+    for p in sorted(blobs):
+        state = load_stage_file(where / stage_file_name(p), blobs[p])
+        parts = state.get("parts") if isinstance(state, dict) else None
+        if not isinstance(parts, dict) or not all(isinstance(part, dict) for part in parts.values()):
+            raise BadInput(f"--resume: {where / stage_file_name(p)}: parts: expected state dicts by part, got "
+                           f"{short_repr(parts)}")
+        for part in parts.values():
+            for name, tensor in part.items():
+                joined.setdefault(name, tensor)
     return where, joined
 
 

@@ -35,10 +35,10 @@ def plan(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def written(plan, tmp_path_factory) -> Path:
-    """A checkpoint directory a real 2-round run wrote (rounds 1 and 2)."""
+    """A checkpoint directory a real 2-round run wrote (rounds 1 and 2), and its model beside it (model.pt)."""
     ck = tmp_path_factory.mktemp("written") / "ck"
     assert run(["psl", "run", "--plan", str(plan), "--cluster", str(CLUSTER), *SETTINGS, "--rounds", "2",
-                "--checkpoint-dir", str(ck)]) == 0
+                "--checkpoint-dir", str(ck), "--save-model", str(ck.parent / "model.pt")]) == 0
     assert CheckpointDir(ck).complete_rounds() == [1, 2]
     return ck
 
@@ -214,7 +214,7 @@ def test_an_optimizer_state_that_does_not_fit_its_parameters_is_refused(cli, pla
 
 def test_init_from_a_saved_model_starts_every_part_from_it(cli, plan, tmp_path):
     """`--init-from` (refused for psl plans before): the run equals the single-process reference
-    started from the same weights; a psl checkpoint directory is not a model to start from."""
+    started from the same weights."""
     from hppctl.models.psl import PslPlan
     from hppctl.runtime.config import TrainOptions
     from hppctl.runtime.psl.config import PslOptions
@@ -235,11 +235,19 @@ def test_init_from_a_saved_model_starts_every_part_from_it(cli, plan, tmp_path):
                                {k.removeprefix("model."): v for k, v in expected.items()}, rtol=1e-4, atol=1e-5)
 
 
-def test_init_from_a_psl_checkpoint_directory_is_refused(cli, plan, written, tmp_path):
-    code, out, err = psl_run(cli, plan, "--rounds", "1", "--init-from", written)
-    assert (code, out) == (2, "") and err.strip() == (
-        f"error: --init-from: {written / 'round-00000002' / COMPLETE}: written by a psl plan's run (`hppctl psl run`), "
-        f"whose files hold devices' states, not a model's stages: give that run's --save-model file"), err
+def test_init_from_a_psl_checkpoint_directory_is_the_model_its_run_saved(written):
+    """Its devices' parts joined (after FedAvg every copy holds the average) are the `--save-model` file
+    of the run that wrote it; refused before, naming that file. A model of another name is refused."""
+    from hppctl.errors import BadInput
+    from hppctl.runtime.warmstart import load_initial_state
+
+    joined, saved = load_initial_state(written, "tiny-cnn"), load_initial_state(written.parent / "model.pt", "tiny-cnn")
+    assert sorted(joined) == sorted(saved)
+    for name in saved:
+        torch.testing.assert_close(joined[name], saved[name], rtol=0, atol=0, msg=lambda m: f"{name}: {m}")
+    with pytest.raises(BadInput, match=r"^--init-from: .*round-00000002/COMPLETE.json: psl_layout: 'tiny-cnn fine "
+                                       r"batch 16: .* trained 'tiny-cnn', this run trains 'tiny-mlp'$"):
+        load_initial_state(written, "tiny-mlp")
 
 
 def test_a_round_written_after_more_rounds_was_counted_is_refused_as_locked(plan, written, tmp_path):

@@ -126,3 +126,32 @@ def model_input(model: str | None, shape: str | None, dtype: str | None):
         check_no_input_flags(model, parsed)
         declare_input(model, parsed)
     return parsed
+
+
+def check_extension_flags(*, rounds, more_rounds, resume, epochs=None, more_epochs=None, schedule=None) -> None:
+    """`--more-rounds`/`--more-epochs` count past the checkpoint's newest round: they need --resume and
+    replace --rounds/--epochs (totals), and an asynchronous schedule counts in epochs (`hppctl run`;
+    `hppctl psl run` has rounds only)."""
+    given = [f for f, v in (("--more-rounds", more_rounds), ("--more-epochs", more_epochs)) if v is not None]
+    if not given:
+        return
+    flag = given[0]
+    if len(given) > 1:
+        raise BadInput("--more-rounds and --more-epochs: give one of them")
+    positive(flag, more_rounds if more_rounds is not None else more_epochs)
+    for total_flag, value in (("--rounds", rounds), ("--epochs", epochs)):
+        if value is not None:
+            raise BadInput(f"{flag}: counts past the checkpoint's newest round; {total_flag} gives the total "
+                           f"instead: give one of them")
+    if not resume:
+        raise BadInput(f"{flag}: goes with --resume and --checkpoint-dir (it counts past the newest round there)")
+    if schedule is not None and more_rounds is not None:
+        raise BadInput(f"--more-rounds: --schedule {schedule} trains whole epochs; use --more-epochs")
+
+
+def check_checkpoint_flags(checkpoint_dir, checkpoint_every: int, resume: bool) -> None:
+    """--resume and a --checkpoint-every of its own need --checkpoint-dir (the latter was ignored without a word)."""
+    if checkpoint_dir is None:
+        for flag, given in (("--resume", resume), ("--checkpoint-every", checkpoint_every != 1)):
+            if given:
+                raise BadInput(f"{flag}: needs --checkpoint-dir")

@@ -15,7 +15,7 @@ import typer
 from rich.table import Table
 
 from hppctl.cli.flags import MIN_PERIOD_S, check_optimizer_flags, divergence_factor as check_divergence_factor, positive, seconds, seed as check_seed, threads as check_threads
-from hppctl.cli.flags import WORKDIR_HELP
+from hppctl.cli.flags import WORKDIR_HELP, check_checkpoint_flags, check_extension_flags
 from hppctl.cli.output import LOG_EVERY_HELP, emit_json, note, progress_log, stdout, writable_path
 from hppctl.cli.view import PslView
 from hppctl import driver
@@ -274,8 +274,7 @@ def run_psl(
     # Outputs first, before the plan is read (`hppctl run` on a psl plan checked its own already).
     for flag, path in (("--metrics", metrics), ("--save-model", save_model), ("--log", log), ("--trace", trace)):
         writable_path(flag, path)
-    for flag, value in (("--rounds", rounds), ("--local-batches", local_batches), ("--checkpoint-every", checkpoint_every),
-                        ("--more-rounds", more_rounds)):
+    for flag, value in (("--rounds", rounds), ("--local-batches", local_batches), ("--checkpoint-every", checkpoint_every)):
         positive(flag, value)
     _check_checkpoint_flags(checkpoint_dir, checkpoint_every, resume)
     rounds, counted_from = _total_rounds(rounds, more_rounds, checkpoint_dir, resume)
@@ -329,13 +328,10 @@ def run_psl(
 def _check_checkpoint_flags(checkpoint_dir: Optional[Path], checkpoint_every: int, resume: bool) -> None:
     from hppctl.runtime.checkpoint import check_lock_file
 
-    if checkpoint_dir is None:
-        for flag, given in (("--resume", resume), ("--checkpoint-every", checkpoint_every != 1)):
-            if given:
-                raise BadInput(f"{flag}: needs --checkpoint-dir")
-        return
-    writable_path("--checkpoint-dir", checkpoint_dir, directory=True)
-    check_lock_file(checkpoint_dir / "LOCK")
+    check_checkpoint_flags(checkpoint_dir, checkpoint_every, resume)
+    if checkpoint_dir is not None:
+        writable_path("--checkpoint-dir", checkpoint_dir, directory=True)
+        check_lock_file(checkpoint_dir / "LOCK")
 
 
 def _total_rounds(rounds: Optional[int], more_rounds: Optional[int], checkpoint_dir: Optional[Path],
@@ -344,13 +340,9 @@ def _total_rounds(rounds: Optional[int], more_rounds: Optional[int], checkpoint_
     --more-rounds past the checkpoint's newest round (counted before the lock: the session checks it)."""
     from hppctl.runtime.checkpoint import CheckpointDir
 
+    check_extension_flags(rounds=rounds, more_rounds=more_rounds, resume=resume)
     if more_rounds is None:
         return (1 if rounds is None else rounds), None
-    if rounds is not None:
-        raise BadInput("--more-rounds: counts past the checkpoint's newest round; --rounds gives the total instead: "
-                       "give one of them")
-    if not resume:
-        raise BadInput("--more-rounds: goes with --resume and --checkpoint-dir (it counts past the newest round there)")
     newest = CheckpointDir(checkpoint_dir).newest_round_number()
     return newest + more_rounds, newest
 

@@ -10,7 +10,7 @@ import typer
 
 from hppctl.cli.flags import MIN_PERIOD_S, check_optimizer_flags, divergence_factor as check_divergence_factor, positive, seconds, seed as check_seed, threads as check_threads
 from hppctl.cli.flags import precision as check_precision
-from hppctl.cli.flags import WORKDIR_HELP
+from hppctl.cli.flags import WORKDIR_HELP, check_checkpoint_flags, check_extension_flags
 from hppctl.cli.output import LOG_EVERY_HELP, emit_json, note, progress_log, stdout, writable_path
 from hppctl.cli.view import TrainingView
 from hppctl import driver
@@ -162,18 +162,15 @@ def run_command(
                        divergence_factor=divergence_factor, log_every=log_every, workdir=shipped)
     if rounds is not None and epochs is not None:
         raise BadInput("--rounds and --epochs: give one of them")
-    _check_extension_flags(rounds=rounds, epochs=epochs, more_rounds=more_rounds, more_epochs=more_epochs,
-                           resume=resume, schedule=schedule)
+    check_extension_flags(rounds=rounds, epochs=epochs, more_rounds=more_rounds, more_epochs=more_epochs,
+                          resume=resume, schedule=schedule)
     for flag, value in (("--rounds", rounds), ("--epochs", epochs), ("--checkpoint-every", checkpoint_every)):
         positive(flag, value)
     from hppctl.cli.coordinator import check_recovery_flags
     check_recovery_flags(heartbeat=heartbeat, timeout=failure_timeout, probe_timeout=probe_timeout, replan=replan,
                          replicate_every=replicate_every)
     check_optimizer_flags(optimizer, lr, momentum, weight_decay)
-    if resume and checkpoint_dir is None:
-        raise BadInput("--resume: needs --checkpoint-dir")
-    if checkpoint_every != 1 and checkpoint_dir is None:  # it was ignored without a word
-        raise BadInput("--checkpoint-every: needs --checkpoint-dir")
+    check_checkpoint_flags(checkpoint_dir, checkpoint_every, resume)
     if rejoin and not resume:
         raise BadInput("--rejoin: goes with --resume")
     if lr_schedule not in (None, "constant", "cosine"):
@@ -285,26 +282,6 @@ def _refuse_training_only(plan_file: Path, given: dict) -> None:
     for flag, value in given.items():
         if value is not None:
             raise BadInput(f"{flag}: only for training plans; {plan_file} is an inference (galaxy) plan")
-
-
-def _check_extension_flags(*, rounds, epochs, more_rounds, more_epochs, resume, schedule) -> None:
-    """`--more-rounds`/`--more-epochs` count past the checkpoint's newest round: they need --resume and
-    replace --rounds/--epochs (totals), and an asynchronous schedule counts in epochs."""
-    given = [f for f, v in (("--more-rounds", more_rounds), ("--more-epochs", more_epochs)) if v is not None]
-    if not given:
-        return
-    flag = given[0]
-    if len(given) > 1:
-        raise BadInput("--more-rounds and --more-epochs: give one of them")
-    positive(flag, more_rounds if more_rounds is not None else more_epochs)
-    for total_flag, value in (("--rounds", rounds), ("--epochs", epochs)):
-        if value is not None:
-            raise BadInput(f"{flag}: counts past the checkpoint's newest round; {total_flag} gives the total "
-                           f"instead: give one of them")
-    if not resume:
-        raise BadInput(f"{flag}: goes with --resume and --checkpoint-dir (it counts past the newest round there)")
-    if schedule is not None and more_rounds is not None:
-        raise BadInput(f"--more-rounds: --schedule {schedule} trains whole epochs; use --more-epochs")
 
 
 def _refuse_inference_flags(plan_file: Path, kind: str, given: dict) -> None:

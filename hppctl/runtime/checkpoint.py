@@ -247,6 +247,17 @@ class CheckpointDir:
         return meta["round"], recut(blobs, old, new)
 
 
+def is_checkpoint_round(completed: int, every: int, total: int) -> bool:
+    """Whether the state after `completed` of `total` rounds is written as a checkpoint round
+    (`--checkpoint-every` = `every`; 0: never). The state after the last round is the final one."""
+    return bool(every) and completed % every == 0 and completed < total
+
+
+def checkpoint_rounds(after: int, every: int, total: int) -> set[int]:
+    """The checkpoint rounds a run of `total` rounds writes after round `after`."""
+    return {c for c in range(after + 1, total) if is_checkpoint_round(c, every, total)}
+
+
 def check_expected_start(checkpoint_dir: object, expected: int | None, start_round: int) -> None:
     """The CLI counted `--more-rounds` from the newest round before the lock was held; a run that
     held it meanwhile may have written a newer one (`CheckpointLocked`, exit 75, as if it still held

@@ -52,6 +52,17 @@ class DivergenceGuard:
             self._first.append(loss)
 
 
+def check_final_states(states: dict[str, dict], last_round: int) -> None:
+    """`Diverged` if a final state holds NaN or infinity (the last round's update can break weights
+    its loss never saw). `states`: owner (as the message names it, e.g. "stage 0's") -> its state
+    (`{"model": …, "optimizer": …}`, `first_nonfinite_tensor`'s input)."""
+    for owner, state in states.items():
+        name = first_nonfinite_tensor(state)
+        if name is not None:
+            raise Diverged(f"training diverged: after round {last_round}, {owner} {name} holds NaN or infinity "
+                           f"{_advice()}")
+
+
 def _advice() -> str:
     return "(lower --lr; --divergence-factor 0 turns this check off)"
 

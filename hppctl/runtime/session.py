@@ -24,9 +24,9 @@ from hppctl.models.cluster import ClusterSpec
 from hppctl.models.plan import HppPlan
 from hppctl.models.reports import RoundReport
 from hppctl.runtime import bootstrap, wire
-from hppctl.runtime.checkpoint import CheckpointDir, CheckpointLocked, check_expected_start
+from hppctl.runtime.checkpoint import CheckpointDir, CheckpointLocked, check_expected_start, checkpoint_rounds
 from hppctl.runtime.config import TrainOptions, WorkerConfig
-from hppctl.runtime.divergence import DivergenceGuard, first_nonfinite_tensor
+from hppctl.runtime.divergence import DivergenceGuard, check_final_states
 from hppctl.runtime.launcher import Launcher, WorkerFailed, add_row, from_blob, last_end, to_blob  # noqa: F401
 from hppctl.runtime.lineage import Lineage, plan_digest, plan_document, resume_fingerprint, run_fingerprint  # noqa: F401
 from hppctl.runtime.metrics import TraceBuilder, aggregate
@@ -238,9 +238,7 @@ class Session(Launcher):
 
     def _due_rounds(self, options: TrainOptions, after: int) -> set[int]:
         """The checkpoint rounds after round `after` (`--checkpoint-every`)."""
-        if not self.ckpt or not options.checkpoint_every:
-            return set()
-        return {r for r in range(after + 1, options.rounds) if r % options.checkpoint_every == 0}
+        return checkpoint_rounds(after, options.checkpoint_every, options.rounds) if self.ckpt else set()
 
     # --- hooks (fault tolerance, runtime/ft_session.py, plugs in here) ------------------------------------
     def _on_tick(self) -> None:
@@ -296,11 +294,7 @@ class Session(Launcher):
         holds NaN or infinity (the last round's update can break weights its loss never saw)."""
         states = _load_states(blobs)
         if self._guard.enabled:
-            for p, state in sorted(states.items()):
-                name = first_nonfinite_tensor(state)
-                if name is not None:
-                    raise Diverged(f"training diverged: after round {options.rounds - 1}, stage {p}'s {name} "
-                                   f"holds NaN or infinity (lower --lr; --divergence-factor 0 turns this check off)")
+            check_final_states({f"stage {p}'s": state for p, state in sorted(states.items())}, options.rounds - 1)
         if self.ckpt:
             self.ckpt.write_round(options.rounds, blobs, self._checkpoint_meta(options))
         return states

@@ -142,8 +142,10 @@ class Worker:
                            lr=self.config.options.learning_rate(stats.round), **extra)
 
     def checkpoint_due(self, completed: int) -> bool:
+        from hppctl.runtime.checkpoint import is_checkpoint_round
+
         opts = self.config.options
-        return bool(opts.checkpoint_every and completed % opts.checkpoint_every == 0 and completed < opts.rounds)
+        return is_checkpoint_round(completed, opts.checkpoint_every, opts.rounds)
 
 
 def train(ctx: WorkerContext) -> None:

@@ -25,7 +25,7 @@ from hppctl.models.cluster import ClusterSpec
 from hppctl.models.psl import PslPlan
 from hppctl.models.reports import PslRoundReport
 from hppctl.runtime import bootstrap, wire
-from hppctl.runtime.checkpoint import CheckpointDir, check_expected_start
+from hppctl.runtime.checkpoint import CheckpointDir, check_expected_start, checkpoint_rounds
 from hppctl.runtime.divergence import DivergenceGuard
 from hppctl.runtime.launcher import Launcher, add_row, from_blob, last_end, to_blob
 from hppctl.runtime.psl.config import PslOptions, PslWorkerConfig
@@ -191,8 +191,8 @@ class PslSession(Launcher):
         """The rounds' rows, every device's memory figures and final parts; with `segments`, each
         round's segments as run added to it. Checkpoint round c (the state round c trains from) is
         written once round c's loss passed the divergence check, as a layer-wise run's is."""
-        start, rounds, every = options.train.start_round, options.train.rounds, self._checkpoint_every
-        due = {c for c in range(start + 1, rounds) if every and c % every == 0}
+        start, rounds = options.train.start_round, options.train.rounds
+        due = checkpoint_rounds(start, self._checkpoint_every, rounds)
         rows, workers = [], {}
         while True:
             self._check_alive()
@@ -226,19 +226,14 @@ class PslSession(Launcher):
     def _final_states(self, options: PslOptions) -> dict[str, dict]:
         """Every device's final parts, by device; written as the last checkpoint round, or `Diverged`
         if one holds NaN or infinity (the last round's update can break weights its loss never saw)."""
-        from hppctl.runtime.divergence import first_nonfinite_tensor
+        from hppctl.runtime.divergence import check_final_states
 
         store, devices = self.store.store, self.topo.devices
         blobs = {p: bootstrap.get_blob(store, wire.final(d), delete=True) for p, d in enumerate(devices)}
         parts = {d: from_blob(blobs[p])["parts"] for p, d in enumerate(devices)}
         if self._guard.enabled:
-            for d, held in parts.items():
-                for name, state in held.items():
-                    bad = first_nonfinite_tensor({"model": state})
-                    if bad is not None:
-                        raise Diverged(f"training diverged: after round {options.train.rounds - 1}, {d}'s {name} "
-                                       f"{bad} holds NaN or infinity (lower --lr; --divergence-factor 0 turns this "
-                                       f"check off)")
+            check_final_states({f"{d}'s {name}": {"model": state} for d, held in parts.items()
+                                for name, state in held.items()}, options.train.rounds - 1)
         if self.ckpt:
             self.ckpt.write_round(options.train.rounds, blobs, self._checkpoint_meta(options))
         return parts

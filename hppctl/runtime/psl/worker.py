@@ -193,6 +193,7 @@ class PslWorker:
 def serve(ctx: WorkerContext) -> None:
     """The body of a PSL worker: its role, the gloo groups, the rounds, the final parts."""
     from hppctl.runtime import bootstrap
+    from hppctl.runtime.checkpoint import is_checkpoint_round
 
     config, store, cgroup = ctx.config, ctx.store, cpu_cgroup()
     worker = PslWorker(config, store)
@@ -204,15 +205,10 @@ def serve(ctx: WorkerContext) -> None:
     worker.make_groups(config.timeout_s)
     for r in range(train.start_round, train.rounds):
         store.set(wire.metrics(r, config.device), worker.run_round(r, cgroup).model_dump_json())
-        if checkpoint_due(config, r + 1):
+        if is_checkpoint_round(r + 1, config.checkpoint_every, train.rounds):
             bootstrap.put_blob(store, wire.ckpt(r + 1, rank), worker.state_blob())
     bootstrap.put_blob(store, wire.final(config.device), worker.state_blob())
 
-
-def checkpoint_due(config: PslWorkerConfig, completed: int) -> bool:
-    """Whether the state after `completed` rounds is a checkpoint round (the last one is the final state)."""
-    every = config.checkpoint_every
-    return bool(every and completed % every == 0 and completed < config.options.train.rounds)
 
 
 if __name__ == "__main__":

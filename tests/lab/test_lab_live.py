@@ -46,6 +46,13 @@ with the suite's other stream running beside it, and 37.0 (74 %) in a later suit
 100): these tests now run with nothing beside them (`alone`)."""
 
 
+ATTEMPTS = 3
+"""A shared machine can starve the probers for a whole measurement even with nothing of ours beside
+them (CI of 2026-11-27: 15.6 of 20 Mbit/s, a 5 ms round trip's median 6.83 ms). The bounds load cannot
+break (the shaper's cap, the delay as a floor) hold on every attempt; those it can (reaching the rate,
+at most 1.5 ms over the delay) on the best of three, so a shaper set too tight still fails every time."""
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     from tests.lab.conftest import built_lab
@@ -118,19 +125,31 @@ def test_unknown_host_key_is_refused(lab, tmp_path):
 @pytest.mark.alone  # sender and receiver run under the hosts' quotas: a test beside it took 21-26 % of the rate
 @pytest.mark.parametrize("src, dst, mbit", [("fast", "nano", 100), ("slow", "fast", 50), ("nano", "slow", 20)])
 def test_bandwidth_matches_configured_rate(lab, src, dst, mbit):
-    got = measure.bandwidth(lab["cluster"], src, dst, seconds=5.0)
-    assert got["seconds"] >= 5.0 * 0.95
-    measured = got["bytes_per_s"] * 8 / 1e6
-    assert (1 - RATE_BELOW) * mbit <= measured <= (1 + RATE_ABOVE) * mbit, f"{src}->{dst}: {measured:.1f} Mbit/s vs {mbit}"
+    rates = []
+    for _ in range(ATTEMPTS):
+        got = measure.bandwidth(lab["cluster"], src, dst, seconds=5.0)
+        assert got["seconds"] >= 5.0 * 0.95
+        rates.append(got["bytes_per_s"] * 8 / 1e6)
+        # The cap holds on every attempt: a busy machine only slows a stream down.
+        assert rates[-1] <= (1 + RATE_ABOVE) * mbit, f"{src}->{dst}: {rates[-1]:.1f} Mbit/s vs {mbit}"
+        if rates[-1] >= (1 - RATE_BELOW) * mbit:
+            break
+    assert max(rates) >= (1 - RATE_BELOW) * mbit, f"{src}->{dst}: {[round(r, 1) for r in rates]} Mbit/s vs {mbit}"
 
 
 @pytest.mark.alone  # the userspace delay line slows beside any CPU hog (8.0 ms for 5 in a trial with one)
 @pytest.mark.parametrize("a, b, delay_ms", [("fast", "slow", 5.0), ("fast", "nano", 2.0), ("nano", "slow", 5.0)])
 def test_configured_delay_shows_in_round_trip_time(lab, a, b, delay_ms):
-    got = measure.rtt(lab["cluster"], a, b, count=30)
-    median_ms = got["median_s"] * 1e3
-    # The configured round trip, plus at most 1.5 ms of stack and delay-line overhead.
-    assert delay_ms <= median_ms <= delay_ms + 1.5, f"{a}<->{b}: {median_ms:.2f} ms vs {delay_ms}"
+    medians = []
+    for _ in range(ATTEMPTS):
+        got = measure.rtt(lab["cluster"], a, b, count=30)
+        # Every round trip pays the configured delay, on every attempt: a busy machine only adds to it.
+        assert got["min_s"] * 1e3 >= delay_ms, f"{a}<->{b}: fastest {got['min_s'] * 1e3:.2f} ms vs {delay_ms}"
+        medians.append(got["median_s"] * 1e3)
+        # The configured round trip, plus at most 1.5 ms of stack and delay-line overhead.
+        if medians[-1] <= delay_ms + 1.5:
+            break
+    assert min(medians) <= delay_ms + 1.5, f"{a}<->{b}: medians {[round(m, 2) for m in medians]} ms vs {delay_ms}"
 
 
 def test_delay_line_runs_under_the_labs_cpu_weight(lab):

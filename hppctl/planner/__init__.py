@@ -77,7 +77,7 @@ def to_plan(cm: CostModel, profile: Profile, request: PlanRequest, strategy: str
     ]
     return HppPlan(
         strategy=strategy, model=profile.model, model_input=profile.model_input, granularity=profile.granularity,
-        profile_digest=profile.digest(),
+        profile_digest=cm.profile_digest,
         global_batch=request.global_batch, micro_batch=request.micro_batch, num_micro_batches=request.num_micro_batches,
         schedule=schedule, stages=stages, transfers=transfers,
         prediction=Prediction(

@@ -17,14 +17,15 @@ from hppctl.models.profile import Profile
 from hppctl.planner.cost import CostModel
 
 
-def with_split_backward(plan: HppPlan, profile: Profile) -> HppPlan:
+def with_split_backward(plan: HppPlan, profile: Profile, cm: CostModel | None = None) -> HppPlan:
     """The same plan with `split_backward`, every stage's `weight_grad_s`, `in_flight_cap` and memory,
     and the prediction's peak memory ratio (raises ValueError if the profile lacks weight-gradient
     times or the plan cannot split; its round latency stays the estimate's until simulated:
-    schedule/split_plan.py)."""
+    schedule/split_plan.py). `cm`: the profile's cost model at the plan's micro-batches, if at hand."""
     if any(s.backward_layers is not None for s in plan.stages):
         raise ValueError("Bi-Partition plans (split layers) do not split backwards")
-    cm = CostModel(profile, micro_batch=plan.micro_batch, num_micro_batches=plan.num_micro_batches)
+    if cm is None:
+        cm = CostModel(profile, micro_batch=plan.micro_batch, num_micro_batches=plan.num_micro_batches)
     index = {name: i for i, name in enumerate(cm.names)}
     stages = []
     for p, stage in enumerate(plan.stages):

@@ -17,7 +17,7 @@ from hppctl.errors import Infeasible
 from hppctl.models.plan import HppPlan, PlanRequest
 from hppctl.models.profile import Profile
 from hppctl.planner import cost_model, to_plan
-from hppctl.planner.cost import StageChoice
+from hppctl.planner.cost import CostModel, StageChoice
 from hppctl.planner.registry import Candidate
 from hppctl.planner.split_backward import with_split_backward
 from hppctl.schedule.check import check_schedule
@@ -34,27 +34,27 @@ def split_backward_plan(plan: HppPlan, profile: Profile, *, refine: bool = True)
     """The plan with split backwards, its cuts tuned by simulation unless `refine` is off (raises
     ValueError if the profile has no weight-gradient times or the plan cannot split)."""
     started = time.perf_counter()
-    best = _split_and_simulate(plan, profile)
+    request = PlanRequest(global_batch=plan.global_batch, micro_batch=plan.micro_batch, schedule=plan.schedule)
+    cm = cost_model(profile, request)
+    best = _split_and_simulate(plan, profile, cm)
     if refine and len(plan.stages) > 1:
-        best = _refine_cuts(best, profile)
+        best = _refine_cuts(best, profile, request, cm)
     return best.model_copy(update={"planning_time_s": plan.planning_time_s + time.perf_counter() - started,
                                    "micro_batch_choice": plan.micro_batch_choice})
 
 
-def _split_and_simulate(plan: HppPlan, profile: Profile) -> HppPlan:
-    split = with_split_backward(plan, profile)
+def _split_and_simulate(plan: HppPlan, profile: Profile, cm: CostModel) -> HppPlan:
+    split = with_split_backward(plan, profile, cm)
     schedule = schedule_for_plan(split)
     check_schedule(schedule)
-    latency = simulate(schedule, ProfileTimings(profile, schedule)).round_latency_s
+    latency = simulate(schedule, ProfileTimings(profile, schedule, cm=cm)).round_latency_s
     prediction = split.prediction.model_copy(update={
         "round_latency_s": latency, "throughput_samples_per_s": plan.global_batch / latency if latency > 0 else 0.0})
     return split.model_copy(update={"prediction": prediction})
 
 
-def _refine_cuts(best: HppPlan, profile: Profile) -> HppPlan:
+def _refine_cuts(best: HppPlan, profile: Profile, request: PlanRequest, cm: CostModel) -> HppPlan:
     """Greedy first-improvement search over single cut moves (see the module docstring)."""
-    request = PlanRequest(global_batch=best.global_batch, micro_batch=best.micro_batch, schedule=best.schedule)
-    cm = cost_model(profile, request)
     index = {name: i for i, name in enumerate(cm.names)}
     stages = [StageChoice(s.layers[0], s.layers[1], tuple(index[d] for d in s.devices), tuple(s.samples))
               for s in best.stages]
@@ -69,7 +69,7 @@ def _refine_cuts(best: HppPlan, profile: Profile) -> HppPlan:
             spent += 1
             plan = to_plan(cm, profile, request, best.strategy, Candidate(moved, best.schedule), 0.0)
             try:
-                candidate = _split_and_simulate(plan, profile)
+                candidate = _split_and_simulate(plan, profile, cm)
             except Infeasible:  # the move fits whole backwards, not the split's held micro-batches
                 continue
             if candidate.prediction.round_latency_s < best.prediction.round_latency_s * (1 - 1e-9):

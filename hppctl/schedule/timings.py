@@ -24,8 +24,14 @@ def split_backward_part(kind: str, backward_s: float, weight_s: float) -> float:
 class ProfileTimings:
     """Durations and sizes from the profile the plan was made from (what `--profile` selects)."""
 
-    def __init__(self, profile: Profile, schedule: Schedule, *, step_s: float = 0.0):
-        self.cm = CostModel(profile, micro_batch=schedule.micro_batch, num_micro_batches=schedule.num_micro_batches)
+    def __init__(self, profile: Profile, schedule: Schedule, *, step_s: float = 0.0, cm: CostModel | None = None):
+        """`cm`: the profile's cost model at the schedule's micro-batch, when the caller has it (a cut
+        search replays hundreds of schedules of one profile; building it is most of a replay's time)."""
+        self.cm = cm if cm is not None else CostModel(profile, micro_batch=schedule.micro_batch,
+                                                      num_micro_batches=schedule.num_micro_batches)
+        if (self.cm.profile is not profile or self.cm.B != schedule.micro_batch
+                or self.cm.M != schedule.num_micro_batches):
+            raise ValueError("the cost model is not the profile's at the schedule's micro-batches")
         self.index = {name: i for i, name in enumerate(self.cm.names)}
         unknown = sorted({d for s in schedule.stages for d in s.devices} - set(self.index))
         if unknown:

@@ -49,6 +49,16 @@ def test_profile_timings_split_the_backward_and_the_head_defers_all_of_it():
         assert (i, w) == ((0.0, whole) if p == 0 else (pytest.approx(0.75 * whole), pytest.approx(0.25 * whole)))
 
 
+def test_profile_timings_refuse_a_cost_model_of_another_micro_batch_or_profile():
+    profile = with_weight_times(make_profile(layers=6, speeds=(1.0, 2.0)), 0.25)
+    schedule = schedule_for_plan(make_plan(profile, PlanRequest(global_batch=16, micro_batch=4), "pp"))
+    ProfileTimings(profile, schedule, cm=CostModel(profile, micro_batch=4, num_micro_batches=4))
+    for cm in (CostModel(profile, micro_batch=8, num_micro_batches=2),
+               CostModel(with_weight_times(profile, 0.5), micro_batch=4, num_micro_batches=4)):
+        with pytest.raises(ValueError, match="not the profile's at the schedule's micro-batches"):
+            ProfileTimings(profile, schedule, cm=cm)
+
+
 def test_the_prediction_is_the_simulated_round():
     profile = with_weight_times(make_profile(layers=8, speeds=(1.0, 2.0, 3.0)), 0.4)
     plan = make_plan(profile, PlanRequest(global_batch=64, micro_batch=8), "pp")
@@ -93,6 +103,7 @@ def test_the_cut_search_only_moves_cuts_and_never_slows_the_split_plan():
         assert [(s.devices, s.samples) for s in tuned.stages] == [(s.devices, s.samples) for s in plan.stages]
         assert tuned.prediction.round_latency_s <= plain.prediction.round_latency_s
         assert tuned.prediction.round_latency_s == simulate_plan(tuned, profile)[1].round_latency_s
+        assert tuned.profile_digest == profile.digest()  # the search's one cost model hashes it once
         assert all(m <= b for s in tuned.stages for m, b in zip(s.memory_bytes, s.memory_budget_bytes))
         faster += tuned.prediction.round_latency_s < plain.prediction.round_latency_s
     assert faster >= 2  # seeds 2 and 4 move a cut by one layer (0.520 -> 0.506 s, 0.399 -> 0.391 s)

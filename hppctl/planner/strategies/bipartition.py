@@ -115,7 +115,7 @@ def build_plan(cm: CostModel, workers: list[int], result: BiResult, request: Pla
     dominant = max(range(len(steps)), key=lambda s: steps[s].forward_s + steps[s].backward_s)
     return HppPlan(
         strategy=name, model=cm.profile.model, model_input=cm.profile.model_input, granularity=cm.profile.granularity,
-        profile_digest=cm.profile.digest(), global_batch=request.global_batch, micro_batch=request.micro_batch,
+        profile_digest=cm.profile_digest, global_batch=request.global_batch, micro_batch=request.micro_batch,
         num_micro_batches=request.num_micro_batches, schedule=SCHEDULE, stages=stages, transfers=transfers,
         prediction=Prediction(
             round_latency_s=latency,

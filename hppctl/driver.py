@@ -140,13 +140,20 @@ def _write_row(metrics_file, row: dict) -> None:
         metrics_file.flush()
 
 
+def rounds_to_run(start: int, total: int, word: str) -> str:
+    """The training phase's detail: "40 rounds", or what a resumed start runs, "rounds 21-40 of 40"
+    (the total alone read as if the whole run were starting again)."""
+    return f"{total} {word}s" if start == 0 else f"{word}s {start + 1}-{total} of {total}"
+
+
 def run_session(session, view: RunView, total: int, metrics_file, word: str, fault_tolerant: bool):
     """`session.run` with its reports written to `metrics_file` (rows and, with fault tolerance,
     fault events and the coordinator's full event log) and shown on `view`. `word`: what a round is
     called ("epoch" for an asynchronous window)."""
 
     def on_phase(name: str) -> None:
-        view.began(name, f"{len(session.topo.devices)} workers" if name == "workers" else f"{total} {word}s")
+        view.began(name, f"{len(session.topo.devices)} workers" if name == "workers"
+                   else rounds_to_run(session.start_round, total, word))
 
     def on_round(row: dict) -> None:
         _write_row(metrics_file, row)
@@ -369,7 +376,8 @@ def train_psl(plan, cluster, options, data, *, view: RunView | None = None, metr
             view.round_done(row, "round", rounds)
 
         def on_phase(name: str) -> None:
-            view.began(name, f"{len(session.topo.devices)} workers" if name == "workers" else f"{rounds} rounds")
+            view.began(name, f"{len(session.topo.devices)} workers" if name == "workers"
+                       else rounds_to_run(session.start_round, rounds, "round"))
 
         session.user_code = user_code
         session.on_phase = on_phase

@@ -77,6 +77,8 @@ class Launcher:
         self.store: bootstrap.RunStore | None = None
         self.on_phase: Callable[[str], None] = lambda phase: None
         """Called as the run enters a phase: "workers" (start and join), then `running_phase`."""
+        self.start_round = 0
+        """The round the run starts from (a resumed run's checkpoint round), set before `on_phase`."""
         self.on_step: Callable[[StepProgress], None] | None = None
         """Called with the slowest device's progress within the running round, when the workers
         report one (long rounds: an nf1b or pipedream epoch, Galaxy's passes; runtime/progress.py)."""

@@ -141,6 +141,7 @@ class Session(Launcher):
         self.lock_checkpoint()
         try:
             start_round, init = self._resume_point()
+            self.start_round = start_round
             check_expected_start(self.request.checkpoint_dir, self.request.expected_start, start_round)
             options = self.request.options.model_copy(update={"start_round": start_round})
             if start_round >= options.rounds:

@@ -57,6 +57,8 @@ def test_two_cron_starts_of_more_rounds_end_with_the_uninterrupted_runs_paramete
         assert code == 0, err
         summary = json.loads(out)
         assert (summary["start_round"], summary["rounds_run"]) == (start, 2)
+        # The log says what this start runs (it said "4 rounds" on the second start before).
+        assert f"training: started ({'2 rounds' if start == 0 else 'rounds 3-4 of 4'})" in err, err
     whole, resumed = torch.load(tmp_path / "whole.pt"), torch.load(tmp_path / "resumed.pt")
     assert sorted(whole) == sorted(resumed)
     for name in whole:

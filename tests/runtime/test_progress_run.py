@@ -71,6 +71,21 @@ def test_training_recalibration_and_test_pass_are_logged_with_timestamps(tmp_pat
     assert "all workers joined" in lines
 
 
+def test_a_resumed_run_logs_the_rounds_it_runs(tmp_path):
+    save(tmp_path / "plan.yaml", make_plan("tiny-cnn", [((0, 6), ["a"], [16]), ((6, 11), ["b"], [16])],
+                                           global_batch=32, micro_batch=16))
+    save(tmp_path / "c.yaml", local_cluster("a", "b"))
+    for start in (0, 2):  # a cron line: each start trains two rounds more
+        done = hppctl("run", "--plan", tmp_path / "plan.yaml", "--cluster", tmp_path / "c.yaml", "--dataset", "digits",
+                      "--checkpoint-dir", tmp_path / "ck", "--resume", "--more-rounds", 2, "--threads", 1,
+                      "--log-every", 60, "--json")
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["start_round"] == start
+        # Before, the second start's line read "training: started (4 rounds)", as if all four ran again.
+        assert phase_lines(done.stderr, "training")[0] == ("training: started (2 rounds)" if start == 0
+                                                           else "training: started (rounds 3-4 of 4)")
+
+
 def test_nf1b_reports_progress_within_the_epoch(tmp_path):
     """One epoch of digits is 22 mini-batches of 64, 88 micro-batches: the workers' step reports
     show the epoch moving, where the bar used to move once, at its end."""

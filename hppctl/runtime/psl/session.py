@@ -113,6 +113,7 @@ class PslSession(Launcher):
         self.lock_checkpoint()
         try:
             start, resumed = self.resume_point()
+            self.start_round = start
             options = self.request.options
             options = options.model_copy(update={"train": options.train.model_copy(update={"start_round": start})})
             if start >= options.train.rounds:  # as `hppctl run`: the checkpoint's model is the result

@@ -88,7 +88,6 @@ def plan_command(
     timeout: Annotated[float, typer.Option("--timeout", help="--trial: seconds to wait for workers to join and for any transfer (1 to 2592000).")] = TRIAL_DEFAULTS["--timeout"],
 ) -> None:
     """Plan hybrid pipeline parallel training (stages, device groups, samples per device), or collaborative inference on an inference profile (heads, MLP columns, sequence rows per device)."""
-    from hppctl import planner
     from hppctl.planner.explain import check_plan_matches, explain
 
     writable_path("--out", out)  # before reading the profile and planning
@@ -118,6 +117,18 @@ def plan_command(
         check_plan_matches(plan, prof, str(existing), str(profile))
         _show_rescored(plan, prof, explain_, as_json, explain, existing)
         return
+    from hppctl.planner import forked
+    with forked.allowed():  # a large plan's loops may split with a forked child (planner/forked.py)
+        _plan_training(prof, profile, global_batch, micro_batch, strategy, compare, split_backward, trial,
+                       trial_top, trial_rounds, trial_passes, timeout, out, explain_, as_json)
+
+
+def _plan_training(prof: Profile, profile: Path, global_batch, micro_batch, strategy, compare: bool,
+                   split_backward: bool, trial, trial_top: int, trial_rounds: int, trial_passes: int, timeout,
+                   out, explain_: bool, as_json: bool) -> None:
+    """`hppctl plan` of a training profile, its flags checked: --compare, --micro-batch auto, --trial or one plan."""
+    from hppctl import planner
+    from hppctl.planner.explain import explain
     if compare and micro_batch is None:
         micro_batch = "auto"
     if global_batch is None or micro_batch is None:

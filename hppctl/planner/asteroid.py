@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hppctl.planner.cost import CostModel, StageChoice
+from hppctl.planner.forked import forked_map, worth_forking
 from hppctl.planner.vector_alloc import GroupAllocator, tables_for
 
 
@@ -59,6 +60,22 @@ class DpResult:
     latency: float
 
 
+@dataclass
+class _RowBests:
+    """One batch of head candidates for Q(., n, p) from sub-pipelines of n_sub devices, reduced to each
+    row's first lowest latency (all `_keep_best` reads of a batch): what a forked half sends back."""
+
+    p: int
+    n_sub: int
+    rows: np.ndarray
+    latency: np.ndarray
+    a: np.ndarray
+    z: np.ndarray
+    next_layer: np.ndarray
+    head_size: int
+
+
+
 class AsteroidDP:
     """Runs Algorithm 2 once for one device order; `best(...)` reads plans off the tables.
 
@@ -70,7 +87,9 @@ class AsteroidDP:
     States no plan can read are skipped too (`_useful_heads`).
     """
 
-    def __init__(self, cm: CostModel, order: list[int], bound: float = np.inf):
+    def __init__(self, cm: CostModel, order: list[int], bound: float = np.inf, *, parallel: bool | None = None):
+        """`parallel`: split the head groups with a forked child (None: when the DP is large and the
+        process may use two CPUs; the tables are identical either way)."""
         self.cm, self.order, self.bound = cm, order, bound
         self.tables = tables_for(cm)
         self.L, self.N = cm.num_layers, len(order)
@@ -88,6 +107,7 @@ class AsteroidDP:
         self._row_start = np.r_[0, np.cumsum(np.arange(self.L - 1, -1, -1))]
         self._min_bw = self._cross_bandwidth()
         self.q: dict[tuple[int, int], _Table] = {}
+        self._parallel = worth_forking(len(self._pairs_head)) if parallel is None else parallel
         self._run()
 
     # -- helpers ---------------------------------------------------------------------------
@@ -131,12 +151,53 @@ class AsteroidDP:
             self.q[(n, 1)] = self._single_stage(n)
             for p in range(2, min(n, self.L) + 1):
                 self.q[(n, p)] = self._empty()
+            if self._parallel and n >= 3:
+                self._prepend_heads_in_two(n)
+                continue
             for n_sub in range(1, n):
-                alloc = self._allocator(self.N - n, self.N - n_sub, tail=False)
-                floor = None
-                for p in range(2, min(n_sub + 1, self.L) + 1):
-                    floor = self._prepend_head(n, n_sub, p, alloc, floor)
-                self._allocators.pop((self.N - n, self.N - n_sub, False), None)
+                self._prepend_heads(n, n_sub, lambda p: self.q[(n, p)], self._keep_best)
+
+    def _prepend_heads(self, n: int, n_sub: int, out_of, offer) -> None:
+        """Every p's heads on devices [N-n, N-n_sub) before Q(., n_sub, p-1): `out_of(p)` is the table a
+        head must beat to be tried, `offer(out, latency, a, z, i, j, head_size, n_sub)` takes the batch."""
+        alloc = self._allocator(self.N - n, self.N - n_sub, tail=False)
+        floor = None
+        for p in range(2, min(n_sub + 1, self.L) + 1):
+            floor = self._prepend_head(n, n_sub, p, alloc, floor, out_of(p), offer)
+        self._allocators.pop((self.N - n, self.N - n_sub, False), None)
+
+    # -- two processes ---------------------------------------------------------------------
+    def _prepend_heads_in_two(self, n: int) -> None:
+        """Q(., n, p >= 2) from the head groups n_sub = 1, 3, 5, … here and 2, 4, … in a forked child
+        (`forked.forked_map`), each side's batches reduced to row bests (`_RowBests`) and applied in
+        the one-process order (n_sub, then p), so the tables are the one-process DP's bit for bit.
+        Each side tries a head against its own rows' bests, which are never better than the
+        one-process run's at that point (they come from a subset of the earlier batches): it tries a
+        superset of heads, and a head the one-process run would not try has a latency above that
+        run's row best (its lower bound is), so it is never kept."""
+        for found in forked_map(lambda: self._side_of(n), range(1, n)):
+            for bests in found:
+                self._apply_row_bests(self.q[(n, bests.p)], bests)
+
+    def _side_of(self, n: int):
+        """One side's work for device count n: n_sub -> that head group's row bests, against the
+        side's own fresh Q(., n, p) tables."""
+        local = {p: self._empty() for p in range(2, min(n, self.L) + 1)}
+
+        def head_group(n_sub: int) -> list[_RowBests]:
+            found: list[_RowBests] = []
+
+            def offer(out, latency, a, z, i_idx, j_idx, head_size, n_sub):
+                pick = _row_first_minima(latency, i_idx)
+                p = next(p for p, table in local.items() if table is out)
+                bests = _RowBests(p, n_sub, i_idx[pick], latency[pick], a[pick], z[pick], j_idx[pick], head_size)
+                self._apply_row_bests(out, bests)
+                found.append(bests)
+
+            self._prepend_heads(n, n_sub, lambda p: local[p], offer)
+            return found
+
+        return head_group
 
     def _single_stage(self, n: int) -> _Table:
         """Q(i, n, 1): layers [i, L) data-parallel on the last n devices, K = 1 (pure DP)."""
@@ -151,14 +212,16 @@ class AsteroidDP:
         return _Table(pad(latency, np.inf), pad(busy, np.inf), pad(exposed, np.inf),
                       pad(np.full(L, n), 0), none, none)
 
-    def _prepend_head(self, n: int, n_sub: int, p: int, alloc: GroupAllocator, floor) -> tuple | None:
-        """Offer Q(., n, p) every head [i, j) on devices [N-n, N-n_sub) before Q(j, n_sub, p-1).
+    def _prepend_head(self, n: int, n_sub: int, p: int, alloc: GroupAllocator, floor, out: _Table,
+                      offer) -> tuple | None:
+        """Offer `out` (Q(., n, p)) every head [i, j) on devices [N-n, N-n_sub) before Q(j, n_sub, p-1),
+        through `offer` (`_keep_best`'s signature).
 
         `floor` carries what depends on the head group only, computed at its first p: each head's
         lower bound on its pipeline's latency and the heads that bound alone does not prune.
         """
         cm, N = self.cm, self.N
-        sub, out = self.q[(n_sub, p - 1)], self.q[(n, p)]
+        sub = self.q[(n_sub, p - 1)]
         i_all, j_all = self._pairs_head[:, 0], self._pairs_head[:, 1]
         # per cut position j (1-D), then gathered per pair: the sub-pipeline and the transfer into it
         j_line = np.arange(1, self.L)
@@ -201,7 +264,7 @@ class AsteroidDP:
         a = np.maximum(np.maximum(cm.M * head, cm.M * 2 * c + head), sub.a[j] + head + 2 * c)
         z = np.maximum(np.maximum(alloc.exposed(cols, res.backward_s), -res.backward_s), sub.z[j] - res.backward_s - c)
         latency = np.where(res.feasible, a + z, np.inf)
-        self._keep_best(out, latency, a, z, i_all[cols], j, n - n_sub, n_sub)
+        offer(out, latency, a, z, i_all[cols], j, n - n_sub, n_sub)
         return floor
 
     def _useful_heads(self, n: int, p: int) -> int:
@@ -259,26 +322,23 @@ class AsteroidDP:
 
     def _keep_best(self, out: _Table, latency, a, z, i_idx, j_idx, head_size: int, n_sub: int) -> None:
         """For each start layer i keep the candidate j with the lowest latency (first j on ties)
-        if it is strictly better than the row's best so far.
+        if it is strictly better than the row's best so far."""
+        pick = _row_first_minima(latency, i_idx)
+        self._apply_row_bests(out, _RowBests(0, n_sub, i_idx[pick], latency[pick], a[pick], z[pick], j_idx[pick],
+                                             head_size))
 
-        Candidates come in pair order (i, then j, ascending), so each row is one segment: its
-        minimum by `minimum.reduceat` (NaN-propagating, like argmin), its pick the segment's
-        first position holding that minimum.
-        """
-        starts = np.flatnonzero(np.r_[True, i_idx[1:] != i_idx[:-1]])
-        best = np.minimum.reduceat(latency, starts)
-        better = best < out.latency[i_idx[starts]]
+    @staticmethod
+    def _apply_row_bests(out: _Table, bests: _RowBests) -> None:
+        """Each row's best of a batch replaces the table's if strictly better."""
+        better = bests.latency < out.latency[bests.rows]
         if not better.any():
             return
-        segment = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, latency.size]))
-        hits = np.flatnonzero(better[segment] & (latency == best[segment]))
-        pick = hits[np.r_[True, segment[hits[1:]] != segment[hits[:-1]]]]
-        rows = i_idx[pick]
-        out.latency[rows] = latency[pick]
-        out.a[rows], out.z[rows] = a[pick], z[pick]
-        out.head_size[rows] = head_size
-        out.next_layer[rows] = j_idx[pick]
-        out.next_devices[rows] = n_sub
+        rows = bests.rows[better]
+        out.latency[rows] = bests.latency[better]
+        out.a[rows], out.z[rows] = bests.a[better], bests.z[better]
+        out.head_size[rows] = bests.head_size
+        out.next_layer[rows] = bests.next_layer[better]
+        out.next_devices[rows] = bests.n_sub
 
     # -- reading plans off the tables ------------------------------------------------------
     def best(self, *, devices: int | None = None) -> DpResult | None:
@@ -315,3 +375,17 @@ def solve(cm: CostModel, order: list[int], bound: float = np.inf) -> tuple[Aster
         dp = AsteroidDP(cm, order)
         result = dp.best(devices=len(order))
     return dp, result
+
+
+def _row_first_minima(latency: np.ndarray, i_idx: np.ndarray) -> np.ndarray:
+    """Positions of each row's first lowest latency. Candidates come in pair order (i, then j,
+    ascending), so each row is one segment: its minimum by `minimum.reduceat` (NaN-propagating,
+    like argmin), its pick the segment's first position holding that minimum."""
+    starts = np.flatnonzero(np.r_[True, i_idx[1:] != i_idx[:-1]])
+    best = np.minimum.reduceat(latency, starts)
+    segment = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, latency.size]))
+    hits = np.flatnonzero(latency == best[segment])  # none in a row whose minimum is NaN: never kept
+    if hits.size == 0:
+        return hits
+    return hits[np.r_[True, segment[hits[1:]] != segment[hits[:-1]]]]
+

@@ -165,3 +165,44 @@ def test_the_allreduce_floor_prunes_heads_before_algorithm_1(monkeypatch):
     monkeypatch.setattr(GroupAllocator, "for_warmup", counting)
     plan_asteroid(cm)
     assert sum(evaluated) <= 462605
+
+
+def dp_tables(dp: AsteroidDP) -> dict:
+    return {key: [getattr(table, f).tolist() for f in ("latency", "a", "z", "head_size", "next_layer", "next_devices")]
+            for key, table in dp.q.items()}
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_dp_split_with_a_forked_child_fills_the_one_process_tables_bit_for_bit(seed):
+    """`AsteroidDP(parallel=True)` (on by itself past PARALLEL_MIN_HEAD_PAIRS head pairs, e.g. the
+    1000 x 16 plan) gives half the head groups to a forked child, which tries heads against its own
+    rows' bests: every table equal to the one-process DP's, with and without the pruning bound."""
+    from hppctl.planner.strategies.asteroid import in_space_bound
+
+    rng = random.Random(500 + seed)
+    n = rng.randint(3, 7)
+    profile = make_profile(layers=rng.randint(12, 40), speeds=[rng.uniform(0.3, 3) for _ in range(n)],
+                           memory_gb=[rng.choice([0.05, 0.2, 1.0, 4.0]) for _ in range(n)], seed=seed,
+                           activation_scale=rng.choice([1, 20, 100]), param_scale=rng.choice([1, 50]))
+    cm = cost_model(profile, PlanRequest(global_batch=64, micro_batch=rng.choice([4, 8, 16])))
+    order = memory_order(cm)
+    for bound in (float("inf"), in_space_bound(cm, order)):
+        one, two = AsteroidDP(cm, order, bound, parallel=False), AsteroidDP(cm, order, bound, parallel=True)
+        assert dp_tables(two) == dp_tables(one)
+        assert two.best() == one.best()
+
+
+def test_a_child_that_sends_nothing_leaves_its_groups_to_the_parent(monkeypatch):
+    """A child that dies before sending (here: its pickling fails) is not waited on forever, and its
+    head groups are planned in the parent: the same tables."""
+    import hppctl.planner.forked as forked
+
+    profile = make_profile(layers=16, speeds=[1.0, 2.0, 1.5, 0.7, 3.0], seed=3)
+    cm = cost_model(profile, PlanRequest(global_batch=64, micro_batch=8))
+    one = AsteroidDP(cm, memory_order(cm), parallel=False)
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("the child cannot send")
+
+    monkeypatch.setattr(forked.pickle, "dump", fail)  # only the child pickles
+    assert dp_tables(AsteroidDP(cm, memory_order(cm), parallel=True)) == dp_tables(one)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from hppctl.planner.cost import CostModel, StageChoice, asteroid_warmup
+from hppctl.planner.forked import forked_map, worth_forking
 from hppctl.planner.registry import Candidate, strategy
 from hppctl.planner.strategies.dp import fastest_first
 from hppctl.planner.vector_alloc import tables_for
@@ -22,11 +23,22 @@ def balanced_partition(cm: CostModel, devices: list[int]) -> list[StageChoice] |
 
     Kept per device list: `asteroid` asks for the memory order's chain (its pruning bound) and
     `pp` for the same list as its deepest pipeline."""
+    return balanced_partitions(cm, [devices])[0]
+
+
+def balanced_partitions(cm: CostModel, device_lists: list[list[int]]) -> list[list[StageChoice] | None]:
+    """`balanced_partition` of each list; those not kept yet are computed half in a forked child when
+    the model is large (`forked.forked_map`: each partition reads only the cost model)."""
     cache = cm.__dict__.setdefault("pp_partitions", {})
-    if tuple(devices) not in cache:
-        cache[tuple(devices)] = _min_max_partition(cm, list(devices))
-    found = cache[tuple(devices)]
-    return None if found is None else list(found)
+    missing = list(dict.fromkeys(tuple(d) for d in device_lists if tuple(d) not in cache))
+    if len(missing) > 1 and worth_forking(cm.num_layers * (cm.num_layers + 1) // 2):
+        for d in sorted({d for devices in missing for d in devices}):
+            _stage_time(cm, d)  # each device's once, before the fork: both sides read them
+        found = forked_map(lambda: lambda devices: _min_max_partition(cm, list(devices)), missing)
+    else:
+        found = [_min_max_partition(cm, list(devices)) for devices in missing]
+    cache.update(zip(missing, found))
+    return [None if cache[tuple(d)] is None else list(cache[tuple(d)]) for d in device_lists]
 
 
 def _min_max_partition(cm: CostModel, devices: list[int]) -> list[StageChoice] | None:
@@ -81,12 +93,19 @@ def _stage_costs(cm: CostModel, d: int, warmup: int) -> np.ndarray:
     pairs, tables = _pairs_by_end(cm), tables_for(cm)
     if cm.ceiling[d] < cm.B:  # the whole micro-batch is past what the profile measured d at
         return np.full(pairs.start.shape, np.inf)
+    return np.where(_fits(cm, pairs, float(tables.budget[d]), warmup), _stage_time(cm, d), np.inf)
+
+
+def _stage_time(cm: CostModel, d: int) -> np.ndarray:
+    """Per pair (end-major): forward + backward of layers [i, j) on device d at batch B, kept: pp
+    tries many depths, and each reuses the time of each device's ranges."""
     key = ("pp_stage_time", d)
-    if key not in cm.__dict__:  # pp tries many depths: the time of each device's ranges is reused
+    if key not in cm.__dict__:
+        pairs, tables = _pairs_by_end(cm), tables_for(cm)
         i = pairs.start
         fwd, bwd = tables.times(np.full(i.shape, d), i, pairs.end, np.full(i.shape, float(cm.B)))
         cm.__dict__[key] = fwd + bwd
-    return np.where(_fits(cm, pairs, float(tables.budget[d]), warmup), cm.__dict__[key], np.inf)
+    return cm.__dict__[key]
 
 
 def _fits(cm: CostModel, pairs: _Pairs, budget: float, warmup: int) -> np.ndarray:
@@ -108,9 +127,9 @@ def _fits(cm: CostModel, pairs: _Pairs, budget: float, warmup: int) -> np.ndarra
 def plan_pp(cm: CostModel) -> Candidate | None:
     order = fastest_first(cm)
     best, best_latency = None, float("inf")
-    for k in range(min(2, len(order)), min(len(order), cm.num_layers) + 1):
-        chosen = sorted(order[:k], key=lambda d: (-cm.budget[d], order.index(d)))
-        stages = balanced_partition(cm, chosen)
+    depths = range(min(2, len(order)), min(len(order), cm.num_layers) + 1)
+    chains = [sorted(order[:k], key=lambda d: (-cm.budget[d], order.index(d))) for k in depths]
+    for stages in balanced_partitions(cm, chains):
         if stages is None:
             continue
         latency = cm.evaluate(stages).round_latency_s

@@ -75,7 +75,6 @@ class _RowBests:
     head_size: int
 
 
-
 class AsteroidDP:
     """Runs Algorithm 2 once for one device order; `best(...)` reads plans off the tables.
 

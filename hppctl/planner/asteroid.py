@@ -63,7 +63,8 @@ class DpResult:
 @dataclass
 class _RowBests:
     """One batch of head candidates for Q(., n, p) from sub-pipelines of n_sub devices, reduced to each
-    row's first lowest latency (all `_keep_best` reads of a batch): what a forked half sends back."""
+    row's first lowest latency (`_row_first_minima`): all a table takes from a batch, and what a forked
+    half sends back."""
 
     p: int
     n_sub: int
@@ -153,17 +154,23 @@ class AsteroidDP:
             if self._parallel and n >= 3:
                 self._prepend_heads_in_two(n)
                 continue
+            tables = {p: self.q[(n, p)] for p in range(2, min(n, self.L) + 1)}
             for n_sub in range(1, n):
-                self._prepend_heads(n, n_sub, lambda p: self.q[(n, p)], self._keep_best)
+                self._prepend_heads(n, n_sub, tables)
 
-    def _prepend_heads(self, n: int, n_sub: int, out_of, offer) -> None:
-        """Every p's heads on devices [N-n, N-n_sub) before Q(., n_sub, p-1): `out_of(p)` is the table a
-        head must beat to be tried, `offer(out, latency, a, z, i, j, head_size, n_sub)` takes the batch."""
+    def _prepend_heads(self, n: int, n_sub: int, tables: dict[int, _Table]) -> list[_RowBests]:
+        """Every p's heads on devices [N-n, N-n_sub) before Q(., n_sub, p-1), offered to `tables[p]`
+        (Q(., n, p): a head is tried only if it may beat the row's best there); each batch's row
+        bests, applied to it, are returned too."""
         alloc = self._allocator(self.N - n, self.N - n_sub, tail=False)
-        floor = None
+        floor, found = None, []
         for p in range(2, min(n_sub + 1, self.L) + 1):
-            floor = self._prepend_head(n, n_sub, p, alloc, floor, out_of(p), offer)
+            floor, bests = self._prepend_head(n, n_sub, p, alloc, floor, tables[p])
+            if bests is not None:
+                self._apply_row_bests(tables[p], bests)
+                found.append(bests)
         self._allocators.pop((self.N - n, self.N - n_sub, False), None)
+        return found
 
     # -- two processes ---------------------------------------------------------------------
     def _prepend_heads_in_two(self, n: int) -> None:
@@ -182,21 +189,7 @@ class AsteroidDP:
         """One side's work for device count n: n_sub -> that head group's row bests, against the
         side's own fresh Q(., n, p) tables."""
         local = {p: self._empty() for p in range(2, min(n, self.L) + 1)}
-
-        def head_group(n_sub: int) -> list[_RowBests]:
-            found: list[_RowBests] = []
-
-            def offer(out, latency, a, z, i_idx, j_idx, head_size, n_sub):
-                pick = _row_first_minima(latency, i_idx)
-                p = next(p for p, table in local.items() if table is out)
-                bests = _RowBests(p, n_sub, i_idx[pick], latency[pick], a[pick], z[pick], j_idx[pick], head_size)
-                self._apply_row_bests(out, bests)
-                found.append(bests)
-
-            self._prepend_heads(n, n_sub, lambda p: local[p], offer)
-            return found
-
-        return head_group
+        return lambda n_sub: self._prepend_heads(n, n_sub, local)
 
     def _single_stage(self, n: int) -> _Table:
         """Q(i, n, 1): layers [i, L) data-parallel on the last n devices, K = 1 (pure DP)."""
@@ -211,10 +204,10 @@ class AsteroidDP:
         return _Table(pad(latency, np.inf), pad(busy, np.inf), pad(exposed, np.inf),
                       pad(np.full(L, n), 0), none, none)
 
-    def _prepend_head(self, n: int, n_sub: int, p: int, alloc: GroupAllocator, floor, out: _Table,
-                      offer) -> tuple | None:
-        """Offer `out` (Q(., n, p)) every head [i, j) on devices [N-n, N-n_sub) before Q(j, n_sub, p-1),
-        through `offer` (`_keep_best`'s signature).
+    def _prepend_head(self, n: int, n_sub: int, p: int, alloc: GroupAllocator, floor,
+                      out: _Table) -> tuple[tuple | None, _RowBests | None]:
+        """Every head [i, j) on devices [N-n, N-n_sub) before Q(j, n_sub, p-1) that may beat `out`
+        (Q(., n, p)) is tried; returns `floor` and the batch's row bests (None: no head was tried).
 
         `floor` carries what depends on the head group only, computed at its first p: each head's
         lower bound on its pipeline's latency and the heads that bound alone does not prune.
@@ -256,15 +249,16 @@ class AsteroidDP:
         else:
             cols = np.flatnonzero(np.isfinite(sub.latency[j_all[:heads]]))
         if cols.size == 0:
-            return floor
+            return floor, None
         res = alloc.for_warmup(min(2 * p - 1, cm.M), cols)
         j, c = j_all[cols], comm_line[j_all[cols]]
         head = res.forward_s + res.backward_s
         a = np.maximum(np.maximum(cm.M * head, cm.M * 2 * c + head), sub.a[j] + head + 2 * c)
         z = np.maximum(np.maximum(alloc.exposed(cols, res.backward_s), -res.backward_s), sub.z[j] - res.backward_s - c)
         latency = np.where(res.feasible, a + z, np.inf)
-        offer(out, latency, a, z, i_all[cols], j, n - n_sub, n_sub)
-        return floor
+        i = i_all[cols]
+        pick = _row_first_minima(latency, i)
+        return floor, _RowBests(p, n_sub, i[pick], latency[pick], a[pick], z[pick], j[pick], n - n_sub)
 
     def _useful_heads(self, n: int, p: int) -> int:
         """How many head pairs (a prefix of the pair list: rows i = 0, 1, ...) can lead to a plan.
@@ -319,16 +313,10 @@ class AsteroidDP:
         with np.errstate(divide="ignore"):
             return self.cm.B / inverse
 
-    def _keep_best(self, out: _Table, latency, a, z, i_idx, j_idx, head_size: int, n_sub: int) -> None:
-        """For each start layer i keep the candidate j with the lowest latency (first j on ties)
-        if it is strictly better than the row's best so far."""
-        pick = _row_first_minima(latency, i_idx)
-        self._apply_row_bests(out, _RowBests(0, n_sub, i_idx[pick], latency[pick], a[pick], z[pick], j_idx[pick],
-                                             head_size))
-
     @staticmethod
     def _apply_row_bests(out: _Table, bests: _RowBests) -> None:
-        """Each row's best of a batch replaces the table's if strictly better."""
+        """For each start layer i the batch's best candidate j (lowest latency, first j on ties)
+        replaces the table's if it is strictly better than the row's best so far."""
         better = bests.latency < out.latency[bests.rows]
         if not better.any():
             return
@@ -387,4 +375,3 @@ def _row_first_minima(latency: np.ndarray, i_idx: np.ndarray) -> np.ndarray:
     if hits.size == 0:
         return hits
     return hits[np.r_[True, segment[hits[1:]] != segment[hits[:-1]]]]
-

@@ -184,9 +184,15 @@ class CostModel:
 
     @functools.cached_property
     def profile_digest(self) -> str:
-        """`Profile.digest` of this model's profile, computed once: it hashes the whole profile (~7 ms
+        """`Profile.digest` of this model's profile, computed once: it hashes the whole profile (~46 ms
         for efficientnet-b1 on Env C), and a cut search builds hundreds of plans from one cost model."""
         return self.profile.digest()
+
+    def check_is_for(self, profile: Profile, micro_batch: int, num_micro_batches: int) -> None:
+        """Raise ValueError unless this is `profile`'s cost model at these micro-batches (a caller that
+        hands its own model in, to save building one, must hand the right one)."""
+        if self.profile is not profile or self.B != micro_batch or self.M != num_micro_batches:
+            raise ValueError("the cost model is not the profile's at the schedule's micro-batches")
 
     # -- per-layer-range quantities ---------------------------------------------------------
     def _interp(self, device: int, prefix: list[list[float]], start: int, end: int, y: float) -> float:

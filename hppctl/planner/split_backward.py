@@ -26,6 +26,7 @@ def with_split_backward(plan: HppPlan, profile: Profile, cm: CostModel | None = 
         raise ValueError("Bi-Partition plans (split layers) do not split backwards")
     if cm is None:
         cm = CostModel(profile, micro_batch=plan.micro_batch, num_micro_batches=plan.num_micro_batches)
+    cm.check_is_for(profile, plan.micro_batch, plan.num_micro_batches)
     index = {name: i for i, name in enumerate(cm.names)}
     stages = []
     for p, stage in enumerate(plan.stages):

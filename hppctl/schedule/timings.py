@@ -29,9 +29,7 @@ class ProfileTimings:
         search replays hundreds of schedules of one profile; building it is most of a replay's time)."""
         self.cm = cm if cm is not None else CostModel(profile, micro_batch=schedule.micro_batch,
                                                       num_micro_batches=schedule.num_micro_batches)
-        if (self.cm.profile is not profile or self.cm.B != schedule.micro_batch
-                or self.cm.M != schedule.num_micro_batches):
-            raise ValueError("the cost model is not the profile's at the schedule's micro-batches")
+        self.cm.check_is_for(profile, schedule.micro_batch, schedule.num_micro_batches)
         self.index = {name: i for i, name in enumerate(self.cm.names)}
         unknown = sorted({d for s in schedule.stages for d in s.devices} - set(self.index))
         if unknown:

@@ -25,12 +25,10 @@ def cli(capsys):
 @pytest.fixture
 def one_torch_thread():
     """Tiny models: one intra-op thread is as fast and does not collapse on a busy machine."""
-    import torch
+    from tests.runtime.reference import torch_threads
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 PARALLEL_SAFE_DIRS = frozenset({"bipartition", "cli", "coordinator", "fuzz", "galaxy", "models", "planner", "psl",

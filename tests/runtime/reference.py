@@ -13,6 +13,9 @@ after every round — the semantics docs/runtime.md states.
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call
@@ -23,6 +26,19 @@ from hppctl.runtime.data import SampleOrder, load_data
 from hppctl.runtime.worker import make_optimizer, set_learning_rate
 from hppctl.schedule.routing import owned_ranges
 from hppctl.zoo import build_stage, get_model
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """torch's intra-op threads set to `threads` within the block (0: left as they are), as a worker of
+    the run being compared sets its own: another thread count sums floats in another order."""
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _setup(plan: HppPlan, options: TrainOptions, initial: dict | None = None):

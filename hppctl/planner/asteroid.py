@@ -246,6 +246,13 @@ class AsteroidDP:
             # a head whose lower bound exceeds the bound, or the best latency row i already has
             # (kept only when strictly better), cannot change the table
             cols = cols[(lower <= self.bound) & (lower <= out.latency[i])]
+            # the same bounds with each remaining head's own floor (`GroupAllocator.time_floor`, tighter
+            # where devices pay a fixed cost per micro-batch), before Algorithm 1 runs on it
+            h = alloc.time_floor(cols)
+            exposed = alloc.exposed(cols, h)
+            j = j_all[cols]
+            lower = np.maximum(np.maximum(cm.M * h + exposed, tail_line[j]), a_line[j] + h + exposed) * (1 - 1e-9)
+            cols = cols[(lower <= self.bound) & (lower <= out.latency[i_all[cols]])]
         else:
             cols = np.flatnonzero(np.isfinite(sub.latency[j_all[:heads]]))
         if cols.size == 0:

@@ -109,6 +109,41 @@ class LayerTables:
             out.append(t)
         return out[0], out[1]
 
+    def affine_floor(self, y: float) -> tuple[np.ndarray, np.ndarray]:
+        """Lines under each layer's time, prefix-summed: (a, b), each (devices, layers + 1), with
+        a_l + b_l x <= forward + backward of layer l (as `times` gives it) at every batch x in [1, B].
+
+        A layer's time is piecewise linear in x with the grid points as breakpoints, so a line is under it
+        on [1, B] when it is under its values at 1, B and the grid points between. The line runs through
+        the two of those points around x = y (where the DP expects a device's share) and is lowered
+        to the lowest residual: exact for a convex or affine curve (a fixed overhead plus a per-sample
+        cost, which a per-sample rate alone, `min_rate_prefix`, bounds only loosely at small shares); a
+        falling segment is replaced by the flat line at the curve's minimum. Kept per segment.
+        """
+        B = float(self.cm.B)
+        xs = np.unique(np.r_[1.0, self.grid[(self.grid > 1) & (self.grid < B)], max(B, 1.0)])
+        k = int(np.clip(np.searchsorted(xs, y, side="left"), 1, max(len(xs) - 1, 1)))
+        cache = self.__dict__.setdefault("_affine_floors", {})
+        if k in cache:
+            return cache[k]
+        devices, layers = self.fwd3.shape[0], self.width - 1
+        dev = np.repeat(np.arange(devices), layers)
+        start = np.tile(np.arange(layers), devices)
+        at = np.stack([sum(self.times(dev, start, start + 1, np.full(dev.shape, x))).reshape(devices, layers)
+                       for x in xs])  # (points, devices, layers)
+        if len(xs) == 1:
+            slope, level = np.zeros((devices, layers)), at[0]
+        else:
+            slope = (at[k] - at[k - 1]) / (xs[k] - xs[k - 1])
+            level = at[k - 1] - slope * xs[k - 1]
+            level = level + np.minimum(0.0, (at - (level + slope * xs[:, None, None])).min(axis=0))
+            falling = slope < 0
+            slope, level = np.where(falling, 0.0, slope), np.where(falling, at.min(axis=0), level)
+        zero = np.zeros((devices, 1))
+        cache[k] = (np.concatenate([zero, np.cumsum(level, axis=1)], axis=1),
+                    np.concatenate([zero, np.cumsum(slope, axis=1)], axis=1))
+        return cache[k]
+
     def range_param_bytes(self, start: np.ndarray, end: np.ndarray) -> np.ndarray:
         """param[end] - param[start]; the DP asks every group for the same pair list, so the last
         answer is kept (same arrays, same values)."""
@@ -346,6 +381,41 @@ class GroupAllocator:
         if with_samples:
             samples[:, redo] = part.samples
         return Allocation(samples, fwd, bwd, feasible, None)
+
+    def time_floor(self, cols: np.ndarray) -> np.ndarray:
+        """A lower bound on E_f + E_b of Algorithm 1's answer on each of `cols`, under any caps; kept.
+
+        Each device's time at y >= 1 samples is at least a + b y (`LayerTables.affine_floor` summed over
+        the column's layers), so the answer's slowest device takes at least t*, where the devices that
+        can take samples within t hold sum_d max(0, (t - a_d) / b_d) = f(t) samples and f(t*) = B. f
+        is convex and rises, so the chord from (0, f(0)) to (t_all, f(t_all)), t_all the root of
+        the sum without the max (f(t_all) >= B), meets B at or before t*: that is the floor (t* itself
+        when every device takes samples). A device whose line is flat could take all B at a_d.
+        """
+        if "_time_floor" not in self.__dict__:
+            self._time_floor = np.full(len(self.start), np.nan)
+        todo = cols[np.isnan(self._time_floor[cols])]
+        if todo.size:
+            self._time_floor[todo] = self._chord_floor(todo)
+        return self._time_floor[cols]
+
+    def _chord_floor(self, cols: np.ndarray) -> np.ndarray:
+        t, B = self.tables, float(self.tables.cm.B)
+        level, slope = t.affine_floor(B / len(self.devices))
+        start, end = self.start[cols], self.end[cols]
+        dev = np.asarray(self.devices)[:, None]
+        a = level[dev, end] - level[dev, start]
+        b = slope[dev, end] - slope[dev, start]
+        rising = b > 0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            inverse = np.where(rising, 1.0 / b, 0.0)
+            t_all = (B + (a * inverse).sum(axis=0)) / inverse.sum(axis=0)
+            f0 = np.maximum(0.0, -a * inverse).sum(axis=0)
+            f_all = np.maximum(0.0, (t_all - a) * inverse).sum(axis=0)
+            chord = np.where(f0 >= B, 0.0, t_all * (B - f0) / (f_all - f0))
+        chord = np.where(np.isfinite(t_all), chord, np.inf)
+        flat = np.where(rising, np.inf, a).min(axis=0)
+        return np.maximum(0.0, np.minimum(chord, flat))
 
     def balanced_lower_bound(self, min_rate_prefix: np.ndarray, cols: np.ndarray) -> np.ndarray:
         """A lower bound on E_f + E_b for any split: B / sum_d 1/rho_d, rho_d = cheapest per-sample rate.

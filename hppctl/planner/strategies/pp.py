@@ -32,8 +32,6 @@ def balanced_partitions(cm: CostModel, device_lists: list[list[int]]) -> list[li
     cache = cm.__dict__.setdefault("pp_partitions", {})
     missing = list(dict.fromkeys(tuple(d) for d in device_lists if tuple(d) not in cache))
     if len(missing) > 1 and worth_forking(cm.num_layers * (cm.num_layers + 1) // 2):
-        for d in sorted({d for devices in missing for d in devices}):
-            _stage_time(cm, d)  # each device's once, before the fork: both sides read them
         found = forked_map(lambda: lambda devices: _min_max_partition(cm, list(devices)), missing)
     else:
         found = [_min_max_partition(cm, list(devices)) for devices in missing]
@@ -42,19 +40,74 @@ def balanced_partitions(cm: CostModel, device_lists: list[list[int]]) -> list[li
 
 
 def _min_max_partition(cm: CostModel, devices: list[int]) -> list[StageChoice] | None:
+    """The min-max partition, first start i on ties at every end j (`_partition_over`).
+
+    Solved first with cuts only every few layers: a partition of the fine layers too, so its value U
+    bounds the answer. Then over the fine ranges that can lie on a partition of value <= U
+    (`_Windows`): the same answer as over every range, in a band around each cut."""
     L, P = cm.num_layers, len(devices)
-    if P > L:
+    if P > L or any(cm.ceiling[d] < cm.B for d in devices):  # the whole micro-batch past what d was measured at
         return None
-    pairs = _pairs_by_end(cm)
+    on_grid = _grid_pairs(L, _coarse_stride(L, P))
+    coarse = _partition_over(cm, devices, lambda p: on_grid, np.inf)
+    if coarse is None:  # no partition cut on the grid fits: every range
+        every = _grid_pairs(L, 1)
+        found = _partition_over(cm, devices, lambda p: every, np.inf)
+    else:
+        found = _partition_over(cm, devices, _Windows(cm, devices, coarse[1]).pairs, coarse[1])
+    if found is None:
+        return None
+    cuts = found[0]
+    return [StageChoice(cuts[p], cuts[p + 1], (d,), (cm.B,)) for p, d in enumerate(devices)]
+
+
+def _coarse_stride(layers: int, stages: int) -> int:
+    """Cut every k layers in the bounding pass: ~max(64, 4 stages) cut positions (a few thousand pairs)."""
+    return max(1, layers // max(64, 4 * stages))
+
+
+def _grid_pairs(layers: int, stride: int) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) of every range whose ends are multiples of `stride` (or L), ordered by end, then start."""
+    points = np.unique(np.r_[np.arange(0, layers, stride), layers])
+    end, start = np.tril_indices(len(points) - 1, k=0)
+    return points[start], points[end + 1]
+
+
+def _range_times(cm: CostModel, d: int, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Forward + backward of layers [start, end) on device d at batch B (`LayerTables.times_at`)."""
+    fwd, bwd = tables_for(cm).times_at(np.full(start.shape, d), start, end, float(cm.B))
+    return fwd + bwd
+
+
+def _partition_over(cm: CostModel, devices: list[int], stage_pairs, bound: float) -> tuple[list[int], float] | None:
+    """The min-max partition using, for stage p, the ranges `stage_pairs(p)` (start, end arrays ordered by
+    end, then start) whose time is at most `bound`: (cuts, value), or None if none covers the layers.
+    Stage p ends at layer j: the best over its start i of max(best[i], cost[i, j]), first i on ties.
+
+    With `bound` at least the value over every range, and `stage_pairs(p)` holding every range stage p
+    can run in a partition of value <= bound, the answer is that over every range, ties and all: each
+    best[j] on such a partition is reached by such a range (its cost, >= its time, <= bound), and so is
+    the first start reaching it; a best[j] the ranges miss is above bound or on no such partition."""
+    L, P, t = cm.num_layers, len(devices), tables_for(cm)
     best = np.full(L + 1, np.inf)
     best[0] = 0.0
     back = np.zeros((P, L + 1), dtype=np.int64)
     for p, d in enumerate(devices):
-        # stage p ends at layer j: the best over its start i of max(best[i], cost[i, j]), first i on ties
-        cand = np.maximum(best[pairs.start], _stage_costs(cm, d, asteroid_warmup(P, p, cm.M)))
-        best = np.r_[np.inf, np.minimum.reduceat(cand, pairs.first)]
-        hits = np.flatnonzero(cand == best[1:][pairs.segment])
-        back[p, 1:] = pairs.start[hits[np.r_[True, pairs.segment[hits[1:]] != pairs.segment[hits[:-1]]]]]
+        start, end = stage_pairs(p)
+        time = _range_times(cm, d, start, end)
+        if np.isfinite(bound):
+            keep = time <= bound
+            start, end, time = start[keep], end[keep], time[keep]
+        if start.size == 0:
+            return None
+        fits = _fits(cm, start, end, float(t.budget[d]), asteroid_warmup(P, p, cm.M))
+        cand = np.maximum(best[start], np.where(fits, time, np.inf))
+        first = np.flatnonzero(np.r_[True, end[1:] != end[:-1]])
+        best = np.full(L + 1, np.inf)
+        best[end[first]] = np.minimum.reduceat(cand, first)
+        hits = np.flatnonzero(cand == best[end])
+        hits = hits[np.r_[True, end[hits[1:]] != end[hits[:-1]]]]
+        back[p, end[hits]] = start[hits]
     if not np.isfinite(best[L]):
         return None
     cuts, j = [L], L
@@ -62,65 +115,56 @@ def _min_max_partition(cm: CostModel, devices: list[int]) -> list[StageChoice] |
         j = int(back[p][j])
         cuts.append(j)
     cuts.reverse()
-    return [StageChoice(cuts[p], cuts[p + 1], (d,), (cm.B,)) for p, d in enumerate(devices)]
+    return cuts, float(best[L])
 
 
-class _Pairs:
-    """Every layer range [i, j), 0 <= i < j <= L, ordered by end j then start i: each end is one
-    segment (`first` its positions, `segment` each pair's), so a min over starts is a reduceat."""
+class _Windows:
+    """Per stage, the ranges that can lie on a partition of `devices` whose every stage runs within `bound`.
 
-    def __init__(self, cm: CostModel):
-        L, tables = cm.num_layers, tables_for(cm)
-        j, i = np.tril_indices(L, k=0)
-        self.start, self.end = i, j + 1
-        self.first = (np.arange(L) * np.arange(1, L + 1)) // 2
-        self.segment = j
-        self.weights = cm.fixed_factor * (tables.param[self.end] - tables.param[self.start])
-        received = np.where(self.start > 0, tables.boundary[np.maximum(self.start - 1, 0)], 0.0)
-        self.activations = tables.act[self.end] - tables.act[self.start] + received
+    A stage's time grows with its range, so the farthest layer k stages can reach, F_k, is reached by
+    each taking as many layers as fit in bound from the last one's end, and the earliest layer stage k
+    can start at and still let stages k.. cover the rest, E_k, by each (from the back) starting as early
+    as fits. Stage k then starts in [E_k, F_k] and ends in [E_k+1, F_k+1] (each stage one layer at
+    least). Memory is left out (the windows only grow); a 1e-9 margin covers rounding.
+    """
 
+    def __init__(self, cm: CostModel, devices: list[int], bound: float):
+        L, P = cm.num_layers, len(devices)
+        limit = bound * (1 + 1e-9)
+        self.L, self.P = L, P
+        self.reach = [0]  # F_k
+        for k, d in enumerate(devices):
+            f = self.reach[-1]
+            ends = np.arange(f + 1, L + 1)
+            within = np.flatnonzero(_range_times(cm, d, np.full(ends.shape, f), ends) <= limit)
+            self.reach.append(int(ends[within[-1]]) if within.size else f)
+        self.earliest = [L]  # E_k, from the back
+        for d in reversed(devices):
+            e = self.earliest[-1]
+            starts = np.arange(e)
+            within = np.flatnonzero(_range_times(cm, d, starts, np.full(starts.shape, e)) <= limit)
+            self.earliest.append(int(starts[within[0]]) if within.size else e)
+        self.earliest.reverse()
 
-def _pairs_by_end(cm: CostModel) -> _Pairs:
-    if "pp_pairs" not in cm.__dict__:
-        cm.__dict__["pp_pairs"] = _Pairs(cm)
-    return cm.__dict__["pp_pairs"]
-
-
-def _stage_costs(cm: CostModel, d: int, warmup: int) -> np.ndarray:
-    """Per pair (end-major): forward + backward of layers [i, j) on device d at batch B; inf if
-    the whole micro-batch does not fit d's memory under `warmup` (`LayerTables.caps` >= B) or is past
-    d's ceiling (`CostModel.ceiling`)."""
-    pairs, tables = _pairs_by_end(cm), tables_for(cm)
-    if cm.ceiling[d] < cm.B:  # the whole micro-batch is past what the profile measured d at
-        return np.full(pairs.start.shape, np.inf)
-    return np.where(_fits(cm, pairs, float(tables.budget[d]), warmup), _stage_time(cm, d), np.inf)
-
-
-def _stage_time(cm: CostModel, d: int) -> np.ndarray:
-    """Per pair (end-major): forward + backward of layers [i, j) on device d at batch B, kept: pp
-    tries many depths, and each reuses the time of each device's ranges."""
-    key = ("pp_stage_time", d)
-    if key not in cm.__dict__:
-        pairs, tables = _pairs_by_end(cm), tables_for(cm)
-        i = pairs.start
-        fwd, bwd = tables.times(np.full(i.shape, d), i, pairs.end, np.full(i.shape, float(cm.B)))
-        cm.__dict__[key] = fwd + bwd
-    return cm.__dict__[key]
+    def pairs(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Stage k's ranges, ordered by end, then start."""
+        L, P = self.L, self.P
+        lo, hi = max(k, self.earliest[k]), min(self.reach[k], L - (P - k))
+        ends = np.arange(max(k + 1, self.earliest[k + 1], lo + 1), min(self.reach[k + 1], L - (P - k - 1)) + 1)
+        counts = np.maximum(0, np.minimum(hi, ends - 1) - lo + 1)
+        end = np.repeat(ends, counts)
+        offsets = np.repeat(np.cumsum(counts) - counts, counts)
+        return lo + np.arange(end.size) - offsets, end
 
 
-def _fits(cm: CostModel, pairs: _Pairs, budget: float, warmup: int) -> np.ndarray:
-    """Per pair: B samples fit a device of `budget` bytes under `warmup`; kept per (budget, warmup),
-    which repeat across pipeline depths and devices of the same memory."""
-    cache = cm.__dict__.setdefault("pp_fits", {})
-    if (budget, warmup) not in cache:
-        spare = budget - pairs.weights
-        per = warmup * pairs.activations
-        with np.errstate(divide="ignore", invalid="ignore"):
-            fits = (spare >= 0) & ((per == 0) | (np.floor_divide(spare, np.where(per == 0, 1.0, per)) >= cm.B))
-        if len(cache) * fits.size > 2**28:  # past 256 MB of masks, start over rather than grow
-            cache.clear()
-        cache[(budget, warmup)] = fits
-    return cache[(budget, warmup)]
+def _fits(cm: CostModel, start: np.ndarray, end: np.ndarray, budget: float, warmup: int) -> np.ndarray:
+    """Per range: B samples fit a device of `budget` bytes under `warmup` (`LayerTables.caps` >= B)."""
+    t = tables_for(cm)
+    spare = budget - cm.fixed_factor * (t.param[end] - t.param[start])
+    received = np.where(start > 0, t.boundary[np.maximum(start - 1, 0)], 0.0)
+    per = warmup * (t.act[end] - t.act[start] + received)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (spare >= 0) & ((per == 0) | (np.floor_divide(spare, np.where(per == 0, 1.0, per)) >= cm.B))
 
 
 @strategy("pp", "pipeline parallel: one device per stage, GPipe compute-balanced partition, 1F1B")

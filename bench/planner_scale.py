@@ -9,13 +9,16 @@ imports, loading and validating the profile, planning (default strategy `asteroi
 the plan. Wall time is measured around the subprocess, CPU time (user + system) from the child's
 rusage. The profile is `hppctl.profiling.synthetic.synthetic_profile` with bench/plan_speed.py's
 parameters (speeds 1-4, budgets 4 / 8 GB alternating, batch grid 1-64), written once to a
-temporary directory (not timed). Target: 1000 x 16 <= 10 s whole process on the project's 2-core VM.
+temporary directory (not timed, removed after). Each row prints the plan file's digest (without its
+planning time): two checkouts that give the same plan print the same digest. Target: 1000 x 16 <= 10 s
+whole process on the project's 2-core VM.
 A bench, not a test: nothing here asserts a time.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -49,6 +52,17 @@ def write_profile(path: Path, layers: int, devices: int) -> str:
     return "compact, 6 digits"
 
 
+def plan_digest(path: Path) -> str:
+    """The plan file's SHA-256 (first 12 hex digits) without its `planning_time_s`: equal digests, same
+    plan, so side-by-side runs of two checkouts show they gave the same answer."""
+    def without_time(x):
+        if isinstance(x, dict):
+            return {k: without_time(v) for k, v in x.items() if k != "planning_time_s"}
+        return [without_time(v) for v in x] if isinstance(x, list) else x
+    text = json.dumps(without_time(json.loads(path.read_text())), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 def timed_plan(profile: Path, out: Path, strategy: str, code: Path) -> tuple[float, float, str]:
     """(wall s, CPU s, the plan's summary line) of one `hppctl plan` process."""
     argv = [sys.executable, "-m", "hppctl", "plan", "--profile", str(profile), "--global-batch", "1024",
@@ -72,16 +86,22 @@ def main() -> None:
     parser.add_argument("--strategy", default="asteroid")
     parser.add_argument("--code", type=Path, default=ROOT, help="the hppctl checkout to time (default: this one)")
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="hppctl-scale-"))
+    with tempfile.TemporaryDirectory(prefix="hppctl-scale-") as tmp:
+        run(args, Path(tmp))
+
+
+def run(args: argparse.Namespace, tmp: Path) -> None:
     print(f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; strategy {args.strategy}, global batch 1024, micro-batch 64; code {args.code}")
-    print(f"{'layers x devices':<17} {'profile MB':>10} {'written as':<17} {'wall s':>7} {'CPU s':>7}  plan")
+    print(f"{'layers x devices':<17} {'profile MB':>10} {'written as':<17} {'wall s':>7} {'CPU s':>7}  {'plan digest':<12}  plan")
     for size in args.sizes.split(","):
         layers, devices = (int(x) for x in size.lower().split("x"))
         profile = tmp / f"synthetic-{layers}x{devices}.json"
         written = write_profile(profile, layers, devices)
-        wall, cpu, summary = timed_plan(profile, tmp / f"plan-{layers}x{devices}.json", args.strategy, args.code)
-        print(f"{size:<17} {profile.stat().st_size / 1e6:>10.1f} {written:<17} {wall:>7.2f} {cpu:>7.2f}  {summary}", flush=True)
+        plan = tmp / f"plan-{layers}x{devices}.json"
+        wall, cpu, summary = timed_plan(profile, plan, args.strategy, args.code)
+        print(f"{size:<17} {profile.stat().st_size / 1e6:>10.1f} {written:<17} {wall:>7.2f} {cpu:>7.2f}  {plan_digest(plan):<12}  "
+              f"{summary}", flush=True)
 
 
 if __name__ == "__main__":

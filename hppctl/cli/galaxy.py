@@ -26,8 +26,12 @@ def is_inference_file(path: Path) -> bool:
     """True when `path` holds an inference profile or plan (`kind: inference`)."""
     from hppctl.store import read_document
 
-    doc = read_document(path)
-    return isinstance(doc, dict) and doc.get("kind") == "inference"
+    return is_inference_document(read_document(path))
+
+
+def is_inference_document(document: object) -> bool:
+    """True for a parsed inference profile or plan (`kind: inference`)."""
+    return isinstance(document, dict) and document.get("kind") == "inference"
 
 
 def parse_seq_lens(text: str) -> list[int]:

@@ -223,21 +223,11 @@ class AsteroidDP:
         heads = self._useful_heads(n, p)
         if np.isfinite(self.bound):
             if floor is None:  # at the group's first p, whose rows are a superset of the later ones'
-                heads = self._useful_heads(n, 2)
-                head = self._balanced_head_bound(alloc, heads)
-                # The head adds M H + X(E_b) to A + Z, H = E_f + E_b >= head, X the exposed AllReduce.
-                # X falls as E_b grows, but never faster than (1 - 1/n) E_b: as E_b <= H,
-                # M H + X(E_b) >= M H + X(H), which rises with H (M >= 1), so it is >= M head + X(head);
-                # likewise H + X(H) >= head + X(head). (X >= T_a / n alone pruned too little: the
-                # 1000 x 16 plan took 1.3x longer after the overlap came in.)
-                exposed = alloc.exposed(np.arange(heads), head)  # as if the last backward took h
-                head_floor = cm.M * head + exposed
-                keep = np.flatnonzero(head_floor * (1 - 1e-9) <= self.bound)
-                floor = (keep, i_all[keep], j_all[keep], head_floor[keep], (head + exposed)[keep])
+                floor = self._group_floor(n, n_sub, alloc)
             last = np.searchsorted(floor[0], self._useful_heads(n, p))
             cols, i, j, head_floor, once = (x[:last] for x in floor)
             # lower bounds on the new pipeline's latency A + Z (see the formulas below; E_f + E_b
-            # of the head >= its balanced bound h, M (E_f + E_b) + Z >= M h + X(h), as above):
+            # of the head >= its balanced bound h, M (E_f + E_b) + Z >= M h + X(h): `_group_floor`):
             #   the sub-pipeline's own latency plus the transfer (prepending never shortens);
             #   A >= the sub-pipeline's A (or the transfer's M micro-batches) plus one head micro-batch
             tail_line = sub.latency[:self.L] + comm_line
@@ -266,6 +256,37 @@ class AsteroidDP:
         i = i_all[cols]
         pick = _row_first_minima(latency, i)
         return floor, _RowBests(p, n_sub, i[pick], latency[pick], a[pick], z[pick], j[pick], n - n_sub)
+
+    def _group_floor(self, n: int, n_sub: int, alloc: GroupAllocator) -> tuple:
+        """What the bounds of `_prepend_head` need of a head group for every p: the heads [i, j) whose
+        lower bound at their lowest over every p is within the bound (positions in the pair list, i, j),
+        each one's M h + X(h) and h + X(h) (h its balanced bound on E_f + E_b, X the exposed AllReduce).
+
+        The head adds M H + X(E_b) to A + Z, H = E_f + E_b >= h. X falls as E_b grows, but never faster
+        than (1 - 1/n) E_b: as E_b <= H, M H + X(E_b) >= M H + X(H), which rises with H (M >= 1), so it
+        is >= M h + X(h); likewise H + X(H) >= h + X(h). (X >= T_a / n alone pruned too little: the
+        1000 x 16 plan took 1.3x longer after the overlap came in.) Heads whose sub-pipelines are all
+        above the bound are dropped first, before h is computed.
+        """
+        i_all, j_all = self._pairs_head[:, 0], self._pairs_head[:, 1]
+        heads = self._useful_heads(n, 2)
+        tail, a_least = self._least_sub_pipelines(n_sub)
+        cols = np.flatnonzero(tail[j_all[:heads]] * (1 - 1e-9) <= self.bound)
+        head = self._balanced_head_bound(alloc, cols)
+        exposed = alloc.exposed(cols, head)  # as if the last backward took h
+        head_floor, once = self.cm.M * head + exposed, head + exposed
+        j = j_all[cols]
+        lower = np.maximum(np.maximum(head_floor, tail[j]), a_least[j] + once) * (1 - 1e-9)
+        keep = lower <= self.bound
+        cols = cols[keep]
+        return cols, i_all[cols], j_all[cols], head_floor[keep], once[keep]
+
+    def _least_sub_pipelines(self, n_sub: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per start layer, the least latency and the least A of Q(., n_sub, p) over every p: what a head
+        group's p-independent bounds read (the transfer into a sub-pipeline is >= 0)."""
+        subs = [self.q[(n_sub, p)] for p in range(1, min(n_sub, self.L) + 1)]
+        return (np.minimum.reduce([sub.latency[:self.L] for sub in subs]),
+                np.minimum.reduce([sub.a[:self.L] for sub in subs]))
 
     def _useful_heads(self, n: int, p: int) -> int:
         """How many head pairs (a prefix of the pair list: rows i = 0, 1, ...) can lead to a plan.
@@ -307,16 +328,16 @@ class AsteroidDP:
         total = np.r_[0.0, np.cumsum(per_layer)][:self.L] * (self.cm.M * self.cm.B / len(devices))
         return max(1, int(np.searchsorted(total * (1 - 1e-9), self.bound, side="right")))
 
-    def _balanced_head_bound(self, alloc: GroupAllocator, heads: int) -> np.ndarray:
-        """`GroupAllocator.balanced_lower_bound` of the first `heads` head pairs, from each device's
-        1/rho over every head pair, computed once per device (the same sum, in the same order)."""
-        inverse = np.zeros(heads)
+    def _balanced_head_bound(self, alloc: GroupAllocator, cols: np.ndarray) -> np.ndarray:
+        """`GroupAllocator.balanced_lower_bound` of head pairs `cols`, from each device's 1/rho over every
+        head pair, computed once per device (the same sum, in the same order)."""
+        inverse = np.zeros(cols.size)
         for d in alloc.devices:
             if d not in self._inverse_rates:
                 rate = self.tables.min_rate_prefix[d, self._pairs_head[:, 1]] - self.tables.min_rate_prefix[d, self._pairs_head[:, 0]]
                 with np.errstate(divide="ignore"):
                     self._inverse_rates[d] = np.where(rate > 0, 1.0 / rate, np.inf)
-            inverse += self._inverse_rates[d][:heads]
+            inverse += self._inverse_rates[d][cols]
         with np.errstate(divide="ignore"):
             return self.cm.B / inverse
 

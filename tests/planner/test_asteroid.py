@@ -97,21 +97,15 @@ def test_planner_does_not_import_torch_or_fabric():
 
 @pytest.mark.parametrize("seed", range(10))
 def test_pruned_dp_gives_the_same_answer_as_the_full_dp(seed):
-    from hppctl.planner.asteroid import solve
-    from hppctl.planner.strategies.asteroid import in_space_bound
+    from tests.planner.wobbly import assert_the_pruned_dp_gives_the_full_dps_answer
 
     rng = random.Random(500 + seed)
     n = rng.randint(2, 6)
     profile = make_profile(layers=rng.randint(5, 40), speeds=[rng.uniform(0.3, 3) for _ in range(n)],
                            memory_gb=[rng.choice([0.1, 0.5, 4]) for _ in range(n)], seed=seed,
                            activation_scale=rng.choice([1, 30]), param_scale=rng.choice([1, 30]))
-    cm = cost_model(profile, PlanRequest(global_batch=512, micro_batch=rng.choice([16, 64])))
-    order = memory_order(cm)
-    full = AsteroidDP(cm, order).best(devices=n)
-    _, pruned = solve(cm, order, in_space_bound(cm, order))
-    assert (full is None) == (pruned is None)
-    if full:
-        assert pruned.latency == full.latency and pruned.stages == full.stages
+    assert_the_pruned_dp_gives_the_full_dps_answer(cost_model(profile, PlanRequest(global_batch=512,
+                                                                         micro_batch=rng.choice([16, 64]))))
 
 
 def test_asteroid_plans_have_no_idle_devices():

@@ -11,8 +11,8 @@ import pytest
 from hppctl.models.plan import PlanRequest
 from hppctl.planner import cost_model
 from hppctl.planner.cost import asteroid_warmup
-from hppctl.planner.strategies.pp import _coarse_stride, balanced_partition
-from tests.planner.test_time_floor import wobbly_profile
+from hppctl.planner.strategies.pp import balanced_partition
+from tests.planner.wobbly import wobbly_profile
 
 
 def reference_partition(cm, devices):
@@ -60,6 +60,3 @@ def test_the_partition_is_the_plain_dynamic_programs(seed):
     assert max(cm.forward_time(s.devices[0], s.start, s.end, cm.B) + cm.backward_time(s.devices[0], s.start, s.end, cm.B)
                for s in found) == value
 
-
-def test_the_bounding_pass_cuts_every_few_layers_on_large_models():
-    assert _coarse_stride(1000, 16) == 15 and _coarse_stride(150, 2) == 2 and _coarse_stride(40, 3) == 1

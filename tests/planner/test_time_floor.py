@@ -2,8 +2,7 @@
 pruned DP's answer still the full DP's, on profiles whose times are not a fixed cost plus a per-sample one.
 
 The synthetic profiles of the other planner tests are affine in the batch size, where the floor's lines are
-exact; measured ones wobble (a batch of 2 faster than 1, concave curves, grids that start above 1 or stop
-below the micro-batch), so these tests scale every measured point by its own random factor."""
+exact; these tests use `wobbly.wobbly_profile`, every measured point scaled by its own random factor."""
 
 import random
 
@@ -12,26 +11,9 @@ import pytest
 
 from hppctl.models.plan import PlanRequest
 from hppctl.planner import cost_model
-from hppctl.planner.asteroid import AsteroidDP, memory_order, solve
-from hppctl.planner.strategies.asteroid import in_space_bound
 from hppctl.planner.vector_alloc import GroupAllocator, tables_for
 from hppctl.profiling.synthetic import synthetic_profile
-
-GRIDS = [[1, 2, 4, 8, 16, 32, 64], [2, 3, 8, 24], [1, 4, 16], [4, 8, 64, 128], [3], [1, 5, 6, 7, 40]]
-
-
-def wobbly_profile(rng: random.Random, layers: int, devices: int):
-    """A synthetic profile on a random grid with each (layer, batch) time scaled by 0.2-1.8 on its own."""
-    grid = rng.choice(GRIDS)
-    profile = synthetic_profile(layers, [rng.uniform(0.3, 3) for _ in range(devices)], seed=rng.randrange(1000),
-                                memory_bytes=[int(rng.choice([0.05, 0.5, 4]) * 10**9) for _ in range(devices)],
-                                grid=grid, activation_scale=rng.choice([1, 30]), param_scale=rng.choice([1, 30]))
-    wobbled = []
-    for device in profile.devices:
-        scale = lambda rows: [[t * rng.uniform(0.2, 1.8) for t in row] for row in rows]  # noqa: E731
-        wobbled.append(device.model_copy(update={"forward_s": scale(device.forward_s),
-                                                 "backward_s": scale(device.backward_s)}))
-    return profile.model_copy(update={"devices": wobbled})
+from tests.planner.wobbly import assert_the_pruned_dp_gives_the_full_dps_answer, wobbly_profile
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -73,12 +55,6 @@ def test_the_floor_is_the_answer_on_even_devices_with_affine_times():
 @pytest.mark.parametrize("seed", range(16))
 def test_the_pruned_dp_equals_the_full_dp_on_wobbly_profiles(seed):
     rng = random.Random(700 + seed)
-    n = rng.randint(2, 6)
-    cm = cost_model(wobbly_profile(rng, rng.randint(5, 30), n),
+    cm = cost_model(wobbly_profile(rng, rng.randint(5, 30), rng.randint(2, 6)),
                     PlanRequest(global_batch=512, micro_batch=rng.choice([8, 16, 64])))
-    order = memory_order(cm)
-    full = AsteroidDP(cm, order).best(devices=n)
-    _, pruned = solve(cm, order, in_space_bound(cm, order))
-    assert (full is None) == (pruned is None)
-    if full:
-        assert pruned.latency == full.latency and pruned.stages == full.stages
+    assert_the_pruned_dp_gives_the_full_dps_answer(cm)

@@ -307,6 +307,7 @@ class GroupAllocator:
         self.allreduce = self._allreduce()
         """T_a of every pair: the whole AllReduce (`exposed` is the part a round waits for)."""
         self.buckets = np.maximum(1.0, np.ceil(tables.range_param_bytes(start, end) / ALLREDUCE_BUCKET_BYTES))
+        self._time_floor: np.ndarray | None = None  # `time_floor`'s, per column (NaN: not computed yet)
 
     def exposed(self, cols: np.ndarray, backward_s: np.ndarray) -> np.ndarray:
         """`cost.exposed_allreduce` of columns `cols` after a last backward of `backward_s`."""
@@ -392,7 +393,7 @@ class GroupAllocator:
         the sum without the max (f(t_all) >= B), meets B at or before t*: that is the floor (t* itself
         when every device takes samples). A device whose line is flat could take all B at a_d.
         """
-        if "_time_floor" not in self.__dict__:
+        if self._time_floor is None:  # made on first use: most groups' tail allocators never ask
             self._time_floor = np.full(len(self.start), np.nan)
         todo = cols[np.isnan(self._time_floor[cols])]
         if todo.size:

@@ -38,6 +38,9 @@ class RunView:
     def began(self, name: str, detail: str) -> None:
         """The session entered phase `name` (workers, training)."""
 
+    def resumed_after(self, done: int) -> None:
+        """Training starts after the `done` rounds its checkpoint holds (a resumed run; before its phase)."""
+
     def round_done(self, row: dict, word: str, total: int) -> None:
         """A round (an epoch, `word`, for an asynchronous window) finished: its metrics row."""
 
@@ -152,6 +155,8 @@ def run_session(session, view: RunView, total: int, metrics_file, word: str, fau
     called ("epoch" for an asynchronous window)."""
 
     def on_phase(name: str) -> None:
+        if name == "training" and session.start_round:
+            view.resumed_after(session.start_round)
         view.began(name, f"{len(session.topo.devices)} workers" if name == "workers"
                    else rounds_to_run(session.start_round, total, word))
 

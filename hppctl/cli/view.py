@@ -57,6 +57,10 @@ class TrainingView(LinesView):
             yield
             self.progress.update(self.task, completed=total)
 
+    def resumed_after(self, done: int) -> None:
+        # the bar of a resumed run starts at its checkpoint's round, not at 0 (it jumped at the first round)
+        self.progress.update(self.task, completed=done)
+
     def round_done(self, row: dict, word: str, total: int) -> None:
         status = f"loss {row['loss']:.4f}  {row['samples_per_s']:.1f} samples/s"
         self.figures = f" (last {word}: {status.replace('  ', ' ')})"

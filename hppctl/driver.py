@@ -149,22 +149,28 @@ def rounds_to_run(start: int, total: int, word: str) -> str:
     return f"{total} {word}s" if start == 0 else f"{word}s {start + 1}-{total} of {total}"
 
 
+def _announce_phase(view: RunView, session, name: str, total: int, word: str) -> None:
+    """Tell `view` a training session entered phase `name`: "workers" with their count, then training
+    with the rounds it runs (a resumed run's bar first set to the rounds its checkpoint holds)."""
+    if name == "workers":
+        view.began(name, f"{len(session.topo.devices)} workers")
+        return
+    if session.start_round:
+        view.resumed_after(session.start_round)
+    view.began(name, rounds_to_run(session.start_round, total, word))
+
+
 def run_session(session, view: RunView, total: int, metrics_file, word: str, fault_tolerant: bool):
     """`session.run` with its reports written to `metrics_file` (rows and, with fault tolerance,
     fault events and the coordinator's full event log) and shown on `view`. `word`: what a round is
     called ("epoch" for an asynchronous window)."""
 
-    def on_phase(name: str) -> None:
-        if name == "training" and session.start_round:
-            view.resumed_after(session.start_round)
-        view.began(name, f"{len(session.topo.devices)} workers" if name == "workers"
-                   else rounds_to_run(session.start_round, total, word))
+    session.on_phase = lambda name: _announce_phase(view, session, name, total, word)
 
     def on_round(row: dict) -> None:
         _write_row(metrics_file, row)
         view.round_done(row, word, total)
 
-    session.on_phase = on_phase
     session.on_step = lambda step: view.step(step, word, total)
     if not fault_tolerant:
         return session.run(on_round=on_round, on_event=view.event)
@@ -380,12 +386,8 @@ def train_psl(plan, cluster, options, data, *, view: RunView | None = None, metr
             _write_row(metrics_file, row)
             view.round_done(row, "round", rounds)
 
-        def on_phase(name: str) -> None:
-            view.began(name, f"{len(session.topo.devices)} workers" if name == "workers"
-                       else rounds_to_run(session.start_round, rounds, "round"))
-
         session.user_code = user_code
-        session.on_phase = on_phase
+        session.on_phase = lambda name: _announce_phase(view, session, name, rounds, "round")
         result = session.run(on_round=on_round, on_event=view.event)
         view.ended()
     finally:

@@ -25,7 +25,7 @@ import numpy as np
 
 from hppctl.planner.cost import CostModel, StageChoice
 from hppctl.planner.forked import forked_map, worth_forking
-from hppctl.planner.vector_alloc import GroupAllocator, tables_for
+from hppctl.planner.vector_alloc import GroupAllocator, first_minima, tables_for
 
 
 def memory_order(cm: CostModel) -> list[int]:
@@ -63,7 +63,7 @@ class DpResult:
 @dataclass
 class _RowBests:
     """One batch of head candidates for Q(., n, p) from sub-pipelines of n_sub devices, reduced to each
-    row's first lowest latency (`_row_first_minima`): all a table takes from a batch, and what a forked
+    row's first lowest latency (`vector_alloc.first_minima`): all a table takes from a batch, and what a forked
     half sends back."""
 
     p: int
@@ -232,16 +232,13 @@ class AsteroidDP:
             #   A >= the sub-pipeline's A (or the transfer's M micro-batches) plus one head micro-batch
             tail_line = sub.latency[:self.L] + comm_line
             a_line = np.maximum(sub.a[:self.L] + 2 * comm_line, cm.M * 2 * comm_line)
-            lower = np.maximum(np.maximum(head_floor, tail_line[j]), a_line[j] + once) * (1 - 1e-9)
+            lower = _pipeline_floor(head_floor, once, tail_line, a_line, j)
             # a head whose lower bound exceeds the bound, or the best latency row i already has
             # (kept only when strictly better), cannot change the table
             cols = cols[(lower <= self.bound) & (lower <= out.latency[i])]
             # the same bounds with each remaining head's own floor (`GroupAllocator.time_floor`, tighter
             # where devices pay a fixed cost per micro-batch), before Algorithm 1 runs on it
-            h = alloc.time_floor(cols)
-            exposed = alloc.exposed(cols, h)
-            j = j_all[cols]
-            lower = np.maximum(np.maximum(cm.M * h + exposed, tail_line[j]), a_line[j] + h + exposed) * (1 - 1e-9)
+            lower = _pipeline_floor(*self._head_floors(alloc, cols, alloc.time_floor(cols)), tail_line, a_line, j_all[cols])
             cols = cols[(lower <= self.bound) & (lower <= out.latency[i_all[cols]])]
         else:
             cols = np.flatnonzero(np.isfinite(sub.latency[j_all[:heads]]))
@@ -254,7 +251,7 @@ class AsteroidDP:
         z = np.maximum(np.maximum(alloc.exposed(cols, res.backward_s), -res.backward_s), sub.z[j] - res.backward_s - c)
         latency = np.where(res.feasible, a + z, np.inf)
         i = i_all[cols]
-        pick = _row_first_minima(latency, i)
+        pick = first_minima(latency, i)
         return floor, _RowBests(p, n_sub, i[pick], latency[pick], a[pick], z[pick], j[pick], n - n_sub)
 
     def _group_floor(self, n: int, n_sub: int, alloc: GroupAllocator) -> tuple:
@@ -272,14 +269,16 @@ class AsteroidDP:
         heads = self._useful_heads(n, 2)
         tail, a_least = self._least_sub_pipelines(n_sub)
         cols = np.flatnonzero(tail[j_all[:heads]] * (1 - 1e-9) <= self.bound)
-        head = self._balanced_head_bound(alloc, cols)
-        exposed = alloc.exposed(cols, head)  # as if the last backward took h
-        head_floor, once = self.cm.M * head + exposed, head + exposed
-        j = j_all[cols]
-        lower = np.maximum(np.maximum(head_floor, tail[j]), a_least[j] + once) * (1 - 1e-9)
-        keep = lower <= self.bound
+        head_floor, once = self._head_floors(alloc, cols, self._balanced_head_bound(alloc, cols))
+        keep = _pipeline_floor(head_floor, once, tail, a_least, j_all[cols]) <= self.bound
         cols = cols[keep]
         return cols, i_all[cols], j_all[cols], head_floor[keep], once[keep]
+
+    def _head_floors(self, alloc: GroupAllocator, cols: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(M h + X(h), h + X(h)) of heads `cols` whose E_f + E_b is at least h, X the exposed AllReduce as
+        if the last backward took h: floors of what the head adds to A + Z and to A + X (`_group_floor`)."""
+        exposed = alloc.exposed(cols, h)
+        return self.cm.M * h + exposed, h + exposed
 
     def _least_sub_pipelines(self, n_sub: int) -> tuple[np.ndarray, np.ndarray]:
         """Per start layer, the least latency and the least A of Q(., n_sub, p) over every p: what a head
@@ -392,14 +391,8 @@ def solve(cm: CostModel, order: list[int], bound: float = np.inf) -> tuple[Aster
     return dp, result
 
 
-def _row_first_minima(latency: np.ndarray, i_idx: np.ndarray) -> np.ndarray:
-    """Positions of each row's first lowest latency. Candidates come in pair order (i, then j,
-    ascending), so each row is one segment: its minimum by `minimum.reduceat` (NaN-propagating,
-    like argmin), its pick the segment's first position holding that minimum."""
-    starts = np.flatnonzero(np.r_[True, i_idx[1:] != i_idx[:-1]])
-    best = np.minimum.reduceat(latency, starts)
-    segment = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, latency.size]))
-    hits = np.flatnonzero(latency == best[segment])  # none in a row whose minimum is NaN: never kept
-    if hits.size == 0:
-        return hits
-    return hits[np.r_[True, segment[hits[1:]] != segment[hits[:-1]]]]
+def _pipeline_floor(head_floor: np.ndarray, once: np.ndarray, tail: np.ndarray, a: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """A lower bound on A + Z of heads before the sub-pipelines at layers `j` (a 1e-9 margin for
+    rounding): the head's own floor, the sub-pipeline's latency (`tail`, with the transfer; prepending
+    never shortens), and its A (`a`) plus one head micro-batch (`once`)."""
+    return np.maximum(np.maximum(head_floor, tail[j]), a[j] + once) * (1 - 1e-9)

@@ -433,3 +433,16 @@ class GroupAllocator:
                 inverse += np.where(rate > 0, 1.0 / rate, np.inf)
         with np.errstate(divide="ignore"):
             return self.tables.cm.B / inverse
+
+
+def first_minima(values: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Positions of each key's first lowest value, where equal keys are consecutive (one segment each,
+    e.g. candidates in pair order): the minimum by `minimum.reduceat` (NaN-propagating, like argmin),
+    the pick the segment's first position holding it. A segment whose minimum is NaN has none."""
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    best = np.minimum.reduceat(values, starts)
+    segment = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, values.size]))
+    hits = np.flatnonzero(values == best[segment])
+    if hits.size == 0:
+        return hits
+    return hits[np.r_[True, segment[hits[1:]] != segment[hits[:-1]]]]

@@ -15,7 +15,7 @@ from hppctl.planner.cost import CostModel, StageChoice, asteroid_warmup
 from hppctl.planner.forked import forked_map, worth_forking
 from hppctl.planner.registry import Candidate, strategy
 from hppctl.planner.strategies.dp import fastest_first
-from hppctl.planner.vector_alloc import tables_for
+from hppctl.planner.vector_alloc import first_minima, tables_for
 
 
 def balanced_partition(cm: CostModel, devices: list[int]) -> list[StageChoice] | None:
@@ -102,12 +102,10 @@ def _partition_over(cm: CostModel, devices: list[int], stage_pairs, bound: float
             return None
         fits = _fits(cm, start, end, float(t.budget[d]), asteroid_warmup(P, p, cm.M))
         cand = np.maximum(best[start], np.where(fits, time, np.inf))
-        first = np.flatnonzero(np.r_[True, end[1:] != end[:-1]])
+        pick = first_minima(cand, end)
         best = np.full(L + 1, np.inf)
-        best[end[first]] = np.minimum.reduceat(cand, first)
-        hits = np.flatnonzero(cand == best[end])
-        hits = hits[np.r_[True, end[hits[1:]] != end[hits[:-1]]]]
-        back[p, end[hits]] = start[hits]
+        best[end[pick]] = cand[pick]
+        back[p, end[pick]] = start[pick]
     if not np.isfinite(best[L]):
         return None
     cuts, j = [L], L

@@ -28,14 +28,22 @@ def test_timeline_is_ordered_and_detection_follows_the_timeout(chain):
     assert r.recovery_s == pytest.approx(r.first_round_done_at_s - 10.2)
 
 
-def test_a_crashed_worker_is_seen_at_once_and_the_rest_of_the_timeline_is_the_same(chain):
+def test_a_crashed_worker_is_seen_at_once_and_the_rest_of_the_timeline_is_the_same(chain, monkeypatch):
+    import time
+
+    import hppctl.planner.replan as replan
+
     profile, plan = chain
     lost = plan.stages[1].devices[0]
     silent = simulate_failure(plan, profile, lost, 10.2, method="light", timeout_s=3, probe_s=2)
+    light = replan.replan_light
+    monkeypatch.setattr(replan, "replan_light", lambda *a: time.sleep(0.1) or light(*a))  # as on a loaded machine
     crash = simulate_failure(plan, profile, lost, 10.2, method="light", timeout_s=3, probe_s=2, kind="crash")
     assert crash.kind == "crash" and silent.kind == "silent"
     assert crash.detection_s == 0.0 and silent.detection_s == pytest.approx(4.8)
-    assert crash.recovery_s == pytest.approx(silent.recovery_s - silent.detection_s, abs=0.05)  # replan time varies
+    # each timeline holds its own measured re-plan time (wall clock): compared without it (0.05 s of slack
+    # failed on a loaded machine: 0.25 s apart in the suite of 2026-11-28 01:15)
+    assert crash.recovery_s - crash.replan_s == pytest.approx(silent.recovery_s - silent.detection_s - silent.replan_s)
     with pytest.raises(ValueError, match="failure kind 'flood'"):
         simulate_failure(plan, profile, lost, 10.2, kind="flood")
 

@@ -39,6 +39,8 @@ def forget_json_emitted() -> None:
 
 def note(message: str) -> None:
     """Progress for people, on stderr so that `--json` stdout stays clean."""
+    if _status_line is not None:  # the line would run into the message
+        _status_line.close()
     stderr.print(message)
 
 
@@ -109,6 +111,79 @@ def phase(log, name: str, *, total: int | None = None, unit: str = "", quiet: bo
         display.close(failed=True)
         raise
     display.close()
+
+
+class StatusLine:
+    """One line on the terminal's stderr, rewritten in place by `show(text)` and cleared by `close()`,
+    with no thread: for a phase whose work cannot share its process with one (the planner forks its
+    large loops only when it is the process's one thread, planner/forked.py). Rewrites come at most
+    every `every` seconds, so a loop that reports often costs nothing visible."""
+
+    def __init__(self, name: str, *, every: float = 0.1, clock=None) -> None:
+        import time
+
+        self.name, self.every = name, every
+        self.clock = clock or time.monotonic
+        self.started = self.clock()
+        self.last = -float("inf")
+        self.shown = False
+
+    def show(self, text: str) -> None:
+        now = self.clock()
+        if now - self.last < self.every:
+            return
+        self.last = now
+        line = f"{self.name} {now - self.started:.0f} s · {text}"
+        width = max(20, stderr.size.width - 1)
+        stderr.file.write("\r\x1b[K" + (line if len(line) <= width else line[:width - 1] + "…"))
+        stderr.file.flush()
+        self.shown = True
+        global _status_line
+        _status_line = self
+
+    def close(self) -> None:
+        global _status_line
+        if self.shown:
+            stderr.file.write("\r\x1b[K")
+            stderr.file.flush()
+            self.shown = False
+        if _status_line is self:
+            _status_line = None
+
+
+_status_line: StatusLine | None = None
+"""The `StatusLine` on screen, which `note` clears before it prints."""
+
+
+@contextmanager
+def planning_progress(log, *, terminal: bool | None = None):
+    """Where the planner is while the block plans (planner/progress.py): a `StatusLine` on a terminal
+    (`terminal`, default: whether stderr is one);
+    in a log (`log`, a `ProgressLog`, or None), a line per `log.every` seconds once planning has taken
+    that long, so a plan of a second adds nothing to a cron job's log. No thread either way."""
+    import time
+
+    from hppctl.planner import progress
+
+    line = StatusLine("planning") if (stderr.is_terminal if terminal is None else terminal) else None
+    started = time.monotonic()
+    due = started + (log.every if log is not None else float("inf"))
+
+    def show(text: str) -> None:
+        nonlocal due
+        if line is not None:
+            line.show(text)
+        now = time.monotonic()
+        if now >= due:
+            log.event(f"planning for {now - started:.0f} s: {text}")
+            due = now + log.every
+
+    try:
+        with progress.reporting(show):
+            yield
+    finally:
+        if line is not None:
+            line.close()
 
 
 def writable_path(flag: str, path, *, directory: bool = False) -> None:

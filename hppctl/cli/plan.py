@@ -9,8 +9,8 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
-from hppctl.cli.flags import positive
-from hppctl.cli.output import emit_json, note, stdout, writable_path
+from hppctl.cli.flags import MIN_PERIOD_S, positive, seconds
+from hppctl.cli.output import emit_json, note, planning_progress, progress_log, stdout, writable_path
 from hppctl.errors import BadInput, Infeasible
 from hppctl.models.plan import HppPlan, PlanRequest
 from hppctl.models.profile import Profile
@@ -34,6 +34,10 @@ Examples (from the repository root; files in examples/ and profiles/, outputs un
 
 TRIAL_DEFAULTS = {"--trial-top": 3, "--trial-rounds": 8, "--trial-passes": 1, "--timeout": 300.0}
 """`hppctl plan --trial`'s flags and their defaults (given without --trial, a changed one is refused)."""
+
+PLAN_LOG_EVERY_HELP = ("Where the planner is, as plain lines on stderr with a UTC timestamp: one every SECONDS "
+                       "once planning has taken that long (default: 30 when stderr is not a terminal; a terminal "
+                       "shows one line, rewritten in place; 0.01 to 2592000).")
 
 
 def make_request(global_batch: int, micro_batch: int) -> PlanRequest:
@@ -86,11 +90,13 @@ def plan_command(
     trial_rounds: Annotated[int, typer.Option("--trial-rounds", help="--trial: rounds per candidate; the first 2 are warm-up, the median of the rest is its figure.")] = TRIAL_DEFAULTS["--trial-rounds"],
     trial_passes: Annotated[int, typer.Option("--trial-passes", help="--trial: train the candidates this many times, forwards then backwards (A B C, C B A, …), and rank them by the mean: on a machine whose speed drifts, 2 is fairer.")] = TRIAL_DEFAULTS["--trial-passes"],
     timeout: Annotated[float, typer.Option("--timeout", help="--trial: seconds to wait for workers to join and for any transfer (1 to 2592000).")] = TRIAL_DEFAULTS["--timeout"],
+    log_every: Annotated[Optional[float], typer.Option("--log-every", metavar="SECONDS", help=PLAN_LOG_EVERY_HELP)] = None,
 ) -> None:
     """Plan hybrid pipeline parallel training (stages, device groups, samples per device), or collaborative inference on an inference profile (heads, MLP columns, sequence rows per device)."""
     from hppctl.planner.explain import check_plan_matches, explain
 
     writable_path("--out", out)  # before reading the profile and planning
+    seconds("--log-every", log_every, low=MIN_PERIOD_S)
     micro_batch = micro_batch_flag(micro_batch)
     _check_trial_flags(trial, micro_batch, compare, existing, trial_top, trial_rounds, trial_passes, timeout)
     from hppctl.cli.galaxy import is_inference_document
@@ -119,15 +125,18 @@ def plan_command(
         _show_rescored(plan, prof, explain_, as_json, explain, existing)
         return
     from hppctl.planner import forked
-    with forked.allowed():  # a large plan's loops may split with a forked child (planner/forked.py)
-        _plan_training(prof, profile, global_batch, micro_batch, strategy, compare, split_backward, trial,
-                       trial_top, trial_rounds, trial_passes, timeout, out, explain_, as_json)
+    # a large plan's loops may split with a forked child (planner/forked.py); where it is, on stderr
+    with forked.allowed(), planning_progress(progress_log(log_every)):
+        show = _plan_training(prof, profile, global_batch, micro_batch, strategy, compare, split_backward, trial,
+                              trial_top, trial_rounds, trial_passes, timeout, out, explain_, as_json)
+    show()  # after the progress line is gone
 
 
 def _plan_training(prof: Profile, profile: Path, global_batch, micro_batch, strategy, compare: bool,
                    split_backward: bool, trial, trial_top: int, trial_rounds: int, trial_passes: int, timeout,
-                   out, explain_: bool, as_json: bool) -> None:
-    """`hppctl plan` of a training profile, its flags checked: --compare, --micro-batch auto, --trial or one plan."""
+                   out, explain_: bool, as_json: bool):
+    """`hppctl plan` of a training profile, its flags checked: --compare, --micro-batch auto, --trial or one
+    plan. Returns what prints the result (and writes --out), for after planning."""
     from hppctl import planner
     from hppctl.planner.explain import explain
     if compare and micro_batch is None:
@@ -145,8 +154,8 @@ def _plan_training(prof: Profile, profile: Path, global_batch, micro_batch, stra
         simulate = simulated_round_latency(prof)
         rows = (planner.compare(prof, request, simulate=simulate) if request is not None
                 else compare_auto(prof, check_global_batch(global_batch), simulate=simulate))
-        emit_json([r.as_json() for r in rows]) if as_json else _render_compare(rows, global_batch, request, explain_)
-        return
+        return lambda: (emit_json([r.as_json() for r in rows]) if as_json
+                        else _render_compare(rows, global_batch, request, explain_))
     if request is None:
         from hppctl.planner.micro_batch import make_auto_plan
         from hppctl.schedule import simulated_round_latency
@@ -161,10 +170,13 @@ def _plan_training(prof: Profile, profile: Path, global_batch, micro_batch, stra
         plan = planner.make_plan(prof, request, strategy or "asteroid")
     if split_backward:
         plan = _with_split_backward(plan, prof, profile)
-    if out is not None:
-        save(out, plan)
-        note(f"wrote {out}")
-    _show(plan, prof, explain_, as_json, explain)
+
+    def show() -> None:
+        if out is not None:
+            save(out, plan)
+            note(f"wrote {out}")
+        _show(plan, prof, explain_, as_json, explain)
+    return show
 
 
 def _check_trial_flags(trial: Path | None, micro_batch, compare: bool, existing: Path | None, top: int, rounds: int,

@@ -14,6 +14,7 @@ from hppctl.errors import BadInput, Infeasible
 from hppctl.models.plan import HppPlan, MemoryViolation, PlanRequest, Prediction, StagePlan, TransferPlan
 from hppctl.models.profile import Profile
 from hppctl.models.units import format_bytes
+from hppctl.planner import progress
 from hppctl.planner.cost import WARMUP_POLICIES, CostModel, Evaluation, StageChoice
 from hppctl.planner.registry import DESCRIPTIONS, STRATEGIES, Candidate
 from hppctl.planner import strategies as _strategies  # noqa: F401  (registers the strategies)
@@ -34,7 +35,8 @@ def run_strategy(profile: Profile, request: PlanRequest, name: str, *, within_pr
         raise BadInput(f"--strategy: unknown strategy {name!r} (known: {', '.join(sorted(STRATEGIES))})")
     cm = cost_model(profile, request, within_profile=within_profile)
     started = time.perf_counter()
-    candidate = STRATEGIES[name](cm)
+    with progress.within(name):
+        candidate = STRATEGIES[name](cm)
     return candidate, cm, time.perf_counter() - started
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hppctl.planner.cost import CostModel, StageChoice
+from hppctl.planner import progress
 from hppctl.planner.forked import forked_map, worth_forking
 from hppctl.planner.vector_alloc import GroupAllocator, first_minima, tables_for
 
@@ -148,6 +149,7 @@ class AsteroidDP:
         # Q(., n, p) needs Q(., n', p - 1) for n' < n only, so the device count can be the outer
         # loop; then each head group [N-n, N-n') is visited once, for every p, and freed after.
         for n in range(1, self.N + 1):
+            progress.step(f"devices {n}/{self.N}")
             self.q[(n, 1)] = self._single_stage(n)
             for p in range(2, min(n, self.L) + 1):
                 self.q[(n, p)] = self._empty()

@@ -40,6 +40,7 @@ from hppctl.models.plan import HppPlan, MicroBatchCandidate, MicroBatchChoice, P
 from hppctl.models.profile import Profile
 from hppctl.models.units import format_bytes
 from hppctl.planner import CompareRow, STRATEGIES, explain_infeasible, rank_rows, run_strategy, to_plan
+from hppctl.planner import progress
 
 AUTO = "auto"
 """The value of `--micro-batch` that asks for this choice."""
@@ -180,7 +181,11 @@ def try_micro_batches(profile: Profile, global_batch: int, strategy: str,
         raise BadInput(f"--micro-batch auto: no divisor of --global-batch {global_batch} gives at most "
                        f"{MAX_MICRO_BATCHES} micro-batches per round within the profile's batch sizes (at most "
                        f"{sum(high for _, high in measured.values())} samples per micro-batch over all its devices)")
-    return [try_micro_batch(profile, global_batch, b, strategy, measured, simulate) for b in sizes]
+    tried = []
+    for i, b in enumerate(sizes, 1):
+        with progress.within(f"micro-batch {b} ({i}/{len(sizes)})"):
+            tried.append(try_micro_batch(profile, global_batch, b, strategy, measured, simulate))
+    return tried
 
 
 def ranked(tried: list[Tried]) -> list[Tried]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+from hppctl.planner import progress
 from hppctl.planner.allocation import allocate
 
 from hppctl.planner.asteroid import AsteroidDP, memory_order, solve, speed_order
@@ -48,6 +49,7 @@ def coarse_bound(cm: CostModel, order: list[int], bound: float) -> float:
     size = -(-cm.num_layers // COARSE_LAYERS)
     if size <= 1:
         return math.inf
+    progress.step("coarse plan")
     coarse_profile, starts = coarsen(cm.profile, size)
     coarse = CostModel(coarse_profile, micro_batch=cm.B, num_micro_batches=cm.M,
                        within_profile=cm.within_profile)
@@ -62,25 +64,30 @@ def coarse_bound(cm: CostModel, order: list[int], bound: float) -> float:
 @strategy("asteroid", "Asteroid's planner plus device dropping, a second device order and local search")
 def plan_asteroid(cm: CostModel) -> Candidate | None:
     candidates: list[list[StageChoice]] = []
-    for baseline in (plan_dp, plan_pp):
-        found = baseline(cm)
+    for name, baseline in (("dp", plan_dp), ("pp", plan_pp)):
+        with progress.within(name):
+            found = baseline(cm)
         if found:
             candidates.append(found.stages)
     order = memory_order(cm)
-    bound = min([in_space_bound(cm, order)] + [cm.evaluate(c).round_latency_s for c in candidates])
-    by_memory, paper = solve(cm, order, bound)
+    with progress.within("bound"):
+        bound = min([in_space_bound(cm, order)] + [cm.evaluate(c).round_latency_s for c in candidates])
+    with progress.within("memory-order DP"):
+        by_memory, paper = solve(cm, order, bound)
     candidates += [r.stages for r in (paper, by_memory.best()) if r]
     by_speed = speed_order(cm)
     if by_speed != order:
         # only a plan better than the best so far matters here, so prune with that
         best_so_far = min(cm.evaluate(c).round_latency_s for c in candidates) if candidates else bound
-        stages = second_order_plan(cm, by_speed, min(bound, best_so_far))
+        with progress.within("speed-order DP"):
+            stages = second_order_plan(cm, by_speed, min(bound, best_so_far))
         if stages:
             candidates.append(stages)
     if not candidates:
         return None
     best = min(candidates, key=lambda stages: cm.evaluate(stages).round_latency_s)
-    return Candidate(refine_cuts(cm, drop_idle_devices(best)))
+    with progress.within("moving cuts"):
+        return Candidate(refine_cuts(cm, drop_idle_devices(best)))
 
 
 def drop_idle_devices(stages: list[StageChoice]) -> list[StageChoice]:

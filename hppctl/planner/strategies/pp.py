@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hppctl.planner import progress
 from hppctl.planner.cost import CostModel, StageChoice, asteroid_warmup
 from hppctl.planner.forked import forked_map, worth_forking
 from hppctl.planner.registry import Candidate, strategy
@@ -31,6 +32,8 @@ def balanced_partitions(cm: CostModel, device_lists: list[list[int]]) -> list[li
     the model is large (`forked.forked_map`: each partition reads only the cost model)."""
     cache = cm.__dict__.setdefault("pp_partitions", {})
     missing = list(dict.fromkeys(tuple(d) for d in device_lists if tuple(d) not in cache))
+    if missing:
+        progress.step(f"partitions of {len(missing)} pipeline depths")
     if len(missing) > 1 and worth_forking(cm.num_layers * (cm.num_layers + 1) // 2):
         found = forked_map(lambda: lambda devices: _min_max_partition(cm, list(devices)), missing)
     else:

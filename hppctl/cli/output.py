@@ -158,9 +158,9 @@ _status_line: StatusLine | None = None
 @contextmanager
 def planning_progress(log, *, terminal: bool | None = None):
     """Where the planner is while the block plans (planner/progress.py): a `StatusLine` on a terminal
-    (`terminal`, default: whether stderr is one);
-    in a log (`log`, a `ProgressLog`, or None), a line per `log.every` seconds once planning has taken
-    that long, so a plan of a second adds nothing to a cron job's log. No thread either way."""
+    (`terminal`; default: whether stderr is one); in a log (`log`, a `ProgressLog`, or None), a line
+    per `log.every` seconds once planning has taken that long, so a plan of a second adds nothing to a
+    cron job's log. No thread either way."""
     import time
 
     from hppctl.planner import progress

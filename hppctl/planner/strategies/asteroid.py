@@ -49,11 +49,11 @@ def coarse_bound(cm: CostModel, order: list[int], bound: float) -> float:
     size = -(-cm.num_layers // COARSE_LAYERS)
     if size <= 1:
         return math.inf
-    progress.step("coarse plan")
     coarse_profile, starts = coarsen(cm.profile, size)
     coarse = CostModel(coarse_profile, micro_batch=cm.B, num_micro_batches=cm.M,
                        within_profile=cm.within_profile)
-    _, result = solve(coarse, order, bound)
+    with progress.within("coarse plan"):
+        _, result = solve(coarse, order, bound)
     stages = refine_stages(cm, result.stages, starts) if result else None
     if stages is None:
         return math.inf

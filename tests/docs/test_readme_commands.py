@@ -35,19 +35,36 @@ def test_everyday_use_runs_as_written_in_order(tmp_path):
     assert sorted(p.name for p in (root / "examples").rglob("*")) == sorted(p.name for p in (REPO / "examples").rglob("*"))
 
 
-STATED = re.compile(r"≈ (\d+) %")
+STATED = re.compile(r"≈ (\d+)(?:–(\d+))? %")
 MEASURED = re.compile(r"test accuracy ([0-9.]+)%")
-ACCURACY_SLACK = 5.0  # percentage points: seeded runs repeat, but float sums differ across thread counts
+ACCURACY_SLACK = 5.0
+"""Percentage points: seeded runs repeat on one machine, but float sums differ across thread counts and
+CPUs (AVX-512 against AVX2 kernels), and a short run at a constant lr lands anywhere in the band its
+accuracy swings through from epoch to epoch: such a line states that band (`≈ 75–89 %`)."""
 
 
 def check_stated_accuracy(line: str, stdout: str) -> None:
-    """A line whose comment states `≈ N %` must end with a test accuracy within the slack of N."""
+    """A line whose comment states `≈ N %` (or a band `≈ A–B %`) must end with a test accuracy within
+    the slack of N (of the band)."""
     stated = STATED.search(line)
     if stated is None:
         return
     measured = MEASURED.findall(stdout)
     assert measured, f"{line}\nno test accuracy in:\n{stdout[-1500:]}"
-    assert abs(float(measured[-1]) - float(stated.group(1))) <= ACCURACY_SLACK, (line, measured[-1])
+    low, high = float(stated.group(1)), float(stated.group(2) or stated.group(1))
+    assert low - ACCURACY_SLACK <= float(measured[-1]) <= high + ACCURACY_SLACK, (line, measured[-1])
+
+
+def test_a_stated_band_is_read_as_one():
+    """The band form is checked at both ends (the README's lines only exercise the ones they state)."""
+    line = "hppctl run …   # ≈ 75–89 %"
+    check_stated_accuracy(line, "test accuracy 72.0%")
+    check_stated_accuracy(line, "test accuracy 93.5%")
+    for outside in ("69.0", "94.5"):
+        with pytest.raises(AssertionError):
+            check_stated_accuracy(line, f"test accuracy {outside}%")
+    with pytest.raises(AssertionError):
+        check_stated_accuracy("hppctl run …   # ≈ 82 %", "test accuracy 74.9%")  # 2026-11-28, an AMD EPYC VM
 
 
 def lab_line(line: str, argv: list[str]) -> bool:

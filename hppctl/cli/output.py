@@ -116,24 +116,20 @@ def phase(log, name: str, *, total: int | None = None, unit: str = "", quiet: bo
 class StatusLine:
     """One line on the terminal's stderr, rewritten in place by `show(text)` and cleared by `close()`,
     with no thread: for a phase whose work cannot share its process with one (the planner forks its
-    large loops only when it is the process's one thread, planner/forked.py). Rewrites come at most
-    every `every` seconds, so a loop that reports often costs nothing visible."""
+    large loops only when it is the process's one thread, planner/forked.py). Every text is written:
+    with no thread to write a held-back one later, a skipped text would stay unseen through a long
+    step after it (a throttled first version hid a 40-second strategy's name)."""
 
-    def __init__(self, name: str, *, every: float = 0.1, clock=None) -> None:
+    def __init__(self, name: str, *, clock=None) -> None:
         import time
 
-        self.name, self.every = name, every
+        self.name = name
         self.clock = clock or time.monotonic
         self.started = self.clock()
-        self.last = -float("inf")
         self.shown = False
 
     def show(self, text: str) -> None:
-        now = self.clock()
-        if now - self.last < self.every:
-            return
-        self.last = now
-        line = f"{self.name} {now - self.started:.0f} s · {text}"
+        line = f"{self.name} {self.clock() - self.started:.0f} s · {text}"
         width = max(20, stderr.size.width - 1)
         stderr.file.write("\r\x1b[K" + (line if len(line) <= width else line[:width - 1] + "…"))
         stderr.file.flush()

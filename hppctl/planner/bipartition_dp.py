@@ -41,6 +41,7 @@ import itertools
 
 import numpy as np
 
+from hppctl.planner import progress
 from hppctl.planner.bipartition import BiCosts, BiResult, backward_bytes, evaluate, forward_bytes, interleaved, \
     link_bytes, round_estimate, send_back_at, send_back_seconds, valid_cuts, worker_memory, worker_time
 
@@ -56,6 +57,7 @@ def solve(c: BiCosts, search: str = "exact") -> BiResult | None:
     # With equal cuts there is no backward cut to search for: BSA degenerates to the exact DP.
     bsa = search == "bsa" and not c.options.equal_cuts
     for w in range(W):
+        progress.step(f"worker {w + 1}/{W}")
         link = _link_table(c, w)
         last = w == W - 1
         new = np.full((L + 1, L + 1), np.inf)

@@ -14,7 +14,7 @@ from hppctl.errors import BadInput, Infeasible
 from hppctl.models.plan import HppPlan, MemoryViolation, PlanRequest, Prediction, StagePlan, TransferPlan
 from hppctl.models.profile import Profile
 from hppctl.models.units import format_bytes
-from hppctl.planner import progress
+from hppctl.planner import forked, progress
 from hppctl.planner.cost import WARMUP_POLICIES, CostModel, Evaluation, StageChoice
 from hppctl.planner.registry import DESCRIPTIONS, STRATEGIES, Candidate
 from hppctl.planner import strategies as _strategies  # noqa: F401  (registers the strategies)
@@ -194,12 +194,14 @@ def compare(profile: Profile, request: PlanRequest,
     `simulate(plan) -> round latency` (e.g. `hppctl.schedule.simulated_round_latency(profile)`; the
     planner does not import the simulator) adds the simulated figure, and then rows rank by it.
     """
-    rows = []
-    for name in STRATEGIES:
-        candidate, cm, elapsed = run_strategy(profile, request, name)
-        plan = to_plan(cm, profile, request, name, candidate, elapsed) if candidate else None
-        rows.append(CompareRow(name, plan, elapsed, simulate(plan) if simulate and plan else None))
-    return rank_rows(rows, simulate is not None)
+    def side():
+        def row(name: str) -> CompareRow:
+            candidate, cm, elapsed = run_strategy(profile, request, name)
+            plan = to_plan(cm, profile, request, name, candidate, elapsed) if candidate else None
+            return CompareRow(name, plan, elapsed, simulate(plan) if simulate and plan else None)
+        return row
+    # every other strategy in a forked child where `hppctl plan` allows it (planner/forked.py)
+    return rank_rows(forked.map_split_if_allowed(side, list(STRATEGIES)), simulate is not None)
 
 
 def rank_rows(rows: list[CompareRow], simulated: bool) -> list[CompareRow]:

@@ -52,10 +52,25 @@ def allowed() -> Iterator[None]:
         _ALLOWED.reset(token)
 
 
+def may_fork() -> bool:
+    """Whether this process may split a loop with a child now: allowed (`allowed`), on two usable CPUs,
+    with one thread, and not already one side of a split (whose other side keeps the other CPU busy)."""
+    return _ALLOWED.get() and hasattr(os, "fork") and usable_cpus() >= 2 and threading.active_count() == 1
+
+
 def worth_forking(pairs: int) -> bool:
     """Whether a loop over a model of `pairs` layer pairs should split with a child."""
-    return (_ALLOWED.get() and pairs > MIN_HEAD_PAIRS and hasattr(os, "fork") and usable_cpus() >= 2
-            and threading.active_count() == 1)
+    return pairs > MIN_HEAD_PAIRS and may_fork()
+
+
+def map_split_if_allowed(side: Callable[[], Callable[[T], R]], items: Sequence[T]) -> list[R]:
+    """`forked_map(side, items)` where `may_fork()`, else the same results in this process alone. For
+    loops of whole plans (`hppctl plan --compare`: every strategy at every micro-batch), each item
+    worth far more than a fork."""
+    if may_fork():
+        return forked_map(side, items)
+    f = side()
+    return [f(x) for x in items]
 
 
 def forked_map(side: Callable[[], Callable[[T], R]], items: Sequence[T]) -> list[R]:
@@ -72,6 +87,7 @@ def forked_map(side: Callable[[], Callable[[T], R]], items: Sequence[T]) -> list
     if pid == 0:  # the child
         try:
             os.close(read)
+            _ALLOWED.set(False)  # the parent keeps the other CPU busy: no split inside a split
             f = side()
             with os.fdopen(write, "wb") as sink:
                 pickle.dump([f(x) for x in theirs], sink, protocol=pickle.HIGHEST_PROTOCOL)
@@ -79,11 +95,14 @@ def forked_map(side: Callable[[], Callable[[T], R]], items: Sequence[T]) -> list
             os._exit(0)
     os.close(write)
     source = os.fdopen(read, "rb")
+    token = _ALLOWED.set(False)  # nor here while the child runs
     try:
         f = side()
         here = [f(x) for x in mine]
         sent = source.read()
-    finally:  # closed first: a child still writing then fails (EPIPE) and exits, never blocks the wait
+    finally:
+        _ALLOWED.reset(token)
+        # closed first: a child still writing then fails (EPIPE) and exits, never blocks the wait
         source.close()
         os.waitpid(pid, 0)
     there = _loads(sent, len(theirs))

@@ -40,7 +40,7 @@ from hppctl.models.plan import HppPlan, MicroBatchCandidate, MicroBatchChoice, P
 from hppctl.models.profile import Profile
 from hppctl.models.units import format_bytes
 from hppctl.planner import CompareRow, STRATEGIES, explain_infeasible, rank_rows, run_strategy, to_plan
-from hppctl.planner import progress
+from hppctl.planner import forked, progress
 
 AUTO = "auto"
 """The value of `--micro-batch` that asks for this choice."""
@@ -175,17 +175,33 @@ def try_micro_batches(profile: Profile, global_batch: int, strategy: str,
     """`strategy` planned at every candidate micro-batch, ascending; BadInput if there is none."""
     if strategy not in STRATEGIES:
         raise BadInput(f"--strategy: unknown strategy {strategy!r} (known: {', '.join(sorted(STRATEGIES))})")
-    measured = profiled_range(profile)
+    try_one = _candidate_trier(profile, global_batch, simulate)
+    return [try_one((strategy, b))[0] for b in auto_sizes(profile, global_batch)]
+
+
+def auto_sizes(profile: Profile, global_batch: int) -> list[int]:
+    """`candidate_micro_batches`, or BadInput naming why there is none."""
     sizes = candidate_micro_batches(profile, global_batch)
     if not sizes:
+        measured = profiled_range(profile)
         raise BadInput(f"--micro-batch auto: no divisor of --global-batch {global_batch} gives at most "
                        f"{MAX_MICRO_BATCHES} micro-batches per round within the profile's batch sizes (at most "
                        f"{sum(high for _, high in measured.values())} samples per micro-batch over all its devices)")
-    tried = []
-    for i, b in enumerate(sizes, 1):
-        with progress.within(f"micro-batch {b} ({i}/{len(sizes)})"):
-            tried.append(try_micro_batch(profile, global_batch, b, strategy, measured, simulate))
-    return tried
+    return sizes
+
+
+def _candidate_trier(profile: Profile, global_batch: int, simulate: Simulate | None):
+    """(strategy, micro-batch) -> (its `Tried`, seconds spent on it, the simulation included)."""
+    measured = profiled_range(profile)
+    sizes = candidate_micro_batches(profile, global_batch)
+
+    def try_one(item: tuple[str, int]) -> tuple[Tried, float]:
+        strategy, b = item
+        started = time.perf_counter()
+        with progress.within(f"micro-batch {b} ({sizes.index(b) + 1}/{len(sizes)})"):
+            tried = try_micro_batch(profile, global_batch, b, strategy, measured, simulate)
+        return tried, time.perf_counter() - started
+    return try_one
 
 
 def ranked(tried: list[Tried]) -> list[Tried]:
@@ -265,15 +281,19 @@ def compare_auto(profile: Profile, global_batch: int, simulate: Simulate | None 
     """`compare` with each strategy at its own best micro-batch. A memory-blind strategy none of whose
     candidates fits shows its plan at the smallest micro-batch (with its memory violations, as `compare`
     shows it at a given micro-batch); any other strategy without a choosable candidate shows none."""
+    items = [(name, b) for name in STRATEGIES for b in auto_sizes(profile, global_batch)]
+    # every other (strategy, micro-batch) in a forked child where `hppctl plan` allows it (planner/forked.py)
+    results = forked.map_split_if_allowed(lambda: _candidate_trier(profile, global_batch, simulate), items)
     rows = []
     for name in STRATEGIES:
+        tried = [t for (strategy, _), (t, _) in zip(items, results) if strategy == name]
+        spent = sum(s for (strategy, _), (_, s) in zip(items, results) if strategy == name)
         started = time.perf_counter()
-        tried = try_micro_batches(profile, global_batch, name, simulate)
         chosen = best(tried)
         plan = with_choice(tried) or next((t.plan for t in tried if t.plan is not None and t.plan.memory_violations),
                                           None)
         # the chosen candidate was replayed while choosing: only a fallback plan still needs the simulator
         simulated = (chosen.simulated_round_latency_s if chosen is not None
                      else simulate(plan) if simulate and plan else None)
-        rows.append(CompareRow(name, plan, time.perf_counter() - started, simulated))
+        rows.append(CompareRow(name, plan, spent + time.perf_counter() - started, simulated))
     return rank_rows(rows, simulate is not None)

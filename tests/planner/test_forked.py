@@ -156,3 +156,70 @@ def test_a_process_with_a_second_thread_never_forks():
     finally:
         stop.set()
         thread.join()
+
+
+COMPARE = """
+import json, os
+from hppctl.models.plan import PlanRequest
+from hppctl.planner import compare, forked
+from hppctl.planner.micro_batch import compare_auto
+from hppctl.schedule import simulated_round_latency
+from tests.conftest import make_profile
+
+profile = make_profile(layers=24, speeds=[1.0, 2.0, 3.0, 1.5], seed=3)
+simulate = simulated_round_latency(profile)
+forks, fork = [], os.fork
+
+
+def counting_fork():
+    pid = fork()
+    if pid:
+        forks.append(pid)
+    return pid
+
+
+def rows():
+    found = []
+    for row in compare(profile, PlanRequest(global_batch=64, micro_batch=8), simulate) + compare_auto(profile, 64, simulate):
+        plan = row.plan.model_dump(mode="json") if row.plan else None
+        if plan:
+            plan.pop("planning_time_s")
+        found.append([row.strategy, plan, row.simulated_round_latency_s, row.planning_time_s > 0])
+    return found
+
+
+os.fork = counting_fork
+alone = rows()
+assert not forks
+with forked.allowed():
+    split = rows()
+print(json.dumps({"same": split == alone, "forks": len(forks), "rows": len(alone)}))
+"""
+
+
+def test_compare_splits_its_strategies_and_micro_batches_and_ranks_the_same_rows():
+    """`--compare` (a micro-batch given, and auto): every other strategy (and micro-batch) planned in a
+    forked child where allowed (one fork each); the rows, their plans, simulated figures and order
+    equal the one-process ones."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", COMPARE], capture_output=True, text=True, cwd=root, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {"same": True, "forks": 2, "rows": 20}, result
+
+
+def test_no_split_inside_a_split():
+    """Each side of `forked_map` runs its items with forking disallowed (the other side keeps the second
+    CPU busy), and the parent may fork again afterwards."""
+    from hppctl.planner import forked
+
+    with forked.allowed():
+        seen = forked_map(lambda: lambda x: (x, forked._ALLOWED.get()), [0, 1, 2])
+        after = forked._ALLOWED.get()
+    assert [allowed for _, allowed in seen] == [False, False, False] and after is True

@@ -175,8 +175,10 @@ def try_micro_batches(profile: Profile, global_batch: int, strategy: str,
     """`strategy` planned at every candidate micro-batch, ascending; BadInput if there is none."""
     if strategy not in STRATEGIES:
         raise BadInput(f"--strategy: unknown strategy {strategy!r} (known: {', '.join(sorted(STRATEGIES))})")
-    try_one = _candidate_trier(profile, global_batch, simulate)
-    return [try_one((strategy, b))[0] for b in auto_sizes(profile, global_batch)]
+    items = [(strategy, b) for b in auto_sizes(profile, global_batch)]
+    # every other candidate in a forked child where `hppctl plan` allows it (planner/forked.py)
+    return [tried for tried, _ in forked.map_split_if_allowed(
+        lambda: _candidate_trier(profile, global_batch, simulate), items)]
 
 
 def auto_sizes(profile: Profile, global_batch: int) -> list[int]:

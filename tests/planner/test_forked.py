@@ -162,7 +162,7 @@ COMPARE = """
 import json, os
 from hppctl.models.plan import PlanRequest
 from hppctl.planner import compare, forked
-from hppctl.planner.micro_batch import compare_auto
+from hppctl.planner.micro_batch import compare_auto, make_auto_plan
 from hppctl.schedule import simulated_round_latency
 from tests.conftest import make_profile
 
@@ -185,7 +185,9 @@ def rows():
         if plan:
             plan.pop("planning_time_s")
         found.append([row.strategy, plan, row.simulated_round_latency_s, row.planning_time_s > 0])
-    return found
+    auto = make_auto_plan(profile, 64, "asteroid", simulate).model_dump(mode="json")
+    auto.pop("planning_time_s")
+    return found + [auto]
 
 
 os.fork = counting_fork
@@ -198,9 +200,10 @@ print(json.dumps({"same": split == alone, "forks": len(forks), "rows": len(alone
 
 
 def test_compare_splits_its_strategies_and_micro_batches_and_ranks_the_same_rows():
-    """`--compare` (a micro-batch given, and auto): every other strategy (and micro-batch) planned in a
-    forked child where allowed (one fork each); the rows, their plans, simulated figures and order
-    equal the one-process ones."""
+    """`--compare` (a micro-batch given, and auto) and `--micro-batch auto`: every other strategy or
+    micro-batch planned in a forked child where allowed (one fork each); the rows, their plans,
+    simulated figures and order, and the auto plan with its record of the choice, equal the
+    one-process ones."""
     import json
     import subprocess
     import sys
@@ -211,7 +214,7 @@ def test_compare_splits_its_strategies_and_micro_batches_and_ranks_the_same_rows
                           env={**os.environ, "PYTHONPATH": str(root)})
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result == {"same": True, "forks": 2, "rows": 20}, result
+    assert result == {"same": True, "forks": 3, "rows": 21}, result
 
 
 def test_no_split_inside_a_split():

@@ -89,14 +89,12 @@ def children() -> set[int]:
     return found
 
 
-LARGE_PLAN = """
+SPLIT_OR_NOT = """
 import json, os
 from hppctl.models.plan import PlanRequest
-from hppctl.planner import forked, make_plan
+from hppctl.planner import forked
 from tests.conftest import make_profile
 
-profile = make_profile(layers=400, speeds=[1.0, 2.0, 3.0, 1.5, 2.5, 0.8], seed=1)  # 79 800 pairs
-request = PlanRequest(global_batch=256, micro_batch=16)
 forks, fork = [], os.fork
 
 
@@ -107,38 +105,52 @@ def counting_fork():
     return pid
 
 
-def plans():
-    found = {}
-    for strategy in ("asteroid", "asteroid-paper", "pp"):
-        plan = make_plan(profile, request, strategy).model_dump(mode="json")
-        plan.pop("planning_time_s")
-        found[strategy] = plan
-    return found
-
+{setup}
 
 os.fork = counting_fork
-alone = plans()
+alone = results()
 assert not forks  # not allowed: a library caller plans in one process
 with forked.allowed():
-    split = plans()
-print(json.dumps({"same": split == alone, "forks": len(forks)}))
+    split = results()
+print(json.dumps({{"same": split == alone, "forks": len(forks), "results": len(alone)}}))
 """
+"""A script that runs `results()` (defined by `setup`) in one process, then where forking is allowed,
+and prints whether the two agree and how many forks the second made."""
 
 
-def test_a_large_plan_forks_where_allowed_and_gives_the_one_process_plans():
-    """In a process of one thread (a subprocess: pytest-xdist's workers run threads, and a process with
-    a second thread never forks), a 400-layer model's asteroid, asteroid-paper and pp plans split their
-    loops with forked children under `forked.allowed()`, and equal the one-process plans."""
+def split_or_not(setup: str) -> dict:
+    """SPLIT_OR_NOT in a process of one thread (a subprocess: pytest-xdist's workers run threads, and a
+    process with a second thread never forks)."""
     import json
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, "-c", LARGE_PLAN], capture_output=True, text=True, cwd=root, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(root)})
+    done = subprocess.run([sys.executable, "-c", SPLIT_OR_NOT.format(setup=setup)], capture_output=True, text=True,
+                          cwd=root, timeout=300, env={**os.environ, "PYTHONPATH": str(root)})
     assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_large_plan_forks_where_allowed_and_gives_the_one_process_plans():
+    """A 400-layer model's asteroid, asteroid-paper and pp plans split their loops with forked children
+    under `forked.allowed()`, and equal the one-process plans."""
+    result = split_or_not("""
+from hppctl.planner import make_plan
+
+profile = make_profile(layers=400, speeds=[1.0, 2.0, 3.0, 1.5, 2.5, 0.8], seed=1)  # 79 800 pairs
+request = PlanRequest(global_batch=256, micro_batch=16)
+
+
+def results():
+    found = {}
+    for strategy in ("asteroid", "asteroid-paper", "pp"):
+        plan = make_plan(profile, request, strategy).model_dump(mode="json")
+        plan.pop("planning_time_s")
+        found[strategy] = plan
+    return found
+""")
     assert result["same"] and result["forks"] >= 3, result
 
 
@@ -158,27 +170,21 @@ def test_a_process_with_a_second_thread_never_forks():
         thread.join()
 
 
-COMPARE = """
-import json, os
-from hppctl.models.plan import PlanRequest
-from hppctl.planner import compare, forked
+def test_compare_splits_its_strategies_and_micro_batches_and_ranks_the_same_rows():
+    """`--compare` (a micro-batch given, and auto) and `--micro-batch auto`: every other strategy or
+    micro-batch planned in a forked child where allowed (one fork each); the rows, their plans,
+    simulated figures and order, and the auto plan with its record of the choice, equal the
+    one-process ones."""
+    result = split_or_not("""
+from hppctl.planner import compare
 from hppctl.planner.micro_batch import compare_auto, make_auto_plan
 from hppctl.schedule import simulated_round_latency
-from tests.conftest import make_profile
 
 profile = make_profile(layers=24, speeds=[1.0, 2.0, 3.0, 1.5], seed=3)
 simulate = simulated_round_latency(profile)
-forks, fork = [], os.fork
 
 
-def counting_fork():
-    pid = fork()
-    if pid:
-        forks.append(pid)
-    return pid
-
-
-def rows():
+def results():
     found = []
     for row in compare(profile, PlanRequest(global_batch=64, micro_batch=8), simulate) + compare_auto(profile, 64, simulate):
         plan = row.plan.model_dump(mode="json") if row.plan else None
@@ -188,33 +194,8 @@ def rows():
     auto = make_auto_plan(profile, 64, "asteroid", simulate).model_dump(mode="json")
     auto.pop("planning_time_s")
     return found + [auto]
-
-
-os.fork = counting_fork
-alone = rows()
-assert not forks
-with forked.allowed():
-    split = rows()
-print(json.dumps({"same": split == alone, "forks": len(forks), "rows": len(alone)}))
-"""
-
-
-def test_compare_splits_its_strategies_and_micro_batches_and_ranks_the_same_rows():
-    """`--compare` (a micro-batch given, and auto) and `--micro-batch auto`: every other strategy or
-    micro-batch planned in a forked child where allowed (one fork each); the rows, their plans,
-    simulated figures and order, and the auto plan with its record of the choice, equal the
-    one-process ones."""
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, "-c", COMPARE], capture_output=True, text=True, cwd=root, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(root)})
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result == {"same": True, "forks": 3, "rows": 21}, result
+""")
+    assert result == {"same": True, "forks": 3, "results": 21}, result
 
 
 def test_no_split_inside_a_split():

@@ -175,10 +175,10 @@ def try_micro_batches(profile: Profile, global_batch: int, strategy: str,
     """`strategy` planned at every candidate micro-batch, ascending; BadInput if there is none."""
     if strategy not in STRATEGIES:
         raise BadInput(f"--strategy: unknown strategy {strategy!r} (known: {', '.join(sorted(STRATEGIES))})")
-    items = [(strategy, b) for b in auto_sizes(profile, global_batch)]
+    sizes = auto_sizes(profile, global_batch)
     # every other candidate in a forked child where `hppctl plan` allows it (planner/forked.py)
     return [tried for tried, _ in forked.map_split_if_allowed(
-        lambda: _candidate_trier(profile, global_batch, simulate), items)]
+        lambda: _candidate_trier(profile, global_batch, sizes, simulate), [(strategy, b) for b in sizes])]
 
 
 def auto_sizes(profile: Profile, global_batch: int) -> list[int]:
@@ -192,10 +192,9 @@ def auto_sizes(profile: Profile, global_batch: int) -> list[int]:
     return sizes
 
 
-def _candidate_trier(profile: Profile, global_batch: int, simulate: Simulate | None):
-    """(strategy, micro-batch) -> (its `Tried`, seconds spent on it, the simulation included)."""
+def _candidate_trier(profile: Profile, global_batch: int, sizes: list[int], simulate: Simulate | None):
+    """(strategy, micro-batch of `sizes`) -> (its `Tried`, seconds spent on it, the simulation included)."""
     measured = profiled_range(profile)
-    sizes = candidate_micro_batches(profile, global_batch)
 
     def try_one(item: tuple[str, int]) -> tuple[Tried, float]:
         strategy, b = item
@@ -283,13 +282,16 @@ def compare_auto(profile: Profile, global_batch: int, simulate: Simulate | None 
     """`compare` with each strategy at its own best micro-batch. A memory-blind strategy none of whose
     candidates fits shows its plan at the smallest micro-batch (with its memory violations, as `compare`
     shows it at a given micro-batch); any other strategy without a choosable candidate shows none."""
-    items = [(name, b) for name in STRATEGIES for b in auto_sizes(profile, global_batch)]
+    sizes = auto_sizes(profile, global_batch)
+    items = [(name, b) for name in STRATEGIES for b in sizes]
     # every other (strategy, micro-batch) in a forked child where `hppctl plan` allows it (planner/forked.py)
-    results = forked.map_split_if_allowed(lambda: _candidate_trier(profile, global_batch, simulate), items)
+    results = forked.map_split_if_allowed(lambda: _candidate_trier(profile, global_batch, sizes, simulate), items)
+    by_strategy: dict[str, list[tuple[Tried, float]]] = {name: [] for name in STRATEGIES}
+    for (name, _), result in zip(items, results):
+        by_strategy[name].append(result)
     rows = []
-    for name in STRATEGIES:
-        tried = [t for (strategy, _), (t, _) in zip(items, results) if strategy == name]
-        spent = sum(s for (strategy, _), (_, s) in zip(items, results) if strategy == name)
+    for name, found in by_strategy.items():
+        tried, spent = [t for t, _ in found], sum(s for _, s in found)
         started = time.perf_counter()
         chosen = best(tried)
         plan = with_choice(tried) or next((t.plan for t in tried if t.plan is not None and t.plan.memory_violations),

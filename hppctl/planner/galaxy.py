@@ -28,7 +28,7 @@ from hppctl.models.inference import (DeviceShare, InferenceMemoryViolation, Infe
                                      InferenceProfile)
 from hppctl.models.units import format_bytes
 from hppctl.planner.inference_costs import (INFERENCE_STRATEGIES, SYNC, GalaxyExecution, InferenceCosts, Layout,
-                                            choose_galaxy_execution, galaxy_or_equal_on_allreduce, layer_latency)
+                                            choose_galaxy_execution, galaxy_or_megatron, layer_latency)
 from hppctl.planner.inference_costs import largest_remainder, split_rows  # noqa: F401  (importable from here)
 
 
@@ -69,8 +69,8 @@ def to_inference_plan(costs: InferenceCosts, strategy: str, layout: Layout, elap
     execution = GalaxyExecution()
     if strategy == "galaxy":
         execution, latency = choose_galaxy_execution(costs, layout)
+        execution, layout, latency = galaxy_or_megatron(costs, execution, layout, latency)
         if execution.collective == "all-reduce":
-            layout, latency = galaxy_or_equal_on_allreduce(costs, layout, latency)
             layout = every_row_everywhere(costs, layout)
     else:
         latency = layer_latency(costs, strategy, layout)

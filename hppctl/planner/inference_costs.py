@@ -296,26 +296,32 @@ def equal_split(costs: "InferenceCosts", layout: "Layout") -> "Layout":
 
 
 EQUAL_SPLIT_MARGIN = 0.05
-"""On the AllReduce, galaxy keeps its own split over Megatron's equal one only when that is predicted
-faster by more than this fraction. Why: a profile of three identical lab hosts measured their
-capacities up to 9 % apart (BERT-L in B: 0.91 / 0.91 / 0.99 per s), so a split that gives the extra
-head to the host measured 1 % faster is predicted 1.4 % faster and ran 0.98x Megatron (docs/galaxy.md);
-a predicted gain inside the profile's own spread is not one."""
+"""Galaxy keeps a plan of its own over Megatron's program (gloo's AllReduce on the equal split) only
+when that is predicted faster by more than this fraction. Why: a profile of three identical lab hosts
+measured their capacities up to 9 % apart (BERT-L in B: 0.91 / 0.91 / 0.99 per s), and the
+communication CPU per byte of the ring and of the AllReduce swapped order between two machines (ring
+2.5-2.8 ns against AllReduce 1.5-2.0 on one, 1.9 against 2.2 on another; docs/galaxy.md). A split that
+gives the extra head to the host measured 1 % faster was predicted 1.4 % faster and ran 0.98x
+Megatron; the plain ring on galaxy's split, predicted 1.6 % faster, ran 0.88-0.97x: a predicted gain
+inside the profile's own spread is not one."""
 
 
-def galaxy_or_equal_on_allreduce(costs: "InferenceCosts", layout: "Layout", latency: Latency) -> tuple["Layout", Latency]:
-    """On gloo's AllReduce galaxy runs Megatron's forward; where Megatron's equal split fits every
-    budget and galaxy's own split is not predicted faster by more than EQUAL_SPLIT_MARGIN
-    (near-equal capacities, where Algorithm 1's whole-unit rounding puts the extra head on whichever
-    host the profile happened to measure fastest), take the equal split: galaxy then runs megatron's
-    program on megatron's shares wherever their layouts could coincide."""
+def galaxy_or_megatron(costs: "InferenceCosts", execution: GalaxyExecution, layout: "Layout",
+                       latency: Latency) -> tuple[GalaxyExecution, "Layout", Latency]:
+    """Galaxy's chosen execution on its layout, or Megatron's program (AllReduce, equal heads and
+    columns) where that fits every budget and galaxy's choice is not predicted faster by more than
+    EQUAL_SPLIT_MARGIN: near-equal hosts, where Algorithm 1's whole-unit rounding puts the extra head
+    on whichever host the profile happened to measure fastest and ring and AllReduce are predicted
+    within the profile's noise. Galaxy then runs megatron's program on megatron's shares wherever
+    their layouts could coincide, and is never predicted slower than megatron where megatron fits."""
     equal = equal_split(costs, layout)
-    if any(not costs.fits(d, a, b) for d, a, b in zip(equal.devices, equal.heads, equal.columns)):
-        return layout, latency
-    equal_latency = allreduce_latency(costs, equal)
-    if latency.total_s < equal_latency.total_s * (1 - EQUAL_SPLIT_MARGIN):
-        return layout, latency
-    return equal, equal_latency
+    if len(layout.devices) < 2 or any(not costs.fits(d, a, b)
+                                       for d, a, b in zip(equal.devices, equal.heads, equal.columns)):
+        return execution, layout, latency
+    megatron_latency = allreduce_latency(costs, equal)
+    if latency.total_s < megatron_latency.total_s * (1 - EQUAL_SPLIT_MARGIN):
+        return execution, layout, latency
+    return GalaxyExecution("all-reduce"), equal, megatron_latency
 
 
 def layer_latency(costs: InferenceCosts, strategy: str, layout: Layout) -> Latency:

@@ -201,19 +201,20 @@ def test_plan_modes_are_validated_and_old_plans_keep_their_one_flag():
 def test_on_allreduce_galaxy_takes_megatrons_equal_split_where_that_is_predicted_faster():
     # arrange: equal devices and a lopsided split (as whole-unit rounding of near-equal capacities can give)
     from hppctl.planner.inference_costs import (InferenceCosts, Layout, allreduce_latency,
-                                                galaxy_or_equal_on_allreduce)
+                                                GalaxyExecution, galaxy_or_megatron)
 
     costs = InferenceCosts(make_inference_profile(speeds=(1, 1, 1), allreduce_cpu=4e-10, **LAB_HOST), 64)
     lopsided = Layout((0, 1, 2), (6, 3, 3), (64, 64, 64), (22, 21, 21))
+    on_allreduce = GalaxyExecution("all-reduce")
     # act
-    layout, latency = galaxy_or_equal_on_allreduce(costs, lopsided, allreduce_latency(costs, lopsided))
+    _, layout, latency = galaxy_or_megatron(costs, on_allreduce, lopsided, allreduce_latency(costs, lopsided))
     # assert
     assert layout.heads == (4, 4, 4) and layout.columns == (64, 64, 64) and layout.rows == lopsided.rows
     assert latency.total_s < allreduce_latency(costs, lopsided).total_s
     # not when the equal split misses a budget: galaxy's memory-aware split stays
     tight = InferenceCosts(make_inference_profile(speeds=(1, 1, 1), budgets_mb=(1, 1, WHOLE * 0.3 / 1e6),
                                                   allreduce_cpu=4e-10, **LAB_HOST), 64)
-    assert galaxy_or_equal_on_allreduce(tight, lopsided, allreduce_latency(tight, lopsided))[0] == lopsided
+    assert galaxy_or_megatron(tight, on_allreduce, lopsided, allreduce_latency(tight, lopsided))[1] == lopsided
 
 
 @pytest.mark.parametrize("speeds", [(1, 1, 1), (1.0, 1.04, 0.97), (1.02, 0.99, 1.0, 1.01), (3, 2, 1)])
@@ -244,8 +245,8 @@ def test_on_allreduce_galaxy_plans_megatrons_layout_rows_included():
 def test_on_allreduce_galaxy_keeps_its_split_only_when_predicted_faster_by_more_than_the_margin():
     """Near-equal hosts: a split predicted a little faster (inside what the profile resolves) gives way to
     Megatron's equal one, so both run one program on the same shares; far-apart hosts keep galaxy's."""
-    from hppctl.planner.inference_costs import (EQUAL_SPLIT_MARGIN, InferenceCosts, Layout, allreduce_latency,
-                                                galaxy_or_equal_on_allreduce)
+    from hppctl.planner.inference_costs import (EQUAL_SPLIT_MARGIN, GalaxyExecution, InferenceCosts, Layout,
+                                                allreduce_latency, galaxy_or_megatron)
 
     # 16 heads on 3 hosts, as BERT-L in the lab: one host gets a sixth, Megatron's split gives it to the first
     near = InferenceCosts(make_inference_profile(speeds=(1.0, 1.03, 1.0), heads=16, hidden=64,
@@ -255,8 +256,60 @@ def test_on_allreduce_galaxy_keeps_its_split_only_when_predicted_faster_by_more_
     equal = allreduce_latency(near, Layout((0, 1, 2), (6, 5, 5), (64, 64, 64), (22, 21, 21)))
     # the case: galaxy's split predicted faster (1.5 %), by less than the margin
     assert equal.total_s * (1 - EQUAL_SPLIT_MARGIN) <= own.total_s < equal.total_s
-    layout, _ = galaxy_or_equal_on_allreduce(near, extra_head_on_the_faster, own)
+    _, layout, _ = galaxy_or_megatron(near, GalaxyExecution("all-reduce"), extra_head_on_the_faster, own)
     assert layout.heads == (6, 5, 5)
     far = InferenceCosts(make_inference_profile(speeds=(3, 2, 1), allreduce_cpu=4e-10, **LAB_HOST), 64)
     by_capacity = Layout((0, 1, 2), (6, 4, 2), (96, 64, 32), (22, 21, 21))
-    assert galaxy_or_equal_on_allreduce(far, by_capacity, allreduce_latency(far, by_capacity))[0] == by_capacity
+    assert galaxy_or_megatron(far, GalaxyExecution("all-reduce"), by_capacity,
+                              allreduce_latency(far, by_capacity))[1] == by_capacity
+
+
+def _near_equal_hosts(ring_cpu: float):
+    """Three lab hosts, the second measured 3 % faster (as identical hosts' profiles do), 16 heads, and
+    the ring's communication CPU per byte at `ring_cpu` against the AllReduce's 1.8 ns."""
+    return make_inference_profile(speeds=(1.0, 1.03, 1.0), heads=16, hidden=64, bandwidth=SLOW_LINK * 20,
+                                  allreduce_cpu=1.8e-9, **{**LAB_HOST, "comm_cpu": ring_cpu})
+
+
+def test_galaxy_runs_megatrons_program_where_its_ring_is_predicted_faster_only_inside_the_margin():
+    """BERT-L in homogeneous B on the AMD VM (docs/galaxy.md): the plain ring on galaxy's own split was
+    predicted 1.6 % faster than Megatron's AllReduce and kept, and ran 0.88x Megatron. A ring predicted
+    faster by less than EQUAL_SPLIT_MARGIN gives way to Megatron's program on Megatron's shares."""
+    from hppctl.planner.inference_costs import EQUAL_SPLIT_MARGIN
+
+    profile = _near_equal_hosts(ring_cpu=2.4e-9)
+    megatron = make_inference_plan(profile, "megatron")
+    ring_only = make_inference_plan(profile.model_copy(update={"devices": [
+        d.model_copy(update={"allreduce_cpu_s_per_byte": 1.0}) for d in profile.devices]}), "galaxy")
+    # the case: galaxy's best ring predicted faster than megatron, by less than the margin
+    assert ring_only.collective == "ring"
+    assert (1 - EQUAL_SPLIT_MARGIN) * megatron.prediction.latency_s < ring_only.prediction.latency_s \
+        < megatron.prediction.latency_s
+    galaxy = make_inference_plan(profile, "galaxy")
+    assert galaxy.collective == "all-reduce" and galaxy.sync == "all-reduce"
+    assert shares(galaxy) == shares(megatron)
+    assert [s.rows for s in galaxy.shares] == [s.rows for s in megatron.shares]
+    assert galaxy.prediction == megatron.prediction
+
+
+def test_galaxy_keeps_its_ring_where_that_is_predicted_faster_than_megatron_by_more_than_the_margin():
+    profile = _near_equal_hosts(ring_cpu=1.0e-9)
+    galaxy, megatron = make_inference_plan(profile, "galaxy"), make_inference_plan(profile, "megatron")
+    assert galaxy.collective == "ring"
+    assert galaxy.prediction.latency_s < 0.95 * megatron.prediction.latency_s
+    far = make_inference_profile(speeds=(3, 2, 1), bandwidth=SLOW_LINK * 20, allreduce_cpu=1.8e-9, **LAB_HOST)
+    assert make_inference_plan(far, "galaxy").collective == "ring"
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_galaxy_is_never_predicted_slower_than_megatron_where_megatrons_split_fits(seed):
+    import random
+
+    rng = random.Random(seed)
+    speeds = tuple(rng.uniform(0.8, 1.2) for _ in range(rng.choice((2, 3, 4))))
+    profile = make_inference_profile(speeds=speeds, budgets_mb=(1000,) * len(speeds), heads=16, hidden=64,
+                                     bandwidth=SLOW_LINK * rng.choice((5, 20, 100)),
+                                     allreduce_cpu=rng.uniform(1e-9, 3e-9),
+                                     **{**LAB_HOST, "comm_cpu": rng.uniform(1e-9, 3e-9)})
+    galaxy, megatron = make_inference_plan(profile, "galaxy"), make_inference_plan(profile, "megatron")
+    assert galaxy.prediction.latency_s <= megatron.prediction.latency_s

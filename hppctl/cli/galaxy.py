@@ -128,10 +128,21 @@ def plan_inference(profile_path: Path, strategy: str, seq_len: int | None, *, ou
         _render_plan(plan)
 
 
+def _faster_by(own_s: float, chosen_s: float) -> str:
+    gain = 1 - own_s / chosen_s
+    return f"{gain:.1%} faster" if gain > 0 else "no faster"
+
+
 def _overlap_note(plan) -> str:
     """Which ring collectives overlap their GEMM (galaxy chooses per collective from the profile)."""
     if plan.strategy != "galaxy" or len(plan.shares) < 2:
         return ""
+    if plan.own_latency_s is not None:
+        from hppctl.planner.inference_costs import EQUAL_SPLIT_MARGIN
+
+        return (f" (Megatron's program on its equal shares: galaxy's own plan predicted "
+                f"{_faster_by(plan.own_latency_s, plan.prediction.latency_s)}, inside the "
+                f"{EQUAL_SPLIT_MARGIN:.0%} a profile resolves)")
     if plan.collective == "all-reduce":
         return " (galaxy's split on gloo's AllReduce: predicted faster than its rings)"
     from hppctl.models.inference import BLOCK_COLLECTIVES

@@ -229,6 +229,11 @@ class InferencePlan(FrozenModel):
     before 2026-11-26 list the ring's split there, which nothing runs), whichever is predicted faster."""
     shares: Annotated[list[DeviceShare], Field(min_length=1, max_length=MAX_DEVICES)]
     prediction: InferencePrediction
+    own_latency_s: NonNegFloat | None = None
+    """Galaxy, where the plan is Megatron's program on Megatron's equal shares because galaxy's own
+    plan (Algorithm 1's split, on rings or the AllReduce) was predicted no more than
+    EQUAL_SPLIT_MARGIN faster: that own plan's predicted latency, which `hppctl plan` shows beside the
+    choice. None where galaxy's own plan runs (and in plans written before 2026-11-28)."""
     memory_violations: list[InferenceMemoryViolation] = []
     """Filled only by the memory-blind baselines (megatron, sp, local): `hppctl run` refuses such a plan."""
     planning_time_s: NonNegFloat = 0.0
@@ -268,6 +273,8 @@ class InferencePlan(FrozenModel):
             raise ValueError(f"overlap is {str(self.overlap).lower()} but block_overlap is {self.block_overlap}")
         if self.collective == "all-reduce" and self.overlap:
             raise ValueError("the all-reduce collective has no tile overlap: overlap must be false")
+        if self.own_latency_s is not None and (self.strategy != "galaxy" or self.collective != "all-reduce"):
+            raise ValueError("own_latency_s applies to a galaxy plan on Megatron's program (collective all-reduce)")
         return self
 
     def overlap_by_block(self) -> tuple[bool, bool, bool, bool]:

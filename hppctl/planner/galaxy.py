@@ -66,10 +66,14 @@ def resolve_seq_len(profile: InferenceProfile, seq_len: int | None) -> int:
 
 def to_inference_plan(costs: InferenceCosts, strategy: str, layout: Layout, elapsed: float) -> InferencePlan:
     p = costs.profile
-    execution = GalaxyExecution()
+    L = p.num_layers
+    execution, own_latency_s = GalaxyExecution(), None
     if strategy == "galaxy":
-        execution, latency = choose_galaxy_execution(costs, layout)
-        execution, layout, latency = galaxy_or_megatron(costs, execution, layout, latency)
+        own_execution, own_latency = choose_galaxy_execution(costs, layout)
+        execution, chosen, latency = galaxy_or_megatron(costs, own_execution, layout, own_latency)
+        if (execution, chosen) != (own_execution, layout):
+            own_latency_s = L * own_latency.total_s
+        layout = chosen
         if execution.collective == "all-reduce":
             layout = every_row_everywhere(costs, layout)
     else:
@@ -81,7 +85,6 @@ def to_inference_plan(costs: InferenceCosts, strategy: str, layout: Layout, elap
     violations = [InferenceMemoryViolation(device=s.device, needed_bytes=s.memory_bytes,
                                            budget_bytes=s.memory_budget_bytes)
                   for s in shares if s.memory_bytes >= s.memory_budget_bytes]
-    L = p.num_layers
     return InferencePlan(
         strategy=strategy, model=p.model, family=p.family, profile_digest=p.digest(), seq_len=costs.seq_len,
         num_layers=L, hidden=p.hidden, heads=p.heads, intermediate=p.intermediate,
@@ -92,7 +95,7 @@ def to_inference_plan(costs: InferenceCosts, strategy: str, layout: Layout, elap
         prediction=InferencePrediction(latency_s=L * latency.total_s, compute_s=L * latency.compute_s,
                                        communication_s=L * latency.communication_s,
                                        exposed_communication_s=L * latency.exposed_s),
-        memory_violations=violations, planning_time_s=elapsed)
+        own_latency_s=own_latency_s, memory_violations=violations, planning_time_s=elapsed)
 
 
 def every_row_everywhere(costs: InferenceCosts, layout: Layout) -> Layout:

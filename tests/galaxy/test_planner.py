@@ -290,12 +290,14 @@ def test_galaxy_runs_megatrons_program_where_its_ring_is_predicted_faster_only_i
     assert shares(galaxy) == shares(megatron)
     assert [s.rows for s in galaxy.shares] == [s.rows for s in megatron.shares]
     assert galaxy.prediction == megatron.prediction
+    # the plan keeps what galaxy's own plan was predicted at, for `hppctl plan` to say why
+    assert galaxy.own_latency_s == pytest.approx(ring_only.prediction.latency_s)
 
 
 def test_galaxy_keeps_its_ring_where_that_is_predicted_faster_than_megatron_by_more_than_the_margin():
     profile = _near_equal_hosts(ring_cpu=1.0e-9)
     galaxy, megatron = make_inference_plan(profile, "galaxy"), make_inference_plan(profile, "megatron")
-    assert galaxy.collective == "ring"
+    assert galaxy.collective == "ring" and galaxy.own_latency_s is None
     assert galaxy.prediction.latency_s < 0.95 * megatron.prediction.latency_s
     far = make_inference_profile(speeds=(3, 2, 1), bandwidth=SLOW_LINK * 20, allreduce_cpu=1.8e-9, **LAB_HOST)
     assert make_inference_plan(far, "galaxy").collective == "ring"
@@ -313,3 +315,18 @@ def test_galaxy_is_never_predicted_slower_than_megatron_where_megatrons_split_fi
                                      **{**LAB_HOST, "comm_cpu": rng.uniform(1e-9, 3e-9)})
     galaxy, megatron = make_inference_plan(profile, "galaxy"), make_inference_plan(profile, "megatron")
     assert galaxy.prediction.latency_s <= megatron.prediction.latency_s
+
+
+def test_own_latency_is_recorded_only_on_a_galaxy_plan_running_megatrons_program():
+    from hppctl.models.inference import InferencePlan
+
+    doc = make_inference_plan(_near_equal_hosts(ring_cpu=2.4e-9), "galaxy").model_dump(mode="json")
+    assert doc["own_latency_s"] is not None
+    old = {k: v for k, v in doc.items() if k != "own_latency_s"}  # plans written before 2026-11-28
+    assert InferencePlan.model_validate(old).own_latency_s is None
+    ring = make_inference_plan(_near_equal_hosts(ring_cpu=1.0e-9), "galaxy").model_dump(mode="json")
+    with pytest.raises(ValueError, match="own_latency_s"):
+        InferencePlan.model_validate({**ring, "own_latency_s": 1.0})
+    megatron = make_inference_plan(_near_equal_hosts(ring_cpu=1.0e-9), "megatron").model_dump(mode="json")
+    with pytest.raises(ValueError, match="own_latency_s"):
+        InferencePlan.model_validate({**megatron, "own_latency_s": 1.0})

@@ -52,6 +52,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -315,12 +316,17 @@ def run_peer(mode: str, cluster, names: list[str], stages: str | None, micro: in
     if stages:
         worker += ["--stages", stages]
     procs = []
+    # torch.distributed.run makes a torchelastic_* log folder in the temporary directory and leaves it
+    # (one per host and run: 80 in /tmp after one bench); the lab's hosts share this machine's file
+    # system, so a folder of the bench's own, removed below, takes them.
+    scratch = tempfile.mkdtemp(prefix="hpp-peer-run-")
     load_before = os.getloadavg()[0]
     began = time.perf_counter()
     try:
         for rank, name in enumerate(names):
             device = cluster.device(name)
             remote = (f"cd {shlex.quote(str(ROOT))} && env PYTHONPATH={shlex.quote(str(ROOT))} "
+                      f"TMPDIR={shlex.quote(scratch)} "
                       f"GLOO_SOCKET_IFNAME={shlex.quote(args.ifname)} OMP_NUM_THREADS=1 "
                       + shlex.join([device.python or "python3", "-m", "torch.distributed.run", "--nnodes", str(len(names)),
                                     "--nproc-per-node", "1", "--node-rank", str(rank), "--master-addr", master,
@@ -333,6 +339,7 @@ def run_peer(mode: str, cluster, names: list[str], stages: str | None, micro: in
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        shutil.rmtree(scratch, ignore_errors=True)
     wall = time.perf_counter() - began
     ranks = []
     for name, p, out in zip(names, procs, outputs):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,10 @@ hosts:
   - {name: a, cpu: 0.5, memory: 1GB}
   - {name: b, cpu: 0.5, memory: 1GB}
 """
+
+
+def torchelastic_folders() -> set[Path]:
+    return {p for folder in {Path("/tmp"), Path(tempfile.gettempdir())} for p in folder.glob("torchelastic_*")}
 
 
 def bench_peers():
@@ -49,8 +54,11 @@ def test_ddp_and_1f1b_peers_train_on_the_lab_hosts(lab):
                              "--timeout", "120"])
     ddp_layout, _ = peers.peer_layout("ddp", None, 5, 64, 2)
     reference = peers.reference_loss("tiny-mlp", "fine", ddp_layout, 64, 64)
+    left_before = torchelastic_folders()
     ddp = peers.run_peer("ddp", cluster, ["a", "b"], None, 64, args, 29650)
     pipe = peers.run_peer("pipe-1f1b", cluster, ["a", "b"], "0:2,2:5", 16, args, 29651)
+    # torch.distributed.run's log folders go with the run (80 were left in /tmp after one bench)
+    assert torchelastic_folders() <= left_before
     for run in (ddp, pipe):
         assert len(run["step_s"]) == 2 and all(s > 0 for s in run["step_s"])
         assert len(run["losses"]) == 2

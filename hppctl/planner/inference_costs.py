@@ -298,9 +298,9 @@ def equal_split(costs: "InferenceCosts", layout: "Layout") -> "Layout":
 EQUAL_SPLIT_MARGIN = 0.05
 """Galaxy keeps a plan of its own over Megatron's program (gloo's AllReduce on the equal split) only
 when that is predicted faster by more than this fraction. Why: a profile of three identical lab hosts
-measured their capacities up to 9 % apart (BERT-L in B: 0.91 / 0.91 / 0.99 per s), and the
-communication CPU per byte of the ring and of the AllReduce swapped order between two machines (ring
-2.5-2.8 ns against AllReduce 1.5-2.0 on one, 1.9 against 2.2 on another; docs/galaxy.md). A split that
+measured their capacities up to 24 % apart (BERT-L in B: 0.67 / 0.72 / 0.83 per s), and the
+communication CPU per byte of the ring and of the AllReduce swapped order between two profiles of one
+machine (ring 1.9 ns against AllReduce 2.2, then 2.9 against 2.2, an hour apart; docs/galaxy.md). A split that
 gives the extra head to the host measured 1 % faster was predicted 1.4 % faster and ran 0.98x
 Megatron; the plain ring on galaxy's split, predicted 1.6 % faster, ran 0.88-0.97x: a predicted gain
 inside the profile's own spread is not one."""

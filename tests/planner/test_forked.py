@@ -180,7 +180,7 @@ from hppctl.planner import compare
 from hppctl.planner.micro_batch import compare_auto, make_auto_plan
 from hppctl.schedule import simulated_round_latency
 
-profile = make_profile(layers=24, speeds=[1.0, 2.0, 3.0, 1.5], seed=3)
+profile = make_profile(layers=12, speeds=[1.0, 2.0, 3.0, 1.5], seed=3)  # small: Bi-Partition's DPs grow as L^4
 simulate = simulated_round_latency(profile)
 
 

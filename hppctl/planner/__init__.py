@@ -6,6 +6,7 @@ registered strategy on the same profile and request.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import Callable
@@ -194,14 +195,17 @@ def compare(profile: Profile, request: PlanRequest,
     `simulate(plan) -> round latency` (e.g. `hppctl.schedule.simulated_round_latency(profile)`; the
     planner does not import the simulator) adds the simulated figure, and then rows rank by it.
     """
-    def side():
-        def row(name: str) -> CompareRow:
-            candidate, cm, elapsed = run_strategy(profile, request, name)
-            plan = to_plan(cm, profile, request, name, candidate, elapsed) if candidate else None
-            return CompareRow(name, plan, elapsed, simulate(plan) if simulate and plan else None)
-        return row
     # every other strategy in a forked child where `hppctl plan` allows it (planner/forked.py)
-    return rank_rows(forked.map_split_if_allowed(side, list(STRATEGIES)), simulate is not None)
+    rows = forked.map_split_if_allowed(lambda: functools.partial(_compare_row, profile, request, simulate),
+                                       list(STRATEGIES))
+    return rank_rows(rows, simulate is not None)
+
+
+def _compare_row(profile: Profile, request: PlanRequest, simulate: Callable[[HppPlan], float] | None,
+                 name: str) -> CompareRow:
+    candidate, cm, elapsed = run_strategy(profile, request, name)
+    plan = to_plan(cm, profile, request, name, candidate, elapsed) if candidate else None
+    return CompareRow(name, plan, elapsed, simulate(plan) if simulate and plan else None)
 
 
 def rank_rows(rows: list[CompareRow], simulated: bool) -> list[CompareRow]:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hppctl.store import save
-from tests.galaxy.factories import hf_model, make_inference_profile
+from tests.galaxy.factories import hf_model, make_inference_profile, near_equal_hosts_profile
 
 CLUSTER = """name: loc3
 bandwidth: 1gbit
@@ -65,9 +65,7 @@ def test_plan_compare_lists_every_strategy(setup, cli):
 
 def test_plan_says_when_galaxy_runs_megatrons_program_and_by_how_little_its_own_was_faster(tmp_path, cli):
     # three near-equal quota hosts on which galaxy's ring is predicted 2.8 % faster than Megatron's program
-    profile = make_inference_profile(speeds=(1.0, 1.03, 1.0), heads=16, hidden=64, bandwidth=1e6 * 20,
-                                     allreduce_cpu=1.8e-9, cpu_cores=0.084, threads=1, comm_cpu=2.4e-9)
-    save(tmp_path / "p.json", profile)
+    save(tmp_path / "p.json", near_equal_hosts_profile(ring_cpu=2.4e-9))
     code, out, err = cli("plan", "--profile", tmp_path / "p.json", "--strategy", "galaxy")
     assert code == 0, err
     assert re.search(r"sync all-reduce \(Megatron's program on its equal shares: galaxy's own plan predicted "

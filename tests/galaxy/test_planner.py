@@ -9,7 +9,7 @@ import pytest
 
 from hppctl.errors import BadInput, Infeasible
 from hppctl.planner.galaxy import (InferenceCosts, largest_remainder, make_inference_plan, split_rows)
-from tests.galaxy.factories import make_inference_profile
+from tests.galaxy.factories import make_inference_profile, near_equal_hosts_profile
 
 # Layer weights of the default profile: M_att = 4*48*48 + 4*48 = 9408 params, M_mlp = 2*48*192 + 240 = 18672,
 # x 4 bytes x 4 layers = 449,280 bytes for the whole model.
@@ -264,20 +264,13 @@ def test_on_allreduce_galaxy_keeps_its_split_only_when_predicted_faster_by_more_
                               allreduce_latency(far, by_capacity))[1] == by_capacity
 
 
-def _near_equal_hosts(ring_cpu: float):
-    """Three lab hosts, the second measured 3 % faster (as identical hosts' profiles do), 16 heads, and
-    the ring's communication CPU per byte at `ring_cpu` against the AllReduce's 1.8 ns."""
-    return make_inference_profile(speeds=(1.0, 1.03, 1.0), heads=16, hidden=64, bandwidth=SLOW_LINK * 20,
-                                  allreduce_cpu=1.8e-9, **{**LAB_HOST, "comm_cpu": ring_cpu})
-
-
 def test_galaxy_runs_megatrons_program_where_its_ring_is_predicted_faster_only_inside_the_margin():
     """BERT-L in homogeneous B on the AMD VM (docs/galaxy.md): the plain ring on galaxy's own split was
     predicted 1.6 % faster than Megatron's AllReduce and kept, and ran 0.88x Megatron. A ring predicted
     faster by less than EQUAL_SPLIT_MARGIN gives way to Megatron's program on Megatron's shares."""
     from hppctl.planner.inference_costs import EQUAL_SPLIT_MARGIN
 
-    profile = _near_equal_hosts(ring_cpu=2.4e-9)
+    profile = near_equal_hosts_profile(ring_cpu=2.4e-9)
     megatron = make_inference_plan(profile, "megatron")
     ring_only = make_inference_plan(profile.model_copy(update={"devices": [
         d.model_copy(update={"allreduce_cpu_s_per_byte": 1.0}) for d in profile.devices]}), "galaxy")
@@ -295,7 +288,7 @@ def test_galaxy_runs_megatrons_program_where_its_ring_is_predicted_faster_only_i
 
 
 def test_galaxy_keeps_its_ring_where_that_is_predicted_faster_than_megatron_by_more_than_the_margin():
-    profile = _near_equal_hosts(ring_cpu=1.0e-9)
+    profile = near_equal_hosts_profile(ring_cpu=1.0e-9)
     galaxy, megatron = make_inference_plan(profile, "galaxy"), make_inference_plan(profile, "megatron")
     assert galaxy.collective == "ring" and galaxy.own_latency_s is None
     assert galaxy.prediction.latency_s < 0.95 * megatron.prediction.latency_s
@@ -320,13 +313,13 @@ def test_galaxy_is_never_predicted_slower_than_megatron_where_megatrons_split_fi
 def test_own_latency_is_recorded_only_on_a_galaxy_plan_running_megatrons_program():
     from hppctl.models.inference import InferencePlan
 
-    doc = make_inference_plan(_near_equal_hosts(ring_cpu=2.4e-9), "galaxy").model_dump(mode="json")
+    doc = make_inference_plan(near_equal_hosts_profile(ring_cpu=2.4e-9), "galaxy").model_dump(mode="json")
     assert doc["own_latency_s"] is not None
     old = {k: v for k, v in doc.items() if k != "own_latency_s"}  # plans written before 2026-11-28
     assert InferencePlan.model_validate(old).own_latency_s is None
-    ring = make_inference_plan(_near_equal_hosts(ring_cpu=1.0e-9), "galaxy").model_dump(mode="json")
+    ring = make_inference_plan(near_equal_hosts_profile(ring_cpu=1.0e-9), "galaxy").model_dump(mode="json")
     with pytest.raises(ValueError, match="own_latency_s"):
         InferencePlan.model_validate({**ring, "own_latency_s": 1.0})
-    megatron = make_inference_plan(_near_equal_hosts(ring_cpu=1.0e-9), "megatron").model_dump(mode="json")
+    megatron = make_inference_plan(near_equal_hosts_profile(ring_cpu=1.0e-9), "megatron").model_dump(mode="json")
     with pytest.raises(ValueError, match="own_latency_s"):
         InferencePlan.model_validate({**megatron, "own_latency_s": 1.0})
